@@ -1,0 +1,24 @@
+"""chatcli: a terminal chat and inference engine for nanochat-family GPT models.
+
+Importing the package is cheap: torch is only imported when a model is loaded, so
+`chatcli --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "load_model"]
+
+if TYPE_CHECKING:
+    from chatcli.checkpoint import load_model
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy re-export: `chatcli.load_model` without importing torch at package import time.
+    if name == "load_model":
+        from chatcli.checkpoint import load_model
+
+        return load_model
+    raise AttributeError(f"module 'chatcli' has no attribute {name!r}")

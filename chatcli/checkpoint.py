@@ -1,0 +1,369 @@
+"""Finding and loading nanochat checkpoints, safely, with errors that say how to fix them.
+
+Owns: resolving what a user points at (a nanochat base dir, a checkpoint folder, a flat
+download folder, a model_*.pt file, a tag, or nothing = the embedded default model), reading
+meta and weights (`torch.load(weights_only=True)`: no code runs), checking every key and shape
+against the meta, choosing device and dtype, and building the model. Knows nothing about
+generation or the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from chatcli.errors import CheckpointError, TokenizerError
+from chatcli.model import GPT, GPTConfig, infer_architecture
+from chatcli.tokenizer import Tokenizer
+
+SOURCES = {
+    "sft": "chatsft_checkpoints",
+    "rl": "chatrl_checkpoints",
+    "base": "base_checkpoints",
+    "mid": "mid_checkpoints",
+}
+CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+EMBEDDED_DIR = Path(__file__).parent / "default_model"
+_STEP_RE = re.compile(r"model_(\d+)\.pt$")
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """One checkpoint on disk: where its files are and what it is."""
+
+    model_file: Path
+    meta_file: Path
+    tokenizer_file: Path
+    step: int
+    tag: str | None
+    source: str | None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What was loaded, for the banner and /model."""
+
+    path: str
+    tag: str | None
+    step: int
+    source: str | None
+    era: str
+    num_params: int
+    device: str
+    dtype: str
+    sequence_len: int
+    load_s: float
+    embedded: bool
+
+
+def default_base_dir() -> Path:
+    """nanochat's base dir: $NANOCHAT_BASE_DIR, else ~/.cache/nanochat."""
+    env = os.environ.get("NANOCHAT_BASE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "nanochat"
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
+        raise CheckpointError(f"Unknown device {device!r}; use auto, cpu, cuda or mps.")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise CheckpointError("--device cuda was asked for, but no CUDA GPU is available.")
+    return torch.device(device)
+
+
+def pick_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype:
+    if dtype == "float32":
+        return torch.float32
+    if dtype == "bfloat16":
+        return torch.bfloat16
+    if dtype != "auto":
+        raise CheckpointError(f"Unknown dtype {dtype!r}; use auto, float32 or bfloat16.")
+    # bf16 where the hardware computes in it natively; fp32 on CPU (bf16 matmuls there are
+    # not faster for small models, and fp32 keeps greedy output faithful).
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+# ---- resolving paths ----------------------------------------------------------------------
+
+
+def _steps_in(folder: Path) -> list[int]:
+    return sorted(
+        int(m.group(1)) for p in folder.glob("model_*.pt") if (m := _STEP_RE.search(p.name))
+    )
+
+
+def _pick_tag(checkpoints_dir: Path) -> str:
+    tags = [p for p in checkpoints_dir.iterdir() if p.is_dir() and _steps_in(p)]
+    if not tags:
+        raise CheckpointError(f"No checkpoints (model_*.pt) in any folder of {checkpoints_dir}.")
+    depth = [(int(p.name[1:]), p.name) for p in tags if re.fullmatch(r"d\d+", p.name)]
+    if depth:
+        return max(depth)[1]
+    return max(tags, key=lambda p: p.stat().st_mtime).name
+
+
+def _find_tokenizer(folder: Path) -> Path:
+    candidates = [
+        folder / "tokenizer.pkl",
+        folder / "tokenizer" / "tokenizer.pkl",
+        folder.parent.parent / "tokenizer" / "tokenizer.pkl",  # base/<source>/<tag>/
+    ]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise CheckpointError(
+        f"No tokenizer.pkl found for the checkpoint in {folder}. Looked at: "
+        + ", ".join(str(c) for c in candidates)
+        + ". Put the model's tokenizer.pkl beside its model_*.pt file."
+    )
+
+
+def _ref_in_folder(
+    folder: Path, step: int | None, tag: str | None, source: str | None
+) -> CheckpointRef:
+    steps = _steps_in(folder)
+    if not steps:
+        raise CheckpointError(f"No model_*.pt file in {folder}.")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise CheckpointError(
+            f"No step {step} in {folder}; steps there: {', '.join(map(str, steps))}."
+        )
+    model_file = next(
+        p for p in folder.glob("model_*.pt") if int(_STEP_RE.search(p.name).group(1)) == step
+    )
+    meta_file = folder / f"meta_{model_file.name[len('model_') : -len('.pt')]}.json"
+    return CheckpointRef(model_file, meta_file, _find_tokenizer(folder), step, tag, source)
+
+
+def resolve_checkpoint(
+    path: str | Path | None = None,
+    *,
+    source: str = "sft",
+    tag: str | None = None,
+    step: int | None = None,
+) -> CheckpointRef:
+    """Turn what the user named into the files of one checkpoint."""
+    if source not in SOURCES:
+        raise CheckpointError(f"Unknown source {source!r}; use one of {', '.join(SOURCES)}.")
+    if path is None:
+        if not (EMBEDDED_DIR / SOURCES["sft"]).is_dir():
+            raise CheckpointError(
+                "The embedded default model is not in this installation. Pass --model PATH "
+                "to a nanochat checkpoint, or retrain it: python -m chatcli.training.train."
+            )
+        ref = resolve_checkpoint(EMBEDDED_DIR, source="sft", tag=tag, step=step)
+        return ref
+    p = Path(path).expanduser()
+    if not p.exists():
+        base = default_base_dir()
+        if (
+            isinstance(path, str)
+            and os.sep not in path
+            and (base / SOURCES[source] / path).is_dir()
+        ):
+            return _ref_in_folder(base / SOURCES[source] / path, step, path, source)
+        raise CheckpointError(
+            f"No model at {p}. Pass a nanochat base dir, a checkpoint folder, a model_*.pt "
+            f"file, or a tag found in {base / SOURCES[source]}."
+        )
+    if p.is_file():
+        m = _STEP_RE.search(p.name)
+        if not m:
+            raise CheckpointError(f"{p} is not a model_<step>.pt file.")
+        ref = _ref_in_folder(p.parent, int(m.group(1)), tag or p.parent.name, None)
+        return ref
+    if _steps_in(p):  # a checkpoint folder or a flat download folder
+        return _ref_in_folder(p, step, tag or p.name, None)
+    if (p / SOURCES[source]).is_dir():  # a base dir
+        ckpts = p / SOURCES[source]
+        tag = tag or _pick_tag(ckpts)
+        if not (ckpts / tag).is_dir():
+            raise CheckpointError(f"No tag {tag!r} in {ckpts}.")
+        return _ref_in_folder(ckpts / tag, step, tag, source)
+    if any(_steps_in(c) for c in p.iterdir() if c.is_dir()):  # e.g. base/chatsft_checkpoints
+        tag = tag or _pick_tag(p)
+        return _ref_in_folder(p / tag, step, tag, source)
+    found = [name for name in SOURCES.values() if (p / name).is_dir()]
+    hint = f" It has {', '.join(found)}: pick one with --source." if found else ""
+    raise CheckpointError(f"No nanochat checkpoint found in {p}.{hint}")
+
+
+# ---- reading and checking -----------------------------------------------------------------
+
+
+def read_meta(meta_file: Path) -> tuple[dict[str, Any], GPTConfig]:
+    if not meta_file.is_file():
+        raise CheckpointError(f"Missing meta file {meta_file} (it holds the model_config).")
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"Meta file {meta_file} is not readable JSON: {e}.") from e
+    cfg = meta.get("model_config") if isinstance(meta, dict) else None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"Meta file {meta_file} has no model_config object.")
+    missing = [k for k in CONFIG_KEYS if k not in cfg]
+    bad = [k for k in CONFIG_KEYS if k in cfg and (not isinstance(cfg[k], int) or cfg[k] <= 0)]
+    if missing or bad:
+        raise CheckpointError(
+            f"Meta file {meta_file}: model_config "
+            + (
+                f"lacks {', '.join(missing)}"
+                if missing
+                else f"has non-positive/non-int {', '.join(bad)}"
+            )
+            + f"; expected positive ints for {', '.join(CONFIG_KEYS)}."
+        )
+    pattern = cfg.get("window_pattern") or "L"
+    if not isinstance(pattern, str) or not re.fullmatch(r"[SLsl]+", pattern):
+        raise CheckpointError(
+            f"Meta file {meta_file}: window_pattern {pattern!r} is not made of S and L."
+        )
+    config = GPTConfig(**{k: cfg[k] for k in CONFIG_KEYS}, window_pattern=pattern.upper())
+    if config.n_embd % config.n_head or config.n_head % config.n_kv_head:
+        raise CheckpointError(
+            f"Meta file {meta_file}: n_embd ({config.n_embd}) must divide by n_head "
+            f"({config.n_head}) and n_head by n_kv_head ({config.n_kv_head})."
+        )
+    return meta, config
+
+
+def read_state_dict(model_file: Path) -> dict[str, torch.Tensor]:
+    try:
+        sd = torch.load(model_file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # torch raises many types for truncated zips and foreign pickles
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(
+            f"Cannot read weights {model_file}: the file is corrupt, truncated or not a plain "
+            f"state_dict ({msg[:200]})."
+        ) from e
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{model_file} does not hold a state_dict of tensors.")
+    # torch.compile'd models save their keys under an `_orig_mod.` prefix.
+    return {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
+
+
+def check_state_dict(
+    model: GPT, sd: dict[str, torch.Tensor], model_file: Path, config: GPTConfig
+) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(sd))
+    unknown = sorted(set(sd) - set(expected))
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {_short(missing)}")
+        if unknown:
+            parts.append(f"unknown keys {_short(unknown)}")
+        raise CheckpointError(
+            f"{model_file} does not match a nanochat model (era {model.arch.era}): "
+            + "; ".join(parts)
+            + "."
+        )
+    for k, want in expected.items():
+        if tuple(sd[k].shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"{model_file}: {k} has shape {tuple(sd[k].shape)} but the meta's model_config "
+                f"(n_layer={config.n_layer}, n_embd={config.n_embd}, n_head={config.n_head}, "
+                f"n_kv_head={config.n_kv_head}, vocab_size={config.vocab_size}) implies "
+                f"{tuple(want.shape)}."
+            )
+
+
+def _short(keys: list[str]) -> str:
+    return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
+
+
+def build_model(
+    sd: dict[str, torch.Tensor],
+    config: GPTConfig,
+    model_file: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    softcap: float | None = None,
+) -> GPT:
+    if "transformer.wte.weight" not in sd:
+        raise CheckpointError(f"{model_file}: missing key transformer.wte.weight.")
+    padded = sd["transformer.wte.weight"].shape[0]
+    if padded < config.vocab_size:
+        raise CheckpointError(
+            f"{model_file}: transformer.wte.weight has {padded} rows but the meta's vocab_size is "
+            f"{config.vocab_size}."
+        )
+    arch = infer_architecture(sd, config, softcap=softcap)
+    with torch.device("meta"):
+        model = GPT(config, arch)
+    check_state_dict(model, sd, model_file, config)
+    model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, assign=True)
+    model.cos, model.sin = torch.empty(0), torch.empty(0)  # the meta-device placeholders
+    model.to(device)
+    model.init_rotary()
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def load_model(
+    path: str | Path | None = None,
+    *,
+    source: str = "sft",
+    tag: str | None = None,
+    step: int | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    softcap: float | None = None,
+) -> tuple[GPT, Tokenizer, dict[str, Any]]:
+    """Load a nanochat checkpoint: (model, tokenizer, meta).
+
+    path: a nanochat base dir (~/.cache/nanochat layout), a checkpoint folder, a flat download
+    folder (model_*.pt, meta_*.json, tokenizer.pkl side by side), a model_*.pt file, a tag in
+    $NANOCHAT_BASE_DIR, or None for the embedded default model. The largest d<N> tag and the
+    last step are taken unless tag/step say otherwise. softcap overrides the logit softcap (15)
+    for the short-lived variant that used 20, which nothing on disk reveals.
+    """
+    t0 = time.perf_counter()
+    ref = resolve_checkpoint(path, source=source, tag=tag, step=step)
+    meta, config = read_meta(ref.meta_file)
+    try:
+        tokenizer = Tokenizer.from_file(ref.tokenizer_file)
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from e
+    if tokenizer.get_vocab_size() != config.vocab_size:
+        raise CheckpointError(
+            f"Tokenizer {ref.tokenizer_file} has {tokenizer.get_vocab_size()} tokens but the model "
+            f"({ref.meta_file}) expects vocab_size {config.vocab_size}: they are not from the "
+            "same training run."
+        )
+    sd = read_state_dict(ref.model_file)
+    dev = pick_device(device)
+    model = build_model(sd, config, ref.model_file, dev, pick_dtype(dev, dtype), softcap)
+    model.info = ModelInfo(
+        path=str(ref.model_file),
+        tag=ref.tag,
+        step=ref.step,
+        source=ref.source,
+        era=model.arch.era,
+        num_params=model.num_params(),
+        device=str(dev),
+        dtype=str(model.lm_head.weight.dtype).removeprefix("torch."),
+        sequence_len=config.sequence_len,
+        load_s=time.perf_counter() - t0,
+        embedded=path is None,
+    )
+    return model, tokenizer, meta

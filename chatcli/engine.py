@@ -1,0 +1,218 @@
+"""The Engine: prefill once, then decode one or many samples with the calculator tool.
+
+Owns: the generation loop over token ids (prefill, decode, sampling, stop conditions), the
+per-row tool-use state machine, and generation timings. Knows nothing about text beyond the
+few special tokens it needs and decoding a calculator expression.
+
+It works with any model that follows the cache protocol (`config`, `get_device()`,
+`forward(ids, kv_cache=...)` that writes K/V and advances the cache) and any tokenizer with
+encode/decode/encode_special/get_bos_token_id.
+
+Masks: 1 for tokens the model sampled, 0 for tokens the calculator forced into the stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from chatcli.calculator import format_result, use_calculator
+from chatcli.errors import ContextOverflowError
+from chatcli.kv_cache import KVCache
+from chatcli.sampling import sample_next_token
+from chatcli.special_tokens import ASSISTANT_END, OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
+
+__all__ = ["Engine", "GenerationStats", "KVCache", "RowState"]
+
+
+class CachedModel(Protocol):
+    config: Any  # needs n_layer, n_head, n_kv_head, n_embd, sequence_len
+
+    def get_device(self) -> torch.device: ...
+
+    def forward(self, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor: ...
+
+
+class ToolTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def encode_special(self, name: str) -> int: ...
+
+    def get_bos_token_id(self) -> int: ...
+
+
+@dataclass
+class GenerationStats:
+    """Filled in by `Engine.generate` as it runs; pass one in to read it afterwards."""
+
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    first_token_s: float = 0.0  # from the call to the first yielded column
+    decode_s: float = 0.0
+    steps: int = 0  # columns yielded
+    finish_reasons: list[str] = field(default_factory=list)  # per row: stop|length|context
+
+
+@dataclass
+class RowState:
+    """One sample's progress through the tool-use state machine."""
+
+    forced_tokens: deque[int] = field(default_factory=deque)
+    in_python_block: bool = False
+    python_expr_tokens: list[int] = field(default_factory=list)
+    completed: bool = False
+
+
+class Engine:
+    def __init__(self, model: CachedModel, tokenizer: ToolTokenizer) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        special = tokenizer.encode_special
+        self.python_start, self.python_end = special(PYTHON_START), special(PYTHON_END)
+        self.output_start, self.output_end = special(OUTPUT_START), special(OUTPUT_END)
+        self.assistant_end = special(ASSISTANT_END)
+        self.bos = tokenizer.get_bos_token_id()
+
+    @property
+    def context_len(self) -> int:
+        """The most positions a sequence may take: the model's training context."""
+        return int(self.model.config.sequence_len)
+
+    def new_cache(self, batch_size: int, seq_len: int) -> KVCache:
+        m = self.model.config
+        weight = next(iter(self.model.parameters())) if hasattr(self.model, "parameters") else None
+        dtype = weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
+        return KVCache(
+            batch_size=batch_size,
+            num_heads=m.n_kv_head,
+            seq_len=seq_len,
+            head_dim=m.n_embd // m.n_head,
+            num_layers=m.n_layer,
+            device=self.model.get_device(),
+            dtype=dtype,
+        )
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        tokens: list[int],
+        num_samples: int = 1,
+        max_tokens: int | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        seed: int = 42,
+        top_p: float | None = None,
+        *,
+        use_tools: bool = True,
+        stats: GenerationStats | None = None,
+    ) -> Iterator[tuple[list[int], list[int]]]:
+        """Yield (token_column, token_masks), one entry per sample row, each step.
+
+        One batch-1 prefill of `tokens`; its cache is expanded to `num_samples` rows that
+        decode together, each sampling its own first token. A row is done at
+        <|assistant_end|> or <|bos|> (that token is yielded). Stops when every row is done,
+        after max_tokens steps, or when the context is full.
+        """
+        if not tokens or not all(isinstance(t, int) for t in tokens):
+            raise ValueError("tokens must be a non-empty list of ints")
+        if num_samples < 1:
+            raise ValueError("num_samples must be at least 1")
+        stats = stats if stats is not None else GenerationStats()
+        stats.prompt_tokens = len(tokens)
+        limit = self.context_len
+        if len(tokens) >= limit:
+            raise ContextOverflowError(
+                f"The prompt is {len(tokens)} tokens; the model's context is {limit}. "
+                "Shorten the conversation (e.g. /clear) or the message."
+            )
+        budget = limit - len(tokens) if max_tokens is None else min(max_tokens, limit - len(tokens))
+        t_start = time.perf_counter()
+        device = self.model.get_device()
+        rng = torch.Generator(device=device)
+        rng.manual_seed(seed)
+
+        prefill_cache = self.new_cache(1, len(tokens))
+        ids = torch.tensor([tokens], dtype=torch.long, device=device)
+        logits = self.model.forward(ids, kv_cache=prefill_cache)[:, -1, :]  # (1, V)
+        cache = self.new_cache(num_samples, len(tokens) + budget)
+        cache.prefill(prefill_cache)
+        del prefill_cache
+        logits = logits.expand(num_samples, -1)
+        stats.prefill_s = time.perf_counter() - t_start
+
+        rows = [RowState() for _ in range(num_samples)]
+        stats.finish_reasons = ["length"] * num_samples
+        t_decode = time.perf_counter()
+        for step in range(budget):
+            sampled = sample_next_token(logits, rng, temperature, top_k, top_p)[:, 0].tolist()
+            column, masks = [], []
+            for i, row in enumerate(rows):
+                forced = bool(row.forced_tokens)
+                token = row.forced_tokens.popleft() if forced else sampled[i]
+                column.append(token)
+                masks.append(0 if forced else 1)
+                if row.completed:
+                    continue
+                if token in (self.assistant_end, self.bos):
+                    row.completed = True
+                    stats.finish_reasons[i] = "stop"
+                elif use_tools:
+                    self._track_tool_use(row, token)
+            if step == 0:
+                stats.first_token_s = time.perf_counter() - t_start
+            stats.steps = step + 1
+            stats.decode_s = time.perf_counter() - t_decode
+            yield column, masks
+            if all(row.completed for row in rows):
+                return
+            if step + 1 == budget:
+                break
+            ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
+            logits = self.model.forward(ids, kv_cache=cache)[:, -1, :]
+        if max_tokens is None or budget < max_tokens:
+            # The context ran out before the caller's limit: say so rather than "length".
+            stats.finish_reasons = ["context" if r == "length" else r for r in stats.finish_reasons]
+
+    def _track_tool_use(self, row: RowState, token: int) -> None:
+        if token == self.python_start:
+            row.in_python_block, row.python_expr_tokens = True, []
+        elif token == self.python_end and row.in_python_block:
+            row.in_python_block = False
+            if row.python_expr_tokens:
+                expr = self.tokenizer.decode(row.python_expr_tokens)
+                result = use_calculator(expr)
+                if result is not None:
+                    row.forced_tokens.append(self.output_start)
+                    row.forced_tokens.extend(self.tokenizer.encode(format_result(result)))
+                    row.forced_tokens.append(self.output_end)
+            row.python_expr_tokens = []
+        elif row.in_python_block:
+            row.python_expr_tokens.append(token)
+
+    def generate_batch(
+        self, tokens: list[int], num_samples: int = 1, **kwargs: Any
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """Run `generate` to the end: (results, masks) per row, prompt included (mask 0),
+        terminal tokens (<|assistant_end|>, <|bos|>) excluded."""
+        results = [list(tokens) for _ in range(num_samples)]
+        masks = [[0] * len(tokens) for _ in range(num_samples)]
+        completed = [False] * num_samples
+        for column, column_masks in self.generate(tokens, num_samples, **kwargs):
+            for i, (token, mask) in enumerate(zip(column, column_masks, strict=True)):
+                if completed[i]:
+                    continue
+                if token in (self.assistant_end, self.bos):
+                    completed[i] = True
+                else:
+                    results[i].append(token)
+                    masks[i].append(mask)
+            if all(completed):
+                break
+        return results, masks

@@ -1,0 +1,91 @@
+"""The preallocated key/value cache the model writes into during prefill and decode.
+
+Owns: the K/V tensors for every layer, the current position, and the last token written
+(era E's smear needs the previous token's embedding when a chunk continues the cache).
+Knows nothing about sampling, tools or text.
+
+Layout (num_layers, B, T, H, D), as nanochat's flash-attention cache: one layer's slice is a
+(B, T, H, D) view that the model writes in place. The position is kept on the host so reading
+it never syncs with a GPU; `cache_seqlens` mirrors it for kernels that want a tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        batch_size: int,
+        num_heads: int,
+        seq_len: int,
+        head_dim: int,
+        num_layers: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.batch_size, self.max_seq_len = batch_size, seq_len
+        self.n_layers, self.n_heads, self.head_dim = num_layers, num_heads, head_dim
+        shape = (num_layers, batch_size, seq_len, num_heads, head_dim)
+        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.cache_seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+        self.pos = 0
+        # (B,) ids of the last token written; None while the cache is empty.
+        self.prev_token: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        """Empty the cache without reallocating it."""
+        self.pos = 0
+        self.cache_seqlens.zero_()
+        self.prev_token = None
+
+    def get_pos(self) -> int:
+        return self.pos
+
+    def get_layer_cache(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) views of one layer, each (B, T, H, D)."""
+        return self.k_cache[layer_idx], self.v_cache[layer_idx]
+
+    def advance(self, num_tokens: int) -> None:
+        if self.pos + num_tokens > self.max_seq_len:
+            raise ValueError(f"KV cache overflow: {self.pos + num_tokens} > {self.max_seq_len}")
+        self.pos += num_tokens
+        self.cache_seqlens += num_tokens
+
+    def prefill(self, other: KVCache) -> None:
+        """Copy another cache's contents in, expanding a batch-1 cache to every row."""
+        if other.batch_size not in (1, self.batch_size):
+            raise ValueError(f"cannot expand a batch of {other.batch_size} to {self.batch_size}")
+        if (other.n_layers, other.n_heads, other.head_dim) != (
+            self.n_layers,
+            self.n_heads,
+            self.head_dim,
+        ):
+            raise ValueError("KV caches of different model shapes")
+        if other.pos > self.max_seq_len:
+            raise ValueError(f"cache of {other.pos} positions does not fit in {self.max_seq_len}")
+        n = other.pos
+        self.k_cache[:, :, :n] = other.k_cache[:, :, :n]
+        self.v_cache[:, :, :n] = other.v_cache[:, :, :n]
+        self.pos = n
+        self.cache_seqlens.fill_(n)
+        if other.prev_token is not None:
+            self.prev_token = other.prev_token.expand(self.batch_size).clone()
+
+    def rewind(self, pos: int, prev_token: int | None) -> None:
+        """Forget everything from position `pos` on; prev_token is the token at pos - 1.
+
+        Entries past pos are simply overwritten by the next write, so nothing is copied.
+        """
+        if not 0 <= pos <= self.pos:
+            raise ValueError(f"cannot rewind to {pos}: the cache holds {self.pos} positions")
+        self.pos = pos
+        self.cache_seqlens.fill_(pos)
+        if pos == 0 or prev_token is None:
+            self.prev_token = None
+        else:
+            self.prev_token = torch.full(
+                (self.batch_size,), prev_token, dtype=torch.long, device=self.k_cache.device
+            )
