@@ -201,8 +201,15 @@ def resolve_checkpoint(
         tag = tag or _pick_tag(p)
         return _ref_in_folder(p / tag, step, tag, source)
     found = [name for name in SOURCES.values() if (p / name).is_dir()]
-    hint = f" It has {', '.join(found)}: pick one with --source." if found else ""
-    raise CheckpointError(f"No nanochat checkpoint found in {p}.{hint}")
+    if found:
+        raise CheckpointError(
+            f"No {SOURCES[source]} in {p}; it has {', '.join(found)}: pick one with --source "
+            f"({', '.join(k for k, v in SOURCES.items() if v in found)})."
+        )
+    raise CheckpointError(
+        f"No nanochat checkpoint found in {p}: expected model_*.pt files, or a base dir with "
+        f"{SOURCES[source]}/<tag>/."
+    )
 
 
 # ---- reading and checking -----------------------------------------------------------------

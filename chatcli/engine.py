@@ -87,7 +87,9 @@ class Engine:
 
     def new_cache(self, batch_size: int, seq_len: int) -> KVCache:
         m = self.model.config
-        weight = next(iter(self.model.parameters())) if hasattr(self.model, "parameters") else None
+        weight = (
+            next(iter(self.model.parameters()), None) if hasattr(self.model, "parameters") else None
+        )
         dtype = weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
         return KVCache(
             batch_size=batch_size,
@@ -124,6 +126,8 @@ class Engine:
             raise ValueError("tokens must be a non-empty list of ints")
         if num_samples < 1:
             raise ValueError("num_samples must be at least 1")
+        if max_tokens is not None and max_tokens < 0:
+            raise ValueError("max_tokens must be non-negative (or None for the whole context)")
         stats = stats if stats is not None else GenerationStats()
         stats.prompt_tokens = len(tokens)
         limit = self.context_len

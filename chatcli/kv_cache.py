@@ -71,8 +71,9 @@ class KVCache:
         self.v_cache[:, :, :n] = other.v_cache[:, :, :n]
         self.pos = n
         self.cache_seqlens.fill_(n)
-        if other.prev_token is not None:
-            self.prev_token = other.prev_token.expand(self.batch_size).clone()
+        self.prev_token = (
+            None if other.prev_token is None else other.prev_token.expand(self.batch_size).clone()
+        )
 
     def rewind(self, pos: int, prev_token: int | None) -> None:
         """Forget everything from position `pos` on; prev_token is the token at pos - 1.

@@ -199,6 +199,9 @@ def attend(
     if Tq == 1 and q_pos - k_pos < window + 1 and k_pos + Tk - 1 == q_pos:
         # Decode step: every key present is visible, no mask needed.
         y = F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=gqa)
+    elif q_pos == k_pos and Tq == Tk and window >= Tq - 1:
+        # A fresh sequence no longer than the window: plain causal, the fast fused kernel.
+        y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=gqa)
     else:
         i = torch.arange(q_pos, q_pos + Tq, device=q.device).unsqueeze(1)
         j = torch.arange(k_pos, k_pos + Tk, device=q.device).unsqueeze(0)

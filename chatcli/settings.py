@@ -1,0 +1,395 @@
+"""The settings model, where settings live on disk, and their precedence.
+
+This module owns the one list of settings (`Settings`), the rule that checks each value
+(`SETTING_RULES`, also used by slash commands so ranges live in one place), the user's
+directories, and `load_settings`, which merges the four sources in the order
+flag > env var (CHATCLI_<NAME>) > config file (TOML) > default.
+
+It knows nothing about models, terminals or commands: it only parses and validates values
+and raises ConfigError with a message that names the source and says what would be valid.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from chatcli.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+ENV_PREFIX = "CHATCLI_"
+ENV_HOME = "CHATCLI_HOME"
+ENV_CONFIG = "CHATCLI_CONFIG"
+ENV_CONVERSATIONS_DIR = "CHATCLI_CONVERSATIONS_DIR"
+ENV_NO_HISTORY = "CHATCLI_NO_HISTORY"
+
+SOURCES = ("sft", "rl", "base", "mid")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16")
+MARKDOWN_MODES = ("auto", "always", "never")
+
+TEMPERATURE_MAX = 2.0
+# top_k beyond a few hundred is indistinguishable from no top-k at all; the cap catches typos
+# (top_k=50000) while 0 is the explicit "off".
+TOP_K_MAX = 1000
+MAX_TOKENS_MAX = 65536
+SEED_MAX = 2**63 - 1  # torch.manual_seed accepts any int64
+
+_TRUE_WORDS = ("on", "true", "yes", "1")
+_FALSE_WORDS = ("off", "false", "no", "0")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every user-tunable setting, already validated. Change one with dataclasses.replace()."""
+
+    model: str | None = None  # None: the embedded default model
+    source: str = "sft"
+    step: int | None = None  # None: the latest step found
+    device: str = "auto"
+    dtype: str = "auto"
+    temperature: float = 0.6
+    top_k: int = 50  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    max_tokens: int = 512
+    seed: int | None = None  # None: a fresh random seed each turn
+    system: str | None = None
+    markdown: str = "auto"
+    tools: bool = True
+    raw: bool = False
+    history: bool = True  # persistent input history
+
+
+SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings))
+DEFAULTS = Settings()
+
+
+class _Invalid(ValueError):
+    """Raised by a parser; validate_setting turns it into a ConfigError with the source."""
+
+
+@dataclass(frozen=True)
+class SettingRule:
+    """How one setting is parsed: `expected` completes "must be ...", `example` is a valid value."""
+
+    expected: str
+    example: str
+    parse: Callable[[object], object]
+
+
+def _words(raw: object) -> str:
+    if not isinstance(raw, str):
+        raise _Invalid
+    return raw.strip().lower()
+
+
+def _parse_float(raw: object) -> float:
+    # bool is an int subclass: `temperature = true` is a mistake, not 1.0.
+    if isinstance(raw, bool):
+        raise _Invalid
+    if isinstance(raw, (int, float)):
+        value = float(raw)
+    elif isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise _Invalid from None
+    else:
+        raise _Invalid
+    if not math.isfinite(value):
+        raise _Invalid
+    return value
+
+
+def _parse_int(raw: object) -> int:
+    if isinstance(raw, bool):
+        raise _Invalid
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise _Invalid from None
+    raise _Invalid
+
+
+def _parse_bool(raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    word = str(raw).strip().lower() if isinstance(raw, (str, int)) else None
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    raise _Invalid
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[object], object]:
+    def parse(raw: object) -> str:
+        word = _words(raw)
+        if word not in options:
+            raise _Invalid
+        return word
+
+    return parse
+
+
+def _parse_model(raw: object) -> str | None:
+    if not isinstance(raw, str):
+        raise _Invalid
+    return raw.strip() or None
+
+
+def _parse_step(raw: object) -> int | None:
+    if isinstance(raw, str) and raw.strip().lower() in ("latest", "last"):
+        return None
+    value = _parse_int(raw)
+    if value < 0:
+        raise _Invalid
+    return value
+
+
+def _parse_device(raw: object) -> str:
+    word = _words(raw)
+    if word in DEVICES:
+        return word
+    # cuda:N picks one GPU on a multi-GPU machine.
+    prefix, _, index = word.partition(":")
+    if prefix == "cuda" and index.isdigit():
+        return word
+    raise _Invalid
+
+
+def _parse_temperature(raw: object) -> float:
+    value = _parse_float(raw)
+    if not 0.0 <= value <= TEMPERATURE_MAX:
+        raise _Invalid
+    return value
+
+
+def _parse_top_k(raw: object) -> int:
+    if isinstance(raw, str) and raw.strip().lower() == "off":
+        return 0
+    value = _parse_int(raw)
+    if not 0 <= value <= TOP_K_MAX:
+        raise _Invalid
+    return value
+
+
+def _parse_top_p(raw: object) -> float:
+    if isinstance(raw, str) and raw.strip().lower() == "off":
+        return 1.0
+    value = _parse_float(raw)
+    if not 0.0 < value <= 1.0:
+        raise _Invalid
+    return value
+
+
+def _parse_max_tokens(raw: object) -> int:
+    value = _parse_int(raw)
+    if not 1 <= value <= MAX_TOKENS_MAX:
+        raise _Invalid
+    return value
+
+
+def _parse_seed(raw: object) -> int | None:
+    if isinstance(raw, str) and raw.strip().lower() in ("random", "none"):
+        return None
+    value = _parse_int(raw)
+    if not 0 <= value <= SEED_MAX:
+        raise _Invalid
+    return value
+
+
+def _parse_system(raw: object) -> str | None:
+    if not isinstance(raw, str):
+        raise _Invalid
+    # An empty system prompt and no system prompt render identically; keep one spelling.
+    return raw if raw.strip() else None
+
+
+SETTING_RULES: Mapping[str, SettingRule] = {
+    "model": SettingRule("a checkpoint path or tag (text)", "d20", _parse_model),
+    "source": SettingRule("one of " + ", ".join(SOURCES), "sft", _choice(SOURCES)),
+    "step": SettingRule("a whole number of at least 0, or latest", "latest", _parse_step),
+    "device": SettingRule("one of auto, cpu, cuda, cuda:N, mps", "auto", _parse_device),
+    "dtype": SettingRule("one of " + ", ".join(DTYPES), "auto", _choice(DTYPES)),
+    "temperature": SettingRule("a number between 0 and 2", "0.7", _parse_temperature),
+    "top_k": SettingRule(
+        f"a whole number between 0 and {TOP_K_MAX} (0 or off turns it off)", "50", _parse_top_k
+    ),
+    "top_p": SettingRule(
+        "a number above 0 and at most 1 (1 or off turns it off)", "0.9", _parse_top_p
+    ),
+    "max_tokens": SettingRule(
+        f"a whole number between 1 and {MAX_TOKENS_MAX}", "512", _parse_max_tokens
+    ),
+    "seed": SettingRule("a whole number from 0 to 2**63-1, or random", "42", _parse_seed),
+    "system": SettingRule("a text", '"You are a helpful assistant."', _parse_system),
+    "markdown": SettingRule("one of " + ", ".join(MARKDOWN_MODES), "auto", _choice(MARKDOWN_MODES)),
+    "tools": SettingRule("on or off", "on", _parse_bool),
+    "raw": SettingRule("on or off", "off", _parse_bool),
+    "history": SettingRule("on or off", "on", _parse_bool),
+}
+assert set(SETTING_RULES) == set(SETTING_NAMES), "every setting needs exactly one rule"
+
+
+def validate_setting(name: str, raw: object, source: str) -> object:
+    """Parse and check one value, returning it typed (e.g. "0.3" -> 0.3, "random" -> None).
+
+    `source` names where the value came from ("config file /x/config.toml", "CHATCLI_TOP_K",
+    "--top-k", "/temperature") and starts the error message.
+    """
+    rule = SETTING_RULES.get(name)
+    if rule is None:
+        raise ConfigError(
+            f"{source}: unknown setting {name!r}. Valid settings: {', '.join(SETTING_NAMES)}"
+        )
+    try:
+        return rule.parse(raw)
+    except _Invalid:
+        raise ConfigError(f"{source}: {name} must be {rule.expected}, got {raw!r}") from None
+
+
+def format_setting(name: str, value: object) -> str:
+    """A value as a person would type it back: None seed -> "random", top_k 0 -> "off"."""
+    if name == "seed" and value is None:
+        return "random"
+    if name == "step" and value is None:
+        return "latest"
+    if name == "model" and value is None:
+        return "(embedded default)"
+    if name == "system" and value is None:
+        return "(none)"
+    if (name == "top_k" and value == 0) or (name == "top_p" and value == 1.0):
+        return "off"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def env_name(name: str) -> str:
+    """The environment variable for a setting: temperature -> CHATCLI_TEMPERATURE."""
+    return ENV_PREFIX + name.upper()
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag for a setting: max_tokens -> --max-tokens."""
+    return "--" + name.replace("_", "-")
+
+
+def _env_path(env: Mapping[str, str], key: str) -> Path | None:
+    value = env.get(key, "").strip()
+    return Path(value).expanduser() if value else None
+
+
+def user_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where chatcli keeps its files: $CHATCLI_HOME, else $XDG_CONFIG_HOME/chatcli, else
+    ~/.config/chatcli. Not created here; writers create what they need."""
+    env = os.environ if env is None else env
+    override = _env_path(env, ENV_HOME)
+    if override is not None:
+        return override
+    xdg = _env_path(env, "XDG_CONFIG_HOME")
+    # The XDG spec says a relative XDG_CONFIG_HOME is invalid and must be ignored.
+    if xdg is not None and xdg.is_absolute():
+        return xdg / "chatcli"
+    return Path.home() / ".config" / "chatcli"
+
+
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    """The TOML config file: $CHATCLI_CONFIG, else user_dir()/config.toml."""
+    env = os.environ if env is None else env
+    return _env_path(env, ENV_CONFIG) or user_dir(env) / "config.toml"
+
+
+def conversations_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where conversations are saved: $CHATCLI_CONVERSATIONS_DIR, else user_dir()/conversations."""
+    env = os.environ if env is None else env
+    return _env_path(env, ENV_CONVERSATIONS_DIR) or user_dir(env) / "conversations"
+
+
+def history_path(env: Mapping[str, str] | None = None) -> Path:
+    """The persistent input-history file (Up/Down, Ctrl-R at the prompt)."""
+    return user_dir(env) / "input_history"
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    """The validated settings set in a TOML file; {} when the file does not exist."""
+    source = f"config file {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(
+            f"{source}: cannot be read ({e}). Fix the file or point {ENV_CONFIG} elsewhere."
+        ) from None
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(
+            f"{source}: is not valid TOML ({e}). See config.example.toml for the format."
+        ) from None
+    unknown = [key for key in table if key not in SETTING_RULES]
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown key {unknown[0]!r}. Valid keys: {', '.join(SETTING_NAMES)}"
+        )
+    return {key: validate_setting(key, raw, source) for key, raw in table.items()}
+
+
+def read_env(env: Mapping[str, str]) -> dict[str, object]:
+    """The validated settings set by CHATCLI_* variables; empty variables count as unset."""
+    values: dict[str, object] = {}
+    for name in SETTING_NAMES:
+        key = env_name(name)
+        raw = env.get(key, "")
+        if raw.strip():
+            values[name] = validate_setting(name, raw, key)
+    no_history = env.get(ENV_NO_HISTORY, "")
+    # An opt-out: CHATCLI_NO_HISTORY=1 wins over CHATCLI_HISTORY, =0 means nothing.
+    if no_history.strip() and validate_setting("history", no_history, ENV_NO_HISTORY):
+        values["history"] = False
+    return values
+
+
+def read_flags(flags: Mapping[str, object]) -> dict[str, object]:
+    """The validated settings given as flags; a value of None means "flag not given"."""
+    values: dict[str, object] = {}
+    for name, raw in flags.items():
+        if name not in SETTING_RULES:
+            # The CLI passes its own parameters through here: a wrong name is a bug there.
+            raise ValueError(f"not a setting: {name!r} (settings: {', '.join(SETTING_NAMES)})")
+        if raw is not None:
+            values[name] = validate_setting(name, raw, flag_name(name))
+    return values
+
+
+def load_settings(
+    flags: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Merge defaults < config file < env vars < flags into one Settings.
+
+    `env` defaults to os.environ and `config_file` to config_path(env). Every source is
+    validated in full, even where a later one overrides a value, so a broken config file is
+    reported rather than hidden by a flag.
+    """
+    env = os.environ if env is None else env
+    path = config_path(env) if config_file is None else config_file
+    merged: dict[str, object] = {}
+    merged.update(read_config_file(path))
+    merged.update(read_env(env))
+    merged.update(read_flags(flags or {}))
+    return Settings(**merged)  # type: ignore[arg-type]  # values are typed by their rules

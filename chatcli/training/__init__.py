@@ -1,0 +1,1 @@
+"""Training the embedded default model (not needed at run time)."""

@@ -1,0 +1,314 @@
+"""Train the embedded default model from nothing but this repo, on a CPU, in under 30 minutes.
+
+    python -m chatcli.training.train --out runs/default            # the full run (~25 min)
+    python -m chatcli.training.train --out /tmp/tiny --preset tiny  # a smoke run (~1 min)
+
+Stages: (1) generate seeded synthetic conversations (training/synthetic.py); (2) train a BPE
+tokenizer on their text and save it as nanochat's tokenizer.pkl (a tiktoken Encoding with the
+9 special tokens last); (3) train an era-E GPT with nanochat's SFT loss mask: the model learns
+its own text, its calculator calls and <|assistant_end|>, while the calculator's injected
+output is in its context but not in its loss; (4) write a nanochat-layout checkpoint
+(tokenizer/ + chatsft_checkpoints/<tag>/model_*.pt + meta_*.json).
+
+Owns the training loop; reuses the inference model (chatcli/model.py) unchanged, so what is
+trained is exactly what ships.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from chatcli.model import ERAS, GPT, GPTConfig, has_value_embed
+from chatcli.special_tokens import SPECIAL_TOKENS
+from chatcli.tokenizer import SPLIT_PATTERN, Tokenizer
+from chatcli.training.synthetic import generate_conversations
+
+
+@dataclass(frozen=True)
+class Preset:
+    vocab_size: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    sequence_len: int
+    batch_rows: int
+    conversations: int
+    steps: int
+    minutes: float  # wall-clock cap: training stops early (schedule compressed) if reached
+    lr: float
+    warmup_steps: int = 100
+    compile: bool = False
+
+
+PRESETS = {
+    # Sized so the bf16 checkpoint ships in under 8 MB and trains in ~25 minutes on 2 cores.
+    "default": Preset(
+        vocab_size=1024,
+        n_layer=6,
+        n_embd=192,
+        n_head=3,
+        sequence_len=512,
+        batch_rows=8,
+        conversations=150_000,
+        steps=1600,
+        minutes=26.0,
+        lr=3e-3,
+        compile=True,
+    ),
+    # For the test suite: the same pipeline end to end in about a minute.
+    "tiny": Preset(
+        vocab_size=300,
+        n_layer=2,
+        n_embd=64,
+        n_head=2,
+        sequence_len=256,
+        batch_rows=8,
+        conversations=2_000,
+        steps=150,
+        minutes=1.0,
+        lr=3e-3,
+        warmup_steps=5,
+    ),
+}
+
+
+def conversation_text(conversation: list[dict]) -> str:
+    """All text of a conversation, for tokenizer training."""
+    parts = []
+    for message in conversation:
+        content = message["content"]
+        if isinstance(content, str):
+            parts.append(content)
+        else:
+            parts.extend(part["text"] for part in content)
+    return "\n".join(parts)
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
+    """BPE over the training text with rustbpe (a training-time-only dependency)."""
+    try:
+        import rustbpe
+    except ImportError:
+        sys.exit("Training the tokenizer needs rustbpe: pip install -e '.[train]'")
+    trainer = rustbpe.Tokenizer()
+    trainer.train_from_iterator(
+        iter(texts), vocab_size - len(SPECIAL_TOKENS), pattern=SPLIT_PATTERN
+    )
+    ranks = {bytes(k): v for k, v in trainer.get_mergeable_ranks()}
+    return Tokenizer.from_ranks(ranks)
+
+
+def pack_rows(
+    conversations: list[list[dict]], tokenizer: Tokenizer, row_len: int, rng: random.Random
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole conversations packed greedily into rows of row_len + 1 tokens.
+
+    Returns ids (N, row_len + 1) and a loss mask over targets (N, row_len): 1 where the target
+    token is one the assistant writes. Padding is <|bos|> with mask 0. A conversation never
+    straddles two rows, so every one is seen from its start.
+    """
+    bos = tokenizer.get_bos_token_id()
+    rows_ids, rows_mask = [], []
+    cur_ids: list[int] = []
+    cur_mask: list[int] = []
+
+    def close_row() -> None:
+        pad = row_len + 1 - len(cur_ids)
+        rows_ids.append(cur_ids + [bos] * pad)
+        rows_mask.append(cur_mask + [0] * pad)
+
+    for conv in conversations:
+        ids, mask = tokenizer.render_conversation(conv, max_tokens=row_len + 1)
+        if len(cur_ids) + len(ids) > row_len + 1:
+            close_row()
+            cur_ids, cur_mask = [], []
+        cur_ids.extend(ids)
+        cur_mask.extend(mask)
+    if cur_ids:
+        close_row()
+    order = list(range(len(rows_ids)))
+    rng.shuffle(order)
+    ids_t = torch.tensor([rows_ids[i] for i in order], dtype=torch.long)
+    mask_t = torch.tensor([rows_mask[i] for i in order], dtype=torch.float32)
+    return ids_t, mask_t[:, 1:]
+
+
+def init_weights(model: GPT, seed: int) -> None:
+    """nanochat-style init: zero output projections, small lm_head, neutral scalars."""
+    g = torch.Generator().manual_seed(seed)
+    C = model.config.n_embd
+    bound = 3**0.5 * C**-0.5
+    with torch.no_grad():
+        model.transformer.wte.weight.normal_(0.0, 0.8, generator=g)
+        model.lm_head.weight.normal_(0.0, 0.001, generator=g)
+        for block in model.transformer.h:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v):
+                lin.weight.uniform_(-bound, bound, generator=g)
+            block.mlp.c_fc.weight.uniform_(-0.4 * bound, 0.4 * bound, generator=g)
+            block.attn.c_proj.weight.zero_()
+            block.mlp.c_proj.weight.zero_()
+            if block.attn.ve_channels:
+                block.attn.ve_gate.weight.zero_()
+        for i in range(model.config.n_layer):
+            if has_value_embed(i, model.config.n_layer):
+                model.value_embeds[str(i)].weight.uniform_(-bound, bound, generator=g)
+        model.resid_lambdas.fill_(1.0)
+        model.x0_lambdas.fill_(0.1)
+        model.smear_gate.weight.zero_()
+        model.smear_lambda.zero_()
+        model.backout_lambda.fill_(0.2)
+
+
+def lr_at(step: int, progress: float, preset: Preset) -> float:
+    """Linear warmup, then cosine decay to 5% (progress: 0..1 of the step or time budget)."""
+    if step < preset.warmup_steps:
+        return preset.lr * (step + 1) / preset.warmup_steps
+    return preset.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def masked_loss(model: GPT, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    logits = model(ids[:, :-1])
+    losses = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none"
+    )
+    return (losses * mask.reshape(-1)).sum() / mask.sum().clamp(min=1)
+
+
+def save_checkpoint(
+    model: GPT, tokenizer: Tokenizer, out: Path, tag: str, step: int, extra: dict
+) -> Path:
+    """nanochat layout; weights stored bf16 (the loaders convert to fp32 on CPU)."""
+    tokenizer.save(out / "tokenizer" / "tokenizer.pkl")
+    ckpt_dir = out / "chatsft_checkpoints" / tag
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    for old in ckpt_dir.glob("*_*.*"):
+        old.unlink()
+    sd = {
+        k: (v.detach().bfloat16() if v.ndim == 2 else v.detach().float()).contiguous()
+        for k, v in model.state_dict().items()
+    }
+    torch.save(sd, ckpt_dir / f"model_{step:06d}.pt")
+    meta = {"step": step, "model_config": asdict(model.config), **extra}
+    (ckpt_dir / f"meta_{step:06d}.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return ckpt_dir
+
+
+def train(out: Path, preset: Preset, seed: int = 0, log=print) -> Path:
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+
+    conversations = generate_conversations(preset.conversations, seed=seed, split="train")
+    log(f"generated {len(conversations)} conversations in {time.perf_counter() - t0:.1f}s")
+
+    texts = [conversation_text(c) for c in conversations[:50_000]]
+    tokenizer = train_tokenizer(texts, preset.vocab_size)
+    log(f"tokenizer: {tokenizer.get_vocab_size()} tokens ({time.perf_counter() - t0:.1f}s)")
+
+    ids, mask = pack_rows(conversations, tokenizer, preset.sequence_len, rng)
+    n_targets = int(mask.sum())
+    log(f"packed {ids.size(0)} rows of {preset.sequence_len}; {n_targets} supervised targets")
+
+    config = GPTConfig(
+        sequence_len=preset.sequence_len,
+        vocab_size=tokenizer.get_vocab_size(),
+        n_layer=preset.n_layer,
+        n_head=preset.n_head,
+        n_kv_head=preset.n_head,
+        n_embd=preset.n_embd,
+        window_pattern="L",
+    )
+    model = GPT(config, ERAS["E"])
+    init_weights(model, seed)
+    model.init_rotary()
+    model.train()
+    log(f"model: era E, {model.num_params() / 1e6:.2f}M parameters, {config}")
+
+    # Scalars and gates learn with a smaller rate and no decay; matrices with AdamW.
+    matrices = [p for p in model.parameters() if p.ndim == 2]
+    scalars = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [
+            {"params": matrices, "weight_decay": 0.0},
+            {"params": scalars, "weight_decay": 0.0, "lr_scale": 0.3},
+        ],
+        lr=preset.lr,
+        betas=(0.9, 0.95),
+        eps=1e-10,
+    )
+    budget_s = preset.minutes * 60
+    # Compiling costs ~50 s once and makes each step ~1.5x faster on this CPU.
+    loss_fn = torch.compile(masked_loss) if preset.compile else masked_loss
+    t_train = time.perf_counter()
+    step, seen, ema = 0, 0, None
+    order = torch.randperm(ids.size(0), generator=torch.Generator().manual_seed(seed))
+    while True:
+        elapsed = time.perf_counter() - t_train
+        progress = max(step / preset.steps, elapsed / budget_s)
+        if progress >= 1.0:
+            break
+        lr = lr_at(step, progress, preset)
+        for group in opt.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        if seen + preset.batch_rows > ids.size(0):
+            order = torch.randperm(
+                ids.size(0), generator=torch.Generator().manual_seed(seed + step)
+            )
+            seen = 0
+        batch = order[seen : seen + preset.batch_rows]
+        seen += preset.batch_rows
+        loss = loss_fn(model, ids[batch], mask[batch])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if step % 50 == 0:
+            log(f"step {step:5d}  loss {ema:.4f}  lr {lr:.2e}  {elapsed / 60:5.1f} min")
+        step += 1
+
+    model.eval()
+    extra = {
+        "trained_by": "python -m chatcli.training.train",
+        "preset": asdict(preset),
+        "seed": seed,
+        "train_steps": step,
+        "final_loss": round(ema or 0.0, 4),
+        "train_minutes": round((time.perf_counter() - t0) / 60, 2),
+        "torch": torch.__version__,
+    }
+    ckpt = save_checkpoint(model, tokenizer, out, f"d{preset.n_layer}", step, extra)
+    log(f"saved {ckpt} after {step} steps, loss {ema:.4f}")
+    return ckpt
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output base dir")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
+    parser.add_argument("--minutes", type=float, help="training time budget (overrides preset)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    preset = PRESETS[args.preset]
+    if args.minutes is not None:
+        preset = Preset(**{**asdict(preset), "minutes": args.minutes})
+    train(args.out, preset, seed=args.seed, log=lambda s: print(s, flush=True))
+
+
+if __name__ == "__main__":
+    main()

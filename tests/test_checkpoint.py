@@ -1,0 +1,216 @@
+"""Finding checkpoints in every layout, and refusing every malformed one with a clear message."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from chatcli.checkpoint import load_model, resolve_checkpoint
+from chatcli.errors import CheckpointError
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
+pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures not present")
+PROMPT = torch.tensor([[503, 504, 87, 459, 349, 32, 49, 505, 506]])
+
+
+def _files(era: str = "E") -> tuple[dict[str, torch.Tensor], dict, Path]:
+    ckpt = FIXTURES / era / "chatsft_checkpoints" / "d4"
+    sd = torch.load(ckpt / "model_000001.pt", weights_only=True)
+    meta = json.loads((ckpt / "meta_000001.json").read_text())
+    return sd, meta, FIXTURES / era / "tokenizer" / "tokenizer.pkl"
+
+
+def _flat(tmp_path: Path, sd=None, meta=None, step: int = 650, era: str = "E") -> Path:
+    """A folder like the published nanochat-d32 download: model, meta, tokenizer side by side."""
+    sd0, meta0, tok = _files(era)
+    folder = tmp_path / "download"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(sd0 if sd is None else sd, folder / f"model_{step:06d}.pt")
+    (folder / f"meta_{step:06d}.json").write_text(json.dumps(meta0 if meta is None else meta))
+    shutil.copy(tok, folder / "tokenizer.pkl")
+    return folder
+
+
+def _reference_logits(era: str = "E") -> torch.Tensor:
+    model, _, _ = load_model(FIXTURES / era, device="cpu")
+    return model(PROMPT)
+
+
+# ---- layouts ---------------------------------------------------------------------------------
+
+
+def test_base_dir_picks_largest_depth_tag_and_last_step(tmp_path):
+    sd, meta, tok = _files()
+    for tag in ("d4", "d12", "d8"):
+        for step in (5, 120, 40):
+            d = tmp_path / "chatsft_checkpoints" / tag
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"model_{step:06d}.pt").touch()
+            (d / f"meta_{step:06d}.json").touch()
+    (tmp_path / "tokenizer").mkdir()
+    shutil.copy(tok, tmp_path / "tokenizer" / "tokenizer.pkl")
+    ref = resolve_checkpoint(tmp_path)
+    assert (ref.tag, ref.step, ref.source) == ("d12", 120, "sft")
+    assert ref.tokenizer_file == tmp_path / "tokenizer" / "tokenizer.pkl"
+    assert resolve_checkpoint(tmp_path, tag="d4", step=40).model_file.name == "model_000040.pt"
+    with pytest.raises(CheckpointError, match="No step 7"):
+        resolve_checkpoint(tmp_path, step=7)
+    with pytest.raises(CheckpointError, match="base_checkpoints"):
+        resolve_checkpoint(tmp_path, source="base")
+
+
+def test_flat_download_folder_and_model_file_load(tmp_path):
+    folder = _flat(tmp_path)
+    want = _reference_logits()
+    for path in (folder, folder / "model_000650.pt"):
+        model, tokenizer, meta = load_model(path, device="cpu")
+        assert meta["step"] == 1 and model.info.step == 650
+        torch.testing.assert_close(model(PROMPT), want)
+        assert tokenizer.get_vocab_size() == 512
+
+
+def test_tag_is_found_in_nanochat_base_dir_env(tmp_path, monkeypatch):
+    base = tmp_path / "base"
+    shutil.copytree(FIXTURES / "E", base)
+    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(base))
+    model, _, _ = load_model("d4", device="cpu")
+    assert model.info.tag == "d4" and model.arch.era == "E"
+
+
+def test_compiled_prefix_padded_vocab_and_bf16_weights_load_as_the_reference(tmp_path):
+    sd, meta, _ = _files()
+    changed = {}
+    for k, v in sd.items():
+        if k in ("transformer.wte.weight", "lm_head.weight") or k.startswith("value_embeds"):
+            v = torch.cat([v, torch.randn(64, v.shape[1])])  # vocab padded to 576
+        if k == "transformer.wte.weight":
+            v = v.bfloat16()  # as nanochat saves it: round-trips exactly to fp32 below
+        changed["_orig_mod." + k] = v
+    model, _, _ = load_model(_flat(tmp_path, sd=changed), device="cpu")
+    assert model.transformer.wte.weight.dtype == torch.float32
+    assert model.transformer.wte.weight.shape[0] == 576
+    logits = model(PROMPT)
+    assert logits.shape[-1] == 512  # sliced back to vocab_size
+    sd["transformer.wte.weight"] = sd["transformer.wte.weight"].bfloat16().float()
+    ref_model, _, _ = load_model(_flat(tmp_path / "ref", sd=sd), device="cpu")
+    torch.testing.assert_close(logits, ref_model(PROMPT))
+
+
+def test_softcap_override_changes_the_cap():
+    model, _, _ = load_model(FIXTURES / "A", device="cpu", softcap=20.0)
+    assert model.arch.softcap == 20.0
+    assert model(PROMPT).abs().max() < 20.0
+
+
+def test_embedded_default_or_a_clear_error():
+    try:
+        model, tokenizer, _ = load_model(device="cpu")
+    except CheckpointError as e:
+        assert "--model" in str(e)
+    else:
+        assert model.info.embedded and tokenizer.get_vocab_size() == model.config.vocab_size
+
+
+# ---- malformed inputs ------------------------------------------------------------------------
+
+
+def test_missing_path_says_what_to_pass(tmp_path):
+    with pytest.raises(CheckpointError, match="No model at .*nowhere"):
+        load_model(tmp_path / "nowhere")
+
+
+def test_missing_meta_and_tokenizer_are_named(tmp_path):
+    folder = _flat(tmp_path)
+    (folder / "meta_000650.json").unlink()
+    with pytest.raises(CheckpointError, match=r"Missing meta file .*meta_000650\.json"):
+        load_model(folder)
+    folder = _flat(tmp_path / "b")
+    (folder / "tokenizer.pkl").unlink()
+    with pytest.raises(CheckpointError, match="No tokenizer.pkl"):
+        load_model(folder)
+
+
+def test_truncated_weights_are_reported_not_raised_raw(tmp_path):
+    folder = _flat(tmp_path)
+    f = folder / "model_000650.pt"
+    f.write_bytes(f.read_bytes()[:3000])
+    with pytest.raises(CheckpointError, match=r"model_000650\.pt.*corrupt, truncated"):
+        load_model(folder)
+
+
+def test_weights_file_that_runs_code_is_refused(tmp_path):
+    folder = _flat(tmp_path)
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    torch.save({"x": Evil()}, folder / "model_000650.pt")
+    with pytest.raises(CheckpointError, match="corrupt, truncated or not a plain state_dict"):
+        load_model(folder)
+    assert not marker.exists()
+
+
+def test_meta_without_model_config(tmp_path):
+    folder = _flat(tmp_path, meta={"step": 1})
+    with pytest.raises(CheckpointError, match="no model_config"):
+        load_model(folder)
+
+
+def test_meta_with_broken_json_or_missing_keys(tmp_path):
+    folder = _flat(tmp_path)
+    (folder / "meta_000650.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not readable JSON"):
+        load_model(folder)
+    _, meta, _ = _files()
+    del meta["model_config"]["n_kv_head"]
+    with pytest.raises(CheckpointError, match="lacks n_kv_head"):
+        load_model(_flat(tmp_path / "b", meta=meta))
+
+
+def test_shapes_contradicting_meta(tmp_path):
+    _, meta, _ = _files()
+    meta["model_config"]["n_embd"] = 128
+    meta["model_config"]["n_head"] = 8
+    meta["model_config"]["n_kv_head"] = 4
+    with pytest.raises(CheckpointError, match=r"has shape \(\d+, 64\) but the meta's model_config"):
+        load_model(_flat(tmp_path, meta=meta))
+
+
+def test_tokenizer_vocab_must_equal_model_vocab(tmp_path):
+    _, meta, _ = _files()
+    meta["model_config"]["vocab_size"] = 500
+    with pytest.raises(
+        CheckpointError, match="has 512 tokens but the model .* expects vocab_size 500"
+    ):
+        load_model(_flat(tmp_path, meta=meta))
+
+
+def test_unknown_and_missing_keys_are_listed(tmp_path):
+    sd, _, _ = _files()
+    extra = dict(sd, **{"transformer.h.0.attn.c_x.weight": torch.zeros(1)})
+    with pytest.raises(CheckpointError, match=r"unknown keys transformer\.h\.0\.attn\.c_x\.weight"):
+        load_model(_flat(tmp_path, sd=extra))
+    fewer = {k: v for k, v in sd.items() if k != "transformer.h.2.mlp.c_fc.weight"}
+    with pytest.raises(CheckpointError, match=r"missing keys transformer\.h\.2\.mlp\.c_fc\.weight"):
+        load_model(_flat(tmp_path / "b", sd=fewer))
+
+
+def test_hostile_tokenizer_pickle_is_refused_and_runs_nothing(tmp_path):
+    folder = _flat(tmp_path)
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    (folder / "tokenizer.pkl").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(CheckpointError, match=r"Refused to load tokenizer .*pathlib"):
+        load_model(folder)
+    assert not marker.exists()

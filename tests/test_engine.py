@@ -1,0 +1,342 @@
+"""Tests for chatcli.engine: seeding, stop conditions, batching, the context limit and tool use.
+
+The models are scripted fakes (tests/fakes.py): each row's next token is a plain function of
+that row's tokens so far, so every expected sequence below is written out in full.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fakes import (
+    DONE,
+    SPECIAL_IDS,
+    ByteTokenizer,
+    FakeConfig,
+    ScriptedModel,
+    noisy,
+    peaked,
+    reply,
+    tool_call,
+    uniform,
+    uniform_bytes,
+)
+
+from chatcli.engine import Engine, GenerationStats
+from chatcli.errors import ContextOverflowError
+from chatcli.special_tokens import (
+    ASSISTANT_END,
+    ASSISTANT_START,
+    BOS,
+    OUTPUT_END,
+    OUTPUT_START,
+    PYTHON_END,
+    PYTHON_START,
+    USER_END,
+    USER_START,
+)
+
+TOK = ByteTokenizer()
+END = SPECIAL_IDS[ASSISTANT_END]
+PROMPT = [
+    SPECIAL_IDS[BOS],
+    SPECIAL_IDS[USER_START],
+    *TOK.encode("what is 12*7?"),
+    SPECIAL_IDS[USER_END],
+    SPECIAL_IDS[ASSISTANT_START],
+]
+
+
+def run(model, tokens=PROMPT, **kwargs) -> list[tuple[list[int], list[int]]]:
+    return list(Engine(model, TOK).generate(tokens, **kwargs))
+
+
+def batch(model, tokens=PROMPT, **kwargs) -> tuple[list[list[int]], list[list[int]]]:
+    return Engine(model, TOK).generate_batch(tokens, **kwargs)
+
+
+def continuations(results: list[list[int]]) -> list[list[int]]:
+    return [r[len(PROMPT) :] for r in results]
+
+
+def ends_after_first_token(generated: list[int]) -> torch.Tensor | int:
+    """A row whose length depends on its own first (sampled) byte: byte % 4 more 'x's, then
+    <|assistant_end|>."""
+    if not generated:
+        return uniform_bytes(generated)
+    return ord("x") if len(generated) <= generated[0] % 4 else END
+
+
+# ---- seeds and temperature ------------------------------------------------------------------
+
+
+def test_same_seed_gives_same_tokens_at_temperature_1():
+    first, _ = batch(ScriptedModel(uniform_bytes), num_samples=3, max_tokens=12, seed=7)
+    again, _ = batch(ScriptedModel(uniform_bytes), num_samples=3, max_tokens=12, seed=7)
+    assert first == again
+    assert all(len(r) == len(PROMPT) + 12 for r in first)
+
+
+def test_different_seeds_give_different_tokens_at_temperature_1():
+    a, _ = batch(ScriptedModel(uniform_bytes), max_tokens=12, seed=1)
+    b, _ = batch(ScriptedModel(uniform_bytes), max_tokens=12, seed=2)
+    assert continuations(a) != continuations(b)
+
+
+def test_temperature_zero_takes_the_argmax_whatever_the_seed():
+    expected = []
+    for _ in range(10):
+        expected.append(int(noisy(expected).argmax()))
+    for seed in (0, 1, 12345):
+        results, masks = batch(
+            ScriptedModel(noisy), num_samples=2, max_tokens=10, temperature=0.0, seed=seed
+        )
+        assert continuations(results) == [expected, expected]
+        assert masks == [[0] * len(PROMPT) + [1] * 10] * 2
+
+
+# ---- steps, rows and stop conditions --------------------------------------------------------
+
+
+def test_max_tokens_is_the_exact_number_of_steps():
+    model = ScriptedModel(uniform_bytes)
+    stats = GenerationStats()
+    steps = run(model, max_tokens=7, stats=stats)
+    assert len(steps) == 7
+    assert stats.steps == 7
+    assert stats.prompt_tokens == len(PROMPT)
+    assert stats.finish_reasons == ["length"]
+    # One prefill of the whole prompt, then one column per step except the last.
+    assert model.calls == [(1, len(PROMPT))] + [(1, 1)] * 6
+
+
+def test_max_tokens_zero_yields_nothing():
+    assert run(ScriptedModel(uniform_bytes), max_tokens=0) == []
+
+
+def test_num_samples_gives_one_entry_per_row_in_every_column_and_result():
+    model = ScriptedModel(uniform_bytes)
+    steps = run(model, num_samples=3, max_tokens=5)
+    assert len(steps) == 5
+    assert all(len(column) == 3 and len(masks) == 3 for column, masks in steps)
+    # Prefill once at batch 1, then decode all rows together.
+    assert model.calls == [(1, len(PROMPT))] + [(3, 1)] * 4
+
+    results, masks = batch(ScriptedModel(uniform_bytes), num_samples=3, max_tokens=5)
+    assert len(results) == len(masks) == 3
+    assert [len(r) for r in results] == [len(PROMPT) + 5] * 3
+    assert [len(m) for m in masks] == [len(PROMPT) + 5] * 3
+    assert all(r[: len(PROMPT)] == PROMPT for r in results)
+
+
+def test_each_row_samples_its_own_first_token():
+    (column, masks), *_ = run(ScriptedModel(uniform), num_samples=8, max_tokens=1)
+    assert len(column) == 8
+    assert len(set(column)) > 1
+    assert masks == [1] * 8
+
+
+def test_a_row_ends_at_assistant_end_which_generate_batch_leaves_out():
+    stats = GenerationStats()
+    model = ScriptedModel(reply([*TOK.encode("84"), END, ord("z")]))
+    steps = run(model, max_tokens=10, stats=stats)
+    assert [column for column, _ in steps] == [[ord("8")], [ord("4")], [END]]
+    assert stats.finish_reasons == ["stop"]
+
+    results, masks = batch(ScriptedModel(reply([*TOK.encode("84"), END])), max_tokens=10)
+    assert results == [[*PROMPT, *TOK.encode("84")]]
+    assert masks == [[0] * len(PROMPT) + [1, 1]]
+
+
+def test_a_row_ends_at_bos_too():
+    bos = SPECIAL_IDS[BOS]
+    stats = GenerationStats()
+    steps = run(ScriptedModel(reply([*TOK.encode("hi"), bos])), max_tokens=10, stats=stats)
+    assert [column for column, _ in steps] == [[ord("h")], [ord("i")], [bos]]
+    assert stats.finish_reasons == ["stop"]
+    results, _ = batch(ScriptedModel(reply([*TOK.encode("hi"), bos])), max_tokens=10)
+    assert results == [[*PROMPT, *TOK.encode("hi")]]
+
+
+def test_rows_finish_independently_and_results_exclude_their_terminal_tokens():
+    stats = GenerationStats()
+    model = ScriptedModel(ends_after_first_token)
+    steps = run(model, num_samples=8, max_tokens=20, seed=3, stats=stats)
+    firsts = steps[0][0]
+    expected = [[first] + [ord("x")] * (first % 4) for first in firsts]
+    assert len({len(e) for e in expected}) > 1, "pick a seed where row lengths differ"
+    # Generation runs until the longest row has yielded its <|assistant_end|>.
+    assert len(steps) == max(len(e) for e in expected) + 1
+    for i, e in enumerate(expected):
+        assert [column[i] for column, _ in steps[: len(e) + 1]] == [*e, END]
+    assert stats.finish_reasons == ["stop"] * 8
+
+    results, masks = batch(ScriptedModel(ends_after_first_token), num_samples=8, seed=3)
+    assert continuations(results) == expected
+    assert [m[len(PROMPT) :] for m in masks] == [[1] * len(e) for e in expected]
+
+
+def test_finish_reasons_say_stop_for_ended_rows_and_length_for_cut_ones():
+    stats = GenerationStats()
+    steps = run(
+        ScriptedModel(ends_after_first_token), num_samples=8, max_tokens=3, seed=3, stats=stats
+    )
+    # A row needs first % 4 + 2 steps to reach <|assistant_end|>.
+    expected = ["stop" if first % 4 + 2 <= 3 else "length" for first in steps[0][0]]
+    assert set(expected) == {"stop", "length"}, "pick a seed with both kinds of rows"
+    assert len(steps) == 3
+    assert stats.finish_reasons == expected
+
+
+# ---- the context window ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_tokens", [100, None])
+def test_generation_never_runs_past_the_context(max_tokens):
+    model = ScriptedModel(uniform_bytes, sequence_len=32)
+    prompt = [SPECIAL_IDS[BOS], *TOK.encode("x" * 29)]
+    stats = GenerationStats()
+    steps = run(model, tokens=prompt, num_samples=2, max_tokens=max_tokens, stats=stats)
+    assert len(steps) == 2  # positions 30 and 31
+    assert stats.finish_reasons == ["context", "context"]
+    # The model saw the prompt and the first column; the last column is never fed back.
+    assert [len(h) for h in model.histories] == [31, 31]
+
+
+def test_max_tokens_that_exactly_fills_the_context_is_reported_as_length():
+    prompt = [SPECIAL_IDS[BOS], *TOK.encode("x" * 29)]
+    stats = GenerationStats()
+    steps = run(
+        ScriptedModel(uniform_bytes, sequence_len=32), tokens=prompt, max_tokens=2, stats=stats
+    )
+    assert len(steps) == 2
+    assert stats.finish_reasons == ["length"]
+
+
+@pytest.mark.parametrize("prompt_len", [32, 33, 100])
+def test_a_prompt_that_does_not_fit_raises_context_overflow(prompt_len):
+    model = ScriptedModel(uniform_bytes, sequence_len=32)
+    with pytest.raises(ContextOverflowError, match=f"{prompt_len} tokens.*context is 32"):
+        run(model, tokens=[SPECIAL_IDS[BOS]] * prompt_len, max_tokens=1)
+    assert model.calls == []
+
+
+def test_a_row_that_stops_at_the_edge_of_the_context_says_stop():
+    prompt = [SPECIAL_IDS[BOS], *TOK.encode("x" * 29)]
+    stats = GenerationStats()
+    steps = run(ScriptedModel(reply([ord("a"), END]), sequence_len=32), tokens=prompt, stats=stats)
+    assert [column for column, _ in steps] == [[ord("a")], [END]]
+    assert stats.finish_reasons == ["stop"]
+
+
+# ---- the calculator tool --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_samples", [1, 3])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_calculator_output_is_forced_right_after_python_end_with_mask_zero(
+    num_samples, temperature
+):
+    model = ScriptedModel(tool_call("12*7", DONE))
+    results, masks = batch(model, num_samples=num_samples, temperature=temperature, max_tokens=30)
+    call = [SPECIAL_IDS[PYTHON_START], *TOK.encode("12*7"), SPECIAL_IDS[PYTHON_END]]
+    output = [SPECIAL_IDS[OUTPUT_START], *TOK.encode("84"), SPECIAL_IDS[OUTPUT_END]]
+    after = TOK.encode(" done")
+    assert continuations(results) == [call + output + after] * num_samples
+    assert [m[len(PROMPT) :] for m in masks] == [
+        [1] * len(call) + [0] * len(output) + [1] * len(after)
+    ] * num_samples
+    # The forced tokens went back into the model like any other.
+    assert model.continuations() == [call + output + after] * num_samples
+
+
+def test_forced_tokens_stream_with_mask_zero_and_the_models_choice_is_dropped():
+    steps = run(ScriptedModel(tool_call("12*7", DONE)), temperature=0.0, max_tokens=30)
+    tokens = [column[0] for column, _ in steps]
+    flags = [masks[0] for _, masks in steps]
+    end = tokens.index(SPECIAL_IDS[PYTHON_END])
+    assert tokens[end + 1 : end + 5] == [
+        SPECIAL_IDS[OUTPUT_START],
+        ord("8"),
+        ord("4"),
+        SPECIAL_IDS[OUTPUT_END],
+    ]
+    assert flags[end + 1 : end + 5] == [0, 0, 0, 0]
+    assert flags[: end + 1] == [1] * (end + 1)
+    assert tokens[-1] == END and flags[-1] == 1
+
+
+@pytest.mark.parametrize("expr", ["1/0", "__import__('os')", "2**10"])
+def test_a_refused_expression_forces_nothing(expr):
+    results, masks = batch(ScriptedModel(tool_call(expr, DONE)), temperature=0.0, max_tokens=40)
+    call = [SPECIAL_IDS[PYTHON_START], *TOK.encode(expr), SPECIAL_IDS[PYTHON_END]]
+    assert continuations(results) == [call + TOK.encode(" done")]
+    assert masks == [[0] * len(PROMPT) + [1] * (len(call) + 5)]
+
+
+def test_use_tools_false_forces_nothing():
+    results, masks = batch(
+        ScriptedModel(tool_call("12*7", DONE)), temperature=0.0, max_tokens=30, use_tools=False
+    )
+    call = [SPECIAL_IDS[PYTHON_START], *TOK.encode("12*7"), SPECIAL_IDS[PYTHON_END]]
+    assert continuations(results) == [call + TOK.encode(" done")]
+    assert SPECIAL_IDS[OUTPUT_START] not in results[0]
+    assert masks == [[0] * len(PROMPT) + [1] * (len(call) + 5)]
+
+
+def test_python_end_outside_a_python_block_forces_nothing():
+    stray = [SPECIAL_IDS[PYTHON_END], *TOK.encode("ok"), END]
+    results, masks = batch(ScriptedModel(reply(stray)), temperature=0.0, max_tokens=10)
+    assert continuations(results) == [stray[:-1]]
+    assert masks == [[0] * len(PROMPT) + [1, 1, 1]]
+
+
+# ---- the model protocol ---------------------------------------------------------------------
+
+
+class CountUp:
+    """Not a GPT, not even an nn.Module: predicts the byte after the last one until 'e'."""
+
+    def __init__(self) -> None:
+        self.config = FakeConfig()
+
+    def get_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def forward(self, idx: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        B, T = idx.shape
+        logits = torch.zeros(B, T, self.config.vocab_size)
+        for b, last in enumerate(idx[:, -1].tolist()):
+            logits[b, -1] = peaked(last + 1 if last < ord("e") else END)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        return logits
+
+
+def test_generate_works_with_any_model_that_follows_the_protocol():
+    prompt = [SPECIAL_IDS[BOS], ord("a")]
+    engine = Engine(CountUp(), TOK)
+    results, masks = engine.generate_batch(prompt, num_samples=2, max_tokens=10)
+    assert results == [[*prompt, *TOK.encode("bcde")]] * 2
+    assert masks == [[0, 0, 1, 1, 1, 1]] * 2
+
+
+class ParameterlessModel(ScriptedModel):
+    """An nn.Module with no parameters at all (a wrapper, a lookup-table model)."""
+
+    def __init__(self) -> None:
+        super().__init__(reply([ord("k"), END]))
+        del self.anchor
+
+    def get_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+def test_an_nn_module_without_parameters_gets_a_float32_cache():
+    results, _ = batch(ParameterlessModel(), max_tokens=5)
+    assert continuations(results) == [[ord("k")]]
+
+
+def test_negative_max_tokens_raises_a_value_error_that_names_it():
+    with pytest.raises(ValueError, match="max_tokens"):
+        run(ScriptedModel(uniform_bytes), max_tokens=-1)

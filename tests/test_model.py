@@ -1,0 +1,162 @@
+"""The GPT against the reference fixtures, and its cached path against its full forward."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from chatcli.checkpoint import load_model
+from chatcli.engine import Engine
+from chatcli.kv_cache import KVCache
+from chatcli.model import ERAS, GPT, GPTConfig, infer_era, window_sizes
+from chatcli.special_tokens import ASSISTANT_END
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
+needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures not present")
+
+
+def _expected(era: str) -> dict:
+    return json.loads((FIXTURES / era / "expected.json").read_text())
+
+
+@needs_fixtures
+@pytest.mark.parametrize("era", ["A", "E"])
+def test_reference_logits_match_within_1e4(era):
+    model, _, _ = load_model(FIXTURES / era, device="cpu")
+    assert model.arch.era == era
+    for case in _expected(era)["cases"]:
+        logits = model(torch.tensor([case["prompt"]]))[0]
+        for pos, ref in zip(case["positions"], case["logits"], strict=True):
+            torch.testing.assert_close(logits[pos], torch.tensor(ref), atol=1e-4, rtol=0)
+
+
+def _greedy_until_end(tokens, tokenizer, n):
+    stop = {tokenizer.encode_special(ASSISTANT_END), tokenizer.get_bos_token_id()}
+    out = []
+    for t in tokens:
+        if t in stop or len(out) == n:
+            break
+        out.append(t)
+    return out
+
+
+@needs_fixtures
+@pytest.mark.parametrize("era", ["A", "E"])
+def test_reference_greedy_continuations_identical(era):
+    model, tokenizer, _ = load_model(FIXTURES / era, device="cpu")
+    engine = Engine(model, tokenizer)
+    for case in _expected(era)["cases"]:
+        want = case["greedy"]
+        uncached = _greedy_until_end(
+            model.generate(case["prompt"], max_tokens=len(want) + 1, temperature=0.0),
+            tokenizer,
+            len(want),
+        )
+        assert uncached == want
+        results, _ = engine.generate_batch(case["prompt"], max_tokens=len(want), temperature=0.0)
+        assert results[0][len(case["prompt"]) :] == want
+
+
+def _random_model(era: str, seed: int = 0, sequence_len: int = 256) -> GPT:
+    # Every parameter randomised (lambdas and gates included) so every component matters.
+    config = GPTConfig(
+        sequence_len=sequence_len,
+        vocab_size=200,
+        n_layer=4,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=64,
+        window_pattern="SSSL",
+    )
+    torch.manual_seed(seed)
+    model = GPT(config, ERAS[era])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            std = 0.3 if p.ndim < 2 or "lambda" in name else 0.5 / p.shape[-1] ** 0.5
+            p.normal_(0.0, std)
+            if "lambdas" in name or "lambda" in name:
+                p.add_(0.5)
+    model.init_rotary()
+    return model.eval()
+
+
+@pytest.mark.parametrize("era", list(ERAS))
+def test_era_is_inferred_from_weights_alone(era):
+    model = _random_model(era)
+    assert infer_era(model.state_dict(), model.config) == era
+
+
+@pytest.mark.parametrize("era", list(ERAS))
+def test_cached_greedy_equals_uncached_reference_past_the_short_window(era):
+    model = _random_model(era)
+    short = min(window_sizes(model.config, model.arch))
+    if era != "A":
+        assert short < model.config.sequence_len  # windows are really exercised
+    g = torch.Generator().manual_seed(1)
+    length = min(short + 20, model.config.sequence_len - 30)
+    prompt = torch.randint(0, 190, (length,), generator=g).tolist()
+    want = list(model.generate(prompt, max_tokens=24, temperature=0.0))
+    engine = Engine(model, _NoStopTokenizer())
+    got = [col[0] for col, _ in engine.generate(prompt, max_tokens=24, temperature=0.0)]
+    assert got == want
+
+
+@pytest.mark.parametrize("era", list(ERAS))
+def test_chunks_appended_to_a_nonempty_cache_equal_the_full_forward(era):
+    model = _random_model(era)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 190, (1, 200), generator=g)
+    full = model(ids)
+    cache = KVCache(1, 2, 256, 16, 4)
+    pieces = []
+    for a, b in [(0, 37), (37, 38), (38, 150), (150, 151), (151, 200)]:
+        pieces.append(model(ids[:, a:b], kv_cache=cache))
+        assert cache.get_pos() == b
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=2e-5, rtol=0)
+
+
+def test_batched_rows_decode_like_single_rows():
+    model = _random_model("E")
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 190, (3, 40), generator=g)
+    cache = KVCache(3, 2, 64, 16, 4)
+    model(ids[:, :30], kv_cache=cache)
+    step = model(ids[:, 30:31], kv_cache=cache)[:, -1]
+    torch.testing.assert_close(step, model(ids[:, :31])[:, -1], atol=2e-5, rtol=0)
+
+
+def test_window_pattern_is_tiled_and_the_last_layer_is_long():
+    config = GPTConfig(2048, 100, 6, 4, 4, 64, window_pattern="SSL")
+    assert window_sizes(config, ERAS["E"]) == [512, 512, 2048, 512, 512, 2048]
+    assert window_sizes(config, ERAS["D"]) == [768, 768, 2048, 768, 768, 2048]
+    assert window_sizes(config, ERAS["B"]) == [1024, 1024, 2048, 1024, 1024, 2048]
+    config = GPTConfig(2048, 100, 4, 4, 4, 64, window_pattern="S")
+    assert window_sizes(config, ERAS["E"])[-1] == 2048
+    assert window_sizes(config, ERAS["A"]) == [2048] * 4
+
+
+def test_forward_refuses_positions_past_the_rotary_tables():
+    model = _random_model("E", sequence_len=16)
+    cache = KVCache(1, 2, 200, 16, 4)
+    model(torch.zeros(1, 150, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match="exceeds"):
+        model(torch.zeros(1, 20, dtype=torch.long), kv_cache=cache)
+
+
+class _NoStopTokenizer:
+    """Special ids outside the random models' 200-token vocab, so nothing stops early."""
+
+    def encode(self, text, prepend=None):
+        return list(text.encode())
+
+    def decode(self, ids):
+        return bytes(i % 256 for i in ids).decode(errors="replace")
+
+    def encode_special(self, name):
+        return 1000 + hash(name) % 100
+
+    def get_bos_token_id(self):
+        return 999

@@ -1,0 +1,370 @@
+from __future__ import annotations
+
+import re
+from io import StringIO
+
+import pytest
+from rich.console import Console
+
+from chatcli.errors import ConfigError
+from chatcli.render import (
+    CHAT_THEME,
+    ReplyRenderer,
+    format_badge,
+    make_console,
+    render_banner,
+    render_error,
+    render_notice,
+    render_status,
+    use_markdown,
+)
+from chatcli.special_tokens import ASSISTANT_END, SPECIAL_TOKENS
+from chatcli.stream import (
+    StreamEvent,
+    TextDelta,
+    TokenDecoder,
+    ToolCallDelta,
+    ToolCallStart,
+    ToolResult,
+)
+
+
+class ByteTokenizer:
+    """Ids 0..255 are bytes; 256.. are the special tokens in nanochat order."""
+
+    def decode_bytes(self, ids: list[int]) -> bytes:
+        return bytes(ids)
+
+    def encode_special(self, name: str) -> int:
+        return 256 + SPECIAL_TOKENS.index(name)
+
+
+def console(terminal: bool = False, height: int = 25) -> tuple[Console, StringIO]:
+    out = StringIO()
+    con = Console(
+        file=out,
+        width=80,
+        height=height,
+        force_terminal=terminal,
+        color_system=None,
+        theme=CHAT_THEME,
+    )
+    return con, out
+
+
+def render(events: list[StreamEvent], finish: str = "stop", **kwargs) -> str:
+    con, out = console(**kwargs)
+    renderer = ReplyRenderer(con, markdown=False)
+    for event in events:
+        renderer.handle(event)
+    renderer.finish(finish)
+    return out.getvalue()
+
+
+def tool(expression: str, output: str | None) -> list[StreamEvent]:
+    return [ToolCallStart(), ToolCallDelta(expression), ToolResult(expression, output)]
+
+
+# --- plain mode ----------------------------------------------------------------------------
+
+
+def test_plain_text_streams_in_order_with_a_final_newline():
+    events = [TextDelta("Hello"), TextDelta(", "), TextDelta("world.")]
+    assert render(events) == "Hello, world.\n"
+
+
+def test_plain_tool_success_is_an_inline_badge():
+    events = [TextDelta("It is "), *tool("1234*56", "69104"), TextDelta(".")]
+    assert render(events) == "It is [calc 1234*56 = 69104].\n"
+
+
+def test_plain_tool_failure_is_marked_failed():
+    events = [TextDelta("Try "), *tool("1/0", None), TextDelta(" no.")]
+    assert render(events) == "Try [calc 1/0 failed] no.\n"
+
+
+def test_badge_text_is_one_line():
+    assert format_badge(" 12 *\n 7 ", "84\n") == "calc 12 * 7 = 84"
+    assert format_badge("1/0", None) == "calc 1/0 failed"
+
+
+def test_model_text_is_never_read_as_markup_emoji_or_wrapped():
+    text = "[bold]not bold[/bold] :smile: " + "x" * 120
+    out = StringIO()
+    con = make_console(file=out)  # the app's own console: emoji and highlight off
+    renderer = ReplyRenderer(con, markdown=False)
+    renderer.handle(TextDelta(text))
+    renderer.finish("stop")
+    assert out.getvalue() == text + "\n"
+
+
+def test_plain_output_ending_in_newline_gets_no_extra_line():
+    assert render([TextDelta("done\n")]) == "done\n"
+
+
+def test_interrupted_reply_is_marked():
+    assert render([TextDelta("Partial")], finish="interrupted") == "Partial [interrupted]\n"
+    assert render([TextDelta("line\n")], finish="interrupted") == "line\n[interrupted]\n"
+
+
+def test_split_utf8_through_the_decoder_arrives_whole():
+    tok = ByteTokenizer()
+    decoder = TokenDecoder(tok)
+    reply = "naïve € 😀 中文"
+    events: list[StreamEvent] = []
+    for token in [*reply.encode(), tok.encode_special(ASSISTANT_END)]:
+        events += decoder.feed(token, 1)
+    events += decoder.flush()
+    assert render(events) == reply + "\n"
+
+
+# --- markdown mode -------------------------------------------------------------------------
+
+REPLY = (
+    "First paragraph.\n"
+    "\n"
+    "Second paragraph.\n"
+    "\n"
+    "```python\n"
+    "print('hi')\n"
+    "\n"
+    "x = 1\n"
+    "```\n"
+    "After the code.\n"
+    "- one\n"
+    "- two\n"
+)
+
+# What Rich draws for REPLY as a whole document, which block-by-block output must match.
+REPLY_DRAWN = [
+    "First paragraph.",
+    "",
+    "Second paragraph.",
+    "",
+    "",
+    " print('hi')",
+    "",
+    " x = 1",
+    "",
+    "",
+    "After the code.",
+    "",
+    " • one",
+    " • two",
+]
+
+
+def stream_markdown(con: Console, reply: str, chunk: int = 3, finish: str = "stop") -> None:
+    renderer = ReplyRenderer(con, markdown=True, refresh_interval_s=0)
+    for i in range(0, len(reply), chunk):
+        renderer.handle(TextDelta(reply[i : i + chunk]))
+    renderer.finish(finish)
+
+
+def lines_of(output: str) -> list[str]:
+    return [line.rstrip() for line in output.splitlines()]
+
+
+_CSI = re.compile(r"\x1b\[(\??)(\d*)([A-Za-z])")
+
+
+def replay(output: str, height: int) -> list[str]:
+    """What a terminal of `height` rows shows, scrollback included, after `output`. Handles the
+    controls Rich's Live uses, and fails if the cursor is sent up into scrollback (rows there
+    can no longer be erased: that is how duplicate rows are left behind)."""
+    rows, row, col, i = [""], 0, 0, 0
+    while i < len(output):
+        control = _CSI.match(output, i)
+        if control:
+            private, n, command = control.groups()
+            i = control.end()
+            if private:
+                continue  # cursor show / hide
+            if command == "A":
+                row -= int(n or 1)
+                assert row >= len(rows) - height, "cursor moved up into scrollback"
+            elif command == "K":
+                rows[row] = ""
+            else:
+                raise AssertionError(f"unexpected control {control.group()!r}")
+            continue
+        char, i = output[i], i + 1
+        if char == "\n":
+            row, col = row + 1, 0
+            if row == len(rows):
+                rows.append("")
+        elif char == "\r":
+            col = 0
+        else:
+            line = rows[row].ljust(col)
+            rows[row] = line[:col] + char + line[col + 1 :]
+            col += 1
+    return [r.rstrip() for r in rows]
+
+
+def test_markdown_blocks_are_printed_once_each_when_not_a_terminal():
+    con, out = console(terminal=False)
+    stream_markdown(con, REPLY)
+    assert lines_of(out.getvalue()) == REPLY_DRAWN
+    assert out.getvalue().count("First paragraph.") == 1
+    assert out.getvalue().count("print('hi')") == 1
+
+
+def test_markdown_on_a_terminal_leaves_each_row_once_in_scrollback():
+    con, out = console(terminal=True, height=10)
+    stream_markdown(con, REPLY)
+    screen = replay(out.getvalue(), height=10)
+    assert screen[:-1] == REPLY_DRAWN
+    assert screen[-1] == ""  # the cursor ends on a fresh line
+    # The live area did repaint: the open block was shown part-written.
+    assert "Second par" in out.getvalue().replace("Second paragraph.", "")
+
+
+def test_markdown_block_taller_than_the_screen_shows_its_tail_and_commits_once():
+    code = "".join(f"line_{n} = {n}\n" for n in range(20))
+    con, out = console(terminal=True, height=6)
+    renderer = ReplyRenderer(con, markdown=True, refresh_interval_s=0)
+    renderer.handle(TextDelta("```\n" + code))
+    live = replay(out.getvalue(), height=6)
+    assert "line_19 = 19" in " ".join(live)
+    assert "line_0 = 0" not in " ".join(live)
+    renderer.handle(TextDelta("```\n"))
+    renderer.finish("stop")
+    screen = replay(out.getvalue(), height=6)
+    assert [row for row in screen if row.strip()] == [f" line_{n} = {n}" for n in range(20)]
+
+
+def test_markdown_badge_is_inline_code_in_the_paragraph():
+    con, out = console()
+    renderer = ReplyRenderer(con, markdown=True)
+    renderer.handle(TextDelta("The product is "))
+    for event in tool("6*7", "42"):
+        renderer.handle(event)
+    renderer.handle(TextDelta(", and "))
+    for event in tool("1/0", None):
+        renderer.handle(event)
+    renderer.handle(TextDelta(" *is not* defined."))
+    renderer.finish("stop")
+    assert lines_of(out.getvalue()) == [
+        "The product is calc 6*7 = 42, and calc 1/0 failed is not defined."
+    ]
+
+
+def test_markdown_interrupted_commits_the_open_block_then_marks_it():
+    con, out = console(terminal=True)
+    stream_markdown(con, "Done.\n\nHalf a sen", finish="interrupted")
+    screen = replay(out.getvalue(), height=25)
+    assert screen == ["Done.", "", "Half a sen", "[interrupted]", ""]
+
+
+def test_markdown_heading_and_list_items_are_separate_blocks():
+    con, out = console()
+    stream_markdown(con, "# Title\nIntro:\n1. first\n2. second\n   more\n", chunk=1)
+    assert lines_of(out.getvalue()) == [
+        "                                     Title",
+        "",
+        "Intro:",
+        "",
+        " 1 first",
+        " 2 second more",
+    ]
+
+
+# --- one-line messages ---------------------------------------------------------------------
+
+
+def test_status_line_format():
+    con, out = console()
+    render_status(
+        con,
+        {
+            "ttft_s": 0.1234,
+            "prefill_tps": 850.4,
+            "decode_tps": 120.0,
+            "tokens_in": 35,
+            "tokens_out": 20,
+            "context_used": 55,
+            "context_len": 512,
+            "finish_reason": "stop",
+        },
+    )
+    assert out.getvalue() == (
+        "ttft 0.12s · prefill 850 tok/s · decode 120 tok/s · 35 in / 20 out · ctx 55/512 · stop\n"
+    )
+
+
+def test_status_line_leaves_out_what_is_missing():
+    con, out = console()
+    render_status(con, {"ttft_s": None, "tokens_in": 3, "tokens_out": 0, "finish_reason": "length"})
+    assert out.getvalue() == "3 in / 0 out · length\n"
+
+
+def test_error_and_notice_print_the_message_verbatim():
+    con, out = console()
+    render_error(con, "No checkpoint in [x]; pass --model")
+    render_notice(con, "Context 80% full")
+    assert out.getvalue() == "Error: No checkpoint in [x]; pass --model\nContext 80% full\n"
+
+
+def test_banner_shows_model_setup_and_help():
+    con, out = console()
+    render_banner(
+        con,
+        {
+            "path": "/ckpt/chatsft_checkpoints/d20",
+            "tag": "d20",
+            "source": "sft",
+            "step": 650,
+            "era": "E",
+            "params": 560_988_160,
+            "device": "cuda",
+            "dtype": "bfloat16",
+            "context_len": 2048,
+            "load_s": 3.21,
+        },
+    )
+    assert out.getvalue() == (
+        "chatcli · d20 · sft · step 650 · era E · 561.0M params\n"
+        "/ckpt/chatsft_checkpoints/d20\n"
+        "cuda · bfloat16 · context 2048 · loaded in 3.2s\n"
+        "Type /help for commands, Ctrl-D to exit.\n"
+    )
+
+
+def test_banner_with_little_information_still_says_how_to_get_help():
+    con, out = console()
+    render_banner(con, {"device": "cpu"})
+    assert out.getvalue() == "chatcli\ncpu\nType /help for commands, Ctrl-D to exit.\n"
+
+
+# --- console -------------------------------------------------------------------------------
+
+
+def test_console_not_on_a_terminal_is_plain(monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    con = make_console(file=StringIO())
+    assert not con.is_terminal
+    assert con.color_system is None
+    assert use_markdown(con) is False
+
+
+def test_no_color_gives_plain_text_even_on_a_terminal(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    con = make_console(file=StringIO())
+    assert con.color_system is None
+    assert use_markdown(con, "auto") is False
+    assert use_markdown(con, "always") is True
+
+
+def test_force_plain_has_no_color(monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert make_console(force_plain=True, file=StringIO()).color_system is None
+
+
+def test_markdown_mode_must_be_known():
+    con, _ = console()
+    assert use_markdown(con, "never") is False
+    with pytest.raises(ConfigError, match="auto, always or never"):
+        use_markdown(con, "sometimes")

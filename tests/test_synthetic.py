@@ -1,0 +1,284 @@
+"""Tests for chatcli.training.synthetic: the default model's training data and eval set."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from itertools import pairwise
+
+import pytest
+
+from chatcli.calculator import format_result, use_calculator
+from chatcli.training import synthetic
+from chatcli.training.synthetic import (
+    EVAL_KINDS,
+    KIND_WEIGHTS,
+    EvalItem,
+    generate_conversations,
+    generate_eval_set,
+    generate_labelled_conversations,
+    is_held_out_number,
+    render_text_only,
+)
+
+# Unsigned: in "6362-4835" the numbers are 6362 and 4835.
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+COUNT_CALL = re.compile(r'"([a-z]+)"\.count\("([a-z])"\)')
+ARITHMETIC_CALL = re.compile(r"(-?\d+(?:\.\d+)?)([-+*/])(\d+(?:\.\d+)?)")
+
+
+@pytest.fixture(scope="module")
+def train() -> list[tuple[str, list[dict]]]:
+    return generate_labelled_conversations(20_000, seed=1234)
+
+
+@pytest.fixture(scope="module")
+def eval_conversations() -> list[tuple[str, list[dict]]]:
+    return generate_labelled_conversations(3_000, seed=99, split="eval")
+
+
+@pytest.fixture(scope="module")
+def eval_set() -> list[EvalItem]:
+    return generate_eval_set(n_per_kind=300, seed=7)
+
+
+def tool_turns(conversation: list[dict]) -> list[dict[str, str]]:
+    """Each assistant tool reply as {"python": ..., "python_output": ..., "text": ...}."""
+    return [
+        {part["type"]: part["text"] for part in message["content"]}
+        for message in conversation
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+    ]
+
+
+def user_texts(conversation: list[dict]) -> list[str]:
+    return [message["content"] for message in conversation if message["role"] == "user"]
+
+
+def test_the_same_seed_gives_the_same_conversations():
+    assert generate_conversations(200, seed=5) == generate_conversations(200, seed=5)
+    assert generate_conversations(200, seed=5) != generate_conversations(200, seed=6)
+    assert generate_eval_set(20, seed=3) == generate_eval_set(20, seed=3)
+
+
+def test_generation_leaves_the_global_random_state_alone():
+    random.seed(0)
+    before = random.random()
+    random.seed(0)
+    generate_conversations(50, seed=1)
+    assert random.random() == before
+
+
+def test_an_unknown_split_is_refused():
+    with pytest.raises(ValueError, match="split must be one of"):
+        generate_conversations(1, seed=0, split="test")
+
+
+def test_messages_alternate_user_and_assistant_after_an_optional_system_prompt(train):
+    for _, conversation in train:
+        roles = [message["role"] for message in conversation]
+        if roles[0] == "system":
+            roles = roles[1:]
+        assert roles == ["user", "assistant"] * (len(roles) // 2)
+        assert len(roles) >= 2
+
+
+def test_every_tool_output_is_exactly_what_the_calculator_injects(train, eval_conversations):
+    n_checked = 0
+    for _, conversation in train + eval_conversations:
+        for turn in tool_turns(conversation):
+            assert turn["python_output"] == format_result(use_calculator(turn["python"]))
+            n_checked += 1
+    assert n_checked > 10_000
+
+
+def test_a_tool_reply_is_the_call_then_one_sentence_copying_the_result(train):
+    for _, conversation in train:
+        for message in conversation:
+            if message["role"] != "assistant" or isinstance(message["content"], str):
+                continue
+            types = [part["type"] for part in message["content"]]
+            assert types == ["python", "python_output", "text"]
+            output, sentence = message["content"][1]["text"], message["content"][2]["text"]
+            assert output in sentence
+            assert sentence.endswith(".") and sentence.count(". ") == 0
+
+
+def test_expressions_are_compact_and_use_the_numbers_the_user_wrote(train):
+    for kind, conversation in train:
+        if kind != "arithmetic":
+            continue
+        (question,) = user_texts(conversation)
+        (turn,) = tool_turns(conversation)
+        match = ARITHMETIC_CALL.fullmatch(turn["python"])
+        assert match, turn["python"]
+        written = NUMBER.findall(question.replace(",", ""))
+        assert match.group(1) in written and match.group(3) in written
+
+
+def test_users_sometimes_write_thousands_separators_but_expressions_never_do(train):
+    questions = [q for kind, c in train if kind == "arithmetic" for q in user_texts(c)]
+    assert sum(bool(re.search(r"\d,\d{3}", q)) for q in questions) > 200
+    assert not any("," in turn["python"] for _, c in train for turn in tool_turns(c))
+
+
+def test_counting_answers_use_singular_for_one(train):
+    for kind, conversation in train:
+        if kind != "counting":
+            continue
+        (turn,) = tool_turns(conversation)
+        word, letter = COUNT_CALL.fullmatch(turn["python"]).groups()
+        expected = (
+            f"There is 1 {letter} in {word}."
+            if turn["python_output"] == "1"
+            else f"There are {turn['python_output']} {letter}'s in {word}."
+        )
+        assert turn["text"] == expected
+
+
+def test_followups_build_on_the_previous_answer(train):
+    n_arithmetic = n_counting = 0
+    for kind, conversation in train:
+        if kind != "followup":
+            continue
+        turns = tool_turns(conversation)
+        assert 2 <= len(turns) <= 3
+        for previous, turn in pairwise(turns):
+            old = COUNT_CALL.fullmatch(previous["python"])
+            if old:
+                new = COUNT_CALL.fullmatch(turn["python"])
+                assert new, turn["python"]
+                changed = [old.group(i) != new.group(i) for i in (1, 2)]
+                assert sum(changed) == 1  # a new word or a new letter, not both
+                n_counting += 1
+            else:
+                match = ARITHMETIC_CALL.fullmatch(turn["python"])
+                assert match and match.group(1) == previous["python_output"]
+                n_arithmetic += 1
+    assert n_arithmetic > 1000 and n_counting > 300
+
+
+def test_the_mix_follows_kind_weights(train):
+    counts = Counter(kind for kind, _ in train)
+    for kind, weight in KIND_WEIGHTS.items():
+        assert counts[kind] / len(train) == pytest.approx(weight, abs=0.015)
+    assert sum(KIND_WEIGHTS.values()) == pytest.approx(1.0)
+
+
+def test_some_conversations_open_with_a_system_prompt(train):
+    share = sum(c[0]["role"] == "system" for _, c in train) / len(train)
+    assert share == pytest.approx(synthetic.SYSTEM_PROMPT_PROBABILITY, abs=0.02)
+
+
+def test_conversations_are_short(train, eval_conversations):
+    for _, conversation in train + eval_conversations:
+        text = render_text_only(conversation)
+        assert len(text) < 1200
+        assert len(text.split()) < 150
+
+
+def test_eval_arithmetic_operands_never_appear_in_training_expressions(train, eval_set):
+    train_operands = {
+        number
+        for _, c in train
+        for turn in tool_turns(c)
+        for number in NUMBER.findall(turn["python"])
+    }
+    eval_operands = set()
+    for item in eval_set:
+        if item.kind == "arithmetic":
+            match = ARITHMETIC_CALL.fullmatch(item.expected_expression)
+            eval_operands |= {match.group(1), match.group(3)}
+    assert len(eval_operands) > 300
+    assert all(is_held_out_number(number) for number in eval_operands)
+    assert not eval_operands & train_operands
+    assert not any(is_held_out_number(number) for number in train_operands)
+
+
+def test_about_one_number_in_twenty_is_held_out():
+    keys = range(100, 100_000)
+    share = sum(is_held_out_number(str(key)) for key in keys) / len(keys)
+    assert share == pytest.approx(0.05, abs=0.005)
+    assert not any(is_held_out_number(str(key)) for key in range(100))
+
+
+def test_eval_phrasings_never_appear_in_training(train, eval_conversations):
+    # Blank out numbers so "what is 12+7" and "what is 480+3" count as one phrasing.
+    def skeleton(text: str) -> str:
+        return NUMBER.sub("N", text.replace(",", "")).lower().rstrip("?.")
+
+    train_skeletons = {skeleton(q) for _, c in train for q in user_texts(c)}
+    eval_questions = [q for _, c in eval_conversations for q in user_texts(c)]
+    assert len(eval_questions) > 3000
+    for question in eval_questions:
+        assert skeleton(question) not in train_skeletons, question
+
+
+def test_eval_only_lists_are_disjoint_from_training_lists():
+    pairs = [
+        (synthetic.TRAIN_WORDS, synthetic.EVAL_WORDS),
+        (synthetic.TRAIN_NAMES, synthetic.EVAL_NAMES),
+        (synthetic.TRAIN_ITEMS, synthetic.EVAL_ITEMS),
+        (synthetic.TRAIN_OUT_OF_SCOPE, synthetic.EVAL_OUT_OF_SCOPE),
+        (synthetic.TRAIN_FOLLOWUPS, synthetic.EVAL_FOLLOWUPS),
+        (synthetic.TRAIN_COUNTING, synthetic.EVAL_COUNTING),
+        (synthetic.TRAIN_WORD_PROBLEMS, synthetic.EVAL_WORD_PROBLEMS),
+        (synthetic.TRAIN_SYSTEM_PROMPTS, synthetic.EVAL_SYSTEM_PROMPTS),
+    ]
+    pairs += [(synthetic.TRAIN_ARITHMETIC[op], synthetic.EVAL_ARITHMETIC[op]) for op in "+-*/"]
+    pairs += [(train, held_out) for train, held_out, _ in synthetic.IDENTITY.values()]
+    for train, held_out in pairs:
+        assert held_out and not set(train) & set(held_out)
+
+
+def test_eval_set_has_each_kind_with_its_expected_answer(eval_set):
+    assert Counter(item.kind for item in eval_set) == {kind: 300 for kind in EVAL_KINDS}
+    for item in eval_set:
+        assert item.messages[-1]["role"] == "user"
+        if item.kind in ("identity", "out_of_scope"):
+            assert item.expected is None and item.expected_expression is None
+        else:
+            assert item.expected == format_result(use_calculator(item.expected_expression))
+
+
+def test_eval_followups_carry_the_complete_previous_turns(eval_set):
+    for item in eval_set:
+        if item.kind != "followup":
+            continue
+        previous = tool_turns(item.messages)
+        assert 1 <= len(previous) <= 2
+        assert item.messages[-2]["role"] == "assistant"
+        last = previous[-1]
+        assert last["python_output"] in last["text"]
+        match = ARITHMETIC_CALL.fullmatch(item.expected_expression)
+        if match:
+            assert match.group(1) == last["python_output"]
+        else:
+            assert COUNT_CALL.fullmatch(item.expected_expression)
+
+
+def test_render_text_only_shows_tool_parts_between_special_tokens():
+    conversation = [
+        {"role": "user", "content": "What is 1234*56?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "python", "text": "1234*56"},
+                {"type": "python_output", "text": "69104"},
+                {"type": "text", "text": "1234*56 = 69104."},
+            ],
+        },
+    ]
+    assert render_text_only(conversation) == (
+        "user: What is 1234*56?\n"
+        "assistant: <|python_start|>1234*56<|python_end|>"
+        "<|output_start|>69104<|output_end|>1234*56 = 69104."
+    )
+
+
+def test_main_prints_labelled_samples(capsys):
+    synthetic.main(["--n", "3", "--seed", "0"])
+    out = capsys.readouterr().out
+    assert out.count("--- ") == 3
+    assert "user: " in out and "assistant: " in out
