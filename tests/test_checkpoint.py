@@ -45,7 +45,7 @@ def _reference_logits(era: str = "E") -> torch.Tensor:
 
 
 def test_base_dir_picks_largest_depth_tag_and_last_step(tmp_path):
-    sd, meta, tok = _files()
+    _, _, tok = _files()
     for tag in ("d4", "d12", "d8"):
         for step in (5, 120, 40):
             d = tmp_path / "chatsft_checkpoints" / tag
@@ -83,7 +83,7 @@ def test_tag_is_found_in_nanochat_base_dir_env(tmp_path, monkeypatch):
 
 
 def test_compiled_prefix_padded_vocab_and_bf16_weights_load_as_the_reference(tmp_path):
-    sd, meta, _ = _files()
+    sd, _meta, _ = _files()
     changed = {}
     for k, v in sd.items():
         if k in ("transformer.wte.weight", "lm_head.weight") or k.startswith("value_embeds"):
@@ -120,7 +120,7 @@ def test_embedded_default_or_a_clear_error():
 
 
 def test_missing_path_says_what_to_pass(tmp_path):
-    with pytest.raises(CheckpointError, match="No model at .*nowhere"):
+    with pytest.raises(CheckpointError, match=r"No model at .*nowhere"):
         load_model(tmp_path / "nowhere")
 
 
@@ -131,7 +131,7 @@ def test_missing_meta_and_tokenizer_are_named(tmp_path):
         load_model(folder)
     folder = _flat(tmp_path / "b")
     (folder / "tokenizer.pkl").unlink()
-    with pytest.raises(CheckpointError, match="No tokenizer.pkl"):
+    with pytest.raises(CheckpointError, match=r"No tokenizer\.pkl"):
         load_model(folder)
 
 
@@ -152,7 +152,7 @@ def test_weights_file_that_runs_code_is_refused(tmp_path):
             return (Path.touch, (marker,))
 
     torch.save({"x": Evil()}, folder / "model_000650.pt")
-    with pytest.raises(CheckpointError, match="corrupt, truncated or not a plain state_dict"):
+    with pytest.raises(CheckpointError, match=r"corrupt, truncated or not a plain state_dict"):
         load_model(folder)
     assert not marker.exists()
 
@@ -187,7 +187,7 @@ def test_tokenizer_vocab_must_equal_model_vocab(tmp_path):
     _, meta, _ = _files()
     meta["model_config"]["vocab_size"] = 500
     with pytest.raises(
-        CheckpointError, match="has 512 tokens but the model .* expects vocab_size 500"
+        CheckpointError, match=r"has 512 tokens but the model .* expects vocab_size 500"
     ):
         load_model(_flat(tmp_path, meta=meta))
 
