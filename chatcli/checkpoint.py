@@ -374,3 +374,54 @@ def load_model(
         embedded=path is None,
     )
     return model, tokenizer, meta
+
+
+# ---- listing ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    name: str  # "embedded" or the base dir
+    source: str | None
+    tag: str | None
+    step: int
+    era: str
+    num_params: int
+    size_bytes: int
+    path: Path
+
+
+def _summarize(name: str, ref: CheckpointRef) -> CheckpointSummary:
+    # mmap: only the zip index and the shapes are read, even for multi-GB checkpoints.
+    sd = read_state_dict(ref.model_file)
+    _, config = read_meta(ref.meta_file)
+    return CheckpointSummary(
+        name=name,
+        source=ref.source,
+        tag=ref.tag,
+        step=ref.step,
+        era=infer_architecture(sd, config).era,
+        num_params=sum(v.numel() for v in sd.values()),
+        size_bytes=ref.model_file.stat().st_size,
+        path=ref.model_file,
+    )
+
+
+def list_checkpoints(base_dir: Path | None = None) -> list[CheckpointSummary]:
+    """The embedded model, then every step of every tag of every source in the base dir."""
+    found = []
+    if (EMBEDDED_DIR / SOURCES["sft"]).is_dir():
+        found.append(_summarize("embedded", resolve_checkpoint(None)))
+    base = base_dir or default_base_dir()
+    for source, folder_name in SOURCES.items():
+        folder = base / folder_name
+        if not folder.is_dir():
+            continue
+        for tag_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
+            for step in _steps_in(tag_dir):
+                try:
+                    ref = _ref_in_folder(tag_dir, step, tag_dir.name, source)
+                    found.append(_summarize(str(base), ref))
+                except CheckpointError:
+                    continue  # a half-written or foreign folder: listing skips it
+    return found

@@ -139,18 +139,53 @@ class Engine:
         budget = limit - len(tokens) if max_tokens is None else min(max_tokens, limit - len(tokens))
         t_start = time.perf_counter()
         device = self.model.get_device()
-        rng = torch.Generator(device=device)
-        rng.manual_seed(seed)
-
         prefill_cache = self.new_cache(1, len(tokens))
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
         logits = self.model.forward(ids, kv_cache=prefill_cache)[:, -1, :]  # (1, V)
         cache = self.new_cache(num_samples, len(tokens) + budget)
         cache.prefill(prefill_cache)
         del prefill_cache
-        logits = logits.expand(num_samples, -1)
         stats.prefill_s = time.perf_counter() - t_start
+        yield from self.decode(
+            cache,
+            logits.expand(num_samples, -1),
+            budget,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            use_tools=use_tools,
+            stats=stats,
+            t_start=t_start,
+        )
+        if max_tokens is None or budget < max_tokens:
+            # The context ran out before the caller's limit: say so rather than "length".
+            stats.finish_reasons = ["context" if r == "length" else r for r in stats.finish_reasons]
 
+    @torch.inference_mode()
+    def decode(
+        self,
+        cache: KVCache,
+        logits: torch.Tensor,
+        budget: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 42,
+        use_tools: bool = True,
+        stats: GenerationStats | None = None,
+        t_start: float | None = None,
+    ) -> Iterator[tuple[list[int], list[int]]]:
+        """Decode up to `budget` steps from a filled cache and the logits (N, V) of its last
+        position: one row per cache row. The last yielded column is not written to the cache
+        (the caller decides whether the turn goes on)."""
+        stats = stats if stats is not None else GenerationStats()
+        t_start = time.perf_counter() if t_start is None else t_start
+        device = self.model.get_device()
+        rng = torch.Generator(device=device)
+        rng.manual_seed(seed)
+        num_samples = logits.size(0)
         rows = [RowState() for _ in range(num_samples)]
         stats.finish_reasons = ["length"] * num_samples
         t_decode = time.perf_counter()
@@ -174,15 +209,10 @@ class Engine:
             stats.steps = step + 1
             stats.decode_s = time.perf_counter() - t_decode
             yield column, masks
-            if all(row.completed for row in rows):
+            if all(row.completed for row in rows) or step + 1 == budget:
                 return
-            if step + 1 == budget:
-                break
             ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
             logits = self.model.forward(ids, kv_cache=cache)[:, -1, :]
-        if max_tokens is None or budget < max_tokens:
-            # The context ran out before the caller's limit: say so rather than "length".
-            stats.finish_reasons = ["context" if r == "length" else r for r in stats.finish_reasons]
 
     def _track_tool_use(self, row: RowState, token: int) -> None:
         if token == self.python_start:

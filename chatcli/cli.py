@@ -1,0 +1,423 @@
+"""The `chatcli` command: chat, once, models, config path.
+
+Owns: flags, settings precedence (flag > CHATCLI_* env > config file > default), turning
+project errors into one red line and an exit code. Typer lives only here. torch is imported
+only by the commands that load a model, so `chatcli --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from chatcli.errors import ChatcliError
+from chatcli.settings import Settings, config_path, conversations_dir, load_settings
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from chatcli.session import ChatSession
+
+app = typer.Typer(
+    name="chatcli",
+    help="Chat with nanochat-family GPT models in the terminal. "
+    "Runs an embedded demo model when no --model is given.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+# ---- shared options ----------------------------------------------------------------------------
+
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="Checkpoint: base dir, folder, model_*.pt or tag."),
+]
+SourceOpt = Annotated[str | None, typer.Option(help="Checkpoint kind: sft, rl, base or mid.")]
+StepOpt = Annotated[int | None, typer.Option(help="Checkpoint step (default: the last).")]
+DeviceOpt = Annotated[str | None, typer.Option(help="auto, cpu, cuda or mps.")]
+DtypeOpt = Annotated[str | None, typer.Option(help="auto, float32 or bfloat16.")]
+TempOpt = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", help="0 = off.")]
+TopPOpt = Annotated[float | None, typer.Option("--top-p", help="1.0 = off.")]
+MaxTokOpt = Annotated[int | None, typer.Option("--max-tokens", help="Reply length limit.")]
+SeedOpt = Annotated[str | None, typer.Option(help="An integer, or 'random'.")]
+SystemOpt = Annotated[str | None, typer.Option(help="System prompt.")]
+MarkdownOpt = Annotated[str | None, typer.Option(help="auto, always or never.")]
+ToolsOpt = Annotated[bool | None, typer.Option("--tools/--no-tools", help="Calculator tool.")]
+SoftcapOpt = Annotated[
+    float | None,
+    typer.Option(hidden=True, help="Override the logit softcap (15; a Mar 2026 variant used 20)."),
+]
+
+
+def _settings(**flags: Any) -> Settings:
+    return load_settings(flags=flags, env=os.environ, config_file=config_path())
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    from chatcli.render import make_console, render_error
+
+    render_error(make_console(file=sys.stderr), message)
+    return typer.Exit(code)
+
+
+def _load_session(settings: Settings, softcap: float | None) -> tuple[ChatSession, dict]:
+    from chatcli.checkpoint import load_model
+    from chatcli.session import ChatSession, SamplingOptions
+
+    model, tokenizer, _ = load_model(
+        settings.model,
+        source=settings.source,
+        step=settings.step,
+        device=settings.device,
+        dtype=settings.dtype,
+        softcap=softcap,
+    )
+    options = SamplingOptions(
+        temperature=settings.temperature,
+        top_k=settings.top_k or None,
+        top_p=settings.top_p if settings.top_p < 1.0 else None,
+        max_tokens=settings.max_tokens,
+        seed=settings.seed,
+        tools=settings.tools,
+    )
+    session = ChatSession(model, tokenizer, options, system=settings.system)
+    return session, asdict(model.info)
+
+
+def banner_info(info: dict) -> dict:
+    return {
+        "path": "embedded default model" if info["embedded"] else info["path"],
+        "tag": info["tag"],
+        "source": info["source"],
+        "step": info["step"],
+        "era": info["era"],
+        "params": info["num_params"],
+        "device": info["device"],
+        "dtype": info["dtype"],
+        "context_len": info["sequence_len"],
+        "load_s": info["load_s"],
+    }
+
+
+# ---- chat ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def chat(
+    model: ModelOpt = None,
+    source: SourceOpt = None,
+    step: StepOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    temperature: TempOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    max_tokens: MaxTokOpt = None,
+    seed: SeedOpt = None,
+    system: SystemOpt = None,
+    markdown: MarkdownOpt = None,
+    tools: ToolsOpt = None,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            "-r",
+            help="Resume a saved conversation: its id, or 'last'.",
+        ),
+    ] = None,
+    softcap: SoftcapOpt = None,
+) -> None:
+    """Start an interactive chat session."""
+    from chatcli.conversation_store import (
+        ConversationFile,
+        latest_conversation,
+        read_conversation,
+        resolve_conversation,
+    )
+    from chatcli.render import make_console, render_banner, render_notice
+    from chatcli.repl import run_repl
+
+    try:
+        settings = _settings(
+            model=model,
+            source=source,
+            step=step,
+            device=device,
+            dtype=dtype,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            seed=seed,
+            system=system,
+            markdown=markdown,
+            tools=tools,
+        )
+        console = make_console()
+        with console.status("Loading model…", spinner="dots"):
+            session, info = _load_session(settings, softcap)
+        render_banner(console, banner_info(info))
+        folder = conversations_dir()
+        if resume is not None:
+            path = latest_conversation(folder) if resume == "last" else None
+            if resume != "last":
+                path = resolve_conversation(folder, resume)
+            if path is None:
+                raise ChatcliError(f"No saved conversation to resume in {folder}.")
+            loaded = read_conversation(path)
+            for warning in loaded.warnings:
+                render_notice(console, warning)
+            session.load_messages(loaded.messages)
+            conversation = ConversationFile.open(path)
+            render_notice(console, f"Resumed {path.name}: {len(loaded.messages)} messages.")
+        else:
+            conversation = ConversationFile.create(folder, model=banner_info(info)["path"])
+    except ChatcliError as e:
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    code = run_repl(
+        session,
+        settings=settings,
+        console=console,
+        conversation=conversation,
+        conversations_dir=folder,
+        model_info=banner_info(info),
+    )
+    raise typer.Exit(code)
+
+
+# ---- once ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def once(
+    prompt: Annotated[
+        str | None, typer.Argument(help="The message; '-' or none reads it from stdin.")
+    ] = None,
+    model: ModelOpt = None,
+    source: SourceOpt = None,
+    step: StepOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    temperature: TempOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    max_tokens: MaxTokOpt = None,
+    seed: SeedOpt = None,
+    system: SystemOpt = None,
+    markdown: MarkdownOpt = None,
+    tools: ToolsOpt = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print {text, finish_reason, usage, timings, seed, model}."),
+    ] = False,
+    softcap: SoftcapOpt = None,
+) -> None:
+    """Answer one message and exit."""
+    from chatcli.render import make_console
+
+    try:
+        settings = _settings(
+            model=model,
+            source=source,
+            step=step,
+            device=device,
+            dtype=dtype,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            seed=seed,
+            system=system,
+            markdown=markdown,
+            tools=tools,
+        )
+        text = _read_prompt(prompt)
+        session, info = _load_session(settings, softcap)
+        console = make_console()
+        if as_json:
+            _once_json(session, info, text)
+        else:
+            _once_stream(session, console, settings, text)
+    except ChatcliError as e:
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is None or prompt == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise ChatcliError(
+                'No prompt given. Usage: chatcli once "What is 12*7?" (or pipe it in).'
+            )
+        prompt = sys.stdin.read()
+    prompt = prompt.strip()
+    if not prompt:
+        raise ChatcliError("The prompt is empty.")
+    return prompt
+
+
+def _once_stream(session: ChatSession, console: Console, settings: Settings, text: str) -> None:
+    from chatcli.render import ReplyRenderer, render_notice, render_status, use_markdown
+
+    renderer = ReplyRenderer(console, markdown=use_markdown(console, settings.markdown))
+    events = session.send(text)
+    for notice in session.take_notices():
+        render_notice(console, notice.text)
+    finish = "interrupted"
+    try:
+        for event in events:
+            renderer.handle(event)
+        finish = session.last_reply.stats.finish_reason
+    finally:
+        events.close()
+        renderer.finish(finish)
+    if console.is_terminal:
+        render_status(console, session.last_reply.stats.as_dict())
+
+
+def _once_json(session: ChatSession, info: dict, text: str) -> None:
+    for _ in session.send(text):
+        pass
+    reply = session.last_reply
+    s = reply.stats
+    out = {
+        "text": reply.text,
+        "parts": reply.parts,
+        "finish_reason": s.finish_reason,
+        "usage": {
+            "prompt_tokens": s.tokens_in,
+            "completion_tokens": s.tokens_out,
+            "total_tokens": s.tokens_in + s.tokens_out,
+        },
+        "timings": {
+            "ttft_s": round(s.ttft_s, 4),
+            "prefill_tps": round(s.prefill_tps, 1),
+            "decode_tps": round(s.decode_tps, 1),
+        },
+        "seed": s.seed,
+        "model": banner_info(info)["path"],
+    }
+    sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+
+
+# ---- models and config --------------------------------------------------------------------------
+
+
+@app.command()
+def models(
+    base_dir: Annotated[
+        Path | None,
+        typer.Option(help="nanochat base dir (default: $NANOCHAT_BASE_DIR or ~/.cache/nanochat)."),
+    ] = None,
+) -> None:
+    """List the checkpoints chatcli can find."""
+    from rich.table import Table
+
+    from chatcli.checkpoint import list_checkpoints
+    from chatcli.render import make_console
+
+    try:
+        found = list_checkpoints(base_dir)
+    except ChatcliError as e:
+        raise _fail(str(e)) from None
+    console = make_console()
+    table = Table("model", "source", "tag", "step", "era", "params", "size", "path")
+    for c in found:
+        table.add_row(
+            c.name,
+            c.source or "-",
+            c.tag or "-",
+            str(c.step),
+            c.era,
+            f"{c.num_params / 1e6:.1f}M",
+            f"{c.size_bytes / 1e6:.1f} MB",
+            str(c.path),
+        )
+    console.print(table)
+
+
+@app.command()
+def bench(
+    model: ModelOpt = None,
+    synthetic: Annotated[
+        str | None, typer.Option(help="A random-weight nanochat of depth d4, d12 or d20.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Measure our engine against the plain baseline: decode, samples, chat TTFT, memory."""
+    from rich.table import Table
+
+    from chatcli.bench import SYNTHETIC_DEPTHS, run_bench, synthetic_model
+    from chatcli.checkpoint import load_model
+    from chatcli.render import make_console
+
+    try:
+        if synthetic is not None:
+            if synthetic not in SYNTHETIC_DEPTHS:
+                raise ChatcliError(f"--synthetic takes one of {', '.join(SYNTHETIC_DEPTHS)}.")
+            net, tokenizer = synthetic_model(synthetic)
+            label = f"synthetic {synthetic}"
+        else:
+            net, tokenizer, _ = load_model(model, device="cpu")
+            label = "embedded default model" if model is None else str(model)
+        result = run_bench(net, tokenizer, label)
+    except ChatcliError as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    console = make_console()
+    console.print(
+        f"{result['model']}: {result['params'] / 1e6:.1f}M params, {result['dtype']}, "
+        f"{result['threads']} threads; memory bandwidth {result['bandwidth_gbs']} GB/s, "
+        f"{result['weight_mb_per_token']} MB of weights per token -> roofline "
+        f"{result['roofline_tps']} tok/s"
+    )
+    table = Table("measure", "baseline", "ours", "ours / baseline")
+    for key, title in (
+        ("decode_tps", "decode tok/s, batch 1"),
+        ("decode8_tps", "decode tok/s, 8 samples"),
+    ):
+        r = result[key]
+        table.add_row(title, str(r["baseline"]), str(r["ours"]), f"{r['ratio']}x")
+    ttft = result["ttft_s"]
+    for turn in (1, 5, 10):
+        table.add_row(
+            f"time to first token, turn {turn} (s)",
+            str(ttft["baseline"][turn]),
+            str(ttft["ours"][turn]),
+            f"{round(ttft['baseline'][turn] / max(ttft['ours'][turn], 1e-9), 2)}x faster",
+        )
+    console.print(table)
+    console.print(
+        f"prefill {result['prefill_tps']} tok/s; 8 samples / single: {result['samples8_vs_single']}x; "
+        f"TTFT turn 10 / turn 1: ours {ttft['ours_turn10_over_turn1']}, baseline "
+        f"{ttft['baseline_turn10_over_turn1']}; roofline fraction {result['roofline_fraction']}; "
+        f"greedy identical: {result['greedy_identical']}; peak RSS {result['peak_rss_mb']} MB"
+    )
+
+
+@config_app.command("path")
+def config_path_command() -> None:
+    """Print the config file's path (it may not exist yet)."""
+    typer.echo(str(config_path()))
+
+
+def main() -> None:
+    # OpenMP threads that spin while waiting make every op 10-60x slower as soon as another
+    # process is busy on the same cores (measured; see docs): wait passively instead.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    app()

@@ -1,0 +1,400 @@
+"""A chat session: the conversation, its tokens, and the KV cache kept warm between turns.
+
+Owns: the messages of one conversation and the exact token ids the model saw for each (the
+assistant's as it generated them, so nothing is re-tokenized), the context guard, and running
+the Engine for a turn. The cache is kept across turns: a new turn prefills only the tokens
+past the longest prefix the cache already holds, and /undo, /retry and interrupts just rewind
+it. Knows nothing about the terminal: it yields typed stream events and returns statistics.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from chatcli.engine import Engine, GenerationStats
+from chatcli.errors import ChatcliError, ContextOverflowError
+from chatcli.kv_cache import KVCache
+from chatcli.special_tokens import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
+from chatcli.stream import StreamEvent, TokenDecoder, decode_assistant_parts
+from chatcli.tokenizer import Tokenizer
+
+Message = dict[str, Any]
+CONTEXT_WARN_FRACTION = 0.8
+
+
+@dataclass
+class SamplingOptions:
+    temperature: float = 0.6
+    top_k: int | None = 50
+    top_p: float | None = None
+    max_tokens: int = 512
+    seed: int | None = None  # None: a fresh random seed each turn (shown in the stats)
+    tools: bool = True
+
+
+@dataclass
+class TurnStats:
+    ttft_s: float = 0.0
+    prefill_tokens: int = 0  # tokens actually prefilled (after cache reuse)
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    tokens_in: int = 0  # the prompt, as the model saw it
+    tokens_out: int = 0
+    context_used: int = 0
+    context_len: int = 0
+    finish_reason: str = "stop"
+    seed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Reply:
+    parts: list[dict[str, str]]
+    tokens: list[int]
+    masks: list[int]
+    stats: TurnStats
+
+    @property
+    def text(self) -> str:
+        return "".join(p["text"] for p in self.parts if p["type"] == "text")
+
+    @property
+    def message(self) -> Message:
+        return {"role": "assistant", "content": self.parts}
+
+
+@dataclass
+class TurnNotice:
+    """Something the user should hear about before the reply (context warnings, drops)."""
+
+    text: str
+
+
+@dataclass
+class _Entry:
+    message: Message
+    tokens: list[int]  # the ids of this message, special tokens included
+
+
+@dataclass
+class ChatSession:
+    model: Any
+    tokenizer: Tokenizer
+    options: SamplingOptions = field(default_factory=SamplingOptions)
+    system: str | None = None
+
+    def __post_init__(self) -> None:
+        self.engine = Engine(self.model, self.tokenizer)
+        self.entries: list[_Entry] = []
+        self.cache: KVCache | None = None
+        self.cache_tokens: list[int] = []  # what the cache holds, position by position
+        self.last_reply: Reply | None = None
+        self.notices: list[TurnNotice] = []
+        self.history_stats: list[TurnStats] = []
+        s = self.tokenizer.encode_special
+        self._ids = {
+            name: s(name) for name in (USER_START, USER_END, ASSISTANT_START, ASSISTANT_END)
+        }
+
+    # ---- the conversation ---------------------------------------------------------------------
+
+    @property
+    def messages(self) -> list[Message]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + [e.message for e in self.entries]
+
+    @property
+    def context_len(self) -> int:
+        return self.engine.context_len
+
+    def load_messages(self, messages: list[Message]) -> None:
+        """Replace the conversation (e.g. a resumed file); the cache refills on the next turn."""
+        self.system = None
+        self.entries = []
+        for m in messages:
+            if m["role"] == "system":
+                self.system = m["content"] or None
+            else:
+                self.entries.append(_Entry(m, []))
+        self._retokenize()
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+        self._retokenize()
+
+    def clear(self) -> None:
+        self.entries = []
+        self.last_reply = None
+
+    def undo(self) -> bool:
+        """Drop the last exchange (the last user message and whatever followed it)."""
+        for i in range(len(self.entries) - 1, -1, -1):
+            if self.entries[i].message["role"] == "user":
+                del self.entries[i:]
+                return True
+        return False
+
+    def pop_last_reply(self) -> Message | None:
+        """Remove the last assistant message (for /retry and /continue)."""
+        if self.entries and self.entries[-1].message["role"] == "assistant":
+            return self.entries.pop().message
+        return None
+
+    def prompt_tokens(self) -> list[int]:
+        """The conversation as the model sees it, ending with <|assistant_start|>."""
+        tokens = [self.tokenizer.get_bos_token_id()]
+        for e in self.entries:
+            tokens.extend(e.tokens)
+        tokens.append(self._ids[ASSISTANT_START])
+        return tokens
+
+    def _user_tokens(self, text: str, first: bool) -> list[int]:
+        # nanochat has no system role: the system text is merged into the first user message.
+        if first and self.system:
+            text = f"{self.system}\n\n{text}"
+        return [self._ids[USER_START], *self.tokenizer.encode(text), self._ids[USER_END]]
+
+    def _assistant_tokens(self, message: Message) -> list[int]:
+        ids, _ = self.tokenizer.render_conversation([{"role": "user", "content": ""}, message])
+        start = ids.index(self._ids[ASSISTANT_START])
+        return ids[start:]
+
+    def _retokenize(self) -> None:
+        for i, e in enumerate(self.entries):
+            if e.message["role"] == "user":
+                e.tokens = self._user_tokens(e.message["content"], first=i == 0)
+            elif not e.tokens:
+                e.tokens = self._assistant_tokens(e.message)
+
+    def _fit_context(self, user_tokens: int, reserve: int) -> None:
+        """Drop the oldest exchanges until the prompt plus a reply budget fits."""
+        limit = self.context_len
+        dropped = 0
+        while sum(len(e.tokens) for e in self.entries) + user_tokens + 2 + reserve > limit:
+            if not self.undo_oldest():
+                break
+            dropped += 1
+        if dropped:
+            self._retokenize()
+            self.notices.append(
+                TurnNotice(
+                    f"Context full: dropped the {dropped} oldest exchange"
+                    f"{'s' if dropped > 1 else ''} (the system prompt is kept)."
+                )
+            )
+
+    def undo_oldest(self) -> bool:
+        # An exchange is a user message and the reply after it.
+        if not self.entries:
+            return False
+        end = 1
+        while end < len(self.entries) and self.entries[end].message["role"] != "user":
+            end += 1
+        del self.entries[:end]
+        return True
+
+    # ---- running a turn -----------------------------------------------------------------------
+
+    def send(self, text: str) -> Iterator[StreamEvent]:
+        """Add a user message and stream the assistant's reply as events."""
+        self.send_prepare(text)
+        return self._stream()
+
+    def send_prepare(self, text: str) -> None:
+        """Add a user message, dropping old exchanges if the context needs the room."""
+        first = not self.entries
+        user = _Entry({"role": "user", "content": text}, self._user_tokens(text, first))
+        reserve = min(self.options.max_tokens, max(self.context_len // 4, 16))
+        self._fit_context(len(user.tokens), reserve)
+        if not self.entries:
+            user.tokens = self._user_tokens(text, True)
+        self.entries.append(user)
+        if len(self.prompt_tokens()) >= self.context_len:
+            self.entries.pop()
+            raise ContextOverflowError(
+                f"This message alone needs more than the model's {self.context_len}-token "
+                "context. Send a shorter one."
+            )
+
+    def regenerate(self) -> Iterator[StreamEvent]:
+        """Stream a new reply to the last user message (after pop_last_reply)."""
+        if not self.entries or self.entries[-1].message["role"] != "user":
+            raise ChatcliError("There is no user message to reply to.")
+        return self._stream()
+
+    def continue_reply(self) -> Iterator[StreamEvent]:
+        """Continue the last reply where it stopped (interrupted or cut at max_tokens)."""
+        if not self.entries or self.entries[-1].message["role"] != "assistant":
+            raise ChatcliError("There is no reply to continue.")
+        last = self.entries.pop()
+        body = last.tokens[1:-1]  # without <|assistant_start|> and <|assistant_end|>
+        return self._stream(prefix=body)
+
+    def sample_replies(self, text: str, n: int) -> list[Reply]:
+        """Add a user message and generate n alternative replies from one prefill.
+
+        Nothing is added for the assistant: pass the chosen one to accept_reply, or call
+        undo() to drop the question.
+        """
+        self.send_prepare(text)
+        opts = self.options
+        seed = opts.seed if opts.seed is not None else random.randrange(2**31)
+        prompt = self.prompt_tokens()
+        budget = min(opts.max_tokens, self.context_len - len(prompt))
+        gen = GenerationStats()
+        columns = list(
+            self.engine.generate(
+                prompt,
+                num_samples=n,
+                max_tokens=budget,
+                temperature=opts.temperature,
+                top_k=opts.top_k,
+                top_p=opts.top_p,
+                seed=seed,
+                use_tools=opts.tools,
+                stats=gen,
+            )
+        )
+        end, bos = self._ids[ASSISTANT_END], self.tokenizer.get_bos_token_id()
+        replies = []
+        for i in range(n):
+            tokens, masks = [], []
+            for column, column_masks in columns:
+                if column[i] in (end, bos):
+                    break
+                tokens.append(column[i])
+                masks.append(column_masks[i])
+            stats = TurnStats(
+                ttft_s=gen.first_token_s,
+                prefill_tokens=len(prompt),
+                prefill_tps=len(prompt) / max(gen.prefill_s, 1e-9),
+                decode_tps=n * gen.steps / max(gen.decode_s, 1e-9),
+                tokens_in=len(prompt),
+                tokens_out=len(tokens),
+                context_used=len(prompt) + len(tokens),
+                context_len=self.context_len,
+                finish_reason=gen.finish_reasons[i],
+                seed=seed,
+            )
+            parts = decode_assistant_parts(tokens, masks, self.tokenizer)
+            replies.append(Reply(parts, tokens, masks, stats))
+        return replies
+
+    def accept_reply(self, reply: Reply) -> None:
+        """Make one of sample_replies' alternatives the conversation's reply."""
+        if not self.entries or self.entries[-1].message["role"] != "user":
+            raise ChatcliError("There is no question waiting for a reply.")
+        end = self._ids[ASSISTANT_END]
+        self.entries.append(_Entry(reply.message, [self._ids[ASSISTANT_START], *reply.tokens, end]))
+        self.last_reply = reply
+        self.history_stats.append(reply.stats)
+
+    def _prefill(self, prompt: list[int]) -> tuple[torch.Tensor, int]:
+        """Bring the cache to hold `prompt`, reusing its longest common prefix.
+
+        Returns the logits (1, V) of the last position and how many tokens were prefilled.
+        """
+        if self.cache is None:
+            self.cache = self.engine.new_cache(1, self.context_len)
+        common = 0
+        limit = min(len(self.cache_tokens), len(prompt) - 1)  # always run >= 1 token
+        while common < limit and self.cache_tokens[common] == prompt[common]:
+            common += 1
+        self.cache.rewind(common, prompt[common - 1] if common else None)
+        device = self.model.get_device()
+        ids = torch.tensor([prompt[common:]], dtype=torch.long, device=device)
+        logits = self.model.forward(ids, kv_cache=self.cache)[:, -1, :]
+        self.cache_tokens = list(prompt)
+        return logits, len(prompt) - common
+
+    def _stream(self, prefix: list[int] | None = None) -> Iterator[StreamEvent]:
+        opts = self.options
+        seed = opts.seed if opts.seed is not None else random.randrange(2**31)
+        prefix = list(prefix or [])
+        prompt = self.prompt_tokens() + prefix
+        stats = TurnStats(tokens_in=len(prompt), context_len=self.context_len, seed=seed)
+        if len(prompt) > CONTEXT_WARN_FRACTION * self.context_len:
+            self.notices.append(
+                TurnNotice(
+                    f"Context {len(prompt)}/{self.context_len} tokens: older exchanges will be "
+                    "dropped soon (/clear starts afresh)."
+                )
+            )
+        decoder = TokenDecoder(self.tokenizer)
+        tokens: list[int] = list(prefix)  # a continued reply keeps what it had
+        masks: list[int] = [1] * len(prefix)
+        n_before = len(tokens)
+        gen = GenerationStats()
+        t0 = time.perf_counter()
+        finish = "interrupted"
+        try:
+            with torch.inference_mode():
+                logits, stats.prefill_tokens = self._prefill(prompt)
+                t_prefill = time.perf_counter() - t0
+                stats.prefill_tps = stats.prefill_tokens / max(t_prefill, 1e-9)
+                budget = min(opts.max_tokens, self.context_len - len(prompt))
+                steps = self.engine.decode(
+                    self.cache,
+                    logits,
+                    budget,
+                    temperature=opts.temperature,
+                    top_k=opts.top_k,
+                    top_p=opts.top_p,
+                    seed=seed,
+                    use_tools=opts.tools,
+                    stats=gen,
+                )
+                for column, column_masks in steps:
+                    token, mask = column[0], column_masks[0]
+                    if len(tokens) == n_before:
+                        stats.ttft_s = time.perf_counter() - t0
+                    tokens.append(token)
+                    masks.append(mask)
+                    self.cache_tokens.append(token)
+                    yield from decoder.feed(token, mask)
+            finish = gen.finish_reasons[0] if gen.finish_reasons else "length"
+            if finish == "length" and budget < opts.max_tokens:
+                finish = "context"
+        except Exception:
+            finish = "error"
+            raise
+        finally:
+            # Runs on normal completion, on Ctrl-C (GeneratorExit) and on errors alike: the
+            # partial reply is kept and the turn is closed with <|assistant_end|>.
+            self.cache_tokens = self.cache_tokens[: self.cache.get_pos()] if self.cache else []
+            self._close_turn(tokens, masks, finish, stats, gen, t0)
+        yield from decoder.flush()
+
+    def _close_turn(
+        self,
+        tokens: list[int],
+        masks: list[int],
+        finish: str,
+        stats: TurnStats,
+        gen: GenerationStats,
+        t0: float,
+    ) -> None:
+        end = self._ids[ASSISTANT_END]
+        body = tokens[:-1] if tokens and tokens[-1] == end else tokens
+        parts = decode_assistant_parts(body, masks[: len(body)], self.tokenizer)
+        stats.tokens_out = len(tokens)
+        stats.finish_reason = finish
+        stats.decode_tps = (len(tokens) - 1) / gen.decode_s if gen.decode_s > 0 and tokens else 0.0
+        stats.context_used = stats.tokens_in + len(tokens)
+        reply = Reply(parts, list(body), masks[: len(body)], stats)
+        self.last_reply = reply
+        self.history_stats.append(stats)
+        entry_tokens = [self._ids[ASSISTANT_START], *body, end]
+        self.entries.append(_Entry(reply.message, entry_tokens))
+
+    def take_notices(self) -> list[TurnNotice]:
+        notices, self.notices = self.notices, []
+        return notices

@@ -1,0 +1,140 @@
+"""ChatSession: the KV cache kept across turns gives what a fresh full prefill gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from chatcli.model import ERAS, GPT, GPTConfig
+from chatcli.session import ChatSession, SamplingOptions
+from chatcli.stream import TextDelta
+from chatcli.tokenizer import Tokenizer
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
+pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures not present")
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer.from_file(FIXTURES / "E" / "tokenizer" / "tokenizer.pkl")
+
+
+def random_model(era: str, sequence_len: int = 256, seed: int = 0) -> GPT:
+    """A vocab-512 model of the given era with every parameter randomised."""
+    config = GPTConfig(sequence_len, 512, 4, 4, 2, 64, window_pattern="SSSL")
+    torch.manual_seed(seed)
+    model = GPT(config, ERAS[era])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.3 if p.ndim < 2 else 0.5 / p.shape[-1] ** 0.5)
+            if "lambda" in name:
+                p.add_(0.5)
+    model.init_rotary()
+    return model.eval()
+
+
+def greedy(max_tokens: int = 12) -> SamplingOptions:
+    return SamplingOptions(temperature=0.0, top_k=None, max_tokens=max_tokens, seed=1)
+
+
+def run(events) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+@pytest.mark.parametrize("era", list(ERAS))
+def test_reused_cache_gives_the_logits_of_a_fresh_prefill(era, tokenizer):
+    model = random_model(era)
+    session = ChatSession(model, tokenizer, greedy(), system="Be brief.")
+    run(session.send("What is 12*7?"))
+    run(session.send("and times three? " * 8))  # the second prompt outgrows the short window
+    prompt = session.prompt_tokens()
+    run(session.send("thanks"))
+    assert session.history_stats[-1].prefill_tokens < 12  # only the new turn was prefilled
+    # The cache now holds the whole conversation: rewinding it to `prompt` and prefilling
+    # the rest must equal the full forward over `prompt`.
+    with torch.inference_mode():
+        logits, n = session._prefill(prompt)
+        full = model(torch.tensor([prompt]))[:, -1]
+    assert n == 1  # everything but the last token came from the cache
+    torch.testing.assert_close(logits, full, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("era", ["A", "E"])
+def test_multi_turn_greedy_equals_a_fresh_session_over_the_same_tokens(era, tokenizer):
+    model = random_model(era)
+    warm = ChatSession(model, tokenizer, greedy())
+    for text in ("hello", "What is 3+4?", "and the letter r in strawberry?"):
+        run(warm.send(text))
+    cold = ChatSession(model, tokenizer, greedy())
+    cold.entries = list(warm.entries[:-1])  # same tokens, empty cache
+    assert list(cold.regenerate()) == list(warm_regenerate(warm))
+
+
+def warm_regenerate(session: ChatSession):
+    session.pop_last_reply()
+    return session.regenerate()
+
+
+def test_undo_rewinds_the_cache_instead_of_recomputing(tokenizer):
+    session = ChatSession(random_model("E"), tokenizer, greedy())
+    run(session.send("first question"))
+    run(session.send("second question"))
+    assert session.undo()
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == ["first question"]
+    run(session.send("another"))
+    stats = session.history_stats[-1]
+    new_tokens = len(tokenizer.encode("another")) + 3  # user_start, user_end, assistant_start
+    assert stats.prefill_tokens == new_tokens
+
+
+def test_interrupt_keeps_the_partial_reply_and_closes_the_turn(tokenizer):
+    session = ChatSession(random_model("E"), tokenizer, greedy(max_tokens=30))
+    events = session.send("tell me something long")
+    for _ in range(3):
+        next(events)
+    events.close()  # what the REPL does on Ctrl-C
+    assert session.last_reply.stats.finish_reason == "interrupted"
+    assert session.messages[-1]["role"] == "assistant"
+    end = tokenizer.encode_special("<|assistant_end|>")
+    assert session.entries[-1].tokens[-1] == end
+    run(session.send("next"))  # the session goes on, its prompt well-formed
+    prompt = session.prompt_tokens()
+    assert prompt.count(end) == 2
+
+
+def test_continue_extends_a_reply_cut_at_max_tokens(tokenizer):
+    session = ChatSession(random_model("E"), tokenizer, greedy(max_tokens=5))
+    run(session.send("go on and on"))
+    first = session.last_reply
+    if first.stats.finish_reason != "length":
+        pytest.skip("this random model happened to stop early")
+    run(session.continue_reply())
+    second = session.last_reply
+    assert second.tokens[: len(first.tokens)] == first.tokens
+    assert len(second.tokens) > len(first.tokens)
+    assert len([m for m in session.messages if m["role"] == "assistant"]) == 1
+
+
+def test_context_guard_drops_oldest_exchanges_and_keeps_the_system_prompt(tokenizer):
+    session = ChatSession(random_model("E", sequence_len=96), tokenizer, greedy(8), system="S")
+    for i in range(12):
+        run(session.send(f"question number {i} with some words"))
+        assert session.history_stats[-1].context_used <= 96
+    notices = [n.text for n in session.take_notices()]
+    assert any("dropped" in n for n in notices)
+    assert session.messages[0] == {"role": "system", "content": "S"}
+    assert session.messages[1]["content"] != "question number 0 with some words"
+
+
+def test_samples_come_from_one_prefill_and_one_can_be_kept(tokenizer):
+    opts = SamplingOptions(temperature=1.0, top_k=None, max_tokens=6, seed=3)
+    session = ChatSession(random_model("E"), tokenizer, opts)
+    replies = session.sample_replies("pick one", 3)
+    assert len(replies) == 3
+    assert len({tuple(r.tokens) for r in replies}) > 1
+    session.accept_reply(replies[1])
+    assert session.messages[-1] == replies[1].message
+    run(session.send("and then?"))
+    assert len(session.messages) == 4
