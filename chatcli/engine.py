@@ -13,6 +13,7 @@ Masks: 1 for tokens the model sampled, 0 for tokens the calculator forced into t
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -79,6 +80,14 @@ class Engine:
         self.output_start, self.output_end = special(OUTPUT_START), special(OUTPUT_END)
         self.assistant_end = special(ASSISTANT_END)
         self.bos = tokenizer.get_bos_token_id()
+        # Our GPT can skip the vocabulary projection of all but the last prefill position.
+        self._last_only = "last_only" in inspect.signature(model.forward).parameters
+
+    def forward_last(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run ids (B, T) through the model into the cache; logits (B, V) of the last position."""
+        if self._last_only:
+            return self.model.forward(ids, kv_cache=cache, last_only=True)[:, -1, :]
+        return self.model.forward(ids, kv_cache=cache)[:, -1, :]
 
     @property
     def context_len(self) -> int:
@@ -141,7 +150,7 @@ class Engine:
         device = self.model.get_device()
         prefill_cache = self.new_cache(1, len(tokens))
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
-        logits = self.model.forward(ids, kv_cache=prefill_cache)[:, -1, :]  # (1, V)
+        logits = self.forward_last(ids, prefill_cache)  # (1, V)
         cache = self.new_cache(num_samples, len(tokens) + budget)
         cache.prefill(prefill_cache)
         del prefill_cache
@@ -212,7 +221,7 @@ class Engine:
             if all(row.completed for row in rows) or step + 1 == budget:
                 return
             ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
-            logits = self.model.forward(ids, kv_cache=cache)[:, -1, :]
+            logits = self.forward_last(ids, cache)
 
     def _track_tool_use(self, row: RowState, token: int) -> None:
         if token == self.python_start:

@@ -308,11 +308,14 @@ class GPT(nn.Module):
         gate = self.smear_lambda * torch.sigmoid(self.smear_gate(x[:, 1:, :SMEAR_CHANNELS]))
         return torch.cat([x[:, :1], x[:, 1:] + gate * x[:, :-1]], dim=1)
 
-    def forward(self, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
-        """idx (B, T) -> float32 logits (B, T, vocab_size).
+    def forward(
+        self, idx: torch.Tensor, kv_cache: KVCache | None = None, *, last_only: bool = False
+    ) -> torch.Tensor:
+        """idx (B, T) -> float32 logits (B, T, vocab_size), or (B, 1, vocab_size) if last_only.
 
         With a kv_cache, idx continues the cached sequence: its K/V are written at the cache's
-        position, which advances by T after the last layer.
+        position, which advances by T after the last layer. last_only skips the vocabulary
+        projection of all but the last position: a prefill only needs that one.
         """
         T = idx.size(1)
         pos = kv_cache.get_pos() if kv_cache is not None else 0
@@ -336,13 +339,19 @@ class GPT(nn.Module):
                 saved = x
         if saved is not None:
             x = x - self.backout_lambda * saved
+        if last_only:
+            x = x[:, -1:]
         x = norm(x)
         if kv_cache is not None:
             kv_cache.prev_token = idx[:, -1]
             kv_cache.advance(T)
         logits = self.lm_head(x)[..., : self.config.vocab_size].float()
+        # Softcap in place: over a large vocabulary, fresh temporaries each step cost more
+        # than the arithmetic (page faults on MB-sized buffers).
         cap = self.arch.softcap
-        return cap * torch.tanh(logits / cap)
+        if logits.requires_grad:  # training: autograd needs tanh's output untouched
+            return cap * torch.tanh(logits / cap)
+        return logits.div_(cap).tanh_().mul_(cap)
 
     # ---- reference generation ----------------------------------------------------------------
 

@@ -90,6 +90,7 @@ class ChatSession:
     tokenizer: Tokenizer
     options: SamplingOptions = field(default_factory=SamplingOptions)
     system: str | None = None
+    raw: bool = False  # stream special tokens as they are (/raw on)
 
     def __post_init__(self) -> None:
         self.engine = Engine(self.model, self.tokenizer)
@@ -311,7 +312,7 @@ class ChatSession:
         self.cache.rewind(common, prompt[common - 1] if common else None)
         device = self.model.get_device()
         ids = torch.tensor([prompt[common:]], dtype=torch.long, device=device)
-        logits = self.model.forward(ids, kv_cache=self.cache)[:, -1, :]
+        logits = self.engine.forward_last(ids, self.cache)
         self.cache_tokens = list(prompt)
         return logits, len(prompt) - common
 
@@ -328,7 +329,7 @@ class ChatSession:
                     "dropped soon (/clear starts afresh)."
                 )
             )
-        decoder = TokenDecoder(self.tokenizer)
+        decoder = TokenDecoder(self.tokenizer, raw=self.raw)
         tokens: list[int] = list(prefix)  # a continued reply keeps what it had
         masks: list[int] = [1] * len(prefix)
         n_before = len(tokens)

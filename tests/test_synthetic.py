@@ -10,7 +10,7 @@ from itertools import pairwise
 import pytest
 
 from chatcli.calculator import format_result, use_calculator
-from chatcli.training import synthetic
+from chatcli.training import phrasings, synthetic
 from chatcli.training.synthetic import (
     EVAL_KINDS,
     KIND_WEIGHTS,
@@ -220,16 +220,30 @@ def test_eval_only_lists_are_disjoint_from_training_lists():
         (synthetic.TRAIN_WORDS, synthetic.EVAL_WORDS),
         (synthetic.TRAIN_NAMES, synthetic.EVAL_NAMES),
         (synthetic.TRAIN_ITEMS, synthetic.EVAL_ITEMS),
-        (synthetic.TRAIN_OUT_OF_SCOPE, synthetic.EVAL_OUT_OF_SCOPE),
-        (synthetic.TRAIN_FOLLOWUPS, synthetic.EVAL_FOLLOWUPS),
-        (synthetic.TRAIN_COUNTING, synthetic.EVAL_COUNTING),
-        (synthetic.TRAIN_WORD_PROBLEMS, synthetic.EVAL_WORD_PROBLEMS),
         (synthetic.TRAIN_SYSTEM_PROMPTS, synthetic.EVAL_SYSTEM_PROMPTS),
+        (phrasings.QUESTION_WRAPPERS, phrasings.EVAL_QUESTION_WRAPPERS),
+        (phrasings.VERB_WRAPPERS, phrasings.EVAL_VERB_WRAPPERS),
+        (phrasings.FOLLOWUP_WRAPPERS, phrasings.EVAL_FOLLOWUP_WRAPPERS),
+        (phrasings.COUNT_FRAMES, phrasings.EVAL_COUNT_FRAMES),
+        (phrasings.NEW_WORD_FRAMES, phrasings.EVAL_NEW_WORD_FRAMES),
+        (phrasings.NEW_LETTER_FRAMES, phrasings.EVAL_NEW_LETTER_FRAMES),
+        (phrasings.OUT_OF_SCOPE_TOPICS, phrasings.EVAL_OUT_OF_SCOPE_TOPICS),
+        (phrasings.OUT_OF_SCOPE_FRAMES, phrasings.EVAL_OUT_OF_SCOPE_FRAMES),
+        (phrasings.OUT_OF_SCOPE_STANDALONE, phrasings.EVAL_OUT_OF_SCOPE_STANDALONE),
     ]
-    pairs += [(synthetic.TRAIN_ARITHMETIC[op], synthetic.EVAL_ARITHMETIC[op]) for op in "+-*/"]
     pairs += [(train, held_out) for train, held_out, _ in synthetic.IDENTITY.values()]
     for train, held_out in pairs:
         assert held_out and not set(train) & set(held_out)
+
+
+def test_every_operator_word_is_taught_and_some_pairs_are_held_out():
+    # Eval sentences are new combinations; the operator phrasings inside them are all trained.
+    for op, cores in phrasings.OPERATOR_CORES.items():
+        wrappers = phrasings.QUESTION_WRAPPERS
+        held = [(w, c) for w in wrappers for c in cores if phrasings.held_out_pair(w, c)]
+        assert 0 < len(held) < len(wrappers) * len(cores) / 2, op
+        for core in cores:
+            assert any(not phrasings.held_out_pair(w, core) for w in wrappers)
 
 
 def test_eval_set_has_each_kind_with_its_expected_answer(eval_set):

@@ -10,10 +10,10 @@ import torch
 
 pytest.importorskip("rustbpe", reason="training needs the train extra: pip install -e '.[train]'")
 
-from chatcli.checkpoint import load_model  # noqa: E402
-from chatcli.engine import Engine  # noqa: E402
-from chatcli.special_tokens import SPECIAL_TOKENS  # noqa: E402
-from chatcli.training.train import PRESETS, train  # noqa: E402
+from chatcli.checkpoint import load_model
+from chatcli.engine import Engine
+from chatcli.special_tokens import SPECIAL_TOKENS
+from chatcli.training.train import PRESETS, train
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,15 @@ def test_writes_a_nanochat_layout_checkpoint(tiny_run):
     meta_files = list(ckpt.glob("meta_*.json"))
     assert len(meta_files) == 1 and len(list(ckpt.glob("model_*.pt"))) == 1
     meta = json.loads(meta_files[0].read_text())
-    assert set(meta["model_config"]) >= {"sequence_len", "vocab_size", "n_layer", "n_head",
-                                         "n_kv_head", "n_embd", "window_pattern"}
+    assert set(meta["model_config"]) >= {
+        "sequence_len",
+        "vocab_size",
+        "n_layer",
+        "n_head",
+        "n_kv_head",
+        "n_embd",
+        "window_pattern",
+    }
     # nanochat's own loader reads a plain state_dict with weights_only=True
     sd = torch.load(next(ckpt.glob("model_*.pt")), weights_only=True)
     assert "smear_gate.weight" in sd and "transformer.wte.weight" in sd

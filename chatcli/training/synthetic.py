@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from chatcli.calculator import format_result, use_calculator
 from chatcli.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
+from chatcli.training import phrasings
 
 SPLITS = ("train", "eval")
 EVAL_KINDS = ("arithmetic", "counting", "followup", "identity", "out_of_scope")
@@ -73,32 +74,6 @@ MAX_FOLLOWUP_OPERAND_CHARS = 10
 _PLAIN_NUMBER = re.compile(r"-?\d+(\.\d+)?")
 
 # --- phrasings ---------------------------------------------------------------------------------
-# {a} and {b} are the operands in expression order: "subtract {b} from {a}" is a-b.
-TRAIN_ARITHMETIC = {
-    "+": ["What is {a} + {b}?", "what's {a} + {b}", "What is {a}+{b}?", "{a} + {b} = ?",
-          "{a}+{b}", "Compute {a} plus {b}", "calculate {a} + {b}", "add {a} and {b}",
-          "What is the sum of {a} and {b}?", "How much is {a} plus {b}?", "{a} plus {b}?",
-          "Please add {a} and {b}."],
-    "-": ["What is {a} - {b}?", "what's {a} minus {b}", "What is {a}-{b}?", "{a} - {b} = ?",
-          "{a}-{b}", "Compute {a} minus {b}", "calculate {a} - {b}", "subtract {b} from {a}",
-          "What is the difference between {a} and {b}?", "How much is {a} minus {b}?",
-          "{a} minus {b}?", "take {b} away from {a}"],
-    "*": ["What is {a} * {b}?", "what's {a} times {b}", "What is {a}*{b}?", "{a} * {b} = ?",
-          "{a}*{b}", "{a} x {b}", "Compute {a} times {b}", "calculate {a} * {b}",
-          "multiply {a} by {b}", "What is the product of {a} and {b}?",
-          "How much is {a} times {b}?", "{a} times {b}?"],
-    "/": ["What is {a} / {b}?", "what's {a} divided by {b}", "What is {a}/{b}?",
-          "{a} / {b} = ?", "{a}/{b}", "Compute {a} divided by {b}",
-          "calculate {a} divided by {b}", "divide {a} by {b}",
-          "What is the quotient of {a} and {b}?", "How much is {a} divided by {b}?",
-          "{a} divided by {b}?"],
-}  # fmt: skip
-EVAL_ARITHMETIC = {  # eval only
-    "+": ["If I add {a} to {b}, what do I get?", "Find the total of {a} and {b}."],
-    "-": ["What do I get if I take {b} from {a}?", "Find {a} less {b}."],
-    "*": ["What do you get when you multiply {a} and {b}?", "Find {a} multiplied by {b}."],
-    "/": ["What is {a} over {b}?", "Find {a} split into {b} equal parts."],
-}
 ARITHMETIC_ANSWERS = ["{expr} = {result}.", "The answer is {result}."]
 
 
@@ -152,38 +127,7 @@ TRAIN_ITEMS = [("apple", "apples"), ("cookie", "cookies"), ("book", "books"),
                ("ticket", "tickets")]  # fmt: skip
 EVAL_ITEMS = [("shell", "shells"), ("button", "buttons"), ("candle", "candles")]  # eval only
 
-# (template, operator, fixed right operand or None for a drawn {n}); the left operand is the
-# previous result.
-TRAIN_FOLLOWUPS = [
-    ("and times {n}?", "*", None), ("now multiply that by {n}", "*", None),
-    ("what if you multiply it by {n}?", "*", None), ("double it", "*", "2"),
-    ("triple it", "*", "3"), ("now add {n}", "+", None), ("plus {n}?", "+", None),
-    ("and add {n} to that?", "+", None), ("minus {n}?", "-", None),
-    ("now subtract {n}", "-", None), ("and take away {n}?", "-", None),
-    ("what about divided by {n}?", "/", None), ("divide that by {n}", "/", None),
-    ("halve it", "/", "2"),
-]  # fmt: skip
-EVAL_FOLLOWUPS = [  # eval only
-    ("and now times {n}", "*", None), ("quadruple it", "*", "4"),
-    ("add {n} to the result", "+", None), ("take {n} off the result", "-", None),
-    ("split the result into {n} equal parts", "/", None),
-]  # fmt: skip
 FOLLOWUP_ANSWERS = ["{expr} = {result}.", "That gives {result}."]
-
-TRAIN_COUNTING = [
-    "How many {letter}'s are in {word}?", "how many {letter}s in {word}",
-    "Count the letter {letter} in {word}.", "How many times does '{letter}' appear in '{word}'?",
-    "How many {letter}'s does {word} have?", 'count the {letter}\'s in "{word}"',
-    "How many letter {letter} are in the word {word}?", "number of {letter} in {word}?",
-]  # fmt: skip
-EVAL_COUNTING = [  # eval only
-    "In the word {word}, how many {letter}'s are there?",
-    "What's the count of letter {letter} in {word}?",
-]
-TRAIN_COUNTING_NEW_WORD = ["what about {word}?", "and in {word}?", "how about {word}?"]
-EVAL_COUNTING_NEW_WORD = ["same question for {word}"]  # eval only
-TRAIN_COUNTING_NEW_LETTER = ["and the letter {letter}?", "and {letter}'s?", "now count {letter}"]
-EVAL_COUNTING_NEW_LETTER = ["now try the letter {letter}"]  # eval only
 
 TRAIN_WORDS = [
     "strawberry", "banana", "apple", "hello", "mississippi", "letter", "butter", "coffee",
@@ -244,31 +188,10 @@ IDENTITY = {
     ),
 }  # fmt: skip
 
-TRAIN_OUT_OF_SCOPE = [
-    "What is the capital of France?", "Write me a poem.", "Who won the World Cup in 2018?",
-    "Tell me a joke.", "Translate hello into Spanish.", "How do I reverse a list in Python?",
-    "What's the weather like today?", "Who was Napoleon?", "What is love?",
-    "Can you write some code for me?", "What do you think about cats?",
-    "Explain quantum physics.", "When did World War II end?", "What is the biggest animal?",
-    "Write a story about a dragon.", "Who is the president of the United States?",
-    "What is photosynthesis?", "Recommend a good book.", "How do I fix my car?",
-    "What should I eat for dinner?", "Is pineapple on pizza good?",
-    "How does the internet work?", "Summarize the news.", "What is the speed of light?",
-    "Write an email to my boss.", "What's your favorite color?", "Why is the sky blue?",
-    "How do I learn French?", "Who wrote Hamlet?", "What is Bitcoin?",
-]  # fmt: skip
-EVAL_OUT_OF_SCOPE = [  # eval only
-    "Who painted the Mona Lisa?", "Write a haiku about the sea.",
-    "What is the tallest mountain in the world?", "Recommend a good movie.",
-    "How do I bake bread?", "What's the meaning of life?", "Explain how a rainbow forms.",
-]  # fmt: skip
+# One fixed reply: a tiny model learns it far better than a paraphrase family.
 OUT_OF_SCOPE_ANSWERS = [
     "I'm too small to know that. I can do arithmetic and count letters; for general questions "
     "load a real nanochat model with --model.",
-    "Sorry, I'm a tiny demo model and can't answer that. I can do arithmetic and count letters; "
-    "for general questions load a real nanochat model with --model.",
-    "That's beyond me, I'm too small. I can do arithmetic and count letters; for general "
-    "questions load a real nanochat model with --model.",
 ]
 
 # intent -> (training messages, eval-only messages, replies)
@@ -441,7 +364,7 @@ def _identity(rng: random.Random, split: str) -> list[dict]:
 
 
 def _out_of_scope(rng: random.Random, split: str) -> list[dict]:
-    question = _vary(rng, rng.choice(_pool(split, TRAIN_OUT_OF_SCOPE, EVAL_OUT_OF_SCOPE)))
+    question = _vary(rng, phrasings.out_of_scope_question(rng, split))
     answer = rng.choice(OUT_OF_SCOPE_ANSWERS)
     return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
 
@@ -494,8 +417,9 @@ def _arithmetic_exchange(rng: random.Random, split: str) -> _Exchange:
     a, b = _plain_operands(rng, split, op)
     expression = f"{a}{op}{b}"
     result = _calculate(expression)
-    template = rng.choice(_pool(split, TRAIN_ARITHMETIC[op], EVAL_ARITHMETIC[op]))
-    question = _vary(rng, template.format(a=_display(rng, a), b=_display(rng, b)))
+    question = _vary(
+        rng, phrasings.arithmetic_question(rng, split, op, _display(rng, a), _display(rng, b))
+    )
     sentence = rng.choice(ARITHMETIC_ANSWERS).format(expr=expression, result=result)
     return _Exchange(question, expression, result, sentence)
 
@@ -519,7 +443,12 @@ def _plain_operands(rng: random.Random, split: str, op: str) -> tuple[str, str]:
 
 
 def _word_problem(rng: random.Random, split: str) -> _Exchange:
-    problem = rng.choice(_pool(split, TRAIN_WORD_PROBLEMS, EVAL_WORD_PROBLEMS))
+    # Stories share their templates across splits (the operator words must be taught); eval
+    # holds out the names, the items and the numbers, so every eval question is a new sentence.
+    stories = TRAIN_WORD_PROBLEMS + EVAL_WORD_PROBLEMS
+    if split == "eval":  # only stories whose sentence changes with the held-out words
+        stories = [p for p in stories if "{name}" in p.question or "{item" in p.question]
+    problem = rng.choice(stories)
     if problem.exact:
         a, b = _exact_division(rng, split, max_digits=4)
     else:
@@ -538,7 +467,7 @@ def _word_problem(rng: random.Random, split: str) -> _Exchange:
 
 
 def _arithmetic_followup(rng: random.Random, split: str, previous: str) -> _Exchange:
-    template, op, fixed = rng.choice(_pool(split, TRAIN_FOLLOWUPS, EVAL_FOLLOWUPS))
+    template, op, fixed = phrasings.followup_question(rng, split)
     n = fixed or _followup_operand(rng)
     expression = f"{previous}{op}{n}"
     result = _calculate(expression)
@@ -626,8 +555,8 @@ def _counting_exchange(
 ) -> _Exchange:
     word = word or _sample_word(rng, split)
     letter = letter or _sample_letter(rng, word)
-    template = rng.choice(_pool(split, TRAIN_COUNTING, EVAL_COUNTING))
-    return _count_exchange(_vary(rng, template.format(letter=letter, word=word)), word, letter)
+    question = phrasings.counting_question(rng, split, word, letter)
+    return _count_exchange(_vary(rng, question), word, letter)
 
 
 def _counting_followup(rng: random.Random, split: str, previous: _Exchange) -> _Exchange:
@@ -636,13 +565,13 @@ def _counting_followup(rng: random.Random, split: str, previous: _Exchange) -> _
         new_word = word
         while new_word == word:
             new_word = _sample_word(rng, split)
-        template = rng.choice(_pool(split, TRAIN_COUNTING_NEW_WORD, EVAL_COUNTING_NEW_WORD))
-        return _count_exchange(_vary(rng, template.format(word=new_word)), new_word, letter)
+        question = phrasings.new_word_question(rng, split, new_word)
+        return _count_exchange(_vary(rng, question), new_word, letter)
     new_letter = letter
     while new_letter == letter:
         new_letter = _sample_letter(rng, word)
-    template = rng.choice(_pool(split, TRAIN_COUNTING_NEW_LETTER, EVAL_COUNTING_NEW_LETTER))
-    return _count_exchange(_vary(rng, template.format(letter=new_letter)), word, new_letter)
+    question = phrasings.new_letter_question(rng, split, new_letter)
+    return _count_exchange(_vary(rng, question), word, new_letter)
 
 
 _COUNT_CALL = re.compile(r'"([a-z]+)"\.count\("([a-z])"\)')

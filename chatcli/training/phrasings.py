@@ -1,0 +1,195 @@
+"""How users ask things: compositional phrasings for the synthetic conversations.
+
+Owns: the wording of questions (arithmetic, follow-ups, letter counting, out-of-scope). Each
+question is a *wrapper* ("Can you compute {x}?") around a *core* that carries the meaning
+("{a} divided by {b}", "the letter {l}"). Every operator word is taught in training; what the
+eval split holds out is whole sentences: wrappers that training never uses, and wrapper/core
+pairs that training never combines (chosen by a stable hash). A model that passes the eval has
+learned to read the core inside any wrapper, not to memorise sentences.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+HELD_OUT_COMBO_MODULUS = 5  # one wrapper/core pair in five is eval only
+EVAL_ONLY_WRAPPER_PROBABILITY = 0.5  # of eval questions; the rest use held-out pairs
+
+# ---- arithmetic: {a} and {b} are the operands in expression order ------------------------------
+OPERATOR_CORES = {
+    "+": ["{a} + {b}", "{a}+{b}", "{a} plus {b}", "the sum of {a} and {b}",
+          "{a} and {b} added together", "the total of {a} and {b}"],
+    "-": ["{a} - {b}", "{a}-{b}", "{a} minus {b}", "the difference between {a} and {b}",
+          "{a} less {b}", "{b} subtracted from {a}"],
+    "*": ["{a} * {b}", "{a}*{b}", "{a} times {b}", "{a} x {b}", "the product of {a} and {b}",
+          "{a} multiplied by {b}"],
+    "/": ["{a} / {b}", "{a}/{b}", "{a} divided by {b}", "the quotient of {a} and {b}",
+          "{a} over {b}", "{a} split into {b} equal parts"],
+}  # fmt: skip
+QUESTION_WRAPPERS = [
+    "What is {x}?", "what's {x}", "Compute {x}.", "calculate {x}", "How much is {x}?",
+    "{x} = ?", "{x}", "Please work out {x}.", "Can you compute {x}?", "Tell me {x}.",
+    "Find {x}.", "Solve {x}.", "Give me {x}.", "Evaluate {x}.", "I need {x}.",
+    "Quick question: what is {x}?", "Do you know what {x} is?", "What do you get for {x}?",
+    "Work out {x} please.",
+]  # fmt: skip
+EVAL_QUESTION_WRAPPERS = [  # eval only
+    "Could you figure out {x} for me?", "I'd like to know {x}.", "What would {x} be?",
+    "Hey, what is {x}?",
+]  # fmt: skip
+OPERATOR_VERBS = {
+    "+": ["add {a} and {b}", "add {b} to {a}"],
+    "-": ["subtract {b} from {a}", "take {b} away from {a}", "take {b} from {a}"],
+    "*": ["multiply {a} by {b}", "multiply {a} and {b}"],
+    "/": ["divide {a} by {b}", "split {a} into {b} equal parts"],
+}
+VERB_WRAPPERS = [
+    "{v}", "Please {v}.", "Can you {v}?", "{v} for me", "I want you to {v}.", "Now {v}.",
+    "Help me {v}.", "Quickly {v}.",
+]  # fmt: skip
+EVAL_VERB_WRAPPERS = ["Could you {v}, please?", "If I {v}, what do I get?"]  # eval only
+
+# ---- follow-ups: {r} is the previous result in words, {n} the new operand ------------------------
+FOLLOWUP_CORES = {
+    "*": ["times {n}", "multiply {r} by {n}", "{r} times {n}", "multiplied by {n}"],
+    "+": ["plus {n}", "add {n} to {r}", "add {n}", "{r} plus {n}"],
+    "-": ["minus {n}", "subtract {n} from {r}", "take {n} off {r}", "take away {n}",
+          "{r} minus {n}"],
+    "/": ["divided by {n}", "divide {r} by {n}", "split {r} into {n} equal parts",
+          "{r} divided by {n}"],
+}  # fmt: skip
+FIXED_FOLLOWUPS = [("double {r}", "*", "2"), ("triple {r}", "*", "3"),
+                   ("halve {r}", "/", "2"), ("quadruple {r}", "*", "4")]  # fmt: skip
+RESULT_WORDS = ["it", "that", "the result", "the answer"]
+FOLLOWUP_WRAPPERS = [
+    "and {c}?", "now {c}", "{c}?", "what about {c}?", "ok, {c}", "then {c}", "and now {c}",
+    "Now {c} please.",
+]  # fmt: skip
+EVAL_FOLLOWUP_WRAPPERS = ["next, {c}", "alright, {c} please"]  # eval only
+
+# ---- letter counting: {L} the letter phrase, {W} the word phrase --------------------------------
+COUNT_FRAMES = [
+    "How many {L} are in {W}?", "how many {L} in {W}", "Count the {L} in {W}.",
+    "How many times does {L} appear in {W}?", "How many {L} does {W} have?",
+    "number of {L} in {W}?", "In {W}, how many {L} are there?",
+    "What's the count of {L} in {W}?", "Tell me how many {L} {W} has.",
+]  # fmt: skip
+EVAL_COUNT_FRAMES = [  # eval only
+    "Can you count the {L} in {W} for me?", "I wonder how many {L} there are in {W}.",
+]  # fmt: skip
+LETTER_FORMS = ["{l}'s", "{l}s", "letter {l}", "the letter {l}", "'{l}'", "'{l}'s"]
+WORD_FORMS = ["{w}", "'{w}'", '"{w}"', "the word {w}"]
+NEW_WORD_FRAMES = ["what about {W}?", "and in {W}?", "how about {W}?", "and {W}?"]
+EVAL_NEW_WORD_FRAMES = ["same question for {W}"]  # eval only
+NEW_LETTER_FRAMES = ["and {L}?", "now count {L}", "what about {L}?", "and how many {L}?"]
+EVAL_NEW_LETTER_FRAMES = ["now try {L}"]  # eval only
+
+# ---- questions a tiny model cannot answer ----------------------------------------------------
+OUT_OF_SCOPE_TOPICS = [
+    "France", "the moon", "dinosaurs", "the Roman Empire", "black holes", "volcanoes",
+    "the ocean", "jazz music", "football", "Shakespeare", "electricity", "vaccines",
+    "the stock market", "climate change", "ancient Egypt", "Python programming", "democracy",
+    "the human heart", "chess", "coffee", "Napoleon", "the internet", "photosynthesis",
+    "World War II", "Bitcoin", "the Olympics", "gravity", "the Beatles", "Japan", "robots",
+    "pyramids", "tigers", "the weather", "quantum physics", "my car", "French grammar",
+]  # fmt: skip
+EVAL_OUT_OF_SCOPE_TOPICS = [  # eval only
+    "the Mona Lisa", "Mount Everest", "the Great Wall of China", "bees", "Mars", "origami",
+    "the Amazon river",
+]  # fmt: skip
+OUT_OF_SCOPE_FRAMES = [
+    "What is {t}?", "Tell me about {t}.", "Explain {t}.", "Who discovered {t}?",
+    "Write a poem about {t}.", "Write a story about {t}.", "What do you think about {t}?",
+    "Give me facts about {t}.", "Why is {t} important?", "Summarize the history of {t}.",
+    "How does {t} work?", "Teach me about {t}.", "What's new with {t}?",
+]  # fmt: skip
+EVAL_OUT_OF_SCOPE_FRAMES = [  # eval only
+    "Write a haiku about {t}.", "What's interesting about {t}?", "Can you describe {t}?",
+]  # fmt: skip
+OUT_OF_SCOPE_STANDALONE = [
+    "Tell me a joke.", "What should I eat for dinner?", "How do I learn French?",
+    "Can you write some code for me?", "What's your favorite color?", "Recommend a good book.",
+    "Translate hello into Spanish.", "What is love?", "Who won the last World Cup?",
+    "Write an email to my boss.", "Is pineapple on pizza good?", "Why is the sky blue?",
+]  # fmt: skip
+EVAL_OUT_OF_SCOPE_STANDALONE = [  # eval only
+    "Recommend a good movie.", "How do I bake bread?", "What's the meaning of life?",
+]  # fmt: skip
+
+
+def held_out_pair(*parts: str) -> bool:
+    """Whether training never combines these wrapper/core parts (stable across runs)."""
+    return zlib.crc32("|".join(parts).encode()) % HELD_OUT_COMBO_MODULUS == 0
+
+
+def compose(
+    rng: random.Random, split: str, wrappers: list[str], eval_wrappers: list[str], cores: list[str]
+) -> tuple[str, str]:
+    """A (wrapper, core) pair of the split: train never sees eval wrappers or held-out pairs."""
+    if split == "eval" and rng.random() < EVAL_ONLY_WRAPPER_PROBABILITY:
+        return rng.choice(eval_wrappers), rng.choice(cores)
+    want_held_out = split == "eval"
+    pairs = [(w, c) for w in wrappers for c in cores if held_out_pair(w, c) == want_held_out]
+    if not pairs:  # a tiny list with no held-out pair: fall back to an eval-only wrapper
+        return rng.choice(eval_wrappers if want_held_out else wrappers), rng.choice(cores)
+    return rng.choice(pairs)
+
+
+def arithmetic_question(rng: random.Random, split: str, op: str, a: str, b: str) -> str:
+    if rng.random() < 0.3:
+        wrapper, verb = compose(rng, split, VERB_WRAPPERS, EVAL_VERB_WRAPPERS, OPERATOR_VERBS[op])
+        text = wrapper.format(v=verb.format(a=a, b=b))
+    else:
+        wrapper, core = compose(
+            rng, split, QUESTION_WRAPPERS, EVAL_QUESTION_WRAPPERS, OPERATOR_CORES[op]
+        )
+        text = wrapper.format(x=core.format(a=a, b=b))
+    return text[0].upper() + text[1:] if rng.random() < 0.5 else text
+
+
+def followup_question(rng: random.Random, split: str) -> tuple[str, str, str | None]:
+    """(question with {n} unfilled, operator, fixed operand or None)."""
+    r = rng.choice(RESULT_WORDS)
+    if rng.random() < 0.2:
+        core, op, fixed = rng.choice(FIXED_FOLLOWUPS)
+        wrapper, _ = compose(rng, split, FOLLOWUP_WRAPPERS, EVAL_FOLLOWUP_WRAPPERS, [core])
+        return wrapper.format(c=core.format(r=r)), op, fixed
+    op = rng.choice("*+-/")
+    wrapper, core = compose(
+        rng, split, FOLLOWUP_WRAPPERS, EVAL_FOLLOWUP_WRAPPERS, FOLLOWUP_CORES[op]
+    )
+    return wrapper.format(c=core.format(r=r, n="{n}")), op, None
+
+
+def letter_phrase(rng: random.Random, letter: str) -> str:
+    return rng.choice(LETTER_FORMS).format(l=letter)
+
+
+def word_phrase(rng: random.Random, word: str) -> str:
+    return rng.choice(WORD_FORMS).format(w=word)
+
+
+def counting_question(rng: random.Random, split: str, word: str, letter: str) -> str:
+    frame, _ = compose(rng, split, COUNT_FRAMES, EVAL_COUNT_FRAMES, [""])
+    return frame.format(L=letter_phrase(rng, letter), W=word_phrase(rng, word))
+
+
+def new_word_question(rng: random.Random, split: str, word: str) -> str:
+    frame = rng.choice(EVAL_NEW_WORD_FRAMES if split == "eval" else NEW_WORD_FRAMES)
+    return frame.format(W=word_phrase(rng, word))
+
+
+def new_letter_question(rng: random.Random, split: str, letter: str) -> str:
+    frame = rng.choice(EVAL_NEW_LETTER_FRAMES if split == "eval" else NEW_LETTER_FRAMES)
+    return frame.format(L=letter_phrase(rng, letter))
+
+
+def out_of_scope_question(rng: random.Random, split: str) -> str:
+    if rng.random() < 0.25:
+        return rng.choice(
+            EVAL_OUT_OF_SCOPE_STANDALONE if split == "eval" else OUT_OF_SCOPE_STANDALONE
+        )
+    topics = EVAL_OUT_OF_SCOPE_TOPICS if split == "eval" else OUT_OF_SCOPE_TOPICS
+    frame, topic = compose(rng, split, OUT_OF_SCOPE_FRAMES, EVAL_OUT_OF_SCOPE_FRAMES, topics)
+    return frame.format(t=topic)

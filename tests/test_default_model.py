@@ -1,0 +1,53 @@
+"""The embedded default model ships in the package, loads offline, and does its job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from chatcli.checkpoint import EMBEDDED_DIR, load_model
+from chatcli.training.evaluate import evaluate
+
+pytestmark = pytest.mark.skipif(
+    not (EMBEDDED_DIR / "chatsft_checkpoints").is_dir(), reason="embedded model not built"
+)
+
+
+def test_ships_small_and_loads_fast():
+    size = sum(f.stat().st_size for f in EMBEDDED_DIR.rglob("*") if f.is_file())
+    assert size < 8 * 2**20
+    t0 = time.perf_counter()
+    model, tokenizer, meta = load_model(device="cpu")
+    assert time.perf_counter() - t0 < 1.0
+    assert model.info.embedded and model.arch.era == "E"
+    assert tokenizer.get_vocab_size() == meta["model_config"]["vocab_size"]
+
+
+def test_held_out_smoke_evaluation():
+    model, tokenizer, _ = load_model(device="cpu")
+    summary = evaluate(model, tokenizer, n_per_kind=8, seed=99)
+    assert summary["items"] == 40
+    assert summary["arithmetic_accuracy"] >= 0.85
+    assert summary["counting_accuracy"] >= 0.85
+    assert summary["followup_accuracy"] >= 0.75
+    assert summary["ended_rate"] >= 0.95
+    assert summary["tool_call_rate"] >= 0.95
+
+
+def test_once_answers_through_the_calculator_offline():
+    out = subprocess.run(
+        [sys.executable, "-m", "chatcli", "once", "What is 1234*56?", "--json", "-t", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    result = json.loads(out.stdout)
+    assert "69104" in result["text"]
+    assert {"type": "python", "text": "1234*56"} in result["parts"]
+    assert {"type": "python_output", "text": "69104"} in result["parts"]
+    assert result["finish_reason"] == "stop"

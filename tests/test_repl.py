@@ -1,0 +1,705 @@
+"""The REPL, driven through a pipe input like a person at the keyboard, on a scripted session.
+
+`FakeSession` has ChatSession's interface but no model: each turn streams the next scripted
+reply as chatcli.stream events. Output is read back from a plain Rich console.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from prompt_toolkit.completion import CompleteEvent
+from prompt_toolkit.document import Document
+from prompt_toolkit.input import PipeInput, create_pipe_input
+from prompt_toolkit.output import DummyOutput
+from rich.console import Console
+
+from chatcli.conversation_store import ConversationFile, read_conversation
+from chatcli.errors import ChatcliError
+from chatcli.render import CHAT_THEME
+from chatcli.repl import (
+    LEAVE_HINT,
+    CommandCompleter,
+    block_is_open,
+    message_from_input,
+    run_repl,
+)
+from chatcli.session import Reply, SamplingOptions, TurnNotice, TurnStats
+from chatcli.settings import Settings
+from chatcli.stream import StreamEvent, TextDelta, ToolCallDelta, ToolCallStart, ToolResult
+
+ENTER = "\r"
+ALT_ENTER = "\x1b\r"
+CTRL_C = "\x03"
+CTRL_D = "\x04"
+STATUS = "ttft 0.10s · prefill 100 tok/s · decode 50 tok/s · 10 in / {out} out · ctx {ctx}/256 · {reason}"
+
+
+def status(out: int, reason: str = "stop") -> str:
+    return STATUS.format(out=out, ctx=10 + out, reason=reason)
+
+
+@dataclass
+class Scripted:
+    """One reply: its events, and optionally an exception raised before event `fail_at`."""
+
+    events: list[StreamEvent]
+    fail_at: int | None = None
+    error: BaseException | None = None
+
+
+def words(text: str) -> Scripted:
+    return Scripted([TextDelta(w) for w in text.split(" ") if w for w in (w, " ")][:-1])
+
+
+def parts_of(events: list[StreamEvent]) -> list[dict[str, str]]:
+    parts: list[dict[str, str]] = []
+    for e in events:
+        if isinstance(e, TextDelta):
+            if parts and parts[-1]["type"] == "text":
+                parts[-1]["text"] += e.text
+            else:
+                parts.append({"type": "text", "text": e.text})
+        elif isinstance(e, ToolResult):
+            parts.append({"type": "python", "text": e.expression})
+            if e.output is not None:
+                parts.append({"type": "python_output", "text": e.output})
+    return parts
+
+
+class FakeStream:
+    """The iterator send() returns: ends the turn on exhaustion, error or close(), as the
+    real session's generator does in its finally block."""
+
+    def __init__(self, session: FakeSession, script: Scripted, prefix: list[StreamEvent]) -> None:
+        self.session, self.script, self.prefix = session, script, prefix
+        self.seen: list[StreamEvent] = []
+        self.closed = False
+        self.done = False
+
+    def __iter__(self) -> FakeStream:
+        return self
+
+    def __next__(self) -> StreamEvent:
+        if self.done:
+            raise StopIteration
+        i = len(self.seen)
+        if self.script.fail_at == i and self.script.error is not None:
+            if not isinstance(self.script.error, KeyboardInterrupt):
+                self._end("error")
+            # A KeyboardInterrupt stands for Ctrl-C landing in the REPL between two events:
+            # the stream stays open until the REPL closes it.
+            raise self.script.error
+        if i >= len(self.script.events):
+            self._end("stop")
+            raise StopIteration
+        event = self.script.events[i]
+        self.seen.append(event)
+        return event
+
+    def close(self) -> None:
+        self.closed = True
+        if not self.done:
+            self._end("interrupted")
+
+    def _end(self, reason: str) -> None:
+        self.done = True
+        self.session.finish_turn(self.prefix + self.seen, reason)
+
+
+class FakeSession:
+    def __init__(self, *replies: Scripted | str, context_len: int = 256) -> None:
+        self.script = deque(words(r) if isinstance(r, str) else r for r in replies)
+        self.options = SamplingOptions()
+        self.system: str | None = None
+        self.entries: list[dict] = []
+        self.last_reply: Reply | None = None
+        self.history_stats: list[TurnStats] = []
+        self.notices: list[TurnNotice] = []
+        self.streams: list[FakeStream] = []
+        self.seeds: list[int] = []
+        self.context_len = context_len
+        self.raw = False
+
+    @property
+    def messages(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + list(self.entries)
+
+    def _next_stream(self, prefix: list[StreamEvent] | None = None) -> FakeStream:
+        stream = FakeStream(self, self.script.popleft(), list(prefix or []))
+        self.streams.append(stream)
+        return stream
+
+    def send(self, text: str) -> FakeStream:
+        self.entries.append({"role": "user", "content": text})
+        return self._next_stream()
+
+    def regenerate(self) -> FakeStream:
+        if not self.entries or self.entries[-1]["role"] != "user":
+            raise ChatcliError("There is no user message to reply to.")
+        return self._next_stream()
+
+    def continue_reply(self) -> FakeStream:
+        if not self.entries or self.entries[-1]["role"] != "assistant":
+            raise ChatcliError("There is no reply to continue.")
+        last = self.entries.pop()
+        return self._next_stream([TextDelta(p["text"]) for p in last["content"]])
+
+    def _stats(self, out: int, reason: str) -> TurnStats:
+        seed = self.options.seed if self.options.seed is not None else 7
+        self.seeds.append(seed)
+        return TurnStats(
+            ttft_s=0.1,
+            prefill_tokens=10,
+            prefill_tps=100.0,
+            decode_tps=50.0,
+            tokens_in=10,
+            tokens_out=out,
+            context_used=10 + out,
+            context_len=self.context_len,
+            finish_reason=reason,
+            seed=seed,
+        )
+
+    def finish_turn(self, events: list[StreamEvent], reason: str) -> None:
+        out = len(events)
+        reply = Reply(parts_of(events), list(range(out)), [1] * out, self._stats(out, reason))
+        self.entries.append(reply.message)
+        self.last_reply = reply
+        self.history_stats.append(reply.stats)
+
+    def sample_replies(self, text: str, n: int) -> list[Reply]:
+        self.entries.append({"role": "user", "content": text})
+        replies = []
+        for _ in range(n):
+            events = self.script.popleft().events
+            stats = self._stats(len(events), "stop")
+            replies.append(Reply(parts_of(events), [0] * len(events), [1] * len(events), stats))
+        return replies
+
+    def accept_reply(self, reply: Reply) -> None:
+        self.entries.append(reply.message)
+        self.last_reply = reply
+        self.history_stats.append(reply.stats)
+
+    def undo(self) -> bool:
+        for i in range(len(self.entries) - 1, -1, -1):
+            if self.entries[i]["role"] == "user":
+                del self.entries[i:]
+                return True
+        return False
+
+    def pop_last_reply(self) -> dict | None:
+        if self.entries and self.entries[-1]["role"] == "assistant":
+            return self.entries.pop()
+        return None
+
+    def clear(self) -> None:
+        self.entries = []
+        self.last_reply = None
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+
+    def load_messages(self, messages: list[dict]) -> None:
+        self.system = None
+        self.entries = []
+        for m in messages:
+            if m["role"] == "system":
+                self.system = m["content"]
+            else:
+                self.entries.append(m)
+
+    def take_notices(self) -> list[TurnNotice]:
+        notices, self.notices = self.notices, []
+        return notices
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    conversation: ConversationFile
+    folder: Path
+
+    @property
+    def all_lines(self) -> list[str]:
+        return [line.rstrip() for line in self.out.splitlines()]
+
+    @property
+    def lines(self) -> list[str]:
+        """The output without the goodbye line printed on leaving."""
+        lines = self.all_lines
+        return lines[:-1] if lines and lines[-1].startswith("Saved as ") else lines
+
+    def saved(self) -> list[dict]:
+        return read_conversation(self.conversation.path).messages
+
+
+def type_slowly(pipe: PipeInput, chunks: list[str]) -> None:
+    for chunk in chunks:
+        time.sleep(0.3)
+        pipe.send_text(chunk)
+
+
+def chat(
+    session: FakeSession,
+    tmp_path: Path,
+    *lines: str,
+    settings: Settings | None = None,
+    width: int = 100,
+    keys: str | None = None,
+    chunks: list[str] | None = None,
+) -> Run:
+    """Types each line and Enter, then Ctrl-D; or exactly `keys` when given; or each of
+    `chunks` a moment apart."""
+    console = Console(
+        file=StringIO(), width=width, color_system=None, theme=CHAT_THEME, highlight=False
+    )
+    folder = tmp_path / "conversations"
+    conversation = ConversationFile.create(folder, model="fake")
+    typed = keys if keys is not None else "".join(line + ENTER for line in lines) + CTRL_D
+    with create_pipe_input() as pipe:
+        if chunks is None:
+            pipe.send_text(typed)
+        else:
+            typist = threading.Thread(target=type_slowly, args=(pipe, chunks), daemon=True)
+            typist.start()
+        code = run_repl(
+            session,
+            settings=settings or Settings(history=False),
+            console=console,
+            conversation=conversation,
+            conversations_dir=folder,
+            model_info={"path": "/models/fake", "tag": "d4", "params": 1234567, "load_s": 0.25},
+            input=pipe,
+            output=DummyOutput(),
+        )
+    return Run(code, console.file.getvalue(), conversation, folder)
+
+
+def test_a_turn_streams_the_reply_then_the_status_line(tmp_path):
+    run = chat(FakeSession("Hello there, friend!"), tmp_path, "hi")
+    assert run.code == 0
+    assert run.lines == ["Hello there, friend!", status(5)]
+
+
+def test_a_calculator_call_shows_as_a_badge(tmp_path):
+    events = [
+        TextDelta("It is "),
+        ToolCallStart(),
+        ToolCallDelta("12*7"),
+        ToolResult("12*7", "84"),
+        TextDelta("."),
+    ]
+    run = chat(FakeSession(Scripted(events)), tmp_path, "What is 12*7?")
+    assert run.lines[0] == "It is [calc 12*7 = 84]."
+
+
+def test_ctrl_d_on_an_empty_line_exits_with_0(tmp_path):
+    session = FakeSession()
+    run = chat(session, tmp_path, keys=CTRL_D)
+    assert run.code == 0
+    assert run.out == ""
+    assert session.entries == []
+
+
+def test_slash_exit_and_quit_leave(tmp_path):
+    assert chat(FakeSession(), tmp_path, keys="/exit" + ENTER).code == 0
+    assert chat(FakeSession(), tmp_path / "b", keys="/quit" + ENTER).code == 0
+
+
+def test_ctrl_c_at_an_empty_prompt_hints_how_to_leave(tmp_path):
+    run = chat(FakeSession(), tmp_path, keys=CTRL_C + CTRL_D)
+    assert run.lines == [LEAVE_HINT]
+    assert LEAVE_HINT == "(Press Ctrl-D or type /exit to leave)"
+
+
+def test_ctrl_c_clears_a_typed_line_without_sending_it(tmp_path):
+    session = FakeSession("answer")
+    run = chat(session, tmp_path, keys="never mind" + CTRL_C + "real question" + ENTER + CTRL_D)
+    assert run.lines == ["answer", status(1)]  # no hint: the line was not empty
+    assert session.entries[0] == {"role": "user", "content": "real question"}
+
+
+def test_temperature_echoes_and_changes_the_options(tmp_path):
+    session = FakeSession()
+    run = chat(session, tmp_path, "/temperature 0.3")
+    assert run.lines == ["temperature = 0.3"]
+    assert session.options.temperature == 0.3
+
+
+def test_sampling_commands_map_off_values_to_none(tmp_path):
+    session = FakeSession()
+    run = chat(
+        session,
+        tmp_path,
+        "/top_k 0",
+        "/top_p 1",
+        "/max_tokens 400",
+        "/seed 42",
+        "/tools off",
+    )
+    assert run.lines == [
+        "top_k = off",
+        "top_p = off",
+        "max_tokens = 400",
+        "seed = 42",
+        "tools = off",
+    ]
+    options = session.options
+    assert (options.top_k, options.top_p, options.max_tokens, options.seed, options.tools) == (
+        None,
+        None,
+        400,
+        42,
+        False,
+    )
+    run = chat(session, tmp_path / "b", "/top_k 40", "/top_p 0.9", "/seed random")
+    assert run.lines == ["top_k = 40", "top_p = 0.9", "seed = random"]
+    assert (options.top_k, options.top_p, options.seed) == (40, 0.9, None)
+
+
+def test_a_bad_value_prints_one_error_line_and_the_loop_goes_on(tmp_path):
+    session = FakeSession("still here")
+    run = chat(session, tmp_path, "/temperature hot", "hello")
+    assert run.lines == [
+        "Error: /temperature needs a number between 0 and 2, e.g. /temperature 0.7 (got 'hot')",
+        "still here",
+        status(3),
+    ]
+    assert session.options.temperature == 0.6
+
+
+def test_an_unknown_command_suggests_the_closest(tmp_path):
+    run = chat(FakeSession(), tmp_path, "/temprature 0.3")
+    assert run.lines == [
+        "Error: Unknown command /temprature. Type /help for the list. Did you mean /temperature?"
+    ]
+
+
+def test_a_double_slash_sends_a_message_starting_with_a_slash(tmp_path):
+    session = FakeSession("ok")
+    chat(session, tmp_path, "//etc/hosts is a file")
+    assert session.entries[0]["content"] == "/etc/hosts is a file"
+
+
+def test_undo_drops_the_last_exchange_and_says_what(tmp_path):
+    session = FakeSession("Four.")
+    run = chat(session, tmp_path, "What is 2+2?", "/undo", "/undo")
+    assert run.lines[2:] == ['Undone: "What is 2+2?" and its reply.', "Nothing to undo."]
+    assert session.entries == []
+    assert run.saved() == []
+
+
+def test_retry_regenerates_with_a_new_seed_shown(tmp_path, monkeypatch):
+    monkeypatch.setattr("chatcli.repl.random.randrange", lambda n: 1234)
+    session = FakeSession("first answer", "second answer")
+    run = chat(session, tmp_path, "question", "/retry")
+    assert run.lines == [
+        "first answer",
+        status(3),
+        "retry with seed 1234",
+        "second answer",
+        status(3),
+    ]
+    assert session.seeds == [7, 1234]
+    assert session.options.seed is None  # still a fresh seed each turn afterwards
+    assert run.saved() == [
+        {"role": "user", "content": "question"},
+        {"role": "assistant", "content": [{"type": "text", "text": "second answer"}]},
+    ]
+
+
+def test_retry_keeps_a_fixed_seed(tmp_path):
+    session = FakeSession("a", "b")
+    run = chat(session, tmp_path, "/seed 5", "q", "/retry")
+    assert "retry with seed 5 (fixed by /seed)" in run.lines
+    assert session.seeds == [5, 5]
+
+
+def test_retry_with_nothing_to_retry_is_an_error(tmp_path):
+    run = chat(FakeSession(), tmp_path, "/retry")
+    assert run.lines == ["Error: There is no user message to reply to."]
+
+
+def test_continue_extends_the_last_reply(tmp_path):
+    session = FakeSession(words("Once upon"), Scripted([TextDelta(" a time")]))
+    run = chat(session, tmp_path, "story", "/continue")
+    assert run.lines[2] == " a time"
+    assert run.saved()[-1]["content"] == [{"type": "text", "text": "Once upon a time"}]
+
+
+def test_clear_starts_a_new_conversation(tmp_path):
+    session = FakeSession("hi")
+    run = chat(session, tmp_path, "hello", "/clear")
+    assert run.lines[-1] == "New conversation."
+    assert session.entries == []
+    assert run.saved() == []
+
+
+def test_system_shows_sets_and_clears_the_system_prompt(tmp_path):
+    session = FakeSession()
+    run = chat(session, tmp_path, "/system", "/system Be brief.", "/system", "/system clear")
+    assert run.lines == [
+        "No system prompt. /system TEXT sets one.",
+        "System prompt set: Be brief.",
+        "System prompt: Be brief.",
+        "System prompt removed.",
+    ]
+    assert session.system is None
+    assert run.saved() == []
+    records = [json.loads(line) for line in run.conversation.path.read_text().splitlines()]
+    assert records[1:] == [
+        {"type": "system", "text": "Be brief."},
+        {"type": "system", "text": None},
+    ]
+
+
+def test_settings_shows_the_current_values(tmp_path):
+    session = FakeSession()
+    run = chat(session, tmp_path, "/temperature 0.2", "/top_k 0", "/settings")
+    table = {line.split()[0]: line.split()[1:] for line in run.lines[3:] if line.strip()}
+    assert table["model"] == ["d4"]
+    assert table["temperature"] == ["0.2"]
+    assert table["top_k"] == ["off"]
+    assert table["top_p"] == ["off"]
+    assert table["seed"] == ["random"]
+    assert table["tools"] == ["on"]
+    assert table["context"] == ["256", "tokens"]
+
+
+def test_help_lists_every_command_and_details_one(tmp_path):
+    run = chat(FakeSession(), tmp_path, "/help", "/help top_k")
+    assert run.lines[0] == "Commands:"
+    assert any(line.startswith("  /temperature X") for line in run.lines)
+    assert any(line.startswith("  /samples N") for line in run.lines)
+    assert run.lines[-3:] == [
+        "/top_k K",
+        "  Sample only among the K likeliest tokens (0 = off).",
+        "  Takes a whole number between 0 and 1000 (0 or off turns it off), e.g. /top_k 50.",
+    ]
+
+
+def test_a_triple_quote_block_is_one_message_with_newlines(tmp_path):
+    session = FakeSession("ok")
+    keys = '"""' + ENTER + "line one" + ENTER + "  line two" + ENTER + '"""' + ENTER + CTRL_D
+    chat(session, tmp_path, keys=keys)
+    assert session.entries[0] == {"role": "user", "content": "line one\n  line two"}
+
+
+def test_alt_enter_inserts_a_newline_and_a_paste_stays_one_message(tmp_path):
+    session = FakeSession("one", "two")
+    paste = "\x1b[200~pasted a\npasted b\x1b[201~"
+    keys = "first" + ALT_ENTER + "second" + ENTER + paste + ENTER + CTRL_D
+    chat(session, tmp_path, keys=keys)
+    users = [m["content"] for m in session.entries if m["role"] == "user"]
+    assert users == ["first\nsecond", "pasted a\npasted b"]
+
+
+def test_block_quotes_open_and_close():
+    assert block_is_open('"""')
+    assert block_is_open('"""\nsome text')
+    assert not block_is_open('"""\nsome text\n"""')
+    assert not block_is_open('"""one line"""')
+    assert not block_is_open("plain")
+    assert message_from_input('"""one line"""') == "one line"
+    assert message_from_input('"""\n  a\nb\n"""') == "  a\nb"
+    assert message_from_input("  hi \n") == "hi"
+
+
+def test_the_conversation_file_holds_every_turn(tmp_path):
+    session = FakeSession("Hi!", "Fine.", "Bye.")
+    run = chat(session, tmp_path, "hello", "how are you?", "bye", "/undo")
+    assert run.saved() == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hi!"}]},
+        {"role": "user", "content": "how are you?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Fine."}]},
+    ]
+    records = [json.loads(line) for line in run.conversation.path.read_text().splitlines()]
+    reply = records[2]
+    assert reply["meta"]["finish_reason"] == "stop"
+    assert reply["meta"]["seed"] == 7
+    assert reply["meta"]["stats"]["tokens_out"] == 1
+    cid = run.conversation.id
+    assert run.all_lines[-1] == f"Saved as {cid}; chatcli chat --resume {cid} picks it up."
+
+
+def test_samples_shows_the_replies_and_keeps_the_chosen_one(tmp_path):
+    session = FakeSession("the first one", "the second one")
+    run = chat(session, tmp_path, "/samples 2", "pick one", "2")
+    assert run.lines[0] == "Your next message gets 2 replies side by side; you keep one."
+    row = next(line for line in run.lines if "the first one" in line)
+    assert "the second one" in row  # side by side on a 100-column console
+    assert run.lines[-2:] == ["Kept reply 2.", status(5)]
+    assert session.entries[-1]["content"] == [{"type": "text", "text": "the second one"}]
+    assert run.saved() == [
+        {"role": "user", "content": "pick one"},
+        {"role": "assistant", "content": [{"type": "text", "text": "the second one"}]},
+    ]
+
+
+def test_samples_stack_on_a_narrow_console_and_zero_keeps_none(tmp_path):
+    session = FakeSession("left", "right", "after")
+    run = chat(session, tmp_path, "/samples 2", "q", "0", "next", width=60)
+    first = next(i for i, line in enumerate(run.lines) if "left" in line)
+    second = next(i for i, line in enumerate(run.lines) if "right" in line)
+    assert second > first
+    assert "Kept none; your message was dropped too." in run.lines
+    assert session.entries == [
+        {"role": "user", "content": "next"},
+        {"role": "assistant", "content": [{"type": "text", "text": "after"}]},
+    ]
+
+
+def test_an_error_mid_turn_prints_one_line_and_the_next_turn_works(tmp_path):
+    broken = Scripted([TextDelta("partial")], fail_at=1, error=RuntimeError("device lost"))
+    session = FakeSession(broken, "works again")
+    run = chat(session, tmp_path, "first", "second")
+    assert run.lines == ["partial", "Error: RuntimeError: device lost", "works again", status(3)]
+
+
+def test_a_project_error_before_the_turn_is_not_saved(tmp_path):
+    class Overflowing(FakeSession):
+        def send(self, text: str) -> FakeStream:
+            raise ChatcliError("This message alone needs more than the model's 256-token context.")
+
+    run = chat(Overflowing(), tmp_path, "x" * 50)
+    assert run.lines == ["Error: This message alone needs more than the model's 256-token context."]
+    assert run.saved() == []
+
+
+def test_ctrl_c_mid_reply_closes_the_stream_and_keeps_the_partial_reply(tmp_path):
+    stopped = Scripted(
+        [TextDelta("Once"), TextDelta(" upon")], fail_at=2, error=KeyboardInterrupt()
+    )
+    session = FakeSession(stopped, "next answer")
+    run = chat(session, tmp_path, "tell a story", "and then?")
+    assert session.streams[0].closed
+    assert run.lines == [
+        "Once upon [interrupted]",
+        status(2, "interrupted"),
+        "next answer",
+        status(3),
+    ]
+    saved = run.saved()
+    assert saved[1] == {"role": "assistant", "content": [{"type": "text", "text": "Once upon"}]}
+    records = [json.loads(line) for line in run.conversation.path.read_text().splitlines()]
+    assert records[2]["meta"]["finish_reason"] == "interrupted"
+
+
+def test_notices_come_before_the_reply(tmp_path):
+    session = FakeSession("ok")
+    session.notices.append(TurnNotice("Context 210/256 tokens: older exchanges will be dropped."))
+    run = chat(session, tmp_path, "hi")
+    assert run.lines[0] == "Context 210/256 tokens: older exchanges will be dropped."
+
+
+def test_save_and_load_a_named_conversation(tmp_path):
+    session = FakeSession("Hi!")
+    run = chat(session, tmp_path, "hello", "/save notes")
+    path = run.folder / "notes.jsonl"
+    assert run.lines[2] == f"Saved 2 messages to {path}; new turns are saved there too."
+    assert read_conversation(path).messages == session.entries
+
+    loaded = FakeSession("Bye.")
+    run = chat(loaded, tmp_path, "/load notes", "bye")
+    assert run.lines[0] == "Loaded 2 messages from notes."
+    assert loaded.entries[:2] == session.entries
+    assert [m["content"] for m in read_conversation(path).messages[2:]] == [
+        "bye",
+        [{"type": "text", "text": "Bye."}],
+    ]
+
+
+def test_history_lists_the_saved_conversations(tmp_path):
+    run = chat(FakeSession("Hi!"), tmp_path, "hello there", "/history")
+    header = next(line for line in run.lines if line.startswith("id"))
+    assert header.split() == ["id", "modified", "messages", "preview"]
+    row = next(line for line in run.lines if line.startswith("* "))
+    assert run.conversation.id in row
+    assert row.split()[-3:] == ["2", "hello", "there"]
+
+
+def test_export_writes_markdown_and_json(tmp_path):
+    md, js = tmp_path / "chat.md", tmp_path / "chat.json"
+    run = chat(FakeSession("Hi!"), tmp_path, "hello", f"/export md {md}", f"/export json {js}")
+    assert run.lines[2:4] == [
+        f"Wrote 2 messages to {md} as Markdown.",
+        f"Wrote 2 messages to {js} as JSON.",
+    ]
+    assert md.read_text() == "**You:**\n\nhello\n\n**Assistant:**\n\nHi!\n"
+    assert json.loads(js.read_text())["messages"][0] == {"role": "user", "content": "hello"}
+
+
+def test_stats_tabulates_every_turn(tmp_path):
+    run = chat(FakeSession("a", "b c"), tmp_path, "one", "two", "/stats")
+    rows = [line.split() for line in run.lines if line.split()[:1] in (["1"], ["2"])]
+    assert rows == [
+        ["1", "0.10s", "100", "50", "10", "1", "stop"],
+        ["2", "0.10s", "100", "50", "10", "3", "stop"],
+    ]
+
+
+def test_model_shows_the_model_info(tmp_path):
+    run = chat(FakeSession(), tmp_path, "/model")
+    table = {line.split()[0]: line.split()[1] for line in run.lines if line.strip()}
+    assert table == {"path": "/models/fake", "tag": "d4", "params": "1,234,567", "load_s": "0.25"}
+
+
+def test_raw_sets_the_session_flag(tmp_path):
+    session = FakeSession()
+    run = chat(session, tmp_path, "/raw on")
+    assert run.lines == ["raw = on"]
+    assert session.raw is True
+
+
+def test_input_history_is_written_to_the_history_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHATCLI_HOME", str(tmp_path / "home"))
+    chat(FakeSession(), tmp_path, "/temperature 0.3", settings=Settings(history=True))
+    assert "/temperature 0.3" in (tmp_path / "home" / "input_history").read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/te", ["temperature "]),
+        ("/ex", ["export ", "exit"]),
+        ("/help sy", ["system"]),
+        ("/tools o", ["on", "off"]),
+        ("hello /te", []),
+    ],
+)
+def test_tab_completes_commands_and_their_arguments(tmp_path, text, expected):
+    completer = CommandCompleter(tmp_path)
+    found = list(
+        completer.get_completions(Document(text), CompleteEvent(completion_requested=True))
+    )
+    assert [c.text for c in found] == expected
+
+
+def test_command_completions_carry_their_description(tmp_path):
+    (found,) = CommandCompleter(tmp_path).get_completions(Document("/undo"), CompleteEvent())
+    assert found.display_meta_text == "Drop the last exchange (your message and the reply)"
+
+
+def test_up_arrow_and_ctrl_r_recall_earlier_lines(tmp_path):
+    up, ctrl_r = "\x1b[A", "\x12"
+    # The prompt loads its history in the background: keys already waiting would beat it.
+    chunks = [
+        "/temperature 0.3" + ENTER + "/top_k 7" + ENTER,
+        up + up + ENTER,
+        ctrl_r + "top" + ENTER + ENTER,
+        CTRL_D,
+    ]
+    run = chat(FakeSession(), tmp_path, chunks=chunks)
+    assert run.lines == ["temperature = 0.3", "top_k = 7", "temperature = 0.3", "top_k = 7"]
