@@ -22,8 +22,6 @@ from chatcli.settings import Settings, config_path, conversations_dir, load_sett
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from chatcli.session import ChatSession
-
 app = typer.Typer(
     name="chatcli",
     help="Chat with nanochat-family GPT models in the terminal. "
@@ -53,6 +51,17 @@ SeedOpt = Annotated[str | None, typer.Option(help="An integer, or 'random'.")]
 SystemOpt = Annotated[str | None, typer.Option(help="System prompt.")]
 MarkdownOpt = Annotated[str | None, typer.Option(help="auto, always or never.")]
 ToolsOpt = Annotated[bool | None, typer.Option("--tools/--no-tools", help="Calculator tool.")]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="CHATCLI_URL",
+        help="Chat with an OpenAI-compatible server (chatcli serve, vLLM, ollama) instead.",
+    ),
+]
+ApiKeyOpt = Annotated[
+    str | None, typer.Option("--api-key", envvar="CHATCLI_API_KEY", help="Bearer token for --url.")
+]
 SoftcapOpt = Annotated[
     float | None,
     typer.Option(hidden=True, help="Override the logit softcap (15; a Mar 2026 variant used 20)."),
@@ -70,9 +79,43 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _load_session(settings: Settings, softcap: float | None) -> tuple[ChatSession, dict]:
+def _sampling(settings: Settings):
+    from chatcli.turns import SamplingOptions
+
+    return SamplingOptions(
+        temperature=settings.temperature,
+        top_k=settings.top_k or None,
+        top_p=settings.top_p if settings.top_p < 1.0 else None,
+        max_tokens=settings.max_tokens,
+        seed=settings.seed,
+        tools=settings.tools,
+    )
+
+
+def _load_session(
+    settings: Settings,
+    softcap: float | None,
+    url: str | None = None,
+    api_key: str | None = None,
+    model_flag: str | None = None,
+) -> tuple[Any, dict]:
+    """A session and its banner info: a local model, or a client of a server at `url`."""
+    if url is not None:
+        from chatcli.remote import RemoteSession
+
+        # Only an explicit --model names the server's model: a checkpoint path from the
+        # config file means nothing to a server.
+        remote = RemoteSession(
+            url,
+            api_key=api_key,
+            model=model_flag,
+            options=_sampling(settings),
+            system=settings.system,
+        )
+        return remote, remote.describe()
+
     from chatcli.checkpoint import load_model
-    from chatcli.session import ChatSession, SamplingOptions
+    from chatcli.session import ChatSession
 
     model, tokenizer, _ = load_model(
         settings.model,
@@ -82,16 +125,8 @@ def _load_session(settings: Settings, softcap: float | None) -> tuple[ChatSessio
         dtype=settings.dtype,
         softcap=softcap,
     )
-    options = SamplingOptions(
-        temperature=settings.temperature,
-        top_k=settings.top_k or None,
-        top_p=settings.top_p if settings.top_p < 1.0 else None,
-        max_tokens=settings.max_tokens,
-        seed=settings.seed,
-        tools=settings.tools,
-    )
-    session = ChatSession(model, tokenizer, options, system=settings.system)
-    return session, asdict(model.info)
+    session = ChatSession(model, tokenizer, _sampling(settings), system=settings.system)
+    return session, banner_info(asdict(model.info))
 
 
 def banner_info(info: dict) -> dict:
@@ -135,6 +170,8 @@ def chat(
             help="Resume a saved conversation: its id, or 'last'.",
         ),
     ] = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
     softcap: SoftcapOpt = None,
 ) -> None:
     """Start an interactive chat session."""
@@ -165,8 +202,8 @@ def chat(
         )
         console = make_console()
         with console.status("Loading model…", spinner="dots"):
-            session, info = _load_session(settings, softcap)
-        render_banner(console, banner_info(info))
+            session, info = _load_session(settings, softcap, url, api_key, model)
+        render_banner(console, info)
         folder = conversations_dir()
         if resume is not None:
             path = latest_conversation(folder) if resume == "last" else None
@@ -181,7 +218,7 @@ def chat(
             conversation = ConversationFile.open(path)
             render_notice(console, f"Resumed {path.name}: {len(loaded.messages)} messages.")
         else:
-            conversation = ConversationFile.create(folder, model=banner_info(info)["path"])
+            conversation = ConversationFile.create(folder, model=info["path"])
     except ChatcliError as e:
         raise _fail(str(e)) from None
     except KeyboardInterrupt:
@@ -192,7 +229,7 @@ def chat(
         console=console,
         conversation=conversation,
         conversations_dir=folder,
-        model_info=banner_info(info),
+        model_info=info,
     )
     raise typer.Exit(code)
 
@@ -222,6 +259,8 @@ def once(
         bool,
         typer.Option("--json", help="Print {text, finish_reason, usage, timings, seed, model}."),
     ] = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
     softcap: SoftcapOpt = None,
 ) -> None:
     """Answer one message and exit."""
@@ -244,7 +283,7 @@ def once(
             tools=tools,
         )
         text = _read_prompt(prompt)
-        session, info = _load_session(settings, softcap)
+        session, info = _load_session(settings, softcap, url, api_key, model)
         console = make_console()
         if as_json:
             _once_json(session, info, text)
@@ -269,7 +308,7 @@ def _read_prompt(prompt: str | None) -> str:
     return prompt
 
 
-def _once_stream(session: ChatSession, console: Console, settings: Settings, text: str) -> None:
+def _once_stream(session: Any, console: Console, settings: Settings, text: str) -> None:
     from chatcli.render import ReplyRenderer, render_notice, render_status, use_markdown
 
     renderer = ReplyRenderer(console, markdown=use_markdown(console, settings.markdown))
@@ -288,7 +327,7 @@ def _once_stream(session: ChatSession, console: Console, settings: Settings, tex
         render_status(console, session.last_reply.stats.as_dict())
 
 
-def _once_json(session: ChatSession, info: dict, text: str) -> None:
+def _once_json(session: Any, info: dict, text: str) -> None:
     for _ in session.send(text):
         pass
     reply = session.last_reply
@@ -308,7 +347,7 @@ def _once_json(session: ChatSession, info: dict, text: str) -> None:
             "decode_tps": round(s.decode_tps, 1),
         },
         "seed": s.seed,
-        "model": banner_info(info)["path"],
+        "model": info["path"],
     }
     sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
 
@@ -347,6 +386,48 @@ def models(
             str(c.path),
         )
     console.print(table)
+
+
+@app.command()
+def serve(
+    model: ModelOpt = None,
+    source: SourceOpt = None,
+    step: StepOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    workers: Annotated[
+        int | None, typer.Option(help="Model replicas (default: one per GPU, else 1).")
+    ] = None,
+) -> None:
+    """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/)."""
+    try:
+        from chatcli.server import Limits
+        from chatcli.server import serve as run_server
+    except ImportError:
+        raise _fail("chatcli serve needs the serve extra: pip install -e '.[serve]'") from None
+    try:
+        s = _settings(model=model, source=source, step=step, device=device, dtype=dtype)
+        run_server(
+            s.model,
+            host=host,
+            port=port,
+            workers=workers,
+            device=s.device,
+            limits=Limits(),
+            source=s.source,
+            step=s.step,
+            dtype=s.dtype,
+            on_ready=lambda i: typer.echo(
+                f"Serving {i['model']} on {', '.join(i['devices'])} at {i['url']} "
+                "(chat page at /, API at /v1)"
+            ),
+        )
+    except ChatcliError as e:
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 @app.command()

@@ -90,3 +90,39 @@ class KVCache:
             self.prev_token = torch.full(
                 (self.batch_size,), prev_token, dtype=torch.long, device=self.k_cache.device
             )
+
+
+class SharedPrefixCache:
+    """Many sample rows over one prompt: the prompt's K/V are stored once, not per row.
+
+    `prefix` is the batch-1 cache the prompt was prefilled into; each row owns only the
+    suffix it generates. Attention combines the shared prefix and a row's own suffix exactly
+    (one softmax over both; see model.attend_shared). With N rows and a P-token prompt this
+    reads P positions of K/V per step instead of N * P, and copies nothing at fork time.
+    """
+
+    def __init__(self, prefix: KVCache, batch_size: int, suffix_len: int) -> None:
+        self.prefix = prefix
+        self.suffix = KVCache(
+            batch_size,
+            prefix.n_heads,
+            suffix_len,
+            prefix.head_dim,
+            prefix.n_layers,
+            device=prefix.k_cache.device,
+            dtype=prefix.k_cache.dtype,
+        )
+        self.batch_size, self.n_layers = batch_size, prefix.n_layers
+        self.prev_token: torch.Tensor | None = (
+            None if prefix.prev_token is None else prefix.prev_token.expand(batch_size).clone()
+        )
+
+    @property
+    def prefix_len(self) -> int:
+        return self.prefix.get_pos()
+
+    def get_pos(self) -> int:
+        return self.prefix.get_pos() + self.suffix.get_pos()
+
+    def advance(self, num_tokens: int) -> None:
+        self.suffix.advance(num_tokens)

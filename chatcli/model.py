@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from chatcli.kv_cache import KVCache
+from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.sampling import sample_next_token
 
 SOFTCAP = 15.0
@@ -157,7 +157,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         window: int,
-        kv_cache: KVCache | None,
+        kv_cache: KVCache | SharedPrefixCache | None,
         pos: int,
     ) -> torch.Tensor:
         B, T, _ = h.shape
@@ -172,6 +172,10 @@ class Attention(nn.Module):
         if self.qk_scale is not None:
             q, k = q * self.qk_scale, k * self.qk_scale
 
+        if isinstance(kv_cache, SharedPrefixCache):
+            return self.c_proj(
+                self._attend_shared(q, k, v, window, kv_cache, pos).reshape(B, T, -1)
+            )
         if kv_cache is not None:
             k_cache, v_cache = kv_cache.get_layer_cache(self.layer)  # (B, Tmax, Hkv, D)
             k_cache[:, pos : pos + T] = k
@@ -183,6 +187,58 @@ class Attention(nn.Module):
             start = 0
         y = attend(q, k, v, q_pos=pos, k_pos=start, window=window)
         return self.c_proj(y.reshape(B, T, -1))
+
+    def _attend_shared(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        window: int,
+        cache: SharedPrefixCache,
+        pos: int,
+    ) -> torch.Tensor:
+        if q.size(1) != 1:
+            raise ValueError("a shared-prefix cache decodes one token per row at a time")
+        P = cache.prefix_len
+        pk, pv = cache.prefix.get_layer_cache(self.layer)  # (1, Tp, Hkv, D)
+        sk, sv = cache.suffix.get_layer_cache(self.layer)  # (N, Ts, Hkv, D)
+        s = pos - P  # this token's index in the suffix
+        sk[:, s : s + 1] = k
+        sv[:, s : s + 1] = v
+        start = max(0, pos - window)  # the window may cut into the prefix, or the suffix
+        return attend_shared(
+            q,
+            pk[:, min(start, P) : P],
+            pv[:, min(start, P) : P],
+            sk[:, max(0, start - P) : s + 1],
+            sv[:, max(0, start - P) : s + 1],
+        )
+
+
+def attend_shared(
+    q: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, sk: torch.Tensor, sv: torch.Tensor
+) -> torch.Tensor:
+    """One decode step of N rows over a shared prefix and per-row suffixes, exactly.
+
+    q (N, 1, H, D); pk/pv (1, Lp, Hkv, D), shared; sk/sv (N, Ls, Hkv, D), per row.
+    Scores over both key sets go through one softmax (a common max, one denominator), so the
+    result equals attention over the concatenated keys. The prefix is read once for all rows:
+    its matmuls take the N rows' queries as extra query positions.
+    """
+    N, _, H, D = q.shape
+    Hkv = sk.shape[2]
+    r = H // Hkv
+    qg = q.view(N, Hkv, r, D) * D**-0.5  # query head j*r+i uses kv head j
+    # prefix: (Hkv, N*r, D) @ (Hkv, D, Lp) -> (N, Hkv, r, Lp)
+    qp = qg.permute(1, 0, 2, 3).reshape(Hkv, N * r, D)
+    sp = torch.bmm(qp, pk[0].permute(1, 2, 0)).view(Hkv, N, r, -1).permute(1, 0, 2, 3)
+    ss = torch.matmul(qg, sk.permute(0, 2, 3, 1))  # (N, Hkv, r, Ls)
+    m = torch.maximum(sp.amax(-1, keepdim=True), ss.amax(-1, keepdim=True))
+    ep, es = (sp - m).exp_(), (ss - m).exp_()
+    denom = ep.sum(-1, keepdim=True) + es.sum(-1, keepdim=True)
+    op = torch.bmm(ep.permute(1, 0, 2, 3).reshape(Hkv, N * r, -1), pv[0].permute(1, 0, 2))
+    y = op.view(Hkv, N, r, D).permute(1, 0, 2, 3) + torch.matmul(es, sv.permute(0, 2, 1, 3))
+    return (y / denom).reshape(N, 1, H, D)
 
 
 def attend(
@@ -309,7 +365,11 @@ class GPT(nn.Module):
         return torch.cat([x[:, :1], x[:, 1:] + gate * x[:, :-1]], dim=1)
 
     def forward(
-        self, idx: torch.Tensor, kv_cache: KVCache | None = None, *, last_only: bool = False
+        self,
+        idx: torch.Tensor,
+        kv_cache: KVCache | SharedPrefixCache | None = None,
+        *,
+        last_only: bool = False,
     ) -> torch.Tensor:
         """idx (B, T) -> float32 logits (B, T, vocab_size), or (B, 1, vocab_size) if last_only.
 

@@ -1,0 +1,385 @@
+"""A chat session whose model runs behind an OpenAI-compatible server (`chatcli serve`, vLLM,
+ollama, ...): the same interface as ChatSession, so the REPL and `chatcli once` need not care.
+
+Owns: the conversation (kept in chatcli's message format, assistant replies as nanochat parts),
+the chat completions request, reading its server-sent events back into chatcli.stream events
+(calculator calls from chatcli's `chatcli_tool` field or, from other servers, from the inline
+`[calc ...]` markers), and turn statistics from the server's usage numbers and our own clock.
+Closing the event iterator closes the HTTP stream, which makes the server stop generating.
+
+Knows nothing of torch, tokens or the terminal. The server holds no state between requests:
+every turn sends the whole conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from chatcli.calc_markers import MarkerScanner, events_of_marker, text_from_parts
+from chatcli.errors import ChatcliError
+from chatcli.stream import StreamEvent, TextDelta, ToolResult
+from chatcli.turns import (
+    CONTEXT_WARN_FRACTION,
+    Message,
+    Reply,
+    SamplingOptions,
+    TurnNotice,
+    TurnStats,
+)
+
+# Waiting for a busy server's queue can take a while; a dead connection is found much sooner.
+TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=10.0)
+# OpenAI's finish reasons in chatcli's words ("content_filter" and the like pass through).
+FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
+
+
+def _base_url(url: str) -> str:
+    """The server's root: accepts http://host:8000, http://host:8000/ and http://host:8000/v1."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    return url.removesuffix("/v1")
+
+
+@dataclass
+class RemoteSession:
+    url: str
+    api_key: str | None = None
+    model: str | None = None  # None: the first model the server lists
+    options: SamplingOptions = field(default_factory=SamplingOptions)
+    system: str | None = None
+
+    def __post_init__(self) -> None:
+        self.url = _base_url(self.url)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
+        self._entries: list[Message] = []
+        self._context_len: int | None = None
+        self.last_reply: Reply | None = None
+        self.notices: list[TurnNotice] = []
+        self.history_stats: list[TurnStats] = []
+        self._told_tools = False
+
+    # ---- the server ---------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """Ask the server what it serves (and whether it is there at all): for the banner."""
+        models = self._models()
+        if self.model is None:
+            if not models:
+                raise ChatcliError(f"{self.url} lists no models. Name one with --model NAME.")
+            self.model = str(models[0].get("id"))
+        return {
+            "path": f"{self.url} · {self.model}",
+            "device": "remote",
+            "context_len": self.context_len or None,
+        }
+
+    def _models(self) -> list[dict[str, Any]]:
+        response = self._request("GET", "/v1/models")
+        self._raise_for_status(response)
+        try:
+            data = response.json().get("data") or []
+        except (json.JSONDecodeError, AttributeError):
+            data = []
+        models = [m for m in data if isinstance(m, dict) and "id" in m]
+        mine = next((m for m in models if m["id"] == self.model), models[0] if models else {})
+        # chatcli says context_length, vLLM max_model_len; other servers may say nothing.
+        length = mine.get("context_length") or mine.get("max_model_len") or 0
+        self._context_len = int(length) if isinstance(length, int | float) else 0
+        return models
+
+    @property
+    def context_len(self) -> int:
+        """The model's context in tokens, or 0 when the server does not say."""
+        if self._context_len is None:
+            try:
+                self._models()
+            except ChatcliError:
+                self._context_len = 0
+        return self._context_len or 0
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._client.request(method, path, **kwargs)
+        except httpx.TransportError as e:
+            raise self._unreachable(e) from e
+
+    def _unreachable(self, e: Exception) -> ChatcliError:
+        return ChatcliError(
+            f"Cannot reach {self.url}: is `chatcli serve` running? ({type(e).__name__}: {e})"
+        )
+
+    def _raise_for_status(self, response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        response.read()
+        message = _error_message(response)
+        if response.status_code in (401, 403):
+            raise ChatcliError(f"{self.url} refused the API key: {message}. Pass --api-key.")
+        if response.status_code == 404:
+            raise ChatcliError(
+                f"{self.url} has no OpenAI-compatible API at {response.request.url.path} "
+                f"({message}). Point --url at the server's root."
+            )
+        raise ChatcliError(f"The server refused the request ({response.status_code}): {message}")
+
+    # ---- the conversation ---------------------------------------------------------------------
+
+    @property
+    def messages(self) -> list[Message]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + list(self._entries)
+
+    def load_messages(self, messages: list[Message]) -> None:
+        self.system = None
+        self._entries = []
+        for m in messages:
+            if m["role"] == "system":
+                self.system = m["content"] or None
+            else:
+                self._entries.append(dict(m))
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+
+    def clear(self) -> None:
+        self._entries = []
+        self.last_reply = None
+
+    def undo(self) -> bool:
+        """Drop the last exchange (the last user message and whatever followed it)."""
+        for i in range(len(self._entries) - 1, -1, -1):
+            if self._entries[i]["role"] == "user":
+                del self._entries[i:]
+                return True
+        return False
+
+    def pop_last_reply(self) -> Message | None:
+        if self._entries and self._entries[-1]["role"] == "assistant":
+            return self._entries.pop()
+        return None
+
+    def take_notices(self) -> list[TurnNotice]:
+        notices, self.notices = self.notices, []
+        return notices
+
+    # ---- running a turn -----------------------------------------------------------------------
+
+    def send(self, text: str) -> Iterator[StreamEvent]:
+        """Add a user message and stream the reply; nothing is sent until iteration starts."""
+        self._notice_before_turn()
+        self._entries.append({"role": "user", "content": text})
+        return self._stream(added_user=True)
+
+    def _notice_before_turn(self) -> None:
+        if not self.options.tools and not self._told_tools:
+            self._told_tools = True
+            self.notices.append(
+                TurnNotice("The server runs the calculator itself: tools off has no effect here.")
+            )
+        last = self.history_stats[-1] if self.history_stats else None
+        limit = self._context_len or 0
+        if last is not None and limit and last.context_used > CONTEXT_WARN_FRACTION * limit:
+            # The server keeps nothing between turns and drops nothing: a full context is a 400.
+            self.notices.append(
+                TurnNotice(
+                    f"Context {last.context_used}/{limit} tokens: the server will refuse the "
+                    "conversation soon (/clear starts afresh, /undo drops the last exchange)."
+                )
+            )
+
+    def regenerate(self) -> Iterator[StreamEvent]:
+        if not self._entries or self._entries[-1]["role"] != "user":
+            raise ChatcliError("There is no user message to reply to.")
+        return self._stream(added_user=False)
+
+    def continue_reply(self) -> Iterator[StreamEvent]:
+        raise ChatcliError("/continue is not supported against a server; use /retry.")
+
+    def sample_replies(self, text: str, n: int) -> list[Reply]:
+        raise ChatcliError("Sampling several replies is not supported against a server.")
+
+    def accept_reply(self, reply: Reply) -> None:
+        raise ChatcliError("Sampling several replies is not supported against a server.")
+
+    def _body(self, seed: int) -> dict[str, Any]:
+        opts = self.options
+        wire = [
+            {"role": m["role"], "content": text_from_parts(m["content"])} for m in self.messages
+        ]
+        body: dict[str, Any] = {
+            "messages": wire,
+            "stream": True,
+            "stream_options": {"include_usage": True},  # vLLM and OpenAI send usage only then
+            "temperature": opts.temperature,
+            "max_tokens": opts.max_tokens,
+            "seed": seed,
+            # Not OpenAI's, but chatcli, vLLM and llama.cpp read it and ollama ignores it. Sent
+            # even when off (0): chatcli's server would otherwise apply its default of 50.
+            "top_k": opts.top_k or 0,
+        }
+        if self.model is not None:
+            body["model"] = self.model
+        if opts.top_p is not None and opts.top_p < 1:
+            body["top_p"] = opts.top_p
+        return body
+
+    def _stream(self, added_user: bool) -> Iterator[StreamEvent]:
+        seed = self.options.seed if self.options.seed is not None else random.randrange(2**31)
+        turn = _Turn()
+        answered = False  # the server took the request: from here on a reply is recorded
+        t0 = time.perf_counter()
+        try:
+            if self.model is None:
+                self.describe()  # servers like vLLM insist on the right model name
+            stats = TurnStats(context_len=self.context_len, seed=seed)
+            with self._client.stream(
+                "POST", "/v1/chat/completions", json=self._body(seed)
+            ) as response:
+                self._raise_for_status(response)
+                answered = True
+                for payload in _sse_payloads(response.iter_lines()):
+                    for event in turn.read(payload):
+                        if turn.first_at is None and isinstance(event, TextDelta | ToolResult):
+                            turn.first_at = time.perf_counter()
+                            stats.ttft_s = turn.first_at - t0
+                        yield event
+            yield from turn.end()
+            if turn.finish is None:
+                raise ChatcliError(f"{self.url} ended the stream before the reply was finished.")
+        except httpx.TransportError as e:
+            turn.finish = "error"
+            if not answered:
+                raise self._unreachable(e) from e
+            raise ChatcliError(f"Lost the connection to {self.url}: {e}") from e
+        except ChatcliError:
+            turn.finish = turn.finish or "error"
+            raise
+        except BaseException:
+            # GeneratorExit (the caller closed the iterator: Ctrl-C) or KeyboardInterrupt.
+            turn.finish = turn.finish or "interrupted"
+            raise
+        finally:
+            if answered:
+                self._close_turn(turn, stats, t0)
+            elif added_user and self._entries and self._entries[-1]["role"] == "user":
+                self._entries.pop()  # the server never took the question: take it back
+
+    def _close_turn(self, turn: _Turn, stats: TurnStats, t0: float) -> None:
+        now = time.perf_counter()
+        usage = turn.usage or {}
+        stats.tokens_in = int(usage.get("prompt_tokens") or 0)
+        stats.tokens_out = int(usage.get("completion_tokens") or turn.deltas)
+        stats.prefill_tokens = stats.tokens_in
+        if turn.first_at is not None and stats.tokens_out > 1 and now > turn.first_at:
+            stats.decode_tps = (stats.tokens_out - 1) / (now - turn.first_at)
+        if stats.ttft_s > 0 and stats.tokens_in:
+            stats.prefill_tps = stats.tokens_in / stats.ttft_s  # an upper bound on the wait
+        stats.context_used = stats.tokens_in + stats.tokens_out
+        stats.finish_reason = turn.finish or "error"
+        reply = Reply(turn.parts(), [], [], stats)
+        self.last_reply = reply
+        self.history_stats.append(stats)
+        self._entries.append(reply.message)
+
+
+def _sse_payloads(lines: Iterator[str]) -> Iterator[str]:
+    """The data of each server-sent event (multi-line data joined); comments are skipped."""
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield "\n".join(data)
+
+
+class _Turn:
+    """One streamed reply as it arrives: events out, text and calls kept for the message."""
+
+    def __init__(self) -> None:
+        self.scanner = MarkerScanner()
+        self.events: list[StreamEvent] = []
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.first_at: float | None = None
+        self.deltas = 0
+        self.done = False
+
+    def read(self, payload: str) -> list[StreamEvent]:
+        if payload == "[DONE]":
+            self.done = True
+            return []
+        try:
+            chunk = json.loads(payload)
+        except json.JSONDecodeError as e:
+            raise ChatcliError(f"The server sent an event that is not JSON: {payload[:200]}") from e
+        if not isinstance(chunk, dict):
+            return []
+        if chunk.get("error"):
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise ChatcliError(f"The server failed mid-reply: {message}")
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        events: list[StreamEvent] = []
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            tool = delta.get("chatcli_tool")
+            if isinstance(tool, dict):
+                # chatcli's own server: the content is just the marker; the field says it all.
+                events += self.scanner.flush()
+                events += events_of_marker(str(tool.get("expression", "")), tool.get("output"))
+                self.deltas += 1
+            elif delta.get("content"):
+                events += self.scanner.feed(delta["content"])
+                self.deltas += 1
+            if choice.get("finish_reason"):
+                reason = choice["finish_reason"]
+                self.finish = FINISH_REASONS.get(reason, reason)
+        self.events += events
+        return events
+
+    def end(self) -> list[StreamEvent]:
+        events = self.scanner.flush()
+        self.events += events
+        return events
+
+    def parts(self) -> list[dict[str, str]]:
+        """The reply as nanochat parts, as ChatSession records its own replies."""
+        parts: list[dict[str, str]] = []
+        for event in self.events:
+            if isinstance(event, TextDelta):
+                if parts and parts[-1]["type"] == "text":
+                    parts[-1]["text"] += event.text
+                else:
+                    parts.append({"type": "text", "text": event.text})
+            elif isinstance(event, ToolResult):
+                parts.append({"type": "python", "text": event.expression})
+                if event.output is not None:
+                    parts.append({"type": "python_output", "text": event.output})
+        return parts
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The message of an OpenAI-style error body, else the start of whatever came."""
+    try:
+        return str(response.json()["error"]["message"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return response.text.strip()[:300] or response.reason_phrase

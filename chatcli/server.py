@@ -1,0 +1,581 @@
+"""`chatcli serve`: an OpenAI-compatible HTTP API (and a chat page) over a pool of workers.
+
+Owns: the HTTP surface: POST /v1/chat/completions (streamed as server-sent events or whole),
+GET /v1/models, /health, /stats and the chat page at /; request limits and their validation
+(pydantic, with OpenAI-style error bodies that name the field); turning conversations into
+prompt tokens and stream events into OpenAI chunks; loading one model replica per worker.
+
+The calculator runs here, inside the engine. A call reaches clients twice over: as an inline
+marker in `content` (`[calc 1234*56 = 69104]`, see chatcli.calc_markers) that any OpenAI client
+shows as text, and in a non-standard `chatcli_tool` field of the same chunk's delta
+(`{"expression": "1234*56", "output": "69104"}`, output null when the tool gave no answer). A
+delta carrying `chatcli_tool` has exactly the marker as its content, so a client that draws a
+badge from the field can skip that content. Assistant messages sent back are read for markers,
+so a multi-turn conversation replays its calculator calls exactly.
+
+Knows nothing of threads or devices beyond asking the WorkerPool, and nothing of the terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+
+from chatcli.calc_markers import format_marker, parts_from_text
+from chatcli.errors import ChatcliError, ConfigError, TokenizerError
+from chatcli.stream import StreamEvent, TextDelta, ToolResult
+from chatcli.turns import SamplingOptions
+from chatcli.worker_pool import Finished, GenerationParams, Worker, WorkerPool
+
+__all__ = ["BackgroundServer", "Limits", "Worker", "WorkerPool", "create_app", "serve"]
+
+log = logging.getLogger(__name__)
+MAX_SEED = 2**63 - 1
+# The engine says "context" when the model's context, not max_tokens, cut the reply; OpenAI
+# has one word for both.
+FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (nanochat's chat_web limits by default): they keep one
+    client from taking all the memory or a worker for minutes."""
+
+    max_messages: int = 500
+    max_message_chars: int = 8000
+    max_total_chars: int = 32000
+    min_temperature: float = 0.0
+    max_temperature: float = 2.0
+    max_top_k: int = 200  # top_k 0 means off
+    max_max_tokens: int = 4096
+
+
+# ---- requests -----------------------------------------------------------------------------------
+
+
+def _limits(info: ValidationInfo) -> Limits:
+    context = info.context or {}
+    return context.get("limits") or Limits()
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, value: str | list[ContentPart] | None, info: ValidationInfo) -> str:
+        # OpenAI allows a list of content parts; only text ones mean anything here.
+        text = "".join(p.text for p in value) if isinstance(value, list) else (value or "")
+        limit = _limits(info).max_message_chars
+        if len(text) > limit:
+            raise ValueError(f"the message is {len(text)} characters; the limit is {limit}")
+        return text
+
+
+class ChatRequest(BaseModel):
+    """The OpenAI chat completions request, as far as chatcli reads it; unknown fields (user,
+    presence_penalty, ...) are ignored, as OpenAI-compatible servers commonly do."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    messages: list[ChatMessage]
+    model: str | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    seed: int | None = None
+    n: int | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, value: list[ChatMessage], info: ValidationInfo) -> list[ChatMessage]:
+        limits = _limits(info)
+        if not value:
+            raise ValueError("at least one message is required")
+        if len(value) > limits.max_messages:
+            raise ValueError(f"{len(value)} messages; the limit is {limits.max_messages}")
+        total = sum(len(m.content or "") for m in value)
+        if total > limits.max_total_chars:
+            raise ValueError(
+                f"the conversation is {total} characters; the limit is {limits.max_total_chars}"
+            )
+        # nanochat knows one optional system message, then strict user/assistant turns.
+        turns = value[1:] if value[0].role == "system" else value
+        for i, m in enumerate(turns):
+            expected = "user" if i % 2 == 0 else "assistant"
+            if m.role != expected:
+                raise ValueError(
+                    "expected an optional system message, then user and assistant messages "
+                    f"alternating, starting and ending with user; got {m.role!r} where "
+                    f"{expected!r} belongs"
+                )
+        if not turns or turns[-1].role != "user":
+            raise ValueError("the last message must be from the user")
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: float | None, info: ValidationInfo) -> float | None:
+        lo, hi = _limits(info).min_temperature, _limits(info).max_temperature
+        if value is not None and not lo <= value <= hi:
+            raise ValueError(f"must be between {lo:g} and {hi:g}")
+        return value
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int | None, info: ValidationInfo) -> int | None:
+        hi = _limits(info).max_top_k
+        if value is not None and not 0 <= value <= hi:
+            raise ValueError(f"must be between 0 (off) and {hi}")
+        return value
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value <= 1:
+            raise ValueError("must be in (0, 1]")
+        return value
+
+    @field_validator("max_tokens", "max_completion_tokens")
+    @classmethod
+    def _max_tokens(cls, value: int | None, info: ValidationInfo) -> int | None:
+        hi = _limits(info).max_max_tokens
+        if value is not None and not 1 <= value <= hi:
+            raise ValueError(f"must be between 1 and {hi}")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int | None) -> int | None:
+        if value is not None and not 0 <= value <= MAX_SEED:
+            raise ValueError(f"must be between 0 and {MAX_SEED}")
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise ValueError("only n=1 is supported")
+        return value
+
+
+def _param(loc: Sequence[str | int]) -> str | None:
+    """A pydantic error location as OpenAI names a field: ("body", "messages", 2, "content")
+    -> "messages[2].content"."""
+    name = ""
+    for part in loc:
+        if part == "body" and not name:
+            continue
+        if isinstance(part, int):
+            name += f"[{part}]"
+        else:
+            # Union members show up in the location ("str", "list[ContentPart]"): not fields.
+            if "[" in part or part in ("str", "int", "float", "bool", "none"):
+                continue
+            name += f".{part}" if name else part
+    return name or None
+
+
+def error_body(
+    message: str, param: str | None = None, type_: str = "invalid_request_error", code: Any = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _validation_error_response(errors: Sequence[Any]) -> JSONResponse:
+    first = errors[0] if errors else {}
+    param = _param(first.get("loc", ()))
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    text = f"Invalid '{param}': {message}" if param else f"Invalid request: {message}"
+    return JSONResponse(error_body(text, param), status_code=400)
+
+
+# ---- from requests to prompts, from events to chunks --------------------------------------------
+
+
+def conversation_of(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI messages as chatcli messages: assistant text becomes parts, markers replayed."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        content = m.content or ""
+        if m.role == "assistant":
+            out.append({"role": "assistant", "content": parts_from_text(content)})
+        else:
+            out.append({"role": m.role, "content": content})
+    return out
+
+
+def deltas_of(events: Sequence[StreamEvent]) -> list[dict[str, Any]]:
+    """Stream events as chunk deltas: neighbouring text merged, each calculator call its own
+    delta (marker as content, plus the chatcli_tool field). The call's opening and expression
+    events are not sent on their own: the finished call says it all."""
+    deltas: list[dict[str, Any]] = []
+    text = ""
+    for event in events:
+        if isinstance(event, TextDelta):
+            text += event.text
+        elif isinstance(event, ToolResult):
+            if text:
+                deltas.append({"content": text})
+                text = ""
+            deltas.append(
+                {
+                    "content": format_marker(event.expression, event.output),
+                    "chatcli_tool": {"expression": event.expression, "output": event.output},
+                }
+            )
+    if text:
+        deltas.append({"content": text})
+    return deltas
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """One accepted request, ready for a worker."""
+
+    id: str
+    created: int
+    model: str
+    prompt: list[int]
+    params: GenerationParams
+
+    def chunk(
+        self,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        usage: dict[str, int] | None = None,
+    ) -> dict[str, Any]:
+        out = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+        if usage is not None:
+            out["usage"] = usage
+        return out
+
+
+def usage_of(finished: Finished) -> dict[str, int]:
+    return {
+        "prompt_tokens": finished.prompt_tokens,
+        "completion_tokens": finished.completion_tokens,
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+    }
+
+
+# ---- the app ------------------------------------------------------------------------------------
+
+
+def _page() -> str:
+    return (resources.files("chatcli") / "web" / "index.html").read_text(encoding="utf-8")
+
+
+def create_app(
+    workers: Sequence[Worker] | WorkerPool, limits: Limits = Limits(), model_name: str = "chatcli"
+) -> FastAPI:
+    """The HTTP app over `workers` (all replicas of one model)."""
+    pool = workers if isinstance(workers, WorkerPool) else WorkerPool(workers)
+    defaults = SamplingOptions()
+    started = int(time.time())
+    app = FastAPI(title="chatcli", version="0.1.0")
+    app.state.pool = pool
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error_response(exc.errors())
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(_page())
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        idle = sum(not w.busy for w in pool.workers)
+        return {"status": "ok", "model": model_name, "workers": len(pool.workers), "idle": idle}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return {"model": model_name, "uptime_s": int(time.time()) - started, **pool.describe()}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        entry = {
+            "id": model_name,
+            "object": "model",
+            "created": started,
+            "owned_by": "chatcli",
+            "context_length": pool.context_len,
+        }
+        return {"object": "list", "data": [entry]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        # The body is validated here rather than by a typed parameter so the limits can be
+        # handed to the validators as context; errors go through the same 400 handler.
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return JSONResponse(error_body("The body is not valid JSON."), status_code=400)
+        try:
+            req = ChatRequest.model_validate(body, context={"limits": limits})
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+        try:
+            prompt = pool.tokenizer.render_for_completion(conversation_of(req.messages))
+        except TokenizerError as e:
+            return JSONResponse(error_body(str(e), "messages"), status_code=400)
+        room = pool.context_len - len(prompt)
+        if room < 1:
+            message = (
+                f"The conversation is {len(prompt)} tokens; the model's context is "
+                f"{pool.context_len}. Send fewer or shorter messages."
+            )
+            return JSONResponse(
+                error_body(message, "messages", code="context_length_exceeded"), status_code=400
+            )
+        wanted = req.max_tokens or req.max_completion_tokens or defaults.max_tokens
+        temperature = defaults.temperature if req.temperature is None else req.temperature
+        top_k = defaults.top_k if req.top_k is None else req.top_k
+        turn = _Turn(
+            id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            created=int(time.time()),
+            model=model_name,
+            prompt=prompt,
+            params=GenerationParams(
+                max_tokens=min(wanted, room),
+                temperature=temperature,
+                top_k=top_k or None,
+                top_p=req.top_p if req.top_p is not None and req.top_p < 1 else None,
+                seed=req.seed if req.seed is not None else random.randrange(2**31),
+            ),
+        )
+        if req.stream:
+            return StreamingResponse(
+                _stream(pool, turn),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await _complete(pool, turn, request)
+
+    return app
+
+
+async def _stream(pool: WorkerPool, turn: _Turn) -> AsyncIterator[str]:
+    """The SSE body. When the client disconnects, Starlette cancels this generator at its
+    current await; leaving `pool.generate` then stops the generation and frees the worker."""
+    yield sse(turn.chunk({"role": "assistant", "content": ""}))
+    try:
+        async for item in pool.generate(turn.prompt, turn.params):
+            if isinstance(item, Finished):
+                reason = FINISH_REASONS.get(item.finish_reason, item.finish_reason)
+                yield sse(turn.chunk({}, finish_reason=reason, usage=usage_of(item)))
+            else:
+                for delta in deltas_of(item):
+                    yield sse(turn.chunk(delta))
+    except Exception as e:  # the headers are gone: report in-band, as OpenAI servers do
+        log.exception("generation failed")
+        yield sse(error_body(f"Generation failed: {e}", type_="server_error"))
+    yield sse("[DONE]")
+
+
+async def _complete(pool: WorkerPool, turn: _Turn, request: Request) -> Response:
+    """A whole reply as one chat.completion; a client that leaves meanwhile stops it."""
+
+    async def collect() -> tuple[list[StreamEvent], Finished]:
+        events: list[StreamEvent] = []
+        async for item in pool.generate(turn.prompt, turn.params):
+            if isinstance(item, Finished):
+                return events, item
+            events += item
+        raise AssertionError("a generation always ends with Finished")
+
+    task = asyncio.ensure_future(collect())
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.25)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            return Response(status_code=499)
+    try:
+        events, finished = task.result()
+    except Exception as e:
+        log.exception("generation failed")
+        return JSONResponse(
+            error_body(f"Generation failed: {e}", type_="server_error"), status_code=500
+        )
+    deltas = deltas_of(events)
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(d["content"] for d in deltas),
+    }
+    tools = [d["chatcli_tool"] for d in deltas if "chatcli_tool" in d]
+    if tools:
+        message["chatcli_tools"] = tools
+    return JSONResponse(
+        {
+            "id": turn.id,
+            "object": "chat.completion",
+            "created": turn.created,
+            "model": turn.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": FINISH_REASONS.get(
+                        finished.finish_reason, finished.finish_reason
+                    ),
+                }
+            ],
+            "usage": usage_of(finished),
+        }
+    )
+
+
+# ---- running it ---------------------------------------------------------------------------------
+
+
+def worker_devices(device: str = "auto", workers: int | None = None) -> list[str]:
+    """One device per worker: every CUDA GPU by default where there is one, else one CPU
+    (or MPS) worker unless `workers` asks for more replicas."""
+    import torch
+
+    from chatcli.checkpoint import pick_device
+
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be at least 1 (got {workers}).")
+    resolved = pick_device(device)
+    if resolved.type == "cuda" and resolved.index is None:
+        count = torch.cuda.device_count()
+        return [f"cuda:{i % count}" for i in range(workers or count)]
+    return [str(resolved)] * (workers or 1)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ChatcliError(
+            f"Cannot listen on {host}:{port}: {e.strerror or e}. Is another server running "
+            "there? Pick another --port."
+        ) from e
+    sock.listen(2048)
+    return sock
+
+
+def serve(
+    model: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: int | None = None,
+    device: str = "auto",
+    limits: Limits = Limits(),
+    *,
+    source: str = "sft",
+    step: int | None = None,
+    dtype: str = "auto",
+    model_name: str | None = None,
+    log_level: str = "info",
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Load one replica of `model` per worker and serve until interrupted.
+
+    on_ready gets {"url", "model", "devices"} once the models are loaded, just before the
+    first request can come in: the CLI's cue to say where the server is.
+    """
+    from chatcli.checkpoint import load_model
+
+    sock = _listen(host, port)  # fail on a taken port before minutes of model loading
+    try:
+        replicas = []
+        for i, dev in enumerate(worker_devices(device, workers)):
+            m, tokenizer, _ = load_model(model, source=source, step=step, device=dev, dtype=dtype)
+            replicas.append(Worker(m, tokenizer, name=str(i)))
+        info = replicas[0].engine.model.info
+        name = model_name or ("chatcli-default" if info.embedded else info.tag or "chatcli")
+        app = create_app(replicas, limits, name)
+        if on_ready is not None:
+            shown = f"[{host}]" if ":" in host else host
+            devices = [w.device for w in replicas]
+            bound = sock.getsockname()[1]  # the real port when asked for 0
+            on_ready({"url": f"http://{shown}:{bound}", "model": name, "devices": devices})
+        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+class BackgroundServer:
+    """Serves an app from a thread on a free loopback port (tests, benchmarks, notebooks).
+
+    with BackgroundServer(app) as server: httpx.get(server.url + "/health")
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._sock = _listen(host, port)
+        self.host, self.port = self._sock.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the background server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,64 @@
+"""What a chat turn is made of, independent of where it runs (local engine or a server).
+
+Owns: the sampling options of a session, a reply (its message parts, tokens and masks) and a
+turn's statistics. Pure Python: the REPL, `chatcli once` and the HTTP client use these without
+importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Message = dict[str, Any]
+CONTEXT_WARN_FRACTION = 0.8  # warn when a prompt takes more of the context than this
+
+
+@dataclass
+class SamplingOptions:
+    temperature: float = 0.6
+    top_k: int | None = 50
+    top_p: float | None = None
+    max_tokens: int = 512
+    seed: int | None = None  # None: a fresh random seed each turn (shown in the stats)
+    tools: bool = True
+
+
+@dataclass
+class TurnStats:
+    ttft_s: float = 0.0
+    prefill_tokens: int = 0  # tokens actually prefilled (after cache reuse)
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    tokens_in: int = 0  # the prompt, as the model saw it
+    tokens_out: int = 0
+    context_used: int = 0
+    context_len: int = 0
+    finish_reason: str = "stop"
+    seed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Reply:
+    parts: list[dict[str, str]]
+    tokens: list[int]
+    masks: list[int]
+    stats: TurnStats
+
+    @property
+    def text(self) -> str:
+        return "".join(p["text"] for p in self.parts if p["type"] == "text")
+
+    @property
+    def message(self) -> Message:
+        return {"role": "assistant", "content": self.parts}
+
+
+@dataclass
+class TurnNotice:
+    """Something the user should hear about before the reply (context warnings, drops)."""
+
+    text: str

@@ -1,0 +1,218 @@
+"""Model replicas behind a server: workers, the pool that lends them out, one generation each.
+
+Owns: a Worker (one model + tokenizer + Engine on one device, and the counters /stats shows),
+the WorkerPool (an asyncio queue of idle workers: a request waits there, in arrival order, while
+every worker is busy), and running the Engine's synchronous generator in a thread so the event
+loop stays free, passing its stream events back through an asyncio queue. A generation whose
+consumer goes away (a client disconnect cancels it) is told to stop and its worker returns to
+the pool as soon as the thread lets go of the model: never earlier, so no two generations ever
+share a model.
+
+Knows nothing of HTTP or the OpenAI format: it takes prompt token ids and yields batches of
+chatcli.stream events, then one Finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chatcli.engine import Engine, GenerationStats
+from chatcli.stream import StreamEvent, TokenDecoder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int
+    temperature: float
+    top_k: int | None  # None: off
+    top_p: float | None  # None: off
+    seed: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last item of every generation."""
+
+    finish_reason: str  # stop | length | context (the engine's), or interrupted
+    prompt_tokens: int
+    completion_tokens: int  # every token generated, calculator-forced ones and the stop included
+
+
+Emit = Callable[[list[StreamEvent]], None]
+
+
+class Worker:
+    """One model replica. `generate` is synchronous and runs in a thread: one at a time."""
+
+    def __init__(self, model: Any, tokenizer: Any, name: str = "0") -> None:
+        self.engine = Engine(model, tokenizer)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.device = str(model.get_device())
+        self.busy = False
+        self.requests_served = 0
+        self.tokens_served = 0
+
+    @property
+    def context_len(self) -> int:
+        return self.engine.context_len
+
+    def generate(
+        self, prompt: list[int], params: GenerationParams, emit: Emit, stop: threading.Event
+    ) -> Finished:
+        """Run one reply to the end (or until `stop` is set), emitting events as they form."""
+        decoder = TokenDecoder(self.tokenizer)
+        stats = GenerationStats()
+        steps = self.engine.generate(
+            prompt,
+            num_samples=1,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=params.seed,
+            stats=stats,
+        )
+        generated = 0
+        try:
+            for column, masks in steps:
+                if stop.is_set():
+                    break
+                generated += 1
+                events = decoder.feed(column[0], masks[0])
+                if events:
+                    emit(events)
+        finally:
+            steps.close()
+        if stop.is_set():
+            return Finished("interrupted", len(prompt), generated)
+        tail = decoder.flush()
+        if tail:
+            emit(tail)
+        reason = stats.finish_reasons[0] if stats.finish_reasons else "length"
+        return Finished(reason, len(prompt), generated)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "device": self.device,
+            "busy": self.busy,
+            "requests_served": self.requests_served,
+            "tokens_served": self.tokens_served,
+        }
+
+
+class WorkerPool:
+    """Lends workers out one request at a time; requests beyond the workers wait their turn."""
+
+    def __init__(self, workers: Sequence[Worker]) -> None:
+        if not workers:
+            raise ValueError("a WorkerPool needs at least one worker")
+        self.workers = list(workers)
+        # Python >= 3.10: the queue binds to the event loop on first use, not here.
+        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
+        for w in self.workers:
+            self._idle.put_nowait(w)
+        self.waiting = 0  # requests queued for a worker right now
+
+    @property
+    def tokenizer(self) -> Any:
+        """Every worker holds the same model, so any worker's tokenizer serves for prompts."""
+        return self.workers[0].tokenizer
+
+    @property
+    def context_len(self) -> int:
+        return self.workers[0].context_len
+
+    async def acquire(self) -> Worker:
+        self.waiting += 1
+        try:
+            # Cancelling this wait (the client left while queued) takes no worker with it.
+            worker = await self._idle.get()
+        finally:
+            self.waiting -= 1
+        worker.busy = True
+        return worker
+
+    def release(self, worker: Worker) -> None:
+        worker.busy = False
+        self._idle.put_nowait(worker)
+
+    async def generate(
+        self, prompt: list[int], params: GenerationParams
+    ) -> AsyncIterator[list[StreamEvent] | Finished]:
+        """Wait for a worker, then yield batches of events and finally one Finished.
+
+        Each batch holds every event the thread produced since the consumer last looked, so a
+        slow consumer gets fewer, larger batches instead of falling behind one token at a time.
+        Closing or cancelling this iterator stops the generation.
+        """
+        worker = await self.acquire()
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[list[StreamEvent] | Finished | BaseException] = asyncio.Queue()
+        stop = threading.Event()
+
+        def to_loop(item: list[StreamEvent] | Finished | BaseException) -> None:
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, item)
+            except RuntimeError:  # the loop closed under us (server shutdown): nobody listens
+                stop.set()
+
+        def done(result: Finished | Exception) -> None:
+            # On the loop. Runs whether or not anyone still reads `items`: the worker must
+            # come back to the pool even when its client has gone.
+            if isinstance(result, Finished):
+                worker.requests_served += 1
+                worker.tokens_served += result.completion_tokens
+            self.release(worker)
+            items.put_nowait(result)
+
+        def run() -> None:
+            try:
+                result: Finished | Exception = worker.generate(prompt, params, to_loop, stop)
+            except Exception as e:  # handed to the consumer, which raises it on the loop
+                log.exception("generation failed on worker %s", worker.name)
+                result = e
+            try:
+                loop.call_soon_threadsafe(done, result)
+            except RuntimeError:
+                worker.busy = False
+
+        threading.Thread(target=run, name=f"chatcli-worker-{worker.name}", daemon=True).start()
+        try:
+            while True:
+                batch: list[StreamEvent] = []
+                item = await items.get()
+                while True:
+                    if isinstance(item, BaseException):
+                        raise item
+                    if isinstance(item, Finished):
+                        if batch:
+                            yield batch
+                        yield item
+                        return
+                    batch += item
+                    if items.empty():
+                        break
+                    item = items.get_nowait()
+                yield batch
+        finally:
+            stop.set()
+
+    def describe(self) -> dict[str, Any]:
+        busy = sum(w.busy for w in self.workers)
+        return {
+            "workers": [w.describe() for w in self.workers],
+            "busy": busy,
+            "idle": len(self.workers) - busy,
+            "queue_length": self.waiting,
+            "requests_served": sum(w.requests_served for w in self.workers),
+            "tokens_served": sum(w.tokens_served for w in self.workers),
+        }

@@ -1,0 +1,120 @@
+"""The CLI through Typer's runner: flags, settings precedence, errors as one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from chatcli.cli import app
+
+FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference" / "E"
+needs_fixture = pytest.mark.skipif(not FIXTURE.is_dir(), reason="shared fixtures not present")
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHATCLI_HOME", str(tmp_path / "home"))
+    for name in ("CHATCLI_TEMPERATURE", "CHATCLI_MODEL", "CHATCLI_CONFIG", "CHATCLI_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_help_lists_every_command():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("chat", "once", "models", "config", "serve", "bench"):
+        assert command in result.output
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from chatcli.cli import app; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_config_path_follows_chatcli_home(tmp_path):
+    result = runner.invoke(app, ["config", "path"])
+    assert result.output.strip() == str(tmp_path / "home" / "config.toml")
+
+
+@needs_fixture
+def test_once_json_reports_text_usage_and_seed():
+    args = [
+        "once",
+        "hello there",
+        "--model",
+        str(FIXTURE),
+        "--json",
+        "-t",
+        "0",
+        "--max-tokens",
+        "5",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["finish_reason"] in ("stop", "length")
+    assert out["usage"]["completion_tokens"] <= 5
+    assert (
+        out["usage"]["total_tokens"]
+        == out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"]
+    )
+    assert out["model"].endswith("model_000001.pt")
+
+
+@needs_fixture
+def test_once_greedy_is_reproducible_and_reads_stdin():
+    args = ["once", "-", "--model", str(FIXTURE), "-t", "0", "--max-tokens", "8"]
+    first = runner.invoke(app, args, input="What is 2+2?\n")
+    second = runner.invoke(app, ["once", "What is 2+2?", *args[2:]])
+    assert first.exit_code == second.exit_code == 0
+    assert first.output == second.output and first.output.endswith("\n")
+
+
+@needs_fixture
+def test_flag_beats_env_beats_config_file(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text("max_tokens = 3\n")
+    monkeypatch.setenv("CHATCLI_MAX_TOKENS", "4")
+    base = ["once", "hi", "--model", str(FIXTURE), "--json", "-t", "1", "--seed", "5"]
+    out = json.loads(runner.invoke(app, base).output)
+    assert out["usage"]["completion_tokens"] <= 4 and out["seed"] == 5
+    out = json.loads(runner.invoke(app, [*base, "--max-tokens", "2"]).output)
+    assert out["usage"]["completion_tokens"] <= 2
+
+
+def test_errors_are_one_line_and_exit_nonzero():
+    result = runner.invoke(app, ["once", "hi", "--model", "/no/such/model"])
+    assert result.exit_code == 1
+    assert "No model at /no/such/model" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["once", "hi", "--temperature", "9"])
+    assert result.exit_code == 1 and "temperature" in result.output
+
+
+def test_bad_config_file_is_named(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text("temprature = 0.5\n")
+    result = runner.invoke(app, ["once", "hi"])
+    assert result.exit_code == 1
+    assert "temprature" in result.output and "config.toml" in result.output
+
+
+@needs_fixture
+def test_models_lists_checkpoints_of_a_base_dir():
+    result = runner.invoke(app, ["models", "--base-dir", str(FIXTURE)])
+    assert result.exit_code == 0
+    assert "d4" in result.output and "│ E " in result.output
+
+
+def test_once_without_a_prompt_on_a_terminal_says_how_to_use_it(monkeypatch):
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    result = runner.invoke(app, ["once"])
+    assert result.exit_code == 1

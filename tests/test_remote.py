@@ -1,0 +1,282 @@
+"""RemoteSession against real servers on loopback: chatcli's own and a generic OpenAI one."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
+
+from fakes import tool_call, uniform_bytes
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
+
+from chatcli.errors import ChatcliError
+from chatcli.remote import RemoteSession
+from chatcli.server import BackgroundServer
+from chatcli.turns import SamplingOptions
+from chatcli.special_tokens import OUTPUT_START, PYTHON_START
+from chatcli.stream import TextDelta, ToolCallDelta, ToolCallStart, ToolResult
+
+CALC_THEN_TEXT = tool_call("6*7", [*text_tokens(" so 42."), END])
+
+
+def merged(events: list) -> list:
+    """Neighbouring TextDeltas joined: how the text was chunked is not the point."""
+    out = []
+    for e in events:
+        if isinstance(e, TextDelta) and out and isinstance(out[-1], TextDelta):
+            out[-1] = TextDelta(out[-1].text + e.text)
+        else:
+            out.append(e)
+    return out
+
+
+@pytest.fixture
+def calc_server():
+    worker = scripted_worker(CALC_THEN_TEXT)
+    server = serve_workers([worker])
+    yield server, worker
+    server.stop()
+
+
+def test_send_streams_text_and_calculator_events(calc_server):
+    server, _ = calc_server
+    session = RemoteSession(server.url, options=SamplingOptions(seed=7))
+    events = merged(list(session.send("what is 6*7?")))
+    assert events == [
+        ToolCallStart(),
+        ToolCallDelta("6*7"),
+        ToolResult("6*7", "42"),
+        TextDelta(" so 42."),
+    ]
+    reply_ = session.last_reply
+    assert reply_.parts == [
+        {"type": "python", "text": "6*7"},
+        {"type": "python_output", "text": "42"},
+        {"type": "text", "text": " so 42."},
+    ]
+    assert reply_.text == " so 42."
+    stats = reply_.stats
+    assert stats.finish_reason == "stop"
+    assert stats.seed == 7
+    # <|bos|> <|user_start|> 12 bytes <|user_end|> <|assistant_start|>
+    assert stats.tokens_in == 16
+    # the call (2 specials + 3 bytes), the forced output (2 specials + 2 bytes), 7 bytes and
+    # <|assistant_end|>
+    assert stats.tokens_out == 17
+    assert stats.context_len == 256
+    assert stats.context_used == 33
+    assert stats.ttft_s > 0
+    assert session.messages == [
+        {"role": "user", "content": "what is 6*7?"},
+        {"role": "assistant", "content": reply_.parts},
+    ]
+    assert session.history_stats == [stats]
+    assert session.take_notices() == []
+
+
+def test_the_next_turn_replays_the_calculator_call_to_the_model(calc_server):
+    server, worker = calc_server
+    session = RemoteSession(server.url)
+    list(session.send("what is 6*7?"))
+    list(session.send("and again?"))
+    model = worker.engine.model
+    prompt = model.histories[0][: model.prompt_len]
+    tok = worker.tokenizer
+    assert prompt == tok.render_for_completion(session.messages[:-1])
+    assert tok.encode_special(PYTHON_START) in prompt
+    assert tok.encode_special(OUTPUT_START) in prompt
+
+
+def test_the_server_describes_its_model_and_context(calc_server):
+    server, _ = calc_server
+    session = RemoteSession(server.url + "/v1/")
+    assert session.context_len == 256
+    info = session.describe()
+    assert session.model == "scripted"
+    assert info == {"path": f"{server.url} · scripted", "device": "remote", "context_len": 256}
+
+
+def test_system_prompt_undo_regenerate_and_clear(calc_server):
+    server, worker = calc_server
+    session = RemoteSession(server.url, system="Be brief.")
+    list(session.send("one"))
+    assert session.messages[0] == {"role": "system", "content": "Be brief."}
+    assert session.pop_last_reply()["role"] == "assistant"
+    events = merged(list(session.regenerate()))
+    assert events[-1] == TextDelta(" so 42.")
+    assert [m["role"] for m in session.messages] == ["system", "user", "assistant"]
+    model = worker.engine.model
+    system_first = worker.tokenizer.encode("Be brief.\n\none")
+    assert model.histories[0][2 : 2 + len(system_first)] == system_first
+    assert session.undo() is True
+    assert [m["role"] for m in session.messages] == ["system"]
+    assert session.undo() is False
+    session.set_system(None)
+    session.load_messages(
+        [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"},
+        ]
+    )
+    assert session.system == "s" and len(session.messages) == 3
+    session.clear()
+    assert session.messages == [{"role": "system", "content": "s"}]
+    with pytest.raises(ChatcliError, match="no user message"):
+        session.regenerate()
+
+
+def test_closing_the_iterator_closes_the_stream_and_keeps_the_partial_reply():
+    worker = scripted_worker(uniform_bytes, delay=0.02, sequence_len=8192)
+    server = serve_workers([worker])
+    try:
+        session = RemoteSession(server.url, options=SamplingOptions(max_tokens=4096))
+        events = session.send("go on forever")
+        first = next(e for e in events if isinstance(e, TextDelta))
+        events.close()
+        assert wait_until(lambda: not worker.busy, timeout=5)
+        assert len(worker.engine.model.calls) < 200
+    finally:
+        server.stop()
+    reply_ = session.last_reply
+    assert reply_.stats.finish_reason == "interrupted"
+    assert reply_.text.startswith(first.text)
+    assert session.messages[-1] == {"role": "assistant", "content": reply_.parts}
+
+
+def test_an_unreachable_server_is_a_fix_it_error_and_the_question_is_taken_back():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: nothing listens there
+    session = RemoteSession(f"http://127.0.0.1:{port}", model="m")
+    with pytest.raises(
+        ChatcliError, match=rf"Cannot reach http://127.0.0.1:{port}: is `chatcli serve` running\?"
+    ):
+        list(session.send("hello?"))
+    assert session.messages == []
+    assert session.context_len == 0  # unknown, not an error
+
+
+def test_a_refused_request_says_why_and_the_question_is_taken_back(calc_server):
+    server, _ = calc_server
+    session = RemoteSession(server.url, options=SamplingOptions(temperature=5.0))
+    with pytest.raises(ChatcliError, match=r"refused the request \(400\): Invalid 'temperature'"):
+        list(session.send("hot?"))
+    assert session.messages == []
+
+
+def test_notices_say_tools_are_server_side_and_warn_of_a_full_context(calc_server):
+    server, _ = calc_server
+    session = RemoteSession(server.url, options=SamplingOptions(tools=False))
+    list(session.send("one"))
+    (notice,) = session.take_notices()
+    assert "runs the calculator itself" in notice.text
+    session.history_stats[-1].context_used = 250  # of 256
+    session.send("two").close()  # never started: nothing is sent
+    (notice,) = session.take_notices()
+    assert notice.text.startswith("Context 250/256 tokens")
+
+
+def test_several_samples_are_not_supported(calc_server):
+    server, _ = calc_server
+    session = RemoteSession(server.url)
+    with pytest.raises(ChatcliError, match="not supported against a server"):
+        session.sample_replies("x", 3)
+    with pytest.raises(ChatcliError, match="not supported against a server"):
+        session.continue_reply()
+
+
+# ---- a generic OpenAI-compatible server: no chatcli_tool field, usage in its own chunk ----------
+
+
+def generic_app(pieces: list[str], finish: str = "stop", error: str | None = None) -> FastAPI:
+    """Streams `pieces` as content deltas the way vLLM does (usage after, with no choices)."""
+    app = FastAPI()
+    app.state.requests = []
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "generic-7b", "max_model_len": 4096}]}
+
+    @app.post("/v1/chat/completions")
+    async def completions(request: Request) -> StreamingResponse:
+        app.state.requests.append(await request.json())
+
+        def chunk(delta: dict, finish_reason: str | None = None) -> str:
+            body = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+            return f"data: {json.dumps(body)}\n\n"
+
+        async def body():
+            yield ": keep-alive comment\n\n"
+            yield chunk({"role": "assistant"})
+            for piece in pieces:
+                yield chunk({"content": piece})
+            if error:
+                yield f"data: {json.dumps({'error': {'message': error}})}\n\n"
+                return
+            yield chunk({}, finish)
+            usage = {"prompt_tokens": 11, "completion_tokens": 9, "total_tokens": 20}
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    return app
+
+
+def test_markers_from_a_generic_server_become_tool_events():
+    app = generic_app(["It is [ca", "lc 6*7 = ", "42] so", " 42. [calc 2**10]"], finish="length")
+    with BackgroundServer(app) as server:
+        session = RemoteSession(server.url, api_key="sk-test", options=SamplingOptions(top_k=0))
+        events = list(session.send("6*7?"))
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == "It is  so 42. "
+    assert [e for e in events if isinstance(e, ToolResult)] == [
+        ToolResult("6*7", "42"),
+        ToolResult("2**10", None),
+    ]
+    reply_ = session.last_reply
+    assert reply_.parts == [
+        {"type": "text", "text": "It is "},
+        {"type": "python", "text": "6*7"},
+        {"type": "python_output", "text": "42"},
+        {"type": "text", "text": " so 42. "},
+        {"type": "python", "text": "2**10"},
+    ]
+    assert (reply_.stats.tokens_in, reply_.stats.tokens_out) == (11, 9)
+    assert reply_.stats.finish_reason == "length"
+    assert reply_.stats.context_len == 4096
+    (request,) = app.state.requests
+    assert request["model"] == "generic-7b"  # discovered from /v1/models
+    assert request["stream"] is True
+    assert request["stream_options"] == {"include_usage": True}
+    assert request["top_k"] == 0  # off, said explicitly
+    assert request["messages"] == [{"role": "user", "content": "6*7?"}]
+
+
+def test_a_mid_stream_error_raises_and_keeps_the_partial_reply():
+    app = generic_app(["partial "], error="out of memory")
+    with BackgroundServer(app) as server:
+        session = RemoteSession(server.url, model="generic-7b")
+        seen = []
+        with pytest.raises(ChatcliError, match="failed mid-reply: out of memory"):
+            for event in session.send("hi"):
+                seen.append(event)
+    assert seen == [TextDelta("partial ")]
+    assert session.last_reply.stats.finish_reason == "error"
+    assert session.last_reply.text == "partial "
+
+
+def test_a_stream_that_ends_without_a_finish_reason_is_an_error():
+    app = generic_app(["cut"], error=None, finish="")
+    with BackgroundServer(app) as server:
+        session = RemoteSession(server.url, model="generic-7b")
+        with pytest.raises(ChatcliError, match="ended the stream before the reply was finished"):
+            list(session.send("hi"))
+    assert session.last_reply.stats.finish_reason == "error"

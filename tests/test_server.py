@@ -1,0 +1,556 @@
+"""The HTTP server, end to end: a real uvicorn on a loopback port, scripted or tiny real models."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
+
+import httpx
+from fakes import DONE, reply, tool_call, uniform_bytes
+from serving import (
+    END,
+    REFERENCE_E,
+    reference_worker,
+    scripted_worker,
+    serve_workers,
+    text_tokens,
+    wait_until,
+)
+
+from chatcli.errors import ChatcliError, ConfigError
+from chatcli.server import BackgroundServer, Limits, _listen, create_app, worker_devices
+from chatcli.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
+
+HI = {"messages": [{"role": "user", "content": "hi"}]}
+# <|bos|> <|user_start|> h i <|user_end|> <|assistant_start|>
+HI_PROMPT_TOKENS = 6
+
+
+def post(server: BackgroundServer, body: object, **kwargs) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30, **kwargs)
+
+
+def stream_body(server: BackgroundServer, body: dict) -> str:
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return response.read().decode("utf-8")
+
+
+def chunks_of(body: str) -> list[dict]:
+    """Check the SSE framing exactly and return the JSON chunks (without [DONE])."""
+    assert body.endswith("data: [DONE]\n\n")
+    events = body.split("\n\n")
+    assert events[-1] == ""
+    events = events[:-1]
+    assert all(e.startswith("data: ") and "\n" not in e for e in events)
+    assert events[-1] == "data: [DONE]"
+    return [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+
+
+def content_of(chunks: list[dict]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+
+
+@pytest.fixture(scope="module")
+def hello():
+    """One worker that answers "Hello!" to anything."""
+    worker = scripted_worker(reply([*text_tokens("Hello!"), END]))
+    server = serve_workers([worker])
+    yield server, worker
+    server.stop()
+
+
+# ---- replies ------------------------------------------------------------------------------------
+
+
+def test_non_streaming_reply_is_a_chat_completion(hello):
+    server, _ = hello
+    response = post(server, {**HI, "model": "anything", "seed": 1})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"].startswith("chatcmpl-")
+    assert body["object"] == "chat.completion"
+    assert body["model"] == "scripted"
+    assert body["choices"] == [
+        {"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}
+    ]
+    # 6 letters and the closing <|assistant_end|>
+    assert body["usage"] == {
+        "prompt_tokens": HI_PROMPT_TOKENS,
+        "completion_tokens": 7,
+        "total_tokens": HI_PROMPT_TOKENS + 7,
+    }
+
+
+def test_streaming_reply_is_sse_chunks_then_usage_then_done(hello):
+    server, _ = hello
+    chunks = chunks_of(stream_body(server, HI))
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert content_of(chunks) == "Hello!"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last["choices"] == [{"index": 0, "delta": {}, "finish_reason": "stop"}]
+    assert last["usage"] == {
+        "prompt_tokens": HI_PROMPT_TOKENS,
+        "completion_tokens": 7,
+        "total_tokens": HI_PROMPT_TOKENS + 7,
+    }
+    assert all("usage" not in c for c in chunks[:-1])
+
+
+def test_max_tokens_cuts_the_reply_with_finish_reason_length(hello):
+    server, _ = hello
+    body = post(server, {**HI, "max_tokens": 3}).json()
+    assert body["choices"][0]["message"]["content"] == "Hel"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 3
+
+
+def test_stream_never_splits_a_utf8_character():
+    text = "é✓😀 ok"  # 2-, 3- and 4-byte characters, one byte per token
+    server = serve_workers([scripted_worker(reply([*text_tokens(text), END]))])
+    try:
+        chunks = chunks_of(stream_body(server, HI))
+    finally:
+        server.stop()
+    pieces = [c["choices"][0]["delta"].get("content", "") for c in chunks]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text
+
+
+def test_calculator_call_streams_as_marker_and_chatcli_tool_field():
+    worker = scripted_worker(tool_call("6*7", [*text_tokens(" so 42."), END]))
+    server = serve_workers([worker])
+    try:
+        chunks = chunks_of(stream_body(server, HI))
+        whole = post(server, HI).json()
+    finally:
+        server.stop()
+    tool_deltas = [
+        c["choices"][0]["delta"] for c in chunks if "chatcli_tool" in c["choices"][0]["delta"]
+    ]
+    assert tool_deltas == [
+        {"content": "[calc 6*7 = 42]", "chatcli_tool": {"expression": "6*7", "output": "42"}}
+    ]
+    assert content_of(chunks) == "[calc 6*7 = 42] so 42."
+    message = whole["choices"][0]["message"]
+    assert message["content"] == "[calc 6*7 = 42] so 42."
+    assert message["chatcli_tools"] == [{"expression": "6*7", "output": "42"}]
+
+
+def test_a_call_the_calculator_refuses_has_null_output():
+    server = serve_workers([scripted_worker(tool_call("2**10", DONE))])
+    try:
+        chunks = chunks_of(stream_body(server, HI))
+    finally:
+        server.stop()
+    tools = [c["choices"][0]["delta"].get("chatcli_tool") for c in chunks]
+    assert [t for t in tools if t] == [{"expression": "2**10", "output": None}]
+    assert content_of(chunks) == "[calc 2**10] done"
+
+
+def test_assistant_markers_from_the_client_replay_as_calculator_calls(hello):
+    server, worker = hello
+    tok = worker.tokenizer
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "6 times 7?"},
+        {"role": "assistant", "content": "[calc 6*7 = 42] It is 42."},
+        {"role": "user", "content": "thanks"},
+    ]
+    assert post(server, {"messages": conversation}).status_code == 200
+    model = worker.engine.model
+    prompt = model.histories[0][: model.prompt_len]
+    expected = tok.render_for_completion(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "6 times 7?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "python", "text": "6*7"},
+                    {"type": "python_output", "text": "42"},
+                    {"type": "text", "text": " It is 42."},
+                ],
+            },
+            {"role": "user", "content": "thanks"},
+        ]
+    )
+    assert prompt == expected
+    specials = [tok.encode_special(n) for n in (PYTHON_START, PYTHON_END, OUTPUT_START, OUTPUT_END)]
+    assert all(s in prompt for s in specials)
+
+
+def test_content_may_be_a_list_of_text_parts(hello):
+    server, _ = hello
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    response = post(server, body)
+    assert response.status_code == 200
+    assert response.json()["usage"]["prompt_tokens"] == HI_PROMPT_TOKENS
+
+
+def test_a_failing_worker_reports_in_band_and_is_freed():
+    def broken(generated: list[int]) -> int:
+        if len(generated) >= 2:
+            raise RuntimeError("kaboom")
+        return text_tokens("ab")[len(generated)]
+
+    worker = scripted_worker(broken)
+    server = serve_workers([worker])
+    try:
+        body = stream_body(server, HI)
+        assert wait_until(lambda: not worker.busy)
+        second = post(server, HI)
+    finally:
+        server.stop()
+    chunks = chunks_of(body)
+    assert chunks[-1]["error"]["type"] == "server_error"
+    assert "kaboom" in chunks[-1]["error"]["message"]
+    assert second.status_code == 500
+    assert second.json()["error"]["type"] == "server_error"
+
+
+# ---- validation ---------------------------------------------------------------------------------
+
+
+def turns(n: int, chars: int = 1) -> list[dict]:
+    """n messages alternating user/assistant, starting with user."""
+    return [{"role": ("user", "assistant")[i % 2], "content": "x" * chars} for i in range(n)]
+
+
+BAD_REQUESTS = [
+    ("no messages field", {}, "messages"),
+    ("empty messages", {"messages": []}, "messages"),
+    ("messages not a list", {"messages": "hi"}, "messages"),
+    ("too many messages", {"messages": turns(501)}, "messages"),
+    (
+        "message too long",
+        {"messages": [{"role": "user", "content": "x" * 8001}]},
+        "messages[0].content",
+    ),
+    ("conversation too long", {"messages": turns(5, 7000)}, "messages"),
+    ("unknown role", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ("ends with assistant", {"messages": turns(2)}, "messages"),
+    ("two user messages in a row", {"messages": [HI["messages"][0]] * 2}, "messages"),
+    ("system not first", {"messages": [*turns(1), {"role": "system", "content": "s"}]}, "messages"),
+    (
+        "image content",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages[0].content",
+    ),
+    ("temperature below 0", {**HI, "temperature": -0.1}, "temperature"),
+    ("temperature above 2", {**HI, "temperature": 2.1}, "temperature"),
+    ("temperature not a number", {**HI, "temperature": "hot"}, "temperature"),
+    ("top_k below 0", {**HI, "top_k": -1}, "top_k"),
+    ("top_k above 200", {**HI, "top_k": 201}, "top_k"),
+    ("top_k fractional", {**HI, "top_k": 1.5}, "top_k"),
+    ("top_p zero", {**HI, "top_p": 0}, "top_p"),
+    ("top_p above 1", {**HI, "top_p": 1.01}, "top_p"),
+    ("max_tokens zero", {**HI, "max_tokens": 0}, "max_tokens"),
+    ("max_tokens above 4096", {**HI, "max_tokens": 4097}, "max_tokens"),
+    (
+        "max_completion_tokens above 4096",
+        {**HI, "max_completion_tokens": 5000},
+        "max_completion_tokens",
+    ),
+    ("n of 2", {**HI, "n": 2}, "n"),
+    ("negative seed", {**HI, "seed": -1}, "seed"),
+    ("seed too big", {**HI, "seed": 2**64}, "seed"),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"), [b[1:] for b in BAD_REQUESTS], ids=[b[0] for b in BAD_REQUESTS]
+)
+def test_bad_requests_get_400_naming_the_field_and_never_reach_a_worker(hello, body, param):
+    server, worker = hello
+    calls = len(worker.engine.model.calls)
+    served = worker.requests_served
+    for stream in (False, True):
+        response = post(server, {**body, "stream": stream})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["param"] == param
+        assert error["code"] is None
+        assert param in error["message"]
+    assert len(worker.engine.model.calls) == calls
+    assert worker.requests_served == served
+
+
+def test_limits_at_their_bounds_are_accepted(hello):
+    server, _ = hello
+    body = {
+        "messages": [*turns(498, 60), {"role": "user", "content": "x" * 1}],
+        "temperature": 2.0,
+        "top_k": 200,
+        "top_p": 1.0,
+        "max_tokens": 4096,
+        "n": 1,
+        "seed": 2**63 - 1,
+    }
+    assert len(body["messages"]) == 499
+    # Far too many tokens for the 256-token scripted model: accepted by the limits, refused
+    # for the context, which proves the limits let it through.
+    response = post(server, body)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    edge = {**HI, "temperature": 0, "top_k": 0, "top_p": 1e-6, "max_tokens": 1, "seed": 0}
+    assert post(server, edge).status_code == 200
+
+
+def test_a_prompt_longer_than_the_context_is_refused(hello):
+    server, worker = hello
+    calls = len(worker.engine.model.calls)
+    response = post(server, {"messages": [{"role": "user", "content": "x" * 300}]})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("messages", "context_length_exceeded")
+    assert "256" in error["message"]
+    assert len(worker.engine.model.calls) == calls
+
+
+def test_limits_are_configurable():
+    limits = Limits(max_messages=1, max_message_chars=5, max_temperature=1.0, max_top_k=10)
+    server = serve_workers([scripted_worker(reply([END]))], limits)
+    try:
+        cases = [
+            ({"messages": turns(3)}, "messages"),
+            ({"messages": [{"role": "user", "content": "123456"}]}, "messages[0].content"),
+            ({**HI, "temperature": 1.5}, "temperature"),
+            ({**HI, "top_k": 11}, "top_k"),
+        ]
+        for body, param in cases:
+            response = post(server, body)
+            assert (response.status_code, response.json()["error"]["param"]) == (400, param)
+        assert post(server, {**HI, "temperature": 1.0, "top_k": 10}).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_a_body_that_is_not_json_is_a_400(hello):
+    server, _ = hello
+    response = httpx.post(f"{server.url}/v1/chat/completions", content=b"{nope", timeout=10)
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+# ---- the pool -----------------------------------------------------------------------------------
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_worker():
+    worker = scripted_worker(uniform_bytes, delay=0.02, sequence_len=8192)
+    server = serve_workers([worker])
+    try:
+        body = {**HI, "stream": True, "max_tokens": 4096}
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+            for line in response.iter_lines():
+                if '"content": "' in line and '"role"' not in line:
+                    break  # the first generated text: now walk away
+        assert wait_until(lambda: not worker.busy, timeout=5)
+        steps_at_stop = len(worker.engine.model.calls)
+        assert steps_at_stop < 200  # stopped long before max_tokens (4096 steps at 20 ms)
+        stats = httpx.get(f"{server.url}/stats").json()
+        assert stats["busy"] == 0
+        assert stats["workers"][0]["busy"] is False
+        # The next request gets the freed worker.
+        response = post(server, {**HI, "max_tokens": 2})
+        assert response.status_code == 200
+        assert response.json()["usage"]["completion_tokens"] == 2
+        assert len(worker.engine.model.calls) <= steps_at_stop + 3
+    finally:
+        server.stop()
+
+
+def test_a_client_that_leaves_while_queued_never_takes_a_worker():
+    worker = scripted_worker(uniform_bytes, delay=0.02, sequence_len=8192)
+    server = serve_workers([worker])
+    url = f"{server.url}/v1/chat/completions"
+    body = {**HI, "stream": True, "max_tokens": 4096}
+    try:
+        with httpx.stream("POST", url, json=body) as first:
+            lines = first.iter_lines()
+            next(line for line in lines if '"content": "' in line and '"role"' not in line)
+            with httpx.stream("POST", url, json=body):  # queued behind the first
+                assert wait_until(
+                    lambda: httpx.get(f"{server.url}/stats").json()["queue_length"] == 1
+                )
+            assert wait_until(lambda: httpx.get(f"{server.url}/stats").json()["queue_length"] == 0)
+            assert worker.busy  # still the first request's
+        assert wait_until(lambda: not worker.busy, timeout=5)
+        assert post(server, {**HI, "max_tokens": 2}).status_code == 200
+        # The first and the last request ran; the one that left the queue never did.
+        assert worker.requests_served == 2
+    finally:
+        server.stop()
+
+
+def test_a_client_that_leaves_a_non_streaming_request_frees_its_worker():
+    worker = scripted_worker(uniform_bytes, delay=0.02, sequence_len=8192)
+    server = serve_workers([worker])
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{server.url}/v1/chat/completions", json={**HI, "max_tokens": 4096}, timeout=0.5
+            )
+        assert wait_until(lambda: not worker.busy, timeout=5)
+        assert len(worker.engine.model.calls) < 200
+    finally:
+        server.stop()
+
+
+def test_more_concurrent_requests_than_workers_are_queued_and_all_answered():
+    answer = "queued fine"
+    workers = [
+        scripted_worker(reply([*text_tokens(answer), END]), name=str(i), delay=0.01)
+        for i in range(2)
+    ]
+    server = serve_workers(workers)
+    results: list[str] = []
+    queue_lengths: list[int] = []
+    done = threading.Event()
+
+    def client() -> None:
+        results.append(content_of(chunks_of(stream_body(server, HI))))
+
+    def watch() -> None:
+        while not done.is_set():
+            queue_lengths.append(httpx.get(f"{server.url}/stats").json()["queue_length"])
+
+    try:
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        clients = [threading.Thread(target=client) for _ in range(6)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(timeout=60)
+        done.set()
+        watcher.join()
+        stats = httpx.get(f"{server.url}/stats").json()
+    finally:
+        server.stop()
+    assert results == [answer] * 6
+    assert max(queue_lengths) >= 1  # some requests did wait for a worker
+    assert stats["requests_served"] == 6
+    assert stats["tokens_served"] == 6 * (len(answer) + 1)
+    assert all(w["requests_served"] >= 1 for w in stats["workers"])
+    assert stats["queue_length"] == 0
+
+
+# ---- the other endpoints ------------------------------------------------------------------------
+
+
+def test_health_stats_and_models(hello):
+    server, _ = hello
+    health = httpx.get(f"{server.url}/health").json()
+    assert health == {"status": "ok", "model": "scripted", "workers": 1, "idle": 1}
+    stats = httpx.get(f"{server.url}/stats").json()
+    assert stats["model"] == "scripted"
+    assert stats["busy"] == 0 and stats["idle"] == 1 and stats["queue_length"] == 0
+    (w,) = stats["workers"]
+    assert (w["name"], w["device"], w["busy"]) == ("0", "cpu", False)
+    assert stats["requests_served"] == w["requests_served"]
+    assert stats["tokens_served"] == w["tokens_served"]
+    models = httpx.get(f"{server.url}/v1/models").json()
+    assert models["object"] == "list"
+    (entry,) = models["data"]
+    assert (entry["id"], entry["object"], entry["context_length"]) == ("scripted", "model", 256)
+
+
+def test_the_chat_page_is_served_and_self_contained(hello):
+    server, _ = hello
+    response = httpx.get(f"{server.url}/")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert "<title>chatcli</title>" in page
+    assert "/v1/chat/completions" in page and "chatcli_tool" in page
+    # Nothing is fetched from elsewhere: no absolute URLs in src/href/fetch, no imports.
+    for needle in ('src="http', 'href="http', 'fetch("http', "@import", "//cdn"):
+        assert needle not in page
+
+
+def test_a_real_checkpoint_answers_and_counts_its_prompt():
+    worker = reference_worker()
+    server = BackgroundServer(create_app([worker], Limits(), "E")).start()
+    try:
+        body = {**HI, "temperature": 0, "max_tokens": 12, "seed": 3}
+        whole = post(server, body).json()
+        chunks = chunks_of(stream_body(server, body))
+    finally:
+        server.stop()
+    prompt = worker.tokenizer.render_for_completion(HI["messages"])
+    assert whole["usage"]["prompt_tokens"] == len(prompt)
+    assert 1 <= whole["usage"]["completion_tokens"] <= 12
+    # Greedy decoding: the streamed reply is the same text as the whole one. (The fixture's
+    # weights are random, so that text is byte soup: U+FFFD where bytes form no character.)
+    assert content_of(chunks) == whole["choices"][0]["message"]["content"]
+    assert chunks[-1]["usage"] == whole["usage"]
+
+
+# ---- running it ---------------------------------------------------------------------------------
+
+
+def test_serve_loads_the_checkpoint_and_says_where_it_listens():
+    if not REFERENCE_E.is_dir():
+        pytest.skip(f"reference fixture not found at {REFERENCE_E}")
+    program = (
+        "import json; from chatcli.server import serve; "
+        f"serve({str(REFERENCE_E)!r}, port=0, workers=2, device='cpu', log_level='warning', "
+        "on_ready=lambda info: print(json.dumps(info), flush=True))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(proc.stdout.readline())
+        assert info["model"] == "d4"
+        assert info["devices"] == ["cpu", "cpu"]
+        assert info["url"].startswith("http://127.0.0.1:")
+        assert wait_until(lambda: _answers(info["url"] + "/health"), timeout=30)
+        stats = httpx.get(info["url"] + "/stats").json()
+        assert [w["name"] for w in stats["workers"]] == ["0", "1"]
+        response = httpx.post(
+            info["url"] + "/v1/chat/completions", json={**HI, "max_tokens": 4}, timeout=30
+        )
+        assert response.json()["usage"]["completion_tokens"] <= 4
+    finally:
+        proc.terminate()
+        # uvicorn shuts down cleanly, then re-raises the signal so the exit status tells it.
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_workers_default_to_one_cpu_replica():
+    assert worker_devices("cpu") == ["cpu"]
+    assert worker_devices("cpu", 3) == ["cpu", "cpu", "cpu"]
+    with pytest.raises(ConfigError, match="at least 1"):
+        worker_devices("cpu", 0)
+
+
+def test_a_taken_port_is_a_fix_it_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(ChatcliError, match=f"Cannot listen on 127.0.0.1:{port}.*--port"):
+            _listen("127.0.0.1", port)

@@ -1,0 +1,198 @@
+"""The chat page in a real headless Chromium, driven over the DevTools protocol.
+
+Chromium speaks the protocol over a pipe (--remote-debugging-pipe: it reads commands on fd 3 and
+writes replies on fd 4, each a JSON message ended by a NUL byte), so this needs no websocket or
+browser-driver package: only the `chromium` binary (Debian: apt-get install chromium).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import threading
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
+
+from fakes import tool_call
+from serving import scripted_worker, serve_workers, text_tokens, wait_until
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)"),
+]
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--remote-debugging-pipe",
+]
+
+
+class Browser:
+    """Just enough of the DevTools protocol: one page, evaluate, click, type."""
+
+    def __init__(self, user_data_dir: str) -> None:
+        commands_r, commands_w = os.pipe()
+        replies_r, replies_w = os.pipe()
+        # The shell puts the two pipe ends on fds 3 and 4, where Chromium looks for them.
+        script = f'exec "$0" "$@" 3<&{commands_r} 4>&{replies_w}'
+        self.proc = subprocess.Popen(
+            ["bash", "-c", script, CHROMIUM, *FLAGS, f"--user-data-dir={user_data_dir}"],
+            pass_fds=(commands_r, replies_w),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        os.close(commands_r)
+        os.close(replies_w)
+        self._out = os.fdopen(commands_w, "wb")
+        self._in = os.fdopen(replies_r, "rb")
+        self._replies: queue.Queue[dict] = queue.Queue()
+        self._next_id = 0
+        self.session: str | None = None
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        buffer = b""
+        while chunk := self._in.read1(65536):
+            buffer += chunk
+            *messages, buffer = buffer.split(b"\0")
+            for m in messages:
+                message = json.loads(m)
+                if "id" in message:
+                    self._replies.put(message)
+
+    def send(self, method: str, params: dict | None = None, timeout: float = 20) -> dict:
+        self._next_id += 1
+        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if self.session and not method.startswith("Target."):
+            message["sessionId"] = self.session
+        self._out.write(json.dumps(message).encode() + b"\0")
+        self._out.flush()
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._replies.get(timeout=max(deadline - time.monotonic(), 0.01))
+            if reply["id"] == self._next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def open(self, url: str) -> None:
+        target = self.send("Target.createTarget", {"url": url})["targetId"]
+        attached = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})
+        self.session = attached["sessionId"]
+
+    def js(self, expression: str) -> Any:
+        result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 15) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = self.js(expression)
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for: {expression}")
+
+    def click(self, selector: str) -> None:
+        """A real mouse click in the middle of the element."""
+        box = self.js(
+            f"(() => {{ const r = document.querySelector({json.dumps(selector)})"
+            ".getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        )
+        for kind in ("mousePressed", "mouseReleased"):
+            self.send(
+                "Input.dispatchMouseEvent",
+                {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1},
+            )
+
+    def type(self, selector: str, text: str) -> None:
+        self.js(f"document.querySelector({json.dumps(selector)}).focus()")
+        self.send("Input.insertText", {"text": text})
+
+    def close(self) -> None:
+        # Chromium may exit before it answers Browser.close: the wait below is what counts.
+        with contextlib.suppress(RuntimeError, queue.Empty, BrokenPipeError):
+            self.send("Browser.close", timeout=5)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    b = Browser(str(tmp_path / "chromium-profile"))
+    yield b
+    b.close()
+
+
+def test_chat_page_streams_a_reply_with_a_calculator_badge_and_stops(browser):
+    # A calculator call, then text that goes on (20 tokens a second) until stopped or cut.
+    worker = scripted_worker(tool_call("6*7", text_tokens(" so 42 and on and on")), delay=0.05)
+    server = serve_workers([worker], name="scripted-web")
+    try:
+        browser.open(server.url + "/")
+        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('input')")
+        assert browser.wait_for("document.getElementById('model-name').textContent").startswith(
+            "scripted-web"
+        )
+
+        browser.type("#input", "what is 6*7?")
+        browser.click("#send")
+        badge = browser.wait_for(
+            "document.querySelector('.msg.assistant .calc-badge')?.textContent"
+        )
+        assert badge == "calc 6*7 = 42"
+        browser.wait_for(
+            "document.querySelector('.msg.assistant').textContent.includes('so 42 and')"
+        )
+        assert browser.js("!document.getElementById('stop').hidden") is True
+        assert worker.busy
+
+        browser.click("#stop")
+        browser.wait_for("document.querySelector('.msg.assistant').dataset.done === 'true'")
+        first = browser.js("document.querySelector('.msg.assistant').textContent")
+        assert first.startswith("calc 6*7 = 42 so 42 and")
+        assert first.endswith("stopped")
+        assert "[calc" not in first  # the marker is drawn as the badge, not as text
+        assert browser.js("document.getElementById('send').hidden") is False
+        assert wait_until(lambda: not worker.busy, timeout=5)  # the server stopped generating
+
+        # The partial reply stays in the conversation: the next turn is accepted and replays it.
+        browser.js("document.getElementById('max-tokens').value = '30'")
+        browser.type("#input", "thanks")
+        browser.click("#send")
+        browser.wait_for("document.querySelectorAll('.msg.assistant')[1]?.dataset.done === 'true'")
+        second = browser.js("document.querySelectorAll('.msg.assistant')[1].textContent")
+        assert second.startswith("calc 6*7 = 42 so 42")
+        assert re.search(r"length · 30 tokens · [\d.]+ tok/s$", second), second
+        assert browser.js("document.querySelectorAll('.msg.user').length") == 2
+        prompt = worker.engine.model.histories[0][: worker.engine.model.prompt_len]
+        assert worker.tokenizer.encode("thanks") == prompt[-2 - len("thanks") : -2]
+
+        browser.click("#new-chat")
+        assert browser.js("document.querySelectorAll('.msg').length") == 0
+    finally:
+        server.stop()
