@@ -363,19 +363,16 @@ def models(
     ] = None,
 ) -> None:
     """List the checkpoints chatcli can find."""
-    from rich.table import Table
-
     from chatcli.checkpoint import list_checkpoints
-    from chatcli.render import make_console
+    from chatcli.render import make_console, render_table
 
     try:
         found = list_checkpoints(base_dir)
     except ChatcliError as e:
         raise _fail(str(e)) from None
     console = make_console()
-    table = Table("model", "source", "tag", "step", "era", "params", "size", "path")
-    for c in found:
-        table.add_row(
+    rows = [
+        (
             c.name,
             c.source or "-",
             c.tag or "-",
@@ -385,7 +382,9 @@ def models(
             f"{c.size_bytes / 1e6:.1f} MB",
             str(c.path),
         )
-    console.print(table)
+        for c in found
+    ]
+    render_table(console, ("model", "source", "tag", "step", "era", "params", "size", "path"), rows)
 
 
 @app.command()
@@ -439,11 +438,9 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Measure our engine against the plain baseline: decode, samples, chat TTFT, memory."""
-    from rich.table import Table
-
     from chatcli.bench import SYNTHETIC_DEPTHS, run_bench, synthetic_model
     from chatcli.checkpoint import load_model
-    from chatcli.render import make_console
+    from chatcli.render import make_console, render_table
 
     try:
         if synthetic is not None:
@@ -467,22 +464,24 @@ def bench(
         f"{result['weight_mb_per_token']} MB of weights per token -> roofline "
         f"{result['roofline_tps']} tok/s"
     )
-    table = Table("measure", "baseline", "ours", "ours / baseline")
+    rows = []
     for key, title in (
         ("decode_tps", "decode tok/s, batch 1"),
         ("decode8_tps", "decode tok/s, 8 samples"),
     ):
         r = result[key]
-        table.add_row(title, str(r["baseline"]), str(r["ours"]), f"{r['ratio']}x")
+        rows.append((title, str(r["baseline"]), str(r["ours"]), f"{r['ratio']}x"))
     ttft = result["ttft_s"]
     for turn in (1, 5, 10):
-        table.add_row(
-            f"time to first token, turn {turn} (s)",
-            str(ttft["baseline"][turn]),
-            str(ttft["ours"][turn]),
-            f"{round(ttft['baseline'][turn] / max(ttft['ours'][turn], 1e-9), 2)}x faster",
+        rows.append(
+            (
+                f"time to first token, turn {turn} (s)",
+                str(ttft["baseline"][turn]),
+                str(ttft["ours"][turn]),
+                f"{round(ttft['baseline'][turn] / max(ttft['ours'][turn], 1e-9), 2)}x faster",
+            )
         )
-    console.print(table)
+    render_table(console, ("measure", "baseline", "ours", "ours / baseline"), rows)
     console.print(
         f"prefill {result['prefill_tps']} tok/s; 8 samples / single: {result['samples8_vs_single']}x; "
         f"TTFT turn 10 / turn 1: ours {ttft['ours_turn10_over_turn1']}, baseline "

@@ -24,7 +24,7 @@ import torch
 
 from chatcli.calculator import format_result, use_calculator
 from chatcli.errors import ContextOverflowError
-from chatcli.kv_cache import KVCache
+from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.sampling import sample_next_token
 from chatcli.special_tokens import ASSISTANT_END, OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
 
@@ -80,8 +80,10 @@ class Engine:
         self.output_start, self.output_end = special(OUTPUT_START), special(OUTPUT_END)
         self.assistant_end = special(ASSISTANT_END)
         self.bos = tokenizer.get_bos_token_id()
-        # Our GPT can skip the vocabulary projection of all but the last prefill position.
+        # Our GPT can skip the vocabulary projection of all but the last prefill position,
+        # and decode many samples over one shared copy of the prompt's K/V.
         self._last_only = "last_only" in inspect.signature(model.forward).parameters
+        self.shared_prefix = getattr(model, "supports_shared_prefix", False)
 
     def forward_last(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run ids (B, T) through the model into the cache; logits (B, V) of the last position."""
@@ -151,8 +153,12 @@ class Engine:
         prefill_cache = self.new_cache(1, len(tokens))
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
         logits = self.forward_last(ids, prefill_cache)  # (1, V)
-        cache = self.new_cache(num_samples, len(tokens) + budget)
-        cache.prefill(prefill_cache)
+        if num_samples > 1 and self.shared_prefix:
+            # The rows share the prompt's K/V: nothing is copied, and each step reads them once.
+            cache = SharedPrefixCache(prefill_cache, num_samples, budget)
+        else:
+            cache = self.new_cache(num_samples, len(tokens) + budget)
+            cache.prefill(prefill_cache)
         del prefill_cache
         stats.prefill_s = time.perf_counter() - t_start
         yield from self.decode(
@@ -174,7 +180,7 @@ class Engine:
     @torch.inference_mode()
     def decode(
         self,
-        cache: KVCache,
+        cache: KVCache | SharedPrefixCache,
         logits: torch.Tensor,
         budget: int,
         *,

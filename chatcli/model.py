@@ -286,6 +286,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A nanochat GPT of any era. `model(ids)` gives float32 logits (B, T, vocab_size)."""
 
+    supports_shared_prefix = True  # forward accepts a SharedPrefixCache for sample rows
+
     def __init__(self, config: GPTConfig, arch: Architecture | None = None) -> None:
         super().__init__()
         arch = arch or ERAS["E"]

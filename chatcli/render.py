@@ -1,4 +1,6 @@
-"""Drawing a chat on the terminal: the streamed reply, status line, errors, notices, banner.
+"""Drawing a chat on the terminal: the streamed reply, status line, errors, notices, banner,
+tables and alternative replies side by side. The chat's Rich lives here: repl.py and
+chat_commands.py hand a console through and never call Rich themselves.
 
 Owns the theme, the console set-up, and the live reply renderer. The renderer never redraws
 the whole answer: in markdown mode the reply is cut into blocks (paragraphs, fenced code,
@@ -6,7 +8,8 @@ headings, top-level list items); a block is printed once, when it is finished, a
 scrollback; only the block still being written is repainted (a transient Rich `Live`).
 
 Does not know: tokens, tokenizers or torch (it consumes the events of stream.py), prompts and
-key bindings (repl), or where settings come from (cli).
+key bindings (repl), what a command does (chat_commands), or where settings come from (cli).
+Everything it draws comes in as plain data: strings, mappings, stream events.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from rich import box
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.markdown import Markdown
+from rich.panel import Panel
 from rich.segment import Segment
+from rich.table import Table
 from rich.text import Text
 from rich.theme import Theme
 
@@ -382,6 +388,20 @@ def render_notice(console: Console, message: str) -> None:
     console.print(Text(message, style="notice"), soft_wrap=True)
 
 
+def render_hint(console: Console, message: str) -> None:
+    """A quiet line of advice, in the status style (e.g. how to leave)."""
+    console.print(Text(message, style="status"))
+
+
+def render_text(console: Console, message: str) -> None:
+    """Plain text printed as it is: no markup, no wrapping of Rich's own."""
+    console.print(Text(message), soft_wrap=True)
+
+
+def render_interrupted(console: Console) -> None:
+    console.print(Text("[interrupted]", style="interrupted"))
+
+
 def _format_count(n: float) -> str:
     for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
         if n >= size:
@@ -418,3 +438,57 @@ def render_banner(console: Console, info: Mapping[str, object]) -> None:
     if setup:
         console.print(Text(" · ".join(setup), style="status"), soft_wrap=True)
     console.print(Text(HELP_LINE, style="status"), soft_wrap=True)
+
+
+# --- tables and side-by-side replies -----------------------------------------------------
+
+
+def render_table(console: Console, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A small table; a header of "" leaves the header row out."""
+    table = Table(box=box.SIMPLE_HEAD, show_header=any(headers), show_edge=False, pad_edge=False)
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def reply_text(parts: Sequence[Mapping[str, str]]) -> Text:
+    """A finished reply's parts as text, each calculator call as its `[calc ...]` badge."""
+    text = Text()
+    pending: str | None = None  # the expression of a call whose result may follow
+    for part in parts:
+        if part["type"] == "python_output":
+            text.append(f"[{format_badge(pending or '?', part['text'])}]", style="calc")
+            pending = None
+            continue
+        if pending is not None:
+            text.append(f"[{format_badge(pending, None)}]", style="calc")
+            pending = None
+        if part["type"] == "python":
+            pending = part["text"]
+        else:
+            text.append(part["text"], style="assistant")
+    if pending is not None:
+        text.append(f"[{format_badge(pending, None)}]", style="calc")
+    return text
+
+
+def render_replies(
+    console: Console, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]]
+) -> None:
+    """Alternative replies, each given as its parts and a subtitle, in panels titled 1..N:
+    side by side when each can have 40 columns, one after another otherwise."""
+    panels = [
+        Panel(reply_text(parts), title=str(i), subtitle=subtitle, title_align="left")
+        for i, (parts, subtitle) in enumerate(replies, start=1)
+    ]
+    if console.width < 40 * len(panels):
+        for panel in panels:
+            console.print(panel)
+        return
+    grid = Table.grid(expand=True, padding=(0, 1))
+    for _ in panels:
+        grid.add_column(ratio=1)
+    grid.add_row(*panels)
+    console.print(grid)

@@ -160,3 +160,36 @@ class _NoStopTokenizer:
 
     def get_bos_token_id(self):
         return 999
+
+
+@pytest.mark.parametrize("era", ["A", "C", "E"])
+def test_shared_prefix_decode_equals_per_row_copies(era):
+    from chatcli.kv_cache import SharedPrefixCache
+
+    model = _random_model(era)
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 190, (1, 150), generator=g)  # longer than the short window
+    rows = torch.randint(0, 190, (3, 6), generator=g)
+    prefix = KVCache(1, 2, 150, 16, 4)
+    copies = KVCache(3, 2, 160, 16, 4)
+    first = model(prompt, kv_cache=prefix)
+    copies.prefill(prefix)
+    shared = SharedPrefixCache(prefix, 3, 10)
+    for t in range(rows.size(1)):
+        a = model(rows[:, t : t + 1], kv_cache=shared)
+        b = model(rows[:, t : t + 1], kv_cache=copies)
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+        assert shared.get_pos() == copies.get_pos() == 151 + t
+    full = model(torch.cat([prompt.expand(3, -1), rows], dim=1))[:, -1]
+    torch.testing.assert_close(a[:, -1], full, atol=2e-5, rtol=0)
+    assert first.shape == (1, 150, 200)
+
+
+def test_engine_samples_match_with_and_without_a_shared_prefix():
+    model = _random_model("E")
+    engine = Engine(model, _NoStopTokenizer())
+    prompt = list(range(1, 140))
+    shared = engine.generate_batch(prompt, num_samples=4, max_tokens=12, temperature=1.0, seed=3)
+    engine.shared_prefix = False
+    copied = engine.generate_batch(prompt, num_samples=4, max_tokens=12, temperature=1.0, seed=3)
+    assert shared == copied

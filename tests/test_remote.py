@@ -18,9 +18,9 @@ from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
 from chatcli.errors import ChatcliError
 from chatcli.remote import RemoteSession
 from chatcli.server import BackgroundServer
-from chatcli.turns import SamplingOptions
 from chatcli.special_tokens import OUTPUT_START, PYTHON_START
 from chatcli.stream import TextDelta, ToolCallDelta, ToolCallStart, ToolResult
+from chatcli.turns import SamplingOptions
 
 CALC_THEN_TEXT = tool_call("6*7", [*text_tokens(" so 42."), END])
 

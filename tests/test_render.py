@@ -15,7 +15,10 @@ from chatcli.render import (
     render_banner,
     render_error,
     render_notice,
+    render_replies,
     render_status,
+    render_table,
+    reply_text,
     use_markdown,
 )
 from chatcli.special_tokens import ASSISTANT_END, SPECIAL_TOKENS
@@ -368,3 +371,42 @@ def test_markdown_mode_must_be_known():
     assert use_markdown(con, "never") is False
     with pytest.raises(ConfigError, match="auto, always or never"):
         use_markdown(con, "sometimes")
+
+
+def test_reply_text_shows_each_calculator_call_as_its_badge():
+    parts = [
+        {"type": "text", "text": "It is "},
+        {"type": "python", "text": "12*7"},
+        {"type": "python_output", "text": "84"},
+        {"type": "text", "text": ", and "},
+        {"type": "python", "text": "1/0"},
+    ]
+    assert reply_text(parts).plain == "It is [calc 12*7 = 84], and [calc 1/0 failed]"
+
+
+def test_table_without_headers_has_no_header_row():
+    con, out = console()
+    render_table(con, ("", ""), [("params", "1,234,567"), ("tag", "d4")])
+    lines = [line.strip() for line in out.getvalue().splitlines() if line.strip()]
+    assert lines == ["params   1,234,567", "tag      d4"]
+
+
+def _line_of(text: str, lines: list[str]) -> int:
+    (index,) = [i for i, line in enumerate(lines) if text in line]
+    return index
+
+
+def test_replies_sit_side_by_side_when_each_gets_40_columns():
+    con, out = console()  # 80 columns: room for two
+    render_replies(con, [([{"type": "text", "text": "left"}], "1 tok"), ([], "0 tok")])
+    lines = out.getvalue().splitlines()
+    assert _line_of("left", lines) == 1
+    assert _line_of("1 tok", lines) == _line_of("0 tok", lines) == 2
+
+
+def test_replies_stack_when_a_row_would_be_narrower_than_40_columns_each():
+    con, out = console()  # 80 columns: too few for three
+    texts = ("left", "middle", "right")
+    render_replies(con, [([{"type": "text", "text": t}], f"{i} tok") for i, t in enumerate(texts)])
+    lines = out.getvalue().splitlines()
+    assert [_line_of(t, lines) for t in texts] == [1, 4, 7]

@@ -31,9 +31,9 @@ from chatcli.repl import (
     message_from_input,
     run_repl,
 )
-from chatcli.session import Reply, SamplingOptions, TurnNotice, TurnStats
 from chatcli.settings import Settings
 from chatcli.stream import StreamEvent, TextDelta, ToolCallDelta, ToolCallStart, ToolResult
+from chatcli.turns import Reply, SamplingOptions, TurnNotice, TurnStats
 
 ENTER = "\r"
 ALT_ENTER = "\x1b\r"
@@ -401,7 +401,7 @@ def test_undo_drops_the_last_exchange_and_says_what(tmp_path):
 
 
 def test_retry_regenerates_with_a_new_seed_shown(tmp_path, monkeypatch):
-    monkeypatch.setattr("chatcli.repl.random.randrange", lambda n: 1234)
+    monkeypatch.setattr("chatcli.chat_commands.random.randrange", lambda n: 1234)
     session = FakeSession("first answer", "second answer")
     run = chat(session, tmp_path, "question", "/retry")
     assert run.lines == [

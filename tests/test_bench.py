@@ -1,0 +1,33 @@
+"""`chatcli bench` runs end to end; what it asserts is equivalence, never a timing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatcli.bench import run_bench, synthetic_model, weight_bytes_per_token
+from chatcli.checkpoint import load_model
+
+FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference" / "E"
+
+
+@pytest.mark.skipif(not FIXTURE.is_dir(), reason="shared fixtures not present")
+def test_bench_reports_every_measure_and_identical_greedy_output():
+    model, tokenizer, _ = load_model(FIXTURE, device="cpu")
+    result = run_bench(model, tokenizer, "fixture E")
+    assert result["greedy_identical"] is True
+    for key in ("decode_tps", "decode8_tps"):
+        assert result[key]["baseline"] > 0 and result[key]["ours"] > 0
+    assert set(result["ttft_s"]["ours"]) == {1, 5, 10}
+    assert result["bandwidth_gbs"] > 0 and result["roofline_tps"] > 0
+
+
+def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():
+    model, tokenizer = synthetic_model("d4")
+    c = model.config
+    assert (c.n_layer, c.n_embd, c.n_head, c.vocab_size) == (4, 256, 2, 65536)
+    # 4 layers of 12*C^2 matmul weights, the lm_head, and the small gates (2 value-embedding
+    # gates of 2x12, the 1x24 smear gate), fp32; the embedding tables are not read whole
+    assert weight_bytes_per_token(model) == 4 * (4 * 12 * 256 * 256 + 65536 * 256 + 2 * 24 + 24)
+    assert tokenizer.get_vocab_size() == 65536

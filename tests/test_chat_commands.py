@@ -1,0 +1,178 @@
+"""ChatCommands on its own: no prompt, no Rich. A fake screen records what would be drawn and
+answers /samples' question from a script; a small fake session stands in for ChatSession.
+
+The full REPL, keys and drawing included, is driven end to end in test_repl.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+from chatcli.chat_commands import ChatCommands
+from chatcli.conversation_store import ConversationFile, read_conversation
+from chatcli.settings import Settings
+from chatcli.stream import StreamEvent, TextDelta
+from chatcli.turns import Reply, SamplingOptions, TurnNotice, TurnStats
+
+
+class FakeView:
+    def __init__(self, screen: FakeScreen) -> None:
+        self.screen = screen
+
+    def handle(self, event: StreamEvent) -> None:
+        assert isinstance(event, TextDelta)
+        self.screen.drawn.append(("text", event.text))
+
+    def finish(self, finish_reason: str) -> None:
+        self.screen.drawn.append(("finish", finish_reason))
+
+
+class FakeScreen:
+    """Records each drawing call as (kind, value); `answers` are typed at /samples' question."""
+
+    def __init__(self, *answers: str | None) -> None:
+        self.answers = list(answers)
+        self.questions: list[str] = []
+        self.drawn: list[tuple[str, object]] = []
+
+    def renderer(self) -> FakeView:
+        return FakeView(self)
+
+    def notice(self, message: str) -> None:
+        self.drawn.append(("notice", message))
+
+    def error(self, message: str) -> None:
+        self.drawn.append(("error", message))
+
+    def status(self, stats: Mapping[str, object]) -> None:
+        self.drawn.append(("status", stats["tokens_out"]))
+
+    def text(self, message: str) -> None:
+        self.drawn.append(("text", message))
+
+    def interrupted(self) -> None:
+        self.drawn.append(("interrupted", None))
+
+    def table(self, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+        self.drawn.append(("table", dict(rows)))
+
+    def replies(self, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]]) -> None:
+        self.drawn.append(("replies", [(parts[0]["text"], sub) for parts, sub in replies]))
+
+    def ask(self, question: str) -> str | None:
+        self.questions.append(question)
+        return self.answers.pop(0)
+
+
+def reply(text: str) -> Reply:
+    n = len(text.split())
+    stats = TurnStats(tokens_in=3, tokens_out=n, finish_reason="stop", seed=7)
+    return Reply([{"type": "text", "text": text}], list(range(n)), [1] * n, stats)
+
+
+class FakeSession:
+    """Each turn or sample takes the next scripted reply text."""
+
+    def __init__(self, *replies: str) -> None:
+        self.replies = list(replies)
+        self.options = SamplingOptions()
+        self.system: str | None = None
+        self.entries: list[dict] = []
+        self.last_reply: Reply | None = None
+        self.history_stats: list[TurnStats] = []
+        self.context_len = 256
+
+    @property
+    def messages(self) -> list[dict]:
+        return list(self.entries)
+
+    def send(self, text: str) -> Iterator[StreamEvent]:
+        self.entries.append({"role": "user", "content": text})
+        done = reply(self.replies.pop(0))
+        yield TextDelta(done.text)
+        self.accept_reply(done)
+
+    def sample_replies(self, text: str, n: int) -> list[Reply]:
+        self.entries.append({"role": "user", "content": text})
+        return [reply(self.replies.pop(0)) for _ in range(n)]
+
+    def accept_reply(self, reply: Reply) -> None:
+        self.entries.append(reply.message)
+        self.last_reply = reply
+        self.history_stats.append(reply.stats)
+
+    def undo(self) -> bool:
+        users = [i for i, m in enumerate(self.entries) if m["role"] == "user"]
+        if users:
+            del self.entries[users[-1] :]
+        return bool(users)
+
+    def take_notices(self) -> list[TurnNotice]:
+        return []
+
+
+def commands(
+    session: FakeSession, screen: FakeScreen, tmp_path: Path
+) -> tuple[ChatCommands, ConversationFile]:
+    conversation = ConversationFile.create(tmp_path, model="fake")
+    model_info = {"tag": "d4", "params": 1234567}
+    runner = ChatCommands(
+        session, screen, Settings(history=False), conversation, tmp_path, model_info
+    )
+    return runner, conversation
+
+
+def test_a_message_streams_to_the_screen_then_shows_status_and_is_saved(tmp_path):
+    screen = FakeScreen()
+    runner, conversation = commands(FakeSession("Hello there"), screen, tmp_path)
+    assert runner.handle("hi") is True
+    assert screen.drawn == [("text", "Hello there"), ("finish", "stop"), ("status", 2)]
+    assert read_conversation(conversation.path).messages == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello there"}]},
+    ]
+
+
+def test_samples_asks_through_the_screen_until_the_answer_is_a_choice(tmp_path):
+    screen = FakeScreen("7", "2")
+    session = FakeSession("first one", "second one")
+    runner, conversation = commands(session, screen, tmp_path)
+    runner.handle("/samples 2")
+    runner.handle("pick one")
+    assert screen.questions == ["Keep which reply? [1-2, Enter=1, 0=none] "] * 2
+    assert screen.drawn[1:] == [
+        ("replies", [("first one", "2 tok · stop"), ("second one", "2 tok · stop")]),
+        ("error", "Type a number from 0 to 2, got '7'."),
+        ("notice", "Kept reply 2."),
+        ("status", 2),
+    ]
+    assert read_conversation(conversation.path).messages[-1]["content"][0]["text"] == "second one"
+
+
+def test_samples_declined_at_the_question_keeps_nothing(tmp_path):
+    screen = FakeScreen(None)  # Ctrl-D at the question
+    session = FakeSession("a", "b")
+    runner, conversation = commands(session, screen, tmp_path)
+    runner.handle("/samples 2")
+    runner.handle("q")
+    assert screen.drawn[-1] == ("notice", "Kept none; your message was dropped too.")
+    assert session.entries == []
+    assert read_conversation(conversation.path).messages == []
+
+
+def test_a_bad_command_prints_one_error_and_exit_says_leave(tmp_path):
+    screen = FakeScreen()
+    runner, _ = commands(FakeSession(), screen, tmp_path)
+    assert runner.handle("/undo now") is True
+    assert screen.drawn == [
+        ("error", "/undo takes no arguments, got 'now'. Usage: /undo"),
+    ]
+    assert runner.handle("/exit") is False
+
+
+def test_model_table_formats_large_counts(tmp_path):
+    screen = FakeScreen()
+    runner, _ = commands(FakeSession(), screen, tmp_path)
+    runner.handle("/model")
+    assert screen.drawn == [("table", {"tag": "d4", "params": "1,234,567"})]
