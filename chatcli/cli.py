@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from chatcli.errors import ChatcliError
-from chatcli.settings import Settings, config_path, conversations_dir, load_settings
+from chatcli.settings import (
+    SETTING_NAMES,
+    Settings,
+    config_path,
+    conversations_dir,
+    load_settings,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -70,6 +76,11 @@ SoftcapOpt = Annotated[
 
 def _settings(**flags: Any) -> Settings:
     return load_settings(flags=flags, env=os.environ, config_file=config_path())
+
+
+def _setting_flags(params: dict[str, Any]) -> dict[str, Any]:
+    """A command's parameters that are settings (the rest, like --json, are not)."""
+    return {name: value for name, value in params.items() if name in SETTING_NAMES}
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -185,21 +196,7 @@ def chat(
     from chatcli.repl import run_repl
 
     try:
-        settings = _settings(
-            model=model,
-            source=source,
-            step=step,
-            device=device,
-            dtype=dtype,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            seed=seed,
-            system=system,
-            markdown=markdown,
-            tools=tools,
-        )
+        settings = _settings(**_setting_flags(locals()))
         console = make_console()
         with console.status("Loading model…", spinner="dots"):
             session, info = _load_session(settings, softcap, url, api_key, model)
@@ -267,21 +264,7 @@ def once(
     from chatcli.render import make_console
 
     try:
-        settings = _settings(
-            model=model,
-            source=source,
-            step=step,
-            device=device,
-            dtype=dtype,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            seed=seed,
-            system=system,
-            markdown=markdown,
-            tools=tools,
-        )
+        settings = _settings(**_setting_flags(locals()))
         text = _read_prompt(prompt)
         session, info = _load_session(settings, softcap, url, api_key, model)
         console = make_console()

@@ -24,7 +24,7 @@ import httpx
 
 from chatcli.calc_markers import MarkerScanner, events_of_marker, text_from_parts
 from chatcli.errors import ChatcliError
-from chatcli.stream import StreamEvent, TextDelta, ToolResult
+from chatcli.stream import StreamEvent, TextDelta, ToolResult, parts_from_events
 from chatcli.turns import (
     CONTEXT_WARN_FRACTION,
     Message,
@@ -363,18 +363,7 @@ class _Turn:
 
     def parts(self) -> list[dict[str, str]]:
         """The reply as nanochat parts, as ChatSession records its own replies."""
-        parts: list[dict[str, str]] = []
-        for event in self.events:
-            if isinstance(event, TextDelta):
-                if parts and parts[-1]["type"] == "text":
-                    parts[-1]["text"] += event.text
-                else:
-                    parts.append({"type": "text", "text": event.text})
-            elif isinstance(event, ToolResult):
-                parts.append({"type": "python", "text": event.expression})
-                if event.output is not None:
-                    parts.append({"type": "python_output", "text": event.output})
-        return parts
+        return parts_from_events(self.events)
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -178,6 +178,11 @@ def decode_assistant_parts(
         events += decoder.feed(token, mask)
     events += decoder.flush()
 
+    return parts_from_events(events)
+
+
+def parts_from_events(events: Iterable[StreamEvent]) -> list[dict[str, str]]:
+    """Stream events as nanochat message parts: merged text, calculator calls and outputs."""
     parts: list[dict[str, str]] = []
     for event in events:
         if isinstance(event, TextDelta):
