@@ -25,7 +25,7 @@ def _new_cache(model, batch_size: int, seq_len: int) -> KVCache:
         m.n_embd // m.n_head,
         m.n_layer,
         device=model.get_device(),
-        dtype=model.lm_head.weight.dtype,
+        dtype=model.compute_dtype,
     )
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from chatcli.baseline import baseline_generate
+from chatcli.checkpoint import LARGE_MODEL_MATRIX_PARAMS
+from chatcli.cpu_plan import apply_cpu_plan
 from chatcli.engine import Engine, GenerationStats
 from chatcli.model import ERAS, GPT, GPTConfig
 from chatcli.session import ChatSession, SamplingOptions
@@ -164,35 +166,88 @@ def _chat_ttft(model, tokenizer, plain: bool) -> dict[int, float]:
     return ttft
 
 
-def run_bench(model: GPT, tokenizer: Any, label: str) -> dict[str, Any]:
+QUALITY_PROMPTS = (
+    "What is 1234*56?",
+    "How many r's are in strawberry?",
+    "Tell me about the quick brown fox.",
+)
+
+
+def _greedy_tokens(generate, tokenizer) -> list[list[int]]:
+    """The greedy continuation of each quality prompt under one generation mode."""
+    out = []
+    for text in QUALITY_PROMPTS:
+        prompt = tokenizer.encode(text, prepend=tokenizer.get_bos_token_id())
+        out.append(generate(prompt))
+    return out
+
+
+def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Fraction of greedy tokens that agree before the first divergence, over all prompts."""
+    same = total = 0
+    for x, y in zip(a, b, strict=True):
+        total += max(len(x), len(y))
+        for s, t in zip(x, y, strict=False):
+            if s != t:
+                break
+            same += 1
+    return round(same / max(total, 1), 3)
+
+
+def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -> dict[str, Any]:
+    """Baseline first (eager fp32, default threads), then ours with the CPU plan applied."""
     torch.manual_seed(0)
     engine = Engine(model, tokenizer)
     prompt = _prompt(tokenizer, min(512, model.config.sequence_len // 2))
     short = _prompt(tokenizer, 32)
     bandwidth = measure_bandwidth()
-    wbytes = weight_bytes_per_token(model)
-    prefill = _prefill_tps(model, prompt)
+    default_threads = torch.get_num_threads()
 
-    base_1, base_greedy = _baseline_decode(model, short, 1)
-    ours_1, ours_greedy = _ours_decode(engine, short, 1)
+    def base_greedy(p: list[int]) -> list[int]:
+        return [c[0] for c in baseline_generate(model, p, 1, DECODE_TOKENS, 0.0)]
+
+    def ours_greedy(p: list[int]) -> list[int]:
+        cols = engine.generate(p, max_tokens=DECODE_TOKENS, temperature=0.0, use_tools=False)
+        return [c[0] for c, _ in cols]
+
+    # -- the baseline: fp32 weights, torch's default threads
+    base_prefill = _prefill_tps(model, prompt)
+    base_1, _ = _baseline_decode(model, short, 1)
     base_8, _ = _baseline_decode(model, prompt, SAMPLES)
-    ours_8, _ = _ours_decode(engine, prompt, SAMPLES)
     ttft_base = _chat_ttft(model, tokenizer, plain=True)
+    reference = _greedy_tokens(base_greedy, tokenizer)
+
+    # -- ours: the same fp32 model through our engine, then the CPU plan
+    fp32_identical = _greedy_tokens(ours_greedy, tokenizer) == reference
+    plan = apply_cpu_plan(model)
+    wants_bf16 = precision == "bfloat16" or (
+        precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS
+    )
+    if wants_bf16:
+        model.store_weights_in(torch.bfloat16)
+    wbytes = weight_bytes_per_token(model)
+    ours_prefill = _prefill_tps(model, prompt)
+    ours_1, _ = _ours_decode(engine, short, 1)
+    ours_8, _ = _ours_decode(engine, prompt, SAMPLES)
     ttft_ours = _chat_ttft(model, tokenizer, plain=False)
+    agreement = _agreement(_greedy_tokens(ours_greedy, tokenizer), reference)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    torch.set_num_threads(default_threads)
 
     def ratio(a: float, b: float) -> float:
         return round(a / b, 2) if b else 0.0
 
+    roofline = bandwidth * 1e9 / wbytes
     return {
         "model": label,
         "params": sum(p.numel() for p in model.parameters()),
-        "dtype": str(model.lm_head.weight.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
+        "weights": "bfloat16" if wants_bf16 else "float32",
+        "threads": {"baseline": default_threads, "ours": plan.threads if plan else default_threads},
+        "plan": plan.reason if plan else "not a CPU model",
         "bandwidth_gbs": round(bandwidth, 1),
         "weight_mb_per_token": round(wbytes / 1e6, 1),
-        "roofline_tps": round(bandwidth * 1e9 / wbytes, 1),
-        "prefill_tps": round(prefill, 1),
+        "roofline_tps": round(roofline, 1),
+        "prefill_tps": {"baseline": round(base_prefill, 1), "ours": round(ours_prefill, 1)},
         "decode_tps": {
             "baseline": round(base_1, 1),
             "ours": round(ours_1, 1),
@@ -210,7 +265,8 @@ def run_bench(model: GPT, tokenizer: Any, label: str) -> dict[str, Any]:
             "ours_turn10_over_turn1": ratio(ttft_ours[10], ttft_ours[1]),
             "baseline_turn10_over_turn1": ratio(ttft_base[10], ttft_base[1]),
         },
-        "roofline_fraction": round(ours_1 / (bandwidth * 1e9 / wbytes), 3),
-        "greedy_identical": ours_greedy == base_greedy,
+        "roofline_fraction": round(ours_1 / roofline, 3),
+        "greedy_identical_fp32": fp32_identical,
+        "greedy_agreement": agreement,
         "peak_rss_mb": round(peak_mb, 1),
     }

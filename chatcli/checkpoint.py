@@ -84,18 +84,38 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def pick_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype:
-    if dtype == "float32":
-        return torch.float32
-    if dtype == "bfloat16":
-        return torch.bfloat16
-    if dtype != "auto":
+# Above this many matrix weights, CPU decode is bandwidth-bound: weight-only bf16 halves the
+# bytes read per token (performance.md: d20 fp32 ~11 tok/s, bf16 mv ~2x that).
+LARGE_MODEL_MATRIX_PARAMS = 100_000_000
+
+
+@dataclass(frozen=True)
+class Precision:
+    compute: torch.dtype  # activations, norms, softmax, the KV cache
+    weights: torch.dtype  # the large matrices
+
+    def describe(self) -> str:
+        c, w = (str(d).removeprefix("torch.") for d in (self.compute, self.weights))
+        return c if c == w else f"{c} (weights {w})"
+
+
+def pick_precision(device: torch.device, dtype: str = "auto", matrix_params: int = 0) -> Precision:
+    """bf16 end to end on CUDA; on CPU fp32 compute, with bf16 weights for large models.
+
+    Small models keep fp32 weights on CPU: they are dispatch-bound, not bandwidth-bound, and
+    fp32 keeps their greedy output identical to the reference.
+    """
+    if dtype not in ("auto", "float32", "bfloat16"):
         raise CheckpointError(f"Unknown dtype {dtype!r}; use auto, float32 or bfloat16.")
-    # bf16 where the hardware computes in it natively; fp32 on CPU (bf16 matmuls there are
-    # not faster for small models, and fp32 keeps greedy output faithful).
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+    if dtype == "float32":
+        return Precision(torch.float32, torch.float32)
+    if device.type == "cuda":
+        if dtype == "bfloat16" or torch.cuda.is_bf16_supported():
+            return Precision(torch.bfloat16, torch.bfloat16)
+        return Precision(torch.float32, torch.float32)
+    if dtype == "bfloat16" or matrix_params > LARGE_MODEL_MATRIX_PARAMS:
+        return Precision(torch.float32, torch.bfloat16)
+    return Precision(torch.float32, torch.float32)
 
 
 # ---- resolving paths ----------------------------------------------------------------------
@@ -302,7 +322,7 @@ def build_model(
     config: GPTConfig,
     model_file: Path,
     device: torch.device,
-    dtype: torch.dtype,
+    precision: Precision,
     softcap: float | None = None,
 ) -> GPT:
     if "transformer.wte.weight" not in sd:
@@ -317,7 +337,9 @@ def build_model(
     with torch.device("meta"):
         model = GPT(config, arch)
     check_state_dict(model, sd, model_file, config)
-    model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, assign=True)
+    model.load_state_dict({k: v.to(precision.compute) for k, v in sd.items()}, assign=True)
+    if precision.weights != precision.compute:
+        model.store_weights_in(precision.weights)
     model.cos, model.sin = torch.empty(0), torch.empty(0)  # the meta-device placeholders
     model.to(device)
     model.init_rotary()
@@ -359,7 +381,9 @@ def load_model(
         )
     sd = read_state_dict(ref.model_file)
     dev = pick_device(device)
-    model = build_model(sd, config, ref.model_file, dev, pick_dtype(dev, dtype), softcap)
+    matrix_params = sum(v.numel() for k, v in sd.items() if v.ndim == 2 and "wte" not in k)
+    precision = pick_precision(dev, dtype, matrix_params)
+    model = build_model(sd, config, ref.model_file, dev, precision, softcap)
     model.info = ModelInfo(
         path=str(ref.model_file),
         tag=ref.tag,
@@ -368,7 +392,7 @@ def load_model(
         era=model.arch.era,
         num_params=model.num_params(),
         device=str(dev),
-        dtype=str(model.lm_head.weight.dtype).removeprefix("torch."),
+        dtype=precision.describe(),
         sequence_len=config.sequence_len,
         load_s=time.perf_counter() - t0,
         embedded=path is None,

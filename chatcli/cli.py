@@ -442,12 +442,15 @@ def bench(
         return
     console = make_console()
     console.print(
-        f"{result['model']}: {result['params'] / 1e6:.1f}M params, {result['dtype']}, "
-        f"{result['threads']} threads; memory bandwidth {result['bandwidth_gbs']} GB/s, "
+        f"{result['model']}: {result['params'] / 1e6:.1f}M params, {result['weights']} weights; "
+        f"plan: {result['plan']}; memory bandwidth {result['bandwidth_gbs']} GB/s, "
         f"{result['weight_mb_per_token']} MB of weights per token -> roofline "
         f"{result['roofline_tps']} tok/s"
     )
     rows = []
+    p, t = result["prefill_tps"], result["threads"]
+    rows.append(("threads", str(t["baseline"]), str(t["ours"]), ""))
+    rows.append(("prefill tok/s", str(p["baseline"]), str(p["ours"]), ""))
     for key, title in (
         ("decode_tps", "decode tok/s, batch 1"),
         ("decode8_tps", "decode tok/s, 8 samples"),
@@ -466,10 +469,11 @@ def bench(
         )
     render_table(console, ("measure", "baseline", "ours", "ours / baseline"), rows)
     console.print(
-        f"prefill {result['prefill_tps']} tok/s; 8 samples / single: {result['samples8_vs_single']}x; "
+        f"8 samples / single: {result['samples8_vs_single']}x; "
         f"TTFT turn 10 / turn 1: ours {ttft['ours_turn10_over_turn1']}, baseline "
         f"{ttft['baseline_turn10_over_turn1']}; roofline fraction {result['roofline_fraction']}; "
-        f"greedy identical: {result['greedy_identical']}; peak RSS {result['peak_rss_mb']} MB"
+        f"fp32 greedy identical: {result['greedy_identical_fp32']}; greedy agreement of the "
+        f"fast path with fp32: {result['greedy_agreement']}; peak RSS {result['peak_rss_mb']} MB"
     )
 
 

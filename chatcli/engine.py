@@ -98,10 +98,14 @@ class Engine:
 
     def new_cache(self, batch_size: int, seq_len: int) -> KVCache:
         m = self.model.config
-        weight = (
-            next(iter(self.model.parameters()), None) if hasattr(self.model, "parameters") else None
-        )
-        dtype = weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
+        # The K/V dtype is the activations' (our GPT may store its matrices in bf16).
+        dtype = getattr(self.model, "compute_dtype", None)
+        if dtype is None:
+            params = self.model.parameters() if hasattr(self.model, "parameters") else iter(())
+            weight = next(iter(params), None)
+            dtype = (
+                weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
+            )
         return KVCache(
             batch_size=batch_size,
             num_heads=m.n_kv_head,

@@ -16,7 +16,8 @@ FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanocha
 def test_bench_reports_every_measure_and_identical_greedy_output():
     model, tokenizer, _ = load_model(FIXTURE, device="cpu")
     result = run_bench(model, tokenizer, "fixture E")
-    assert result["greedy_identical"] is True
+    assert result["greedy_identical_fp32"] is True
+    assert result["weights"] == "float32" and result["greedy_agreement"] == 1.0
     for key in ("decode_tps", "decode8_tps"):
         assert result[key]["baseline"] > 0 and result[key]["ours"] > 0
     assert set(result["ttft_s"]["ours"]) == {1, 5, 10}
