@@ -43,12 +43,16 @@ SPLIT_PATTERN = (
 )
 
 
+class _Refused(pickle.UnpicklingError):
+    """The pickle asked for something a tokenizer file never needs."""
+
+
 class _EncodingState:
     """Stands in for tiktoken.Encoding while unpickling: it only records the pickled state."""
 
     def __init__(self, *args: object) -> None:
         if args:
-            raise pickle.UnpicklingError("unexpected constructor arguments for Encoding")
+            raise _Refused("unexpected constructor arguments for Encoding")
         self.state: object = None
 
     def __setstate__(self, state: object) -> None:
@@ -61,10 +65,10 @@ class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in {("tiktoken.core", "Encoding"), ("tiktoken", "Encoding")}:
             return _EncodingState
-        raise pickle.UnpicklingError(f"refused to load global {module}.{name}")
+        raise _Refused(f"refused to load global {module}.{name}")
 
     def persistent_load(self, pid: object) -> Any:
-        raise pickle.UnpicklingError("persistent ids are not allowed")
+        raise _Refused("persistent ids are not allowed")
 
 
 def _read_encoding_state(path: Path) -> dict[str, Any]:
@@ -74,7 +78,7 @@ def _read_encoding_state(path: Path) -> dict[str, Any]:
         raise TokenizerError(f"Cannot read tokenizer file {path}: {e.strerror or e}.") from e
     try:
         obj = _RestrictedUnpickler(io.BytesIO(data)).load()
-    except pickle.UnpicklingError as e:
+    except _Refused as e:
         raise TokenizerError(
             f"Refused to load tokenizer {path}: {e}. A nanochat tokenizer.pkl holds only a "
             "tiktoken Encoding; this file asks for more, so it was not loaded (nothing in it ran)."
