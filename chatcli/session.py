@@ -321,25 +321,32 @@ class ChatSession:
             # Runs on normal completion, on Ctrl-C (GeneratorExit) and on errors alike: the
             # partial reply is kept and the turn is closed with <|assistant_end|>.
             self.cache_tokens = self.cache_tokens[: self.cache.get_pos()] if self.cache else []
-            self._close_turn(tokens, masks, finish, stats, gen, t0)
+            self._close_turn(tokens, masks, len(tokens) - n_before, finish, stats, gen)
         yield from decoder.flush()
 
     def _close_turn(
         self,
         tokens: list[int],
         masks: list[int],
+        generated: int,
         finish: str,
         stats: TurnStats,
         gen: GenerationStats,
-        t0: float,
     ) -> None:
+        """Record the reply (a continued one includes what it continued) and its statistics.
+
+        `generated` counts this turn's new tokens; the first came from the prefill, so decode
+        speed is over the rest.
+        """
         end = self._ids[ASSISTANT_END]
         body = tokens[:-1] if tokens and tokens[-1] == end else tokens
         parts = decode_assistant_parts(body, masks[: len(body)], self.tokenizer)
-        stats.tokens_out = len(tokens)
+        stats.tokens_out = generated
         stats.finish_reason = finish
-        stats.decode_tps = (len(tokens) - 1) / gen.decode_s if gen.decode_s > 0 and tokens else 0.0
-        stats.context_used = stats.tokens_in + len(tokens)
+        stats.decode_tps = (
+            (generated - 1) / gen.decode_s if gen.decode_s > 0 and generated > 1 else 0.0
+        )
+        stats.context_used = stats.tokens_in + generated
         reply = Reply(parts, list(body), masks[: len(body)], stats)
         self.last_reply = reply
         self.history_stats.append(stats)
