@@ -178,7 +178,7 @@ def chat(
         typer.Option(
             "--resume",
             "-r",
-            help="Resume a saved conversation: its id, or 'last'.",
+            help="Resume a saved conversation: its id; alone, the last one.",
         ),
     ] = None,
     url: UrlOpt = None,
@@ -483,8 +483,18 @@ def config_path_command() -> None:
     typer.echo(str(config_path()))
 
 
+def bare_resume_means_last(argv: list[str]) -> list[str]:
+    """`--resume` with no id resumes the last conversation (click has no optional values)."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg in ("--resume", "-r") and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out.append("last")
+    return out
+
+
 def main() -> None:
     # OpenMP threads that spin while waiting make every op 10-60x slower as soon as another
     # process is busy on the same cores (measured; see docs): wait passively instead.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    app()
+    app(args=bare_resume_means_last(sys.argv[1:]), prog_name="chatcli")

@@ -120,3 +120,18 @@ def test_once_without_a_prompt_on_a_terminal_says_how_to_use_it(monkeypatch):
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
     result = runner.invoke(app, ["once"])
     assert result.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "want"),
+    [
+        (["chat", "--resume"], ["chat", "--resume", "last"]),
+        (["chat", "--resume", "--model", "x"], ["chat", "--resume", "last", "--model", "x"]),
+        (["chat", "-r", "20261121-0532"], ["chat", "-r", "20261121-0532"]),
+        (["chat", "--model", "x"], ["chat", "--model", "x"]),
+    ],
+)
+def test_a_bare_resume_means_the_last_conversation(argv, want):
+    from chatcli.cli import bare_resume_means_last
+
+    assert bare_resume_means_last(argv) == want
