@@ -139,13 +139,18 @@ class Tokenizer:
         return cls(encoding)
 
     @classmethod
-    def from_ranks(cls, mergeable_ranks: dict[bytes, int], name: str = "rustbpe") -> Tokenizer:
+    def from_ranks(
+        cls,
+        mergeable_ranks: dict[bytes, int],
+        name: str = "rustbpe",
+        pattern: str = SPLIT_PATTERN,
+    ) -> Tokenizer:
         """Build from trained merges, appending the 9 special tokens as the last ids."""
         n = len(mergeable_ranks)
         specials = {tok: n + i for i, tok in enumerate(SPECIAL_TOKENS)}
         enc = tiktoken.Encoding(
             name=name,
-            pat_str=SPLIT_PATTERN,
+            pat_str=pattern,
             mergeable_ranks=mergeable_ranks,
             special_tokens=specials,
         )

@@ -95,6 +95,13 @@ def conversation_text(conversation: list[dict]) -> str:
     return "\n".join(parts)
 
 
+# nanochat's split pattern, except that numbers split into single digits (\p{N} rather than
+# \p{N}{1,2}). With digit pairs, "4,892" is `4 , 89 2` but the calculator call needs `48 92`:
+# the model would have to re-chunk every number it copies. With single digits, copying a
+# number is position-aligned (the model trained with pairs failed mostly there).
+DIGIT_SPLIT_PATTERN = SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}")
+
+
 def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     """BPE over the training text with rustbpe (a training-time-only dependency)."""
     try:
@@ -103,10 +110,10 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
         sys.exit("Training the tokenizer needs rustbpe: pip install -e '.[train]'")
     trainer = rustbpe.Tokenizer()
     trainer.train_from_iterator(
-        iter(texts), vocab_size - len(SPECIAL_TOKENS), pattern=SPLIT_PATTERN
+        iter(texts), vocab_size - len(SPECIAL_TOKENS), pattern=DIGIT_SPLIT_PATTERN
     )
     ranks = {bytes(k): v for k, v in trainer.get_mergeable_ranks()}
-    return Tokenizer.from_ranks(ranks)
+    return Tokenizer.from_ranks(ranks, pattern=DIGIT_SPLIT_PATTERN)
 
 
 def pack_rows(
