@@ -68,6 +68,12 @@ UrlOpt = Annotated[
 ApiKeyOpt = Annotated[
     str | None, typer.Option("--api-key", envvar="CHATCLI_API_KEY", help="Bearer token for --url.")
 ]
+CompileOpt = Annotated[
+    bool,
+    typer.Option(
+        "--compile", help="torch.compile the model (slow first start, cached; eager fallback)."
+    ),
+]
 SoftcapOpt = Annotated[
     float | None,
     typer.Option(hidden=True, help="Override the logit softcap (15; a Mar 2026 variant used 20)."),
@@ -109,6 +115,7 @@ def _load_session(
     url: str | None = None,
     api_key: str | None = None,
     model_flag: str | None = None,
+    compile_model: bool = False,
 ) -> tuple[Any, dict]:
     """A session and its banner info: a local model, or a client of a server at `url`."""
     if url is not None:
@@ -126,6 +133,7 @@ def _load_session(
         return remote, remote.describe()
 
     from chatcli.checkpoint import load_model
+    from chatcli.cpu_plan import apply_cpu_plan
     from chatcli.session import ChatSession
 
     model, tokenizer, _ = load_model(
@@ -136,7 +144,10 @@ def _load_session(
         dtype=settings.dtype,
         softcap=softcap,
     )
-    session = ChatSession(model, tokenizer, _sampling(settings), system=settings.system)
+    apply_cpu_plan(model)
+    session = ChatSession(
+        model, tokenizer, _sampling(settings), system=settings.system, compile=compile_model
+    )
     return session, banner_info(asdict(model.info))
 
 
@@ -183,6 +194,7 @@ def chat(
     ] = None,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
+    compile_model: CompileOpt = False,
     softcap: SoftcapOpt = None,
 ) -> None:
     """Start an interactive chat session."""
@@ -199,7 +211,7 @@ def chat(
         settings = _settings(**_setting_flags(locals()))
         console = make_console()
         with console.status("Loading model…", spinner="dots"):
-            session, info = _load_session(settings, softcap, url, api_key, model)
+            session, info = _load_session(settings, softcap, url, api_key, model, compile_model)
         render_banner(console, info)
         folder = conversations_dir()
         if resume is not None:
@@ -258,6 +270,7 @@ def once(
     ] = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
+    compile_model: CompileOpt = False,
     softcap: SoftcapOpt = None,
 ) -> None:
     """Answer one message and exit."""
@@ -266,7 +279,7 @@ def once(
     try:
         settings = _settings(**_setting_flags(locals()))
         text = _read_prompt(prompt)
-        session, info = _load_session(settings, softcap, url, api_key, model)
+        session, info = _load_session(settings, softcap, url, api_key, model, compile_model)
         console = make_console()
         if as_json:
             _once_json(session, info, text)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import inspect
 import time
+import warnings
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -71,10 +72,37 @@ class RowState:
     completed: bool = False
 
 
+def compiled_forward(model: CachedModel) -> Callable[..., torch.Tensor]:
+    """model.forward through torch.compile, falling back to eager if compiling fails.
+
+    Inductor caches its kernels on disk (its default cache dir), so only the first run on a
+    machine pays the full compile time. A failure (no C compiler, an unsupported op) is
+    reported once as a warning and the model runs eagerly from then on.
+    """
+    compiled: Callable[..., torch.Tensor] | None = torch.compile(model.forward, dynamic=True)
+
+    def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+        nonlocal compiled
+        if compiled is not None:
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as e:  # inductor raises many types; eager always works
+                warnings.warn(f"torch.compile failed, running eagerly: {e}", stacklevel=2)
+                compiled = None
+        return model.forward(*args, **kwargs)
+
+    return forward
+
+
 class Engine:
-    def __init__(self, model: CachedModel, tokenizer: ToolTokenizer) -> None:
+    def __init__(
+        self, model: CachedModel, tokenizer: ToolTokenizer, *, compile: bool = False
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        # The K/V writes happen before the cache advances, so a failed compiled call that
+        # falls back to eager simply rewrites the same positions.
+        self._forward = compiled_forward(model) if compile else model.forward
         special = tokenizer.encode_special
         self.python_start, self.python_end = special(PYTHON_START), special(PYTHON_END)
         self.output_start, self.output_end = special(OUTPUT_START), special(OUTPUT_END)
@@ -88,8 +116,8 @@ class Engine:
     def forward_last(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run ids (B, T) through the model into the cache; logits (B, V) of the last position."""
         if self._last_only:
-            return self.model.forward(ids, kv_cache=cache, last_only=True)[:, -1, :]
-        return self.model.forward(ids, kv_cache=cache)[:, -1, :]
+            return self._forward(ids, kv_cache=cache, last_only=True)[:, -1, :]
+        return self._forward(ids, kv_cache=cache)[:, -1, :]
 
     @property
     def context_len(self) -> int:

@@ -123,6 +123,15 @@ class Linear(nn.Linear):
         return F.linear(x.to(w.dtype), w).to(x.dtype)
 
 
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """An embedding table left uninitialised: every weight is loaded or set by the trainer.
+
+    Skipping nn.Embedding's own normal_() matters on the meta device, where the first call
+    lazily imports torch's compiler stack (~2 s of a cold `chatcli once`).
+    """
+    return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+
+
 def norm(x: torch.Tensor) -> torch.Tensor:
     # RMSNorm without a weight; eps is torch's default for the dtype, as in the reference.
     return F.rms_norm(x, (x.size(-1),))
@@ -314,7 +323,7 @@ class GPT(nn.Module):
         V, C, L = arch.padded_vocab_size, config.n_embd, config.n_layer
         self.transformer = nn.ModuleDict(
             {
-                "wte": nn.Embedding(V, C),
+                "wte": embedding(V, C),
                 "h": nn.ModuleList([Block(config, arch, i) for i in range(L)]),
             }
         )
@@ -325,7 +334,7 @@ class GPT(nn.Module):
         if arch.ve_gate_channels:
             kv_dim = config.n_kv_head * config.head_dim
             self.value_embeds = nn.ModuleDict(
-                {str(i): nn.Embedding(V, kv_dim) for i in range(L) if has_value_embed(i, L)}
+                {str(i): embedding(V, kv_dim) for i in range(L) if has_value_embed(i, L)}
             )
         if arch.smear:
             self.smear_gate = Linear(SMEAR_CHANNELS, 1, bias=False)

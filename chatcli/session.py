@@ -41,9 +41,10 @@ class ChatSession:
     options: SamplingOptions = field(default_factory=SamplingOptions)
     system: str | None = None
     raw: bool = False  # stream special tokens as they are (/raw on)
+    compile: bool = False  # run the model through torch.compile (--compile)
 
     def __post_init__(self) -> None:
-        self.engine = Engine(self.model, self.tokenizer)
+        self.engine = Engine(self.model, self.tokenizer, compile=self.compile)
         self.entries: list[_Entry] = []
         self.cache: KVCache | None = None
         self.cache_tokens: list[int] = []  # what the cache holds, position by position

@@ -193,3 +193,37 @@ def test_engine_samples_match_with_and_without_a_shared_prefix():
     engine.shared_prefix = False
     copied = engine.generate_batch(prompt, num_samples=4, max_tokens=12, temperature=1.0, seed=3)
     assert shared == copied
+
+
+@needs_fixtures
+@pytest.mark.slow
+def test_compiled_engine_gives_the_eager_greedy_output():
+    import shutil
+
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("torch.compile on CPU needs a C compiler")
+    model, tokenizer, _ = load_model(FIXTURES / "E", device="cpu")
+    case = _expected("E")["cases"][1]  # the long prompt: past the short window
+    n = len(case["greedy"])
+    eager, _ = Engine(model, tokenizer).generate_batch(
+        case["prompt"], max_tokens=n, temperature=0.0
+    )
+    compiled_engine = Engine(model, tokenizer, compile=True)
+    with _no_fallback_warning():  # the compiled path really ran
+        fast, _ = compiled_engine.generate_batch(case["prompt"], max_tokens=n, temperature=0.0)
+    assert fast == eager
+    assert fast[0][len(case["prompt"]) :] == case["greedy"]
+
+
+def _no_fallback_warning():
+    import contextlib
+    import warnings
+
+    @contextlib.contextmanager
+    def check():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+        assert not [w for w in caught if "torch.compile failed" in str(w.message)]
+
+    return check()
