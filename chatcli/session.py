@@ -26,6 +26,7 @@ from chatcli.tokenizer import Tokenizer
 from chatcli.turns import CONTEXT_WARN_FRACTION, Reply, SamplingOptions, TurnNotice, TurnStats
 
 Message = dict[str, Any]
+CONTEXT_REFILL_FRACTION = 0.75  # after dropping old exchanges, the prompt + reply budget use this
 
 
 @dataclass
@@ -127,10 +128,21 @@ class ChatSession:
                 e.tokens = self._assistant_tokens(e.message)
 
     def _fit_context(self, user_tokens: int, reserve: int) -> None:
-        """Drop the oldest exchanges until the prompt plus a reply budget fits."""
+        """Drop the oldest exchanges when the prompt plus a reply budget would not fit.
+
+        It drops down to CONTEXT_REFILL_FRACTION of the context rather than just enough: each
+        drop changes the prompt's start and costs a full re-prefill, so freeing room for
+        several turns at once keeps the next turns on the warm cache.
+        """
         limit = self.context_len
+
+        def needed() -> int:
+            return sum(len(e.tokens) for e in self.entries) + user_tokens + 2 + reserve
+
+        if needed() <= limit:
+            return
         dropped = 0
-        while sum(len(e.tokens) for e in self.entries) + user_tokens + 2 + reserve > limit:
+        while needed() > CONTEXT_REFILL_FRACTION * limit:
             if not self.undo_oldest():
                 break
             dropped += 1
