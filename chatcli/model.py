@@ -111,7 +111,10 @@ class Linear(nn.Linear):
 
     Weight-only bf16 on CPU: activations stay fp32; the matrix is read in bf16 (half the
     bytes, and decode is bandwidth-bound). A single vector (batch-1 decode) goes through
-    torch.mv, which is ~2x faster here than F.linear on bf16 (measured, docs/performance.md).
+    torch.mv, ~2x faster here than fp32 F.linear (docs/performance.md). Several rows (prefill,
+    sample rows) would hit bf16 matrix-matrix kernels, which are compute-bound and measured
+    6.6x slower than fp32 on this CPU: for them the weight is widened to fp32 once per call,
+    a cost the rows share.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -120,7 +123,7 @@ class Linear(nn.Linear):
             return F.linear(x, w)
         if x.numel() == x.size(-1):
             return torch.mv(w, x.reshape(-1).to(w.dtype)).to(x.dtype).view(*x.shape[:-1], -1)
-        return F.linear(x.to(w.dtype), w).to(x.dtype)
+        return F.linear(x, w.to(x.dtype))
 
 
 def embedding(num: int, dim: int) -> nn.Embedding:
