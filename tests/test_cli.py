@@ -136,3 +136,27 @@ def test_a_bare_resume_means_the_last_conversation(argv, want):
     from chatcli.cli import bare_resume_means_last
 
     assert bare_resume_means_last(argv) == want
+
+
+def test_once_url_talks_to_a_server_and_shows_the_calculator():
+    pytest.importorskip("fastapi")
+    from serving import END, scripted_worker, serve_workers, text_tokens
+
+    call = [261, *text_tokens("6*7"), 262]  # <|python_start|>6*7<|python_end|> in byte ids
+    sentence = text_tokens(" It is 42.")
+
+    def script(history: list[int]) -> int:
+        if len(history) < len(call):
+            return call[len(history)]
+        if 264 not in history:  # the server forces <|output_start|>42<|output_end|> itself
+            return END
+        written = history[history.index(264) + 1 :]
+        return sentence[len(written)] if len(written) < len(sentence) else END
+
+    server = serve_workers([scripted_worker(script)])
+    try:
+        result = runner.invoke(app, ["once", "6*7?", "--url", server.url, "-t", "0"])
+    finally:
+        server.stop()
+    assert result.exit_code == 0, result.output
+    assert result.output == "[calc 6*7 = 42] It is 42.\n"
