@@ -23,9 +23,15 @@ from chatcli.kv_cache import KVCache
 from chatcli.special_tokens import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
 from chatcli.stream import StreamEvent, TokenDecoder, decode_assistant_parts
 from chatcli.tokenizer import Tokenizer
-from chatcli.turns import CONTEXT_WARN_FRACTION, Reply, SamplingOptions, TurnNotice, TurnStats
+from chatcli.turns import (
+    CONTEXT_WARN_FRACTION,
+    Message,
+    Reply,
+    SamplingOptions,
+    TurnNotice,
+    TurnStats,
+)
 
-Message = dict[str, Any]
 CONTEXT_REFILL_FRACTION = 0.75  # after dropping old exchanges, the prompt + reply budget use this
 
 
