@@ -32,6 +32,7 @@ from chatcli.turns import (
     SamplingOptions,
     TurnNotice,
     TurnStats,
+    split_system,
 )
 
 # Waiting for a busy server's queue can take a while; a dead connection is found much sooner.
@@ -142,13 +143,8 @@ class RemoteSession:
         return head + list(self._entries)
 
     def load_messages(self, messages: list[Message]) -> None:
-        self.system = None
-        self._entries = []
-        for m in messages:
-            if m["role"] == "system":
-                self.system = m["content"] or None
-            else:
-                self._entries.append(dict(m))
+        self.system, rest = split_system(messages)
+        self._entries = [dict(m) for m in rest]
 
     def set_system(self, text: str | None) -> None:
         self.system = text or None

@@ -30,6 +30,7 @@ from chatcli.turns import (
     SamplingOptions,
     TurnNotice,
     TurnStats,
+    split_system,
 )
 
 CONTEXT_REFILL_FRACTION = 0.75  # after dropping old exchanges, the prompt + reply budget use this
@@ -76,13 +77,8 @@ class ChatSession:
 
     def load_messages(self, messages: list[Message]) -> None:
         """Replace the conversation (e.g. a resumed file); the cache refills on the next turn."""
-        self.system = None
-        self.entries = []
-        for m in messages:
-            if m["role"] == "system":
-                self.system = m["content"] or None
-            else:
-                self.entries.append(_Entry(m, []))
+        self.system, rest = split_system(messages)
+        self.entries = [_Entry(m, []) for m in rest]
         self._retokenize()
 
     def set_system(self, text: str | None) -> None:

@@ -62,3 +62,14 @@ class TurnNotice:
     """Something the user should hear about before the reply (context warnings, drops)."""
 
     text: str
+
+
+def split_system(messages: list[Message]) -> tuple[str | None, list[Message]]:
+    """(the system prompt or None, the other messages): how sessions hold a conversation."""
+    system, rest = None, []
+    for m in messages:
+        if m["role"] == "system":
+            system = m["content"] or None
+        else:
+            rest.append(m)
+    return system, rest
