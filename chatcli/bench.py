@@ -21,7 +21,7 @@ from chatcli.baseline import baseline_generate
 from chatcli.checkpoint import LARGE_MODEL_MATRIX_PARAMS
 from chatcli.cpu_plan import apply_cpu_plan
 from chatcli.engine import Engine, GenerationStats
-from chatcli.model import ERAS, GPT, GPTConfig
+from chatcli.model import ERAS, GPT, GPTConfig, Linear
 from chatcli.session import ChatSession, SamplingOptions
 from chatcli.special_tokens import SPECIAL_TOKENS
 
@@ -98,13 +98,14 @@ def _timed(fn) -> float:
 
 
 def weight_bytes_per_token(model: GPT) -> int:
-    """Bytes of weights a decode step reads: every matrix but the embedding tables."""
-    skip = ("transformer.wte", "value_embeds")
-    return sum(
-        p.numel() * p.element_size()
-        for name, p in model.named_parameters()
-        if p.ndim == 2 and not name.startswith(skip)
-    )
+    """Bytes of weights a batch-1 decode step reads: every matrix but the embedding tables,
+    in the precision decode reads it (a bf16 decode copy when there is one)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, Linear):
+            w = module.decode_weight if module.decode_weight is not None else module.weight
+            total += w.numel() * w.element_size()
+    return total
 
 
 def _prompt(tokenizer, n: int) -> list[int]:
@@ -240,7 +241,7 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
         precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS
     )
     if wants_bf16:
-        model.store_weights_in(torch.bfloat16)
+        model.add_decode_weights(torch.bfloat16)
     wbytes = weight_bytes_per_token(model)
     ours_prefill = _prefill_tps(model, prompt)
     ours_1, _ = _ours_decode(engine, short, 1)

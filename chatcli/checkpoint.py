@@ -91,16 +91,17 @@ LARGE_MODEL_MATRIX_PARAMS = 100_000_000
 
 @dataclass(frozen=True)
 class Precision:
-    compute: torch.dtype  # activations, norms, softmax, the KV cache
-    weights: torch.dtype  # the large matrices
+    compute: torch.dtype  # activations, norms, softmax, the KV cache, the weights
+    weights: torch.dtype  # what batch-1 decode reads the large matrices in
 
     def describe(self) -> str:
         c, w = (str(d).removeprefix("torch.") for d in (self.compute, self.weights))
-        return c if c == w else f"{c} (weights {w})"
+        return c if c == w else f"{c} (decode weights {w})"
 
 
 def pick_precision(device: torch.device, dtype: str = "auto", matrix_params: int = 0) -> Precision:
-    """bf16 end to end on CUDA; on CPU fp32 compute, with bf16 weights for large models.
+    """bf16 end to end on CUDA; on CPU fp32, plus a bf16 copy of the matrices for the
+    batch-1 decode of large models (1.5x the memory of fp32).
 
     Small models keep fp32 weights on CPU: they are dispatch-bound, not bandwidth-bound, and
     fp32 keeps their greedy output identical to the reference.
@@ -339,7 +340,7 @@ def build_model(
     check_state_dict(model, sd, model_file, config)
     model.load_state_dict({k: v.to(precision.compute) for k, v in sd.items()}, assign=True)
     if precision.weights != precision.compute:
-        model.store_weights_in(precision.weights)
+        model.add_decode_weights(precision.weights)
     model.cos, model.sin = torch.empty(0), torch.empty(0)  # the meta-device placeholders
     model.to(device)
     model.init_rotary()

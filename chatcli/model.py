@@ -107,23 +107,22 @@ def infer_architecture(
 
 
 class Linear(nn.Linear):
-    """A bias-free linear layer whose weights may be stored in lower precision than x.
+    """A bias-free linear layer that can also keep a bf16 copy of its weight for decode.
 
-    Weight-only bf16 on CPU: activations stay fp32; the matrix is read in bf16 (half the
-    bytes, and decode is bandwidth-bound). A single vector (batch-1 decode) goes through
-    torch.mv, ~2x faster here than fp32 F.linear (docs/performance.md). Several rows (prefill,
-    sample rows) would hit bf16 matrix-matrix kernels, which are compute-bound and measured
-    6.6x slower than fp32 on this CPU: for them the weight is widened to fp32 once per call,
-    a cost the rows share.
+    Batch-1 decode on CPU is bandwidth-bound: a single vector goes through torch.mv over the
+    bf16 copy (half the bytes; ~2x faster than fp32 F.linear here, docs/performance.md).
+    Anything with several rows (prefill, sample rows) uses the fp32 weight: bf16
+    matrix-matrix kernels are compute-bound on this CPU and measured 6.6x slower, and
+    widening bf16 to fp32 on every call cost more than it saved. Activations stay fp32.
     """
 
+    decode_weight: torch.Tensor | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if w.dtype == x.dtype:
-            return F.linear(x, w)
-        if x.numel() == x.size(-1):
+        w = self.decode_weight
+        if w is not None and x.numel() == x.size(-1):
             return torch.mv(w, x.reshape(-1).to(w.dtype)).to(x.dtype).view(*x.shape[:-1], -1)
-        return F.linear(x, w.to(x.dtype))
+        return F.linear(x, self.weight)
 
 
 def embedding(num: int, dim: int) -> nn.Embedding:
@@ -368,11 +367,11 @@ class GPT(nn.Module):
         self.cos = cos.to(compute)[None, :, None, :]
         self.sin = sin.to(compute)[None, :, None, :]
 
-    def store_weights_in(self, dtype: torch.dtype) -> None:
-        """Weight-only precision: the big matrices in `dtype`, everything else as it is."""
+    def add_decode_weights(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        """Keep a `dtype` copy of every large matrix for single-vector (batch-1) decode."""
         for module in self.modules():
             if isinstance(module, Linear) and module.weight.numel() >= 4096:
-                module.weight.data = module.weight.data.to(dtype)
+                module.decode_weight = module.weight.detach().to(dtype)
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -227,3 +227,20 @@ def _no_fallback_warning():
         assert not [w for w in caught if "torch.compile failed" in str(w.message)]
 
     return check()
+
+
+def test_bf16_decode_weights_serve_single_vectors_only():
+    model = _random_model("E")
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 190, (2, 40), generator=g)
+    cache = KVCache(1, 2, 64, 16, 4)
+    before_full = model(ids)
+    before_step = model(ids[:1, :1], kv_cache=cache)
+    model.add_decode_weights(torch.bfloat16)
+    assert model.lm_head.decode_weight.dtype == torch.bfloat16
+    assert model.lm_head.weight.dtype == torch.float32  # fp32 kept for several rows
+    torch.testing.assert_close(model(ids), before_full, atol=0, rtol=0)  # prefill untouched
+    cache.reset()
+    step = model(ids[:1, :1], kv_cache=cache)  # one vector: the bf16 copy through torch.mv
+    assert not torch.equal(step, before_step)
+    torch.testing.assert_close(step, before_step, atol=0.05, rtol=0)
