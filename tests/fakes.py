@@ -22,6 +22,7 @@ from chatcli.special_tokens import (
     PYTHON_START,
     SPECIAL_TOKENS,
 )
+from chatcli.stream import TextDelta
 
 N_BYTES = 256
 VOCAB_SIZE = N_BYTES + len(SPECIAL_TOKENS)  # 265
@@ -190,3 +191,14 @@ def tool_call(expr: str, then: Sequence[int]) -> Script:
 
 # ' done' then <|assistant_end|>: the usual end of a tool-use answer.
 DONE = [*ByteTokenizer().encode(" done"), SPECIAL_IDS[ASSISTANT_END]]
+
+
+def merged(events: list) -> list:
+    """Neighbouring TextDeltas joined: how the text was chunked is not the point."""
+    out = []
+    for e in events:
+        if isinstance(e, TextDelta) and out and isinstance(out[-1], TextDelta):
+            out[-1] = TextDelta(out[-1].text + e.text)
+        else:
+            out.append(e)
+    return out

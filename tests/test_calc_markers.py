@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from fakes import merged
 
 from chatcli.calc_markers import MarkerScanner, format_marker, parts_from_text, text_from_parts
 from chatcli.stream import TextDelta, ToolCallDelta, ToolCallStart, ToolResult
@@ -65,17 +66,6 @@ def feed_all(chunks: list[str]) -> list:
     for chunk in chunks:
         events += scanner.feed(chunk)
     return events + scanner.flush()
-
-
-def merged(events: list) -> list:
-    """Neighbouring TextDeltas joined: how a chunking shows up is not the point."""
-    out = []
-    for e in events:
-        if isinstance(e, TextDelta) and out and isinstance(out[-1], TextDelta):
-            out[-1] = TextDelta(out[-1].text + e.text)
-        else:
-            out.append(e)
-    return out
 
 
 def test_the_scanner_finds_markers_split_anywhere():

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
 
-from fakes import tool_call, uniform_bytes
+from fakes import merged, tool_call, uniform_bytes
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
@@ -23,17 +23,6 @@ from chatcli.stream import TextDelta, ToolCallDelta, ToolCallStart, ToolResult
 from chatcli.turns import SamplingOptions
 
 CALC_THEN_TEXT = tool_call("6*7", [*text_tokens(" so 42."), END])
-
-
-def merged(events: list) -> list:
-    """Neighbouring TextDeltas joined: how the text was chunked is not the point."""
-    out = []
-    for e in events:
-        if isinstance(e, TextDelta) and out and isinstance(out[-1], TextDelta):
-            out[-1] = TextDelta(out[-1].text + e.text)
-        else:
-            out.append(e)
-    return out
 
 
 @pytest.fixture
