@@ -22,6 +22,7 @@ from chatcli.checkpoint import LARGE_MODEL_MATRIX_PARAMS
 from chatcli.cpu_plan import apply_cpu_plan
 from chatcli.engine import Engine, GenerationStats
 from chatcli.model import ERAS, GPT, GPTConfig, Linear
+from chatcli.quantize import QUANTIZE_KINDS
 from chatcli.session import ChatSession, SamplingOptions
 from chatcli.special_tokens import SPECIAL_TOKENS
 
@@ -103,8 +104,10 @@ def weight_bytes_per_token(model: GPT) -> int:
     total = 0
     for module in model.modules():
         if isinstance(module, Linear):
-            w = module.decode_weight if module.decode_weight is not None else module.weight
-            total += w.numel() * w.element_size()
+            if module.decode_weight is not None:
+                total += module.decode_weight.nbytes
+            else:
+                total += module.weight.numel() * module.weight.element_size()
     return total
 
 
@@ -212,7 +215,11 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -> dict[str, Any]:
-    """Baseline first (eager fp32, default threads), then ours with the CPU plan applied."""
+    """Baseline first (eager fp32, default threads), then ours with the CPU plan applied.
+
+    precision: the decode weights ours reads: auto (bf16 copies for large models, else the
+    fp32 weights), float32, or a quantize.QUANTIZE_KINDS format for any model.
+    """
     torch.manual_seed(0)
     engine = Engine(model, tokenizer)
     prompt = _prompt(tokenizer, min(512, model.config.sequence_len // 2))
@@ -237,11 +244,12 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     # -- ours: the same fp32 model through our engine, then the CPU plan
     fp32_identical = _greedy_tokens(ours_greedy, tokenizer) == reference
     plan = apply_cpu_plan(model)
-    wants_bf16 = precision == "bfloat16" or (
-        precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS
-    )
-    if wants_bf16:
-        model.add_decode_weights(torch.bfloat16)
+    decode_kind = precision if precision in QUANTIZE_KINDS else None
+    if precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS:
+        decode_kind = "bfloat16"
+    if decode_kind is not None:
+        model.add_decode_weights(decode_kind)
+        engine = Engine(model, tokenizer)  # decides its decode path for these weights
     wbytes = weight_bytes_per_token(model)
     ours_prefill = _prefill_tps(model, prompt)
     ours_1, _ = _ours_decode(engine, short, 1)
@@ -258,9 +266,10 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     return {
         "model": label,
         "params": sum(p.numel() for p in model.parameters()),
-        "weights": "bfloat16" if wants_bf16 else "float32",
+        "weights": decode_kind or "float32",
         "threads": {"baseline": default_threads, "ours": plan.threads if plan else default_threads},
         "plan": plan.reason if plan else "not a CPU model",
+        "decode_path": "decode_step" if engine.decode_step is not None else "module forward",
         "bandwidth_gbs": round(bandwidth, 1),
         "weight_mb_per_token": round(wbytes / 1e6, 1),
         "roofline_tps": round(roofline, 1),

@@ -21,6 +21,7 @@ import torch
 
 from chatcli.errors import CheckpointError, TokenizerError
 from chatcli.model import GPT, GPTConfig, infer_architecture
+from chatcli.quantize import QUANTIZE_KINDS
 from chatcli.tokenizer import Tokenizer
 
 SOURCES = {
@@ -92,31 +93,43 @@ LARGE_MODEL_MATRIX_PARAMS = 100_000_000
 @dataclass(frozen=True)
 class Precision:
     compute: torch.dtype  # activations, norms, softmax, the KV cache, the weights
-    weights: torch.dtype  # what batch-1 decode reads the large matrices in
+    decode: str | None = None  # a compact copy batch-1 decode reads (quantize.QUANTIZE_KINDS)
 
     def describe(self) -> str:
-        c, w = (str(d).removeprefix("torch.") for d in (self.compute, self.weights))
-        return c if c == w else f"{c} (decode weights {w})"
+        c = str(self.compute).removeprefix("torch.")
+        return c if self.decode is None else f"{c} (decode weights {self.decode})"
 
 
-def pick_precision(device: torch.device, dtype: str = "auto", matrix_params: int = 0) -> Precision:
-    """bf16 end to end on CUDA; on CPU fp32, plus a bf16 copy of the matrices for the
-    batch-1 decode of large models (1.5x the memory of fp32).
+def pick_precision(
+    device: torch.device, dtype: str = "auto", matrix_params: int = 0, quantize: str = "none"
+) -> Precision:
+    """bf16 end to end on CUDA; on CPU fp32, plus a compact copy of the matrices for the
+    batch-1 decode of large models: bf16 by default (1.5x the memory of fp32), or int8/int4
+    when asked for (quantize), whatever the size.
 
     Small models keep fp32 weights on CPU: they are dispatch-bound, not bandwidth-bound, and
     fp32 keeps their greedy output identical to the reference.
     """
     if dtype not in ("auto", "float32", "bfloat16"):
         raise CheckpointError(f"Unknown dtype {dtype!r}; use auto, float32 or bfloat16.")
+    if quantize not in ("none", *QUANTIZE_KINDS[1:]):
+        raise CheckpointError(f"Unknown quantize {quantize!r}; use none, int8 or int4.")
+    if quantize != "none":
+        if device.type != "cpu":
+            raise CheckpointError(
+                f"--quantize {quantize} is for CPU decode; on {device.type} the model runs in "
+                "bf16 already. Drop --quantize, or add --device cpu."
+            )
+        return Precision(torch.float32, quantize)
     if dtype == "float32":
-        return Precision(torch.float32, torch.float32)
+        return Precision(torch.float32)
     if device.type == "cuda":
         if dtype == "bfloat16" or torch.cuda.is_bf16_supported():
-            return Precision(torch.bfloat16, torch.bfloat16)
-        return Precision(torch.float32, torch.float32)
+            return Precision(torch.bfloat16)
+        return Precision(torch.float32)
     if dtype == "bfloat16" or matrix_params > LARGE_MODEL_MATRIX_PARAMS:
-        return Precision(torch.float32, torch.bfloat16)
-    return Precision(torch.float32, torch.float32)
+        return Precision(torch.float32, "bfloat16")
+    return Precision(torch.float32)
 
 
 # ---- resolving paths ----------------------------------------------------------------------
@@ -339,8 +352,8 @@ def build_model(
         model = GPT(config, arch)
     check_state_dict(model, sd, model_file, config)
     model.load_state_dict({k: v.to(precision.compute) for k, v in sd.items()}, assign=True)
-    if precision.weights != precision.compute:
-        model.add_decode_weights(precision.weights)
+    if precision.decode is not None:
+        model.add_decode_weights(precision.decode)
     model.cos, model.sin = torch.empty(0), torch.empty(0)  # the meta-device placeholders
     model.to(device)
     model.init_rotary()
@@ -358,6 +371,7 @@ def load_model(
     device: str = "auto",
     dtype: str = "auto",
     softcap: float | None = None,
+    quantize: str = "none",
 ) -> tuple[GPT, Tokenizer, dict[str, Any]]:
     """Load a nanochat checkpoint: (model, tokenizer, meta).
 
@@ -365,7 +379,8 @@ def load_model(
     folder (model_*.pt, meta_*.json, tokenizer.pkl side by side), a model_*.pt file, a tag in
     $NANOCHAT_BASE_DIR, or None for the embedded default model. The largest d<N> tag and the
     last step are taken unless tag/step say otherwise. softcap overrides the logit softcap (15)
-    for the short-lived variant that used 20, which nothing on disk reveals.
+    for the short-lived variant that used 20, which nothing on disk reveals. quantize (int8,
+    int4; CPU only) reads the matrices in that format during batch-1 decode.
     """
     t0 = time.perf_counter()
     ref = resolve_checkpoint(path, source=source, tag=tag, step=step)
@@ -383,7 +398,7 @@ def load_model(
     sd = read_state_dict(ref.model_file)
     dev = pick_device(device)
     matrix_params = sum(v.numel() for k, v in sd.items() if v.ndim == 2 and "wte" not in k)
-    precision = pick_precision(dev, dtype, matrix_params)
+    precision = pick_precision(dev, dtype, matrix_params, quantize)
     model = build_model(sd, config, ref.model_file, dev, precision, softcap)
     model.info = ModelInfo(
         path=str(ref.model_file),

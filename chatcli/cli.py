@@ -49,6 +49,9 @@ SourceOpt = Annotated[str | None, typer.Option(help="Checkpoint kind: sft, rl, b
 StepOpt = Annotated[int | None, typer.Option(help="Checkpoint step (default: the last).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto, cpu, cuda or mps.")]
 DtypeOpt = Annotated[str | None, typer.Option(help="auto, float32 or bfloat16.")]
+QuantizeOpt = Annotated[
+    str | None, typer.Option(help="CPU decode weights: none, int8 or int4 (big models).")
+]
 TempOpt = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
 TopKOpt = Annotated[int | None, typer.Option("--top-k", help="0 = off.")]
 TopPOpt = Annotated[float | None, typer.Option("--top-p", help="1.0 = off.")]
@@ -143,6 +146,7 @@ def _load_session(
         device=settings.device,
         dtype=settings.dtype,
         softcap=softcap,
+        quantize=settings.quantize,
     )
     apply_cpu_plan(model)
     session = ChatSession(
@@ -176,6 +180,7 @@ def chat(
     step: StepOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     temperature: TempOpt = None,
     top_k: TopKOpt = None,
     top_p: TopPOpt = None,
@@ -256,6 +261,7 @@ def once(
     step: StepOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     temperature: TempOpt = None,
     top_k: TopKOpt = None,
     top_p: TopPOpt = None,
@@ -431,11 +437,16 @@ def bench(
     synthetic: Annotated[
         str | None, typer.Option(help="A random-weight nanochat of depth d4, d12 or d20.")
     ] = None,
+    quantize: Annotated[
+        str,
+        typer.Option(help="Decode weights for ours: auto, float32, bfloat16, int8 or int4."),
+    ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Measure our engine against the plain baseline: decode, samples, chat TTFT, memory."""
     from chatcli.bench import SYNTHETIC_DEPTHS, run_bench, synthetic_model
     from chatcli.checkpoint import load_model
+    from chatcli.quantize import QUANTIZE_KINDS
     from chatcli.render import make_console, render_table
 
     try:
@@ -447,7 +458,11 @@ def bench(
         else:
             net, tokenizer, _ = load_model(model, device="cpu")
             label = "embedded default model" if model is None else str(model)
-        result = run_bench(net, tokenizer, label)
+        if quantize not in ("auto", "float32", *QUANTIZE_KINDS):
+            raise ChatcliError(
+                f"--quantize takes auto, float32, {', '.join(QUANTIZE_KINDS)}; not {quantize!r}."
+            )
+        result = run_bench(net, tokenizer, label, precision=quantize)
     except ChatcliError as e:
         raise _fail(str(e)) from None
     if as_json:
@@ -456,7 +471,8 @@ def bench(
     console = make_console()
     console.print(
         f"{result['model']}: {result['params'] / 1e6:.1f}M params, {result['weights']} weights; "
-        f"plan: {result['plan']}; memory bandwidth {result['bandwidth_gbs']} GB/s, "
+        f"plan: {result['plan']}, decode via {result['decode_path']}; "
+        f"memory bandwidth {result['bandwidth_gbs']} GB/s, "
         f"{result['weight_mb_per_token']} MB of weights per token -> roofline "
         f"{result['roofline_tps']} tok/s"
     )

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from chatcli.calculator import format_result, use_calculator
+from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, WithFallback
 from chatcli.errors import ContextOverflowError
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.sampling import sample_next_token
@@ -94,15 +95,39 @@ def compiled_forward(model: CachedModel) -> Callable[..., torch.Tensor]:
     return forward
 
 
+def _pick_decode_step(model: CachedModel, compile: bool) -> Callable[..., torch.Tensor] | None:
+    """The fastest one-token-per-row step that reproduces this model, or None (the forward).
+
+    - CUDA: the static step captured as a CUDA graph (one launch per token instead of
+      hundreds), falling back to the plain forward if capture fails.
+    - CPU, small fp32 model: the fused step (decode_step.py); with --compile, its static
+      twin through torch.compile (one graph per cache shape), falling back to the fused step.
+    """
+    device = model.get_device().type if hasattr(model, "get_device") else "cpu"
+    if device == "cuda" and StaticDecodeStep.supports(model):
+        step = StaticDecodeStep(model)
+        return WithFallback(CudaGraphStep(step), step, "CUDA graph capture")
+    if device != "cpu" or not DecodeStep.supports(model):
+        return None
+    if compile:
+        step = StaticDecodeStep(model)
+        return WithFallback(step.compiled(), DecodeStep(model), "torch.compile")
+    return DecodeStep(model)
+
+
 class Engine:
     def __init__(
         self, model: CachedModel, tokenizer: ToolTokenizer, *, compile: bool = False
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        # The K/V writes happen before the cache advances, so a failed compiled call that
-        # falls back to eager simply rewrites the same positions.
-        self._forward = compiled_forward(model) if compile else model.forward
+        self._forward = model.forward
+        self.decode_step = _pick_decode_step(model, compile)
+        if compile and self.decode_step is None:
+            # No static step for this model: compile the whole forward (dynamic shapes).
+            # The K/V writes happen before the cache advances, so a failed compiled call
+            # that falls back to eager simply rewrites the same positions.
+            self._forward = compiled_forward(model)
         special = tokenizer.encode_special
         self.python_start, self.python_end = special(PYTHON_START), special(PYTHON_END)
         self.output_start, self.output_end = special(OUTPUT_START), special(OUTPUT_END)
@@ -115,6 +140,8 @@ class Engine:
 
     def forward_last(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run ids (B, T) through the model into the cache; logits (B, V) of the last position."""
+        if self.decode_step is not None and ids.size(1) == 1:
+            return self.decode_step(ids, cache)
         if self._last_only:
             return self._forward(ids, kv_cache=cache, last_only=True)[:, -1, :]
         return self._forward(ids, kv_cache=cache)[:, -1, :]
@@ -189,7 +216,10 @@ class Engine:
             # The rows share the prompt's K/V: nothing is copied, and each step reads them once.
             cache = SharedPrefixCache(prefill_cache, num_samples, budget)
         else:
-            cache = self.new_cache(num_samples, len(tokens) + budget)
+            # One row gets the whole context: a static decode step (compiled, CUDA graph)
+            # then sees the same cache shape on every call.
+            length = limit if num_samples == 1 else len(tokens) + budget
+            cache = self.new_cache(num_samples, length)
             cache.prefill(prefill_cache)
         del prefill_cache
         stats.prefill_s = time.perf_counter() - t_start

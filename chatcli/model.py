@@ -22,7 +22,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from chatcli import quantize
 from chatcli.kv_cache import KVCache, SharedPrefixCache
+from chatcli.quantize import DecodeWeight
 from chatcli.sampling import sample_next_token
 
 SOFTCAP = 15.0
@@ -107,21 +109,21 @@ def infer_architecture(
 
 
 class Linear(nn.Linear):
-    """A bias-free linear layer that can also keep a bf16 copy of its weight for decode.
+    """A bias-free linear layer that can also keep a compact copy of its weight for decode.
 
-    Batch-1 decode on CPU is bandwidth-bound: a single vector goes through torch.mv over the
-    bf16 copy (half the bytes; ~2x faster than fp32 F.linear here, docs/performance.md).
+    Batch-1 decode of a big model on CPU is bandwidth-bound: a single vector goes through
+    the copy (bf16, int8 or int4: quantize.py), which reads a half to an eighth of the bytes.
     Anything with several rows (prefill, sample rows) uses the fp32 weight: bf16
     matrix-matrix kernels are compute-bound on this CPU and measured 6.6x slower, and
     widening bf16 to fp32 on every call cost more than it saved. Activations stay fp32.
     """
 
-    decode_weight: torch.Tensor | None = None
+    decode_weight: DecodeWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.decode_weight
         if w is not None and x.numel() == x.size(-1):
-            return torch.mv(w, x.reshape(-1).to(w.dtype)).to(x.dtype).view(*x.shape[:-1], -1)
+            return w.matvec(x.reshape(-1)).view(*x.shape[:-1], -1)
         return F.linear(x, self.weight)
 
 
@@ -256,6 +258,11 @@ def attend_shared(
     N, _, H, D = q.shape
     Hkv = sk.shape[2]
     r = H // Hkv
+    if pk.size(1) == 0:  # a short window that no longer reaches the prompt
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), sk.transpose(1, 2), sv.transpose(1, 2), enable_gqa=r > 1
+        )
+        return y.transpose(1, 2)
     qg = q.view(N, Hkv, r, D) * D**-0.5  # query head j*r+i uses kv head j
     # prefix: (Hkv, N*r, D) @ (Hkv, D, Lp) -> (N, Hkv, r, Lp)
     qp = qg.permute(1, 0, 2, 3).reshape(Hkv, N * r, D)
@@ -367,11 +374,13 @@ class GPT(nn.Module):
         self.cos = cos.to(compute)[None, :, None, :]
         self.sin = sin.to(compute)[None, :, None, :]
 
-    def add_decode_weights(self, dtype: torch.dtype = torch.bfloat16) -> None:
-        """Keep a `dtype` copy of every large matrix for single-vector (batch-1) decode."""
+    def add_decode_weights(self, kind: str = "bfloat16") -> None:
+        """Keep a compact copy (quantize.QUANTIZE_KINDS) of every large matrix for batch-1
+        decode. A matrix the format cannot take (int4 needs whole groups) keeps fp32."""
         for module in self.modules():
-            if isinstance(module, Linear) and module.weight.numel() >= 4096:
-                module.decode_weight = module.weight.detach().to(dtype)
+            large = isinstance(module, Linear) and module.weight.numel() >= 4096
+            if large and quantize.supports(module.weight, kind):
+                module.decode_weight = quantize.make_decode_weight(module.weight, kind)
 
     @property
     def compute_dtype(self) -> torch.dtype:

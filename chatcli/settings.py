@@ -34,6 +34,7 @@ ENV_NO_HISTORY = "CHATCLI_NO_HISTORY"
 SOURCES = ("sft", "rl", "base", "mid")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16")
+QUANTIZE_MODES = ("none", "int8", "int4")
 MARKDOWN_MODES = ("auto", "always", "never")
 
 TEMPERATURE_MAX = 2.0
@@ -56,6 +57,7 @@ class Settings:
     step: int | None = None  # None: the latest step found
     device: str = "auto"
     dtype: str = "auto"
+    quantize: str = "none"  # weight-only int8/int4 copies for CPU batch-1 decode
     temperature: float = 0.6
     top_k: int = 50  # 0: off
     top_p: float = 1.0  # 1.0: off
@@ -223,6 +225,9 @@ SETTING_RULES: Mapping[str, SettingRule] = {
     "step": SettingRule("a whole number of at least 0, or latest", "latest", _parse_step),
     "device": SettingRule("one of auto, cpu, cuda, cuda:N, mps", "auto", _parse_device),
     "dtype": SettingRule("one of " + ", ".join(DTYPES), "auto", _choice(DTYPES)),
+    "quantize": SettingRule(
+        "one of " + ", ".join(QUANTIZE_MODES), "int8", _choice(QUANTIZE_MODES)
+    ),
     "temperature": SettingRule("a number between 0 and 2", "0.7", _parse_temperature),
     "top_k": SettingRule(
         f"a whole number between 0 and {TOP_K_MAX} (0 or off turns it off)", "50", _parse_top_k

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from chatcli.checkpoint import load_model, resolve_checkpoint
+from chatcli.checkpoint import load_model, pick_precision, resolve_checkpoint
 from chatcli.errors import CheckpointError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
@@ -214,3 +214,20 @@ def test_hostile_tokenizer_pickle_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(CheckpointError, match=r"Refused to load tokenizer .*pathlib"):
         load_model(folder)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantize_gives_cpu_decode_copies_and_says_so(kind):
+    model, _, _ = load_model(quantize=kind)
+    copies = [m for m in model.modules() if getattr(m, "decode_weight", None) is not None]
+    assert copies and model.info.dtype == f"float32 (decode weights {kind})"
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # prefill stays fp32
+
+
+def test_quantize_refuses_cuda_and_unknown_formats():
+    with pytest.raises(CheckpointError, match="for CPU decode"):
+        pick_precision(torch.device("cuda"), quantize="int8")
+    with pytest.raises(CheckpointError, match="use none, int8 or int4"):
+        pick_precision(torch.device("cpu"), quantize="fp8")
+    assert pick_precision(torch.device("cpu"), matrix_params=10**9).decode == "bfloat16"
+    assert pick_precision(torch.device("cpu"), matrix_params=10**6).decode is None

@@ -160,3 +160,13 @@ def test_once_url_talks_to_a_server_and_shows_the_calculator():
         server.stop()
     assert result.exit_code == 0, result.output
     assert result.output == "[calc 6*7 = 42] It is 42.\n"
+
+
+def test_once_quantized_answers_and_a_bad_format_says_the_choices():
+    args = ["once", "What is 1234*56?", "--quantize", "int8", "-t", "0", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["finish_reason"] == "stop"
+    bad = runner.invoke(app, ["once", "hi", "--quantize", "int3"])
+    assert bad.exit_code != 0
+    assert "none, int8, int4" in bad.output

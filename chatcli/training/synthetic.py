@@ -45,8 +45,8 @@ EVAL_KINDS = ("arithmetic", "counting", "followup", "identity", "out_of_scope")
 KIND_WEIGHTS: dict[str, float] = {
     "greeting": 0.08,
     "identity": 0.08,
-    "arithmetic": 0.40,
-    "counting": 0.18,
+    "arithmetic": 0.36,
+    "counting": 0.22,
     "followup": 0.16,
     "out_of_scope": 0.10,
 }
@@ -57,7 +57,16 @@ EXACT_DIVISION_PROBABILITY = 0.35  # of plain divisions
 NEGATIVE_DIFFERENCE_PROBABILITY = 0.2  # of plain subtractions whose first operand is smaller
 COMMA_PROBABILITY = 0.25  # a user writes 1,234 rather than 1234
 ARITHMETIC_FOLLOWUP_PROBABILITY = 0.7  # of follow-up conversations; the rest count letters
+# Counting words: English (memorisable), made-up pronounceable words and random letter strings.
+# The last two force the model to copy whatever word it is given, so a word it never saw
+# (the eval's) is copied rather than replaced by a familiar one.
+PSEUDO_WORD_PROBABILITY = 0.35  # of counting questions
 RANDOM_STRING_PROBABILITY = 0.3  # of counting questions; the rest use English words
+PSEUDO_NAME_PROBABILITY = 0.4  # of word problems: a made-up name, and (separately) a made-up item
+FILLER_PROBABILITY = 0.25  # of training questions: chatter before or after the question
+MADE_UP_TOPIC_PROBABILITY = 0.35  # of training out-of-scope questions: "the Blorfin river"
+MADE_UP_TOPIC_KINDS = ["{}", "the {} empire", "{} music", "the {} festival",
+                       "the {} language", "{} cheese", "the planet {}", "King {}", "the {} app", "the {} bridge"]  # fmt: skip
 LETTER_IN_WORD_PROBABILITY = 0.8  # the letter asked about occurs in the word
 
 # Digit counts of integer operands: biased to long numbers, which a tiny model gets wrong
@@ -151,6 +160,25 @@ EVAL_WORDS = [  # eval only
     "wallpaper", "carpenter", "engineer", "nonsense", "mushroom", "avalanche", "referral",
     "bubblegum", "pepperoni", "cappuccino", "kayak",
 ]  # fmt: skip
+
+# Chatter around a training question, so that the question's words (not its position in the
+# message) locate the operands. None of these words occurs in an eval wrapper.
+TRAIN_FILLER_PREFIXES = [
+    "ok so", "hi!", "hello.", "quick one:", "so,", "hmm.", "one more:", "next question:",
+    "for my homework:", "my teacher asked this.", "thanks for the help!", "good morning.",
+    "this is for a quiz.", "sorry to bother you.", "right,", "question:", "ok.", "yo,",
+]  # fmt: skip
+TRAIN_FILLER_SUFFIXES = [
+    "thanks!", "thank you.", "please.", "asap", "no rush.", "cheers", "ty", "it's for school.",
+    "just curious.",
+]  # fmt: skip
+
+# Pieces of made-up words: onset + nucleus + coda, one to three syllables.
+_ONSETS = ["b", "bl", "br", "c", "ch", "cl", "cr", "d", "dr", "f", "fl", "fr", "g", "gl", "gr",
+           "h", "j", "k", "l", "m", "n", "p", "pl", "pr", "qu", "r", "s", "sh", "sk", "sl", "sn",
+           "sp", "st", "t", "th", "tr", "v", "w", "z", ""]  # fmt: skip
+_NUCLEI = ["a", "e", "i", "o", "u", "ai", "ee", "oo", "ou", "ea", "y"]
+_CODAS = ["", "", "", "n", "r", "l", "m", "s", "t", "ck", "ng", "sh", "x", "p", "rt", "nd"]
 
 # intent -> (training questions, eval-only questions, the one answer). One answer per intent:
 # a tiny model learns a fixed reply far better than a paraphrase family.
@@ -359,12 +387,19 @@ def _chat_turn(rng: random.Random, split: str, intent: str) -> list[dict]:
 
 def _identity(rng: random.Random, split: str) -> list[dict]:
     train, held_out, answer = IDENTITY[rng.choice(list(IDENTITY))]
-    question = _vary(rng, rng.choice(_pool(split, train, held_out)))
+    question = _with_filler(rng, split, _vary(rng, rng.choice(_pool(split, train, held_out))))
     return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
 
 
 def _out_of_scope(rng: random.Random, split: str) -> list[dict]:
-    question = _vary(rng, phrasings.out_of_scope_question(rng, split))
+    if split == "train" and rng.random() < MADE_UP_TOPIC_PROBABILITY:
+        # Unfamiliar words are no sign of a counting question: they are everywhere.
+        kind = rng.choice(MADE_UP_TOPIC_KINDS)
+        topic = kind.format(_pseudo_word(rng, split, 1, 3).capitalize())
+        question = rng.choice(phrasings.OUT_OF_SCOPE_FRAMES).format(t=topic)
+    else:
+        question = phrasings.out_of_scope_question(rng, split)
+    question = _with_filler(rng, split, _vary(rng, question))
     answer = rng.choice(OUT_OF_SCOPE_ANSWERS)
     return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
 
@@ -420,6 +455,7 @@ def _arithmetic_exchange(rng: random.Random, split: str) -> _Exchange:
     question = _vary(
         rng, phrasings.arithmetic_question(rng, split, op, _display(rng, a), _display(rng, b))
     )
+    question = _with_filler(rng, split, question)
     sentence = rng.choice(ARITHMETIC_ANSWERS).format(expr=expression, result=result)
     return _Exchange(question, expression, result, sentence)
 
@@ -461,8 +497,14 @@ def _word_problem(rng: random.Random, split: str) -> _Exchange:
     result = _calculate(expression)
     name = rng.choice(_pool(split, TRAIN_NAMES, EVAL_NAMES))
     item, items = rng.choice(_pool(split, TRAIN_ITEMS, EVAL_ITEMS))
+    if split == "train" and rng.random() < PSEUDO_NAME_PROBABILITY:
+        name = _pseudo_word(rng, split, 1, 2).capitalize()
+    if split == "train" and rng.random() < PSEUDO_NAME_PROBABILITY:
+        item = _pseudo_word(rng, split, 1, 2)
+        items = item + ("es" if item.endswith(("s", "sh", "ch", "x")) else "s")
     fields = {"name": name, "item": item, "items": items, "result": result}
     question = problem.question.format(a=_display(rng, a), b=_display(rng, b), **fields)
+    question = _with_filler(rng, split, question)
     return _Exchange(question, expression, result, problem.answer.format(**fields))
 
 
@@ -556,7 +598,7 @@ def _counting_exchange(
     word = word or _sample_word(rng, split)
     letter = letter or _sample_letter(rng, word)
     question = phrasings.counting_question(rng, split, word, letter)
-    return _count_exchange(_vary(rng, question), word, letter)
+    return _count_exchange(_with_filler(rng, split, _vary(rng, question)), word, letter)
 
 
 def _counting_followup(rng: random.Random, split: str, previous: _Exchange) -> _Exchange:
@@ -588,7 +630,12 @@ def _count_exchange(question: str, word: str, letter: str) -> _Exchange:
 
 
 def _sample_word(rng: random.Random, split: str) -> str:
-    if rng.random() >= RANDOM_STRING_PROBABILITY:
+    # Eval keeps its own mix (English words it never trained on, and random strings).
+    pseudo = PSEUDO_WORD_PROBABILITY if split == "train" else 0.0
+    draw = rng.random()
+    if draw < pseudo:
+        return _pseudo_word(rng, split, 1, 3)
+    if draw >= pseudo + RANDOM_STRING_PROBABILITY:
         return rng.choice(_pool(split, TRAIN_WORDS, EVAL_WORDS))
     while True:
         # A small alphabet makes letters repeat, so counts above 1 are common.
@@ -600,6 +647,21 @@ def _sample_word(rng: random.Random, split: str) -> str:
 
 
 _ALL_WORDS = frozenset(TRAIN_WORDS) | frozenset(EVAL_WORDS)
+_ALL_NAMES = frozenset(n.lower() for n in TRAIN_NAMES + EVAL_NAMES) | frozenset(
+    form for pair in TRAIN_ITEMS + EVAL_ITEMS for form in pair
+)
+
+
+def _pseudo_word(rng: random.Random, split: str, min_syllables: int, max_syllables: int) -> str:
+    """A made-up pronounceable word of the split ("blorfin"), never a real word we list."""
+    while True:
+        text = "".join(
+            rng.choice(_ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS)
+            for _ in range(rng.randint(min_syllables, max_syllables))
+        )
+        in_split = is_held_out_string(text) == (split == "eval")
+        if len(text) >= 3 and in_split and text not in _ALL_WORDS and text not in _ALL_NAMES:
+            return text
 
 
 def _sample_letter(rng: random.Random, word: str) -> str:
@@ -622,6 +684,15 @@ def _vary(rng: random.Random, text: str) -> str:
     if text.endswith("?") and rng.random() < 0.2:
         text = text[:-1]
     return text
+
+
+def _with_filler(rng: random.Random, split: str, question: str) -> str:
+    """Training only: chatter before or after a question (eval questions stay as they are)."""
+    if split != "train" or rng.random() >= FILLER_PROBABILITY:
+        return question
+    if rng.random() < 0.6:
+        return f"{rng.choice(TRAIN_FILLER_PREFIXES)} {question}"
+    return f"{question} {rng.choice(TRAIN_FILLER_SUFFIXES)}"
 
 
 def _check_split(split: str) -> None:

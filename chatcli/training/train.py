@@ -95,11 +95,20 @@ def conversation_text(conversation: list[dict]) -> str:
     return "\n".join(parts)
 
 
-# nanochat's split pattern, except that numbers split into single digits (\p{N} rather than
-# \p{N}{1,2}). With digit pairs, "4,892" is `4 , 89 2` but the calculator call needs `48 92`:
-# the model would have to re-chunk every number it copies. With single digits, copying a
-# number is position-aligned (the model trained with pairs failed mostly there).
-DIGIT_SPLIT_PATTERN = SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}")
+# nanochat's split pattern with two changes that make copying position-aligned, which is most
+# of what this model does (operands into the calculator call, words into .count, names into
+# the answer):
+# - numbers split into single digits (\p{N} rather than \p{N}{1,2}). With digit pairs,
+#   "4,892" is `4 , 89 2` but the call needs `48 92`: the model would re-chunk every number.
+# - a run of letters never takes the character before it. nanochat's `[^\r\n\p{L}\p{N}]?+\p{L}+`
+#   makes ` octopus`, `'octopus` and `"octopus` different token sequences, so copying a word
+#   from the question into `"octopus".count(...)` or into the answer means translating between
+#   them; for a word never seen in training that failed most. Now a word is the same tokens
+#   wherever it stands (the space before it is its own token).
+COPY_SPLIT_PATTERN = SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}").replace(
+    r"[^\r\n\p{L}\p{N}]?+\p{L}+", r"\p{L}+"
+)
+assert COPY_SPLIT_PATTERN.count("\\p{L}+") == 1 and "{1,2}" not in COPY_SPLIT_PATTERN
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
@@ -110,10 +119,10 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
         sys.exit("Training the tokenizer needs rustbpe: pip install -e '.[train]'")
     trainer = rustbpe.Tokenizer()
     trainer.train_from_iterator(
-        iter(texts), vocab_size - len(SPECIAL_TOKENS), pattern=DIGIT_SPLIT_PATTERN
+        iter(texts), vocab_size - len(SPECIAL_TOKENS), pattern=COPY_SPLIT_PATTERN
     )
     ranks = {bytes(k): v for k, v in trainer.get_mergeable_ranks()}
-    return Tokenizer.from_ranks(ranks, pattern=DIGIT_SPLIT_PATTERN)
+    return Tokenizer.from_ranks(ranks, pattern=COPY_SPLIT_PATTERN)
 
 
 def pack_rows(

@@ -1,0 +1,454 @@
+"""One batch-1 decode step of our GPT in as few tensor ops as the math allows.
+
+Owns: repacking a loaded GPT's weights for single-token decode, and the step itself. A small
+model (the embedded one: 3.6M parameters) fits in cache, so a decode step costs what its ops
+cost to dispatch (~5-15 us each on this CPU), not what they compute. The module-by-module
+forward spends ~300 ops per token; this step does the same arithmetic in about half as many:
+
+- q, k and v come from one matrix-vector product over the three matrices stacked;
+- the rotary embedding of q and k is one (H+Hkv, D) @ (D, D) product with a fixed signed
+  permutation plus one fused multiply-add, with the cos/sin rows picked once per step;
+- the qk-norm of all heads is one rms_norm whose weight carries the era's qk scale;
+- residual adds fuse into torch.addmv, and the scalar lambdas become Python floats;
+- activations are 1-D vectors, so no reshape or batch bookkeeping happens per layer.
+
+Same model, same fp32 weights: the result equals model.forward to float rounding (the tests
+hold every era to 2e-5 and greedy output to identity with the module forward).
+
+Used by the Engine only where it pays: a small (dispatch-bound, cpu_plan.SMALL_MODEL_PARAMS)
+fp32 model on the CPU, one token per row, over a plain KVCache or the sample rows' shared
+prompt. Big models are bandwidth-bound: they keep the module path and its bf16 decode copies.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from chatcli.cpu_plan import SMALL_MODEL_PARAMS
+from chatcli.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model import GPT, SMEAR_CHANNELS, attend_shared
+
+
+@dataclass
+class _Layer:
+    qkv: torch.Tensor  # (H*D + 2*Hkv*D, C): c_q, c_k, c_v stacked
+    proj: torch.Tensor
+    fc: torch.Tensor
+    fc_proj: torch.Tensor
+    window: int
+    resid_lambda: float
+    x0_lambda: float
+    ve_table: torch.Tensor | None  # (V, Hkv*D) value embedding, or None
+    ve_gate: torch.Tensor | None  # (Hkv, ve_channels)
+
+
+class DecodeStep:
+    """Callable (ids (N, 1), cache) -> logits (N, V); advances the cache like model.forward.
+
+    The cache is a KVCache with N rows or a SharedPrefixCache over N sample rows.
+    """
+
+    def __init__(self, model: GPT) -> None:
+        cfg, arch = model.config, model.arch
+        self.model = model
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.vocab_size = cfg.vocab_size
+        self.softcap = arch.softcap
+        self.ve_scale = arch.ve_gate_scale
+        self.ve_channels = arch.ve_gate_channels
+        self.backout_layer = cfg.n_layer // 2 if arch.backout else -1
+        self.backout_lambda = model.backout_lambda.item() if arch.backout else 0.0
+        self.smear = arch.smear
+        if arch.smear:
+            self.smear_gate = model.smear_gate.weight.detach().reshape(-1)  # (24,)
+            self.smear_lambda = model.smear_lambda.item()
+        self.wte = model.transformer.wte.weight.detach()
+        self.lm_head = model.lm_head.weight.detach()
+        D = self.head_dim
+        # The qk-norm's weight carries the era's qk scale (1 before era D).
+        qk_scale = arch.qk_scale if arch.qk_scale is not None else 1.0
+        self.qk_norm_weight = torch.full(
+            (D,), qk_scale, dtype=self.wte.dtype, device=self.wte.device
+        )
+        # rotate-half as a matrix: (x1, x2) @ P = (x2, -x1), so x*cos + (x@P)*sin is rope.
+        half = D // 2
+        P = torch.zeros(D, D, dtype=self.wte.dtype, device=self.wte.device)
+        P[half:, :half] = torch.eye(half)
+        P[:half, half:] = -torch.eye(half)
+        self.rotate_half = P
+        self.layers = []
+        for i, block in enumerate(model.transformer.h):
+            a, m = block.attn, block.mlp
+            ve_table = model.value_embeds[str(i)].weight.detach() if a.ve_channels else None
+            self.layers.append(
+                _Layer(
+                    qkv=torch.cat([a.c_q.weight, a.c_k.weight, a.c_v.weight]).detach(),
+                    proj=a.c_proj.weight.detach(),
+                    fc=m.c_fc.weight.detach(),
+                    fc_proj=m.c_proj.weight.detach(),
+                    window=model.windows[i],
+                    resid_lambda=model.resid_lambdas[i].item() if arch.lambdas else 1.0,
+                    x0_lambda=model.x0_lambdas[i].item() if arch.lambdas else 0.0,
+                    ve_table=ve_table,
+                    ve_gate=a.ve_gate.weight.detach() if a.ve_channels else None,
+                )
+            )
+        self.lambdas = arch.lambdas
+        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def supports(model: object) -> bool:
+        """Whether this step reproduces `model`'s forward and pays: our small fp32 GPT on the CPU."""
+        if not isinstance(model, GPT) or model.num_params() >= SMALL_MODEL_PARAMS:
+            return False
+        if model.get_device().type != "cpu" or model.compute_dtype != torch.float32:
+            return False
+        linears = [m for m in model.modules() if hasattr(m, "decode_weight")]
+        no_copies = all(getattr(m, "decode_weight", None) is None for m in linears)
+        return no_copies and all(p.dtype == torch.float32 for p in model.parameters())
+
+    def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # (positions, D) tables with cos/sin repeated over both halves, from the model's own
+        # (possibly bf16-rounded) tables, so the rotation is the same numbers.
+        if self._cos_sin is None:
+            if self.model.cos.numel() == 0:
+                self.model.init_rotary()
+            cos, sin = self.model.cos[0, :, 0], self.model.sin[0, :, 0]
+            self._cos_sin = (torch.cat([cos, cos], -1), torch.cat([sin, sin], -1))
+        return self._cos_sin
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
+        """ids (N, 1), one token per cache row -> float32 logits (N, vocab_size)."""
+        H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
+        N = ids.size(0)
+        pos = cache.get_pos()
+        if pos + 1 > self.model.max_positions:
+            raise ValueError(f"position {pos + 1} exceeds the model's {self.model.max_positions}")
+        cos_table, sin_table = self._rope_tables()
+        cos, sin = cos_table[pos], sin_table[pos]  # (D,), broadcast over rows and heads
+        idx = ids.view(N)
+        C = self.wte.size(1)
+
+        x = F.rms_norm(F.embedding(idx, self.wte), (C,))  # (N, C)
+        if self.smear and pos > 0 and cache.prev_token is not None:
+            prev = F.rms_norm(F.embedding(cache.prev_token, self.wte), (C,))
+            gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
+            x = torch.addcmul(x, prev, gate.mul_(self.smear_lambda).unsqueeze(1))
+        x0 = x
+        saved = None
+        k_end = (H + Hkv) * D
+        shared = isinstance(cache, SharedPrefixCache)
+        for i, layer in enumerate(self.layers):
+            if self.lambdas:
+                x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
+            h = F.rms_norm(x, (C,))
+            qkv = F.linear(h, layer.qkv)
+            qk = qkv[:, :k_end].view(N, H + Hkv, D)
+            v = qkv[:, k_end:].view(N, Hkv, D)
+            if layer.ve_table is not None:
+                gate = torch.sigmoid(F.linear(h[:, : self.ve_channels], layer.ve_gate))
+                ve = F.embedding(idx, layer.ve_table).view(N, Hkv, D)
+                v = torch.addcmul(v, gate.mul_(self.ve_scale).unsqueeze(-1), ve)
+            qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)  # rope before the norm
+            qk = F.rms_norm(qk, (D,), weight=self.qk_norm_weight)
+            q, k = qk[:, :H], qk[:, H:]
+            if shared:
+                y = self._attend_shared(i, q, k, v, layer.window, cache, pos)
+            else:
+                y = self._attend(i, q, k, v, layer.window, cache, pos)
+            x = torch.addmm(x, y.reshape(N, H * D), layer.proj.t())
+            u = F.linear(F.rms_norm(x, (C,)), layer.fc).relu_()
+            x = torch.addmm(x, u.mul_(u), layer.fc_proj.t())
+            if i == self.backout_layer:
+                saved = x
+        if saved is not None:
+            x = torch.add(x, saved, alpha=-self.backout_lambda)
+        logits = F.linear(F.rms_norm(x, (C,)), self.lm_head)[:, : self.vocab_size]
+        cache.prev_token = idx
+        cache.advance(1)
+        cap = self.softcap
+        return logits.div_(cap).tanh_().mul_(cap)
+
+    @staticmethod
+    def _attend(
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        window: int,
+        cache: KVCache,
+        pos: int,
+    ) -> torch.Tensor:
+        # q (N, H, D), k/v (N, Hkv, D) -> (N, H, D), over each row's own cached keys.
+        k_cache, v_cache = cache.get_layer_cache(layer)  # (N, T, Hkv, D)
+        k_cache[:, pos] = k
+        v_cache[:, pos] = v
+        start = max(0, pos - window)
+        y = F.scaled_dot_product_attention(
+            q.unsqueeze(2),
+            k_cache[:, start : pos + 1].transpose(1, 2),
+            v_cache[:, start : pos + 1].transpose(1, 2),
+            enable_gqa=q.size(1) != k.size(1),
+        )
+        return y
+
+    @staticmethod
+    def _attend_shared(
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        window: int,
+        cache: SharedPrefixCache,
+        pos: int,
+    ) -> torch.Tensor:
+        """The rows' own suffixes plus the one shared prompt, as model.attend_shared does it,
+        in two fused attention calls instead of ~25 small ops.
+
+        Each call also returns the log-sum-exp of its scores, and two partial softmaxes
+        combine exactly: out = lerp(out_suffix, out_prefix, sigmoid(lse_prefix - lse_suffix)).
+        The query heads that share a K/V head become extra query positions, so both calls
+        see plain multi-head shapes (the prefix call takes all N rows' queries at once).
+        """
+        N, H, D = q.shape
+        Hkv = k.size(1)
+        r = H // Hkv
+        P = cache.prefix_len
+        pk, pv = cache.prefix.get_layer_cache(layer)  # (1, Tp, Hkv, D)
+        sk, sv = cache.suffix.get_layer_cache(layer)  # (N, Ts, Hkv, D)
+        s = pos - P
+        sk[:, s] = k
+        sv[:, s] = v
+        start = max(0, pos - window)
+        if q.device.type != "cpu":  # the fused kernel below is the CPU one
+            return attend_shared(
+                q.unsqueeze(1),
+                pk[:, min(start, P) : P],
+                pv[:, min(start, P) : P],
+                sk[:, max(0, start - P) : s + 1],
+                sv[:, max(0, start - P) : s + 1],
+            ).view(N, H, D)
+        qg = q.view(N, Hkv, r, D)
+        out_s, lse_s = _attention_with_lse(
+            qg,
+            sk[:, max(0, start - P) : s + 1].transpose(1, 2),
+            sv[:, max(0, start - P) : s + 1].transpose(1, 2),
+        )
+        if start >= P:  # the window no longer reaches the prompt
+            return out_s.reshape(N, H, D)
+        qp = qg.transpose(0, 1).reshape(1, Hkv, N * r, D)
+        out_p, lse_p = _attention_with_lse(
+            qp, pk[:, start:P].transpose(1, 2), pv[:, start:P].transpose(1, 2)
+        )
+        out_p = out_p.view(Hkv, N, r, D).transpose(0, 1)
+        lse_p = lse_p.view(Hkv, N, r).transpose(0, 1)
+        weight = torch.sigmoid(lse_p - lse_s.view(N, Hkv, r)).unsqueeze(-1)
+        return torch.lerp(out_s.view(N, Hkv, r, D), out_p, weight).reshape(N, H, D)
+
+
+def _attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention (B, Hkv, Lq, D) x (B, Hkv, Lk, D) and the log-sum-exp of its scores
+    (B, Hkv, Lq), through the CPU flash kernel that computes both."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+    return out, lse
+
+
+class StaticDecodeStep(DecodeStep):
+    """The same step with every shape fixed by the cache rather than by the position.
+
+    Keys are read over the whole preallocated cache under a mask, the position is a tensor
+    and the K/V writes are index_copy_ at that position. Nothing depends on a host value, so
+    one torch.compile serves every step of a cache shape (--compile on the CPU), and the step
+    can be captured once as a CUDA graph and replayed (CudaGraphStep). Batch-1 KVCache only:
+    sample rows over a shared prompt keep the dynamic step.
+    """
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__(model)
+        self.cos_table, self.sin_table = self._rope_tables()
+        self._compiled = None
+
+    @staticmethod
+    def supports(model: object) -> bool:
+        """Our GPT, any device or size, without compact decode copies (it reads the weights)."""
+        if not isinstance(model, GPT):
+            return False
+        return all(getattr(m, "decode_weight", None) is None for m in model.modules())
+
+    def forward_static(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        prev: torch.Tensor,
+        k_all: torch.Tensor,
+        v_all: torch.Tensor,
+    ) -> torch.Tensor:
+        """ids (N,) at position pos (a 1-element long tensor), prev (N,) the tokens before
+        them (ignored at position 0); k_all/v_all the cache's (L, N, T, Hkv, D) tensors,
+        written at pos. Returns logits (N, vocab_size)."""
+        H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
+        N, T = ids.size(0), k_all.size(2)
+        C = self.wte.size(1)
+        cos = self.cos_table.index_select(0, pos)  # (1, D)
+        sin = self.sin_table.index_select(0, pos)
+        x = F.rms_norm(F.embedding(ids, self.wte), (C,))
+        if self.smear:
+            prev_x = F.rms_norm(F.embedding(prev, self.wte), (C,))
+            gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
+            gate = gate * (self.smear_lambda * (pos > 0).to(x.dtype))  # no smear at 0
+            x = torch.addcmul(x, prev_x, gate.unsqueeze(1))
+        x0 = x
+        saved = None
+        k_end = (H + Hkv) * D
+        keys = torch.arange(T, device=ids.device)
+        masks: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if self.lambdas:
+                x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
+            h = F.rms_norm(x, (C,))
+            qkv = F.linear(h, layer.qkv)
+            qk = qkv[:, :k_end].view(N, H + Hkv, D)
+            v = qkv[:, k_end:].view(N, Hkv, D)
+            if layer.ve_table is not None:
+                gate = torch.sigmoid(F.linear(h[:, : self.ve_channels], layer.ve_gate))
+                ve = F.embedding(ids, layer.ve_table).view(N, Hkv, D)
+                v = torch.addcmul(v, (gate * self.ve_scale).unsqueeze(-1), ve)
+            qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
+            qk = F.rms_norm(qk, (D,), weight=self.qk_norm_weight)
+            k_cache, v_cache = k_all[i], v_all[i]  # (N, T, Hkv, D)
+            k_cache.index_copy_(1, pos, qk[:, H:].unsqueeze(1))
+            v_cache.index_copy_(1, pos, v.unsqueeze(1))
+            if layer.window not in masks:
+                masks[layer.window] = ((keys <= pos) & (keys >= pos - layer.window)).view(
+                    1, 1, 1, T
+                )
+            y = F.scaled_dot_product_attention(
+                qk[:, :H].unsqueeze(2),
+                k_cache.transpose(1, 2),
+                v_cache.transpose(1, 2),
+                attn_mask=masks[layer.window],
+                enable_gqa=Hkv != H,
+            )
+            x = torch.addmm(x, y.reshape(N, H * D), layer.proj.t())
+            u = F.relu(F.linear(F.rms_norm(x, (C,)), layer.fc))
+            x = torch.addmm(x, u * u, layer.fc_proj.t())
+            if i == self.backout_layer:
+                saved = x
+        if saved is not None:
+            x = torch.add(x, saved, alpha=-self.backout_lambda)
+        logits = F.linear(F.rms_norm(x, (C,)), self.lm_head)[:, : self.vocab_size]
+        cap = self.softcap
+        return torch.tanh(logits.float() / cap) * cap
+
+    def compiled(self) -> StaticDecodeStep:
+        """This step with forward_static through torch.compile (fixed shapes, one graph)."""
+        self._compiled = torch.compile(self.forward_static, fullgraph=True, dynamic=False)
+        return self
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
+        if not isinstance(cache, KVCache):
+            return super().__call__(ids, cache)
+        pos = cache.get_pos()
+        if pos + 1 > min(self.model.max_positions, cache.max_seq_len):
+            raise ValueError(f"position {pos + 1} exceeds the model's or the cache's length")
+        device = ids.device
+        idx = ids.view(-1)
+        pos_t = torch.tensor([pos], device=device)
+        prev = cache.prev_token if cache.prev_token is not None else idx
+        fn = self._compiled or self.forward_static
+        logits = fn(idx, pos_t, prev, cache.k_cache, cache.v_cache)
+        cache.prev_token = idx
+        cache.advance(1)
+        return logits
+
+
+class CudaGraphStep:
+    """A StaticDecodeStep captured as a CUDA graph per cache, replayed every decode step.
+
+    Inputs are copied into static buffers (no host sync: the position is written by a fill
+    kernel), the graph writes K/V into the cache's own memory, and the logits come back in a
+    static buffer. A new cache (a new conversation, a rebuilt context) is captured afresh.
+    """
+
+    def __init__(self, step: StaticDecodeStep) -> None:
+        self.step = step
+        self._graph: torch.cuda.CUDAGraph | None = None
+        # The cache the graph was captured on, held so its memory cannot be reused by
+        # another tensor while the graph still points at it.
+        self._captured_on: torch.Tensor | None = None
+
+    def _capture(self, cache: KVCache, idx: torch.Tensor) -> None:
+        device = cache.k_cache.device
+        self._ids = idx.clone()
+        self._prev = (cache.prev_token if cache.prev_token is not None else idx).clone()
+        self._pos = torch.full((1,), cache.get_pos(), dtype=torch.long, device=device)
+
+        def run() -> torch.Tensor:
+            return self.step.forward_static(
+                self._ids, self._pos, self._prev, cache.k_cache, cache.v_cache
+            )
+
+        # Warm-up and capture write this step's K/V at this position: the replay that
+        # follows writes the same values there.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            eager = run()  # also the check below; kernels pick their algorithms here
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._logits = run()
+        graph.replay()
+        if not torch.allclose(self._logits.float(), eager.float(), atol=1e-2, rtol=0):
+            raise RuntimeError("the captured decode step disagrees with the eager one")
+        self._graph = graph
+        self._captured_on = cache.k_cache
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
+        if not isinstance(cache, KVCache):
+            return self.step(ids, cache)  # sample rows: the dynamic step
+        idx = ids.view(-1)
+        if self._captured_on is not cache.k_cache:
+            self._capture(cache, idx)
+        self._ids.copy_(idx)
+        self._prev.copy_(cache.prev_token if cache.prev_token is not None else idx)
+        self._pos.fill_(cache.get_pos())
+        self._graph.replay()
+        cache.prev_token = idx.clone()
+        cache.advance(1)
+        return self._logits.clone()
+
+
+class WithFallback:
+    """A fast decode step that hands over to a plain one for good if it ever raises.
+
+    torch.compile and CUDA graphs fail in many ways (no C compiler, an unsupported op, a
+    driver without graph support); the step's K/V writes happen before the cache advances,
+    so the plain step simply redoes the same position.
+    """
+
+    def __init__(
+        self, fast: Callable[..., torch.Tensor], plain: Callable[..., torch.Tensor], what: str
+    ) -> None:
+        self.fast: Callable[..., torch.Tensor] | None = fast
+        self.plain = plain
+        self.what = what
+
+    def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
+        if self.fast is not None:
+            try:
+                return self.fast(ids, cache)
+            except Exception as e:  # many exception types; the plain step always works
+                warnings.warn(f"{self.what} failed, running eagerly: {e}", stacklevel=2)
+                self.fast = None
+        return self.plain(ids, cache)

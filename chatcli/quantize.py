@@ -1,0 +1,98 @@
+"""Weight-only formats a large matrix can be read in during batch-1 decode on the CPU.
+
+Owns: converting an fp32 matrix to a compact copy, and the matrix-vector product over that
+copy. Batch-1 decode of a big model is bandwidth-bound (docs/performance.md): the time per
+token is the bytes of weights read, so a copy in fewer bytes is a faster token, at some cost in
+accuracy that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
+
+- bfloat16: half the bytes; exact products of rounded weights (torch.mv).
+- int8: a quarter; one symmetric scale per output row (torch._weight_int8pack_mm).
+- int4: an eighth; asymmetric, a scale and offset per group of GROUP_SIZE inputs
+  (torch._weight_int4pack_mm_for_cpu, activations in bf16).
+
+Activations stay in the model's dtype outside the product. Knows nothing about the model.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+QUANTIZE_KINDS = ("bfloat16", "int8", "int4")
+INT4_GROUP_SIZE = 128
+_INT4_INNER_K_TILES = 8
+
+
+class DecodeWeight(Protocol):
+    nbytes: int  # bytes one product reads
+
+    def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        """(K,) -> (N,) in x's dtype."""
+        ...
+
+
+class Bf16Weight:
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight.detach().to(torch.bfloat16).contiguous()
+        self.nbytes = self.weight.numel() * 2
+
+    def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mv(self.weight, x.to(torch.bfloat16)).to(x.dtype)
+
+
+class Int8Weight:
+    def __init__(self, weight: torch.Tensor) -> None:
+        w = weight.detach().float()
+        self.scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        self.weight = torch.round(w / self.scales[:, None]).clamp(-127, 127).to(torch.int8)
+        self.nbytes = self.weight.numel() + self.scales.numel() * 4
+
+    def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int8pack_mm(x.float().view(1, -1), self.weight, self.scales)
+        return y.view(-1).to(x.dtype)
+
+
+class Int4Weight:
+    def __init__(self, weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> None:
+        w = weight.detach().float()
+        N, K = w.shape
+        if K % group_size:
+            raise ValueError(f"int4 needs in_features divisible by {group_size}, not {K}")
+        groups = w.view(N, K // group_size, group_size)
+        lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
+        scales = ((hi - lo) / 15.0).clamp(min=1e-12)
+        q = torch.round((groups - lo[..., None]) / scales[..., None]).clamp(0, 15)
+        # The kernel computes (q - 8) * scale + zero, so the zero is the value of q = 8.
+        zeros = lo + 8.0 * scales
+        self.group_size = group_size
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(
+            q.view(N, K).to(torch.int32), _INT4_INNER_K_TILES
+        )
+        # (K / group, N, 2): per group and output row, (scale, zero), in the activations' dtype.
+        self.scales_and_zeros = (
+            torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        )
+        self.nbytes = N * K // 2 + self.scales_and_zeros.numel() * 2
+
+    def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int4pack_mm_for_cpu(
+            x.to(torch.bfloat16).view(1, -1), self.packed, self.group_size, self.scales_and_zeros
+        )
+        return y.view(-1).to(x.dtype)
+
+
+def make_decode_weight(weight: torch.Tensor, kind: str) -> DecodeWeight:
+    """A compact copy of `weight` (N, K) in `kind` (one of QUANTIZE_KINDS)."""
+    if kind == "bfloat16":
+        return Bf16Weight(weight)
+    if kind == "int8":
+        return Int8Weight(weight)
+    if kind == "int4":
+        return Int4Weight(weight)
+    raise ValueError(f"unknown weight format {kind!r}; use one of {', '.join(QUANTIZE_KINDS)}")
+
+
+def supports(weight: torch.Tensor, kind: str) -> bool:
+    """Whether `weight` can take this format (int4 groups need whole groups of inputs)."""
+    return kind != "int4" or weight.shape[1] % INT4_GROUP_SIZE == 0

@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chatcli.checkpoint import load_model
+from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, WithFallback
+from chatcli.engine import Engine
+from chatcli.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model import ERAS
+from tests.fakes import ScriptedModel, reply
+from tests.test_model import _random_model
+
+
+def _cache(model, seq_len: int = 256) -> KVCache:
+    c = model.config
+    return KVCache(1, c.n_kv_head, seq_len, c.head_dim, c.n_layer)
+
+
+@pytest.mark.parametrize("era", list(ERAS))
+def test_steps_equal_the_module_forward_across_the_windows(era):
+    model = _random_model(era)
+    step = DecodeStep(model)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 190, (1, 200), generator=g)
+    ours, theirs = _cache(model), _cache(model)
+    model(ids[:, :120], kv_cache=ours)
+    model(ids[:, :120], kv_cache=theirs)
+    for t in range(120, 200):  # past every short window (128 positions here)
+        got = step(ids[:, t : t + 1], ours)
+        want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+        assert ours.get_pos() == theirs.get_pos() == t + 1
+    torch.testing.assert_close(ours.k_cache, theirs.k_cache, atol=2e-5, rtol=0)
+    torch.testing.assert_close(ours.v_cache, theirs.v_cache, atol=2e-5, rtol=0)
+    assert ours.prev_token.tolist() == theirs.prev_token.tolist() == [int(ids[0, 199])]
+
+
+@pytest.mark.parametrize(
+    ("era", "prompt_len", "steps"), [("B", 100, 60), ("E", 100, 60), ("E", 20, 150)]
+)
+def test_sample_rows_over_a_shared_prompt_equal_the_module_forward(era, prompt_len, steps):
+    # 100 + 60: the short window (128) cuts into the prompt; 20 + 150: it leaves the prompt.
+    model = _random_model(era)
+    step = DecodeStep(model)
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 190, (1, prompt_len), generator=g)
+    rows = torch.randint(0, 190, (4, steps), generator=g)  # a different token per row, each step
+    caches = []
+    for _ in range(2):
+        prefix = _cache(model)
+        model(prompt, kv_cache=prefix)
+        caches.append(SharedPrefixCache(prefix, 4, steps))
+    ours, theirs = caches
+    for t in range(steps):
+        got = step(rows[:, t : t + 1], ours)
+        want = model(rows[:, t : t + 1], kv_cache=theirs)[:, -1, :]
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+    assert ours.get_pos() == theirs.get_pos() == prompt_len + steps
+
+
+def test_rows_of_a_plain_cache_equal_the_module_forward():
+    model = _random_model("E")
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 190, (3, 40), generator=g)
+    ours, theirs = KVCache(3, 2, 64, 16, 4), KVCache(3, 2, 64, 16, 4)
+    model(ids[:, :20], kv_cache=ours)
+    model(ids[:, :20], kv_cache=theirs)
+    step = DecodeStep(model)
+    for t in range(20, 40):
+        got = step(ids[:, t : t + 1], ours)
+        want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("era", ["A", "E"])
+def test_the_first_position_of_an_empty_cache(era):
+    model = _random_model(era)
+    ours, theirs = _cache(model), _cache(model)
+    ids = torch.tensor([[7]])
+    torch.testing.assert_close(
+        DecodeStep(model)(ids, ours), model(ids, kv_cache=theirs)[:, -1, :], atol=2e-5, rtol=0
+    )
+
+
+def test_engine_greedy_output_is_the_module_forwards():
+    model, tokenizer, _ = load_model()
+    engine = Engine(model, tokenizer)
+    assert engine.decode_step is not None  # the embedded model takes the fast step
+    plain = Engine(model, tokenizer)
+    plain.decode_step = None
+    for text in ["What is 1234*56?", "How many r's in strawberry?", "Who are you?"]:
+        prompt = tokenizer.render_for_completion([{"role": "user", "content": text}])
+        got, _ = engine.generate_batch(prompt, max_tokens=40, temperature=0.0)
+        want, _ = plain.generate_batch(prompt, max_tokens=40, temperature=0.0)
+        assert got == want
+        # Sampled rows over the shared prompt: the same seeds draw the same tokens.
+        got, _ = engine.generate_batch(prompt, 4, max_tokens=30, temperature=1.0, seed=3)
+        want, _ = plain.generate_batch(prompt, 4, max_tokens=30, temperature=1.0, seed=3)
+        assert got == want
+
+
+def test_only_our_fp32_cpu_gpt_is_supported():
+    model = _random_model("E")
+    assert DecodeStep.supports(model)
+    model.add_decode_weights("bfloat16")  # big models keep the bandwidth-saving path
+    assert not DecodeStep.supports(model)
+    assert not DecodeStep.supports(_random_model("E").to(torch.bfloat16))
+    assert not DecodeStep.supports(ScriptedModel(reply([1, 2])))
+
+
+def test_refuses_positions_past_the_rotary_tables():
+    model = _random_model("E")
+    cache = KVCache(1, 2, model.max_positions + 1, 16, 4)
+    cache.advance(model.max_positions)
+    with pytest.raises(ValueError, match="exceeds"):
+        DecodeStep(model)(torch.tensor([[1]]), cache)
+
+
+@pytest.mark.parametrize("era", list(ERAS))
+def test_static_step_equals_the_module_forward(era):
+    # Fixed shapes: keys over the whole cache under a mask, the position a tensor.
+    model = _random_model(era)
+    step = StaticDecodeStep(model)
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, 190, (1, 200), generator=g)
+    ours, theirs = _cache(model), _cache(model)
+    model(ids[:, :1], kv_cache=theirs)
+    step(ids[:, :1], ours)  # position 0: no previous token to smear
+    model(ids[:, 1:120], kv_cache=ours)
+    model(ids[:, 1:120], kv_cache=theirs)
+    for t in range(120, 200):
+        got = step(ids[:, t : t + 1], ours)
+        want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+    torch.testing.assert_close(
+        ours.k_cache[:, :, :200], theirs.k_cache[:, :, :200], atol=2e-5, rtol=0
+    )
+
+
+def test_a_failing_fast_step_hands_over_to_the_plain_one():
+    model = _random_model("E")
+    plain = DecodeStep(model)
+
+    def broken(ids, cache):
+        raise RuntimeError("no compiler")
+
+    step = WithFallback(broken, plain, "torch.compile")
+    cache = _cache(model)
+    with pytest.warns(UserWarning, match="torch.compile failed, running eagerly: no compiler"):
+        first = step(torch.tensor([[5]]), cache)
+    assert step.fast is None and cache.get_pos() == 1
+    torch.testing.assert_close(first, model(torch.tensor([[5]]), kv_cache=_cache(model))[:, -1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_step_equals_the_module_forward():
+    model = _random_model("E").cuda()
+    step = CudaGraphStep(StaticDecodeStep(model))
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 190, (1, 160), generator=g).cuda()
+    c = model.config
+    ours = KVCache(1, c.n_kv_head, 256, c.head_dim, c.n_layer, device="cuda")
+    theirs = KVCache(1, c.n_kv_head, 256, c.head_dim, c.n_layer, device="cuda")
+    model(ids[:, :100], kv_cache=ours)
+    model(ids[:, :100], kv_cache=theirs)
+    for t in range(100, 160):  # captured once, replayed 59 times
+        got = step(ids[:, t : t + 1], ours)
+        want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chatcli.quantize import (
+    INT4_GROUP_SIZE,
+    QUANTIZE_KINDS,
+    Bf16Weight,
+    Int4Weight,
+    Int8Weight,
+    make_decode_weight,
+    supports,
+)
+
+
+def _matrix(n: int = 384, k: int = 256, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * 0.05
+
+
+def _relative_error(kind: str, w: torch.Tensor, x: torch.Tensor) -> float:
+    want = torch.mv(w, x)
+    got = make_decode_weight(w, kind).matvec(x)
+    assert got.shape == want.shape and got.dtype == x.dtype
+    return float((got - want).norm() / want.norm())
+
+
+# Expected error of round-to-nearest: bf16 keeps 8 bits of mantissa, int8 per-row scales
+# about 7 bits of range, int4 groups of 128 about 4 bits.
+@pytest.mark.parametrize(("kind", "bound"), [("bfloat16", 0.005), ("int8", 0.02), ("int4", 0.15)])
+def test_products_are_close_to_fp32(kind, bound):
+    w = _matrix()
+    x = torch.randn(256, generator=torch.Generator().manual_seed(1))
+    err = _relative_error(kind, w, x)
+    assert 0 < err < bound
+
+
+def test_more_bits_less_error():
+    w, x = _matrix(seed=2), torch.randn(256, generator=torch.Generator().manual_seed(3))
+    errors = [_relative_error(kind, w, x) for kind in QUANTIZE_KINDS]
+    assert errors == sorted(errors)
+
+
+def test_bytes_read_per_product():
+    w = _matrix(512, 256)
+    assert Bf16Weight(w).nbytes == 512 * 256 * 2
+    assert Int8Weight(w).nbytes == 512 * 256 + 512 * 4  # + one fp32 scale per row
+    groups = 256 // INT4_GROUP_SIZE
+    assert Int4Weight(w).nbytes == 512 * 256 // 2 + groups * 512 * 2 * 2  # + bf16 scale, zero
+
+
+def test_int8_rows_use_their_whole_range():
+    w = _matrix()
+    q = Int8Weight(w)
+    assert q.weight.dtype == torch.int8
+    assert torch.equal(q.weight.abs().amax(dim=1), torch.full((384,), 127, dtype=torch.int8))
+
+
+def test_a_constant_group_is_exact_in_int4():
+    w = torch.full((64, 256), 0.25)
+    x = torch.ones(256)
+    got = Int4Weight(w).matvec(x)
+    torch.testing.assert_close(got, torch.full((64,), 64.0), atol=0.5, rtol=0)
+
+
+def test_int4_needs_whole_groups():
+    assert supports(_matrix(64, 256), "int4")
+    assert not supports(_matrix(64, 192), "int4")
+    assert supports(_matrix(64, 192), "int8")
+    with pytest.raises(ValueError, match="divisible by 128"):
+        Int4Weight(_matrix(64, 192))
+
+
+def test_unknown_format_names_the_choices():
+    with pytest.raises(ValueError, match="bfloat16, int8, int4"):
+        make_decode_weight(_matrix(), "fp8")
