@@ -1,23 +1,29 @@
-"""One batch-1 decode step of our GPT in as few tensor ops as the math allows.
+"""One decode step of our GPT (one token per row) in as few tensor ops as the math allows.
 
-Owns: repacking a loaded GPT's weights for single-token decode, and the step itself. A small
-model (the embedded one: 3.6M parameters) fits in cache, so a decode step costs what its ops
-cost to dispatch (~5-15 us each on this CPU), not what they compute. The module-by-module
-forward spends ~300 ops per token; this step does the same arithmetic in about half as many:
+Owns: repacking a loaded GPT's weights for decode, the step itself in three forms, and the
+fallback that keeps a failed fast form from breaking a chat. A small model (the embedded one:
+3.6M parameters) fits in cache, so a decode step costs what its ops cost to dispatch (~2-15 us
+each on this CPU), not what they compute. The module-by-module forward spends ~300 ops per
+token; DecodeStep does the same arithmetic in about half as many:
 
-- q, k and v come from one matrix-vector product over the three matrices stacked;
+- q, k and v come from one product over the three matrices stacked;
 - the rotary embedding of q and k is one (H+Hkv, D) @ (D, D) product with a fixed signed
   permutation plus one fused multiply-add, with the cos/sin rows picked once per step;
 - the qk-norm of all heads is one rms_norm whose weight carries the era's qk scale;
-- residual adds fuse into torch.addmv, and the scalar lambdas become Python floats;
-- activations are 1-D vectors, so no reshape or batch bookkeeping happens per layer.
+- residual adds fuse into addmm/addmv, and the scalar lambdas become Python floats;
+- batch 1: every RMSNorm that feeds a matrix is a scalar read on the host and folded into
+  the product after it (see _one_row);
+- sample rows over a shared prompt: two fused attention calls whose log-sum-exps combine
+  the prompt's part and each row's own part exactly.
 
-Same model, same fp32 weights: the result equals model.forward to float rounding (the tests
-hold every era to 2e-5 and greedy output to identity with the module forward).
+StaticDecodeStep is the same step with shapes fixed by the cache, for torch.compile and CUDA
+graphs (CudaGraphStep). Same weights, same math: every form equals model.forward to float
+rounding (the tests hold every era to 2e-5, and greedy output to identity).
 
-Used by the Engine only where it pays: a small (dispatch-bound, cpu_plan.SMALL_MODEL_PARAMS)
-fp32 model on the CPU, one token per row, over a plain KVCache or the sample rows' shared
-prompt. Big models are bandwidth-bound: they keep the module path and its bf16 decode copies.
+The Engine picks a form (engine._pick_decode_step): the fused step for a small
+(dispatch-bound, cpu_plan.SMALL_MODEL_PARAMS) fp32 model on the CPU, its compiled static twin
+with --compile, the CUDA graph on a GPU. Big CPU models are bandwidth-bound: they keep the
+module path and its compact decode copies (quantize.py).
 """
 
 from __future__ import annotations
@@ -99,11 +105,12 @@ class DecodeStep:
                 )
             )
         self.lambdas = arch.lambdas
+        self._eps = torch.finfo(self.wte.dtype).eps  # F.rms_norm's default
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
     def supports(model: object) -> bool:
-        """Whether this step reproduces `model`'s forward and pays: our small fp32 GPT on the CPU."""
+        """Whether this step reproduces `model`'s forward and pays: our small fp32 CPU GPT."""
         if not isinstance(model, GPT) or model.num_params() >= SMALL_MODEL_PARAMS:
             return False
         if model.get_device().type != "cpu" or model.compute_dtype != torch.float32:
@@ -133,6 +140,8 @@ class DecodeStep:
         cos_table, sin_table = self._rope_tables()
         cos, sin = cos_table[pos], sin_table[pos]  # (D,), broadcast over rows and heads
         idx = ids.view(N)
+        if N == 1 and type(cache) is KVCache and ids.device.type == "cpu":
+            return self._one_row(idx, cache, pos, cos, sin)
         C = self.wte.size(1)
 
         x = F.rms_norm(F.embedding(idx, self.wte), (C,))  # (N, C)
@@ -174,6 +183,64 @@ class DecodeStep:
         cache.advance(1)
         cap = self.softcap
         return logits.div_(cap).tanh_().mul_(cap)
+
+    def _one_row(
+        self, idx: torch.Tensor, cache: KVCache, pos: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """Batch 1 on the CPU, where a host read costs ~3 us: every RMSNorm that feeds a
+        matrix becomes a scalar, rms_scale(x) = 1/sqrt(mean(x^2) + eps), computed on the host
+        and folded into what follows: W @ norm(x) = s * (W @ x); in the MLP relu(s*z)^2 =
+        s^2 * relu(z)^2, so the scale rides in addmv's alpha; before the vocabulary it joins
+        the softcap's division. ~13 norm kernels per step become a dot product each."""
+        H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
+        C = self.wte.size(1)
+        eps = self._eps
+        x = F.embedding(idx, self.wte)[0]
+        x = x * _rms_scale(x, C, eps)
+        if self.smear and pos > 0 and cache.prev_token is not None:
+            prev = F.embedding(cache.prev_token.view(1), self.wte)[0]
+            gate = torch.sigmoid(torch.dot(self.smear_gate, x[:SMEAR_CHANNELS]))
+            value = self.smear_lambda * _rms_scale(prev, C, eps)
+            x = torch.addcmul(x, prev, gate, value=value)
+        x0 = x
+        saved = None
+        k_end = (H + Hkv) * D
+        k_all, v_all = cache.k_cache, cache.v_cache
+        for i, layer in enumerate(self.layers):
+            if self.lambdas:
+                x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
+            s = _rms_scale(x, C, eps)
+            qkv = torch.mv(layer.qkv, x).mul_(s)
+            qk = qkv[:k_end].view(H + Hkv, D)
+            v = qkv[k_end:].view(Hkv, D)
+            if layer.ve_table is not None:
+                gate = torch.sigmoid(torch.mv(layer.ve_gate, x[: self.ve_channels]).mul_(s))
+                ve = F.embedding(idx, layer.ve_table).view(Hkv, D)
+                v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
+            qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
+            qk = F.rms_norm(qk, (D,), weight=self.qk_norm_weight)
+            k_all[i, 0, pos] = qk[H:]
+            v_all[i, 0, pos] = v
+            start = max(0, pos - layer.window)
+            y = F.scaled_dot_product_attention(
+                qk[:H].unsqueeze(1),
+                k_all[i, 0, start : pos + 1].transpose(0, 1),
+                v_all[i, 0, start : pos + 1].transpose(0, 1),
+                enable_gqa=Hkv != H,
+            )
+            x = torch.addmv(x, layer.proj, y.view(-1))
+            s = _rms_scale(x, C, eps)
+            u = torch.mv(layer.fc, x).relu_()
+            x = torch.addmv(x, layer.fc_proj, u.mul_(u), alpha=s * s)
+            if i == self.backout_layer:
+                saved = x
+        if saved is not None:
+            x = torch.add(x, saved, alpha=-self.backout_lambda)
+        logits = torch.mv(self.lm_head, x)[: self.vocab_size]
+        cache.prev_token = idx
+        cache.advance(1)
+        cap = self.softcap
+        return logits.mul_(_rms_scale(x, C, eps) / cap).tanh_().mul_(cap).view(1, -1)
 
     @staticmethod
     def _attend(
@@ -250,6 +317,11 @@ class DecodeStep:
         lse_p = lse_p.view(Hkv, N, r).transpose(0, 1)
         weight = torch.sigmoid(lse_p - lse_s.view(N, Hkv, r)).unsqueeze(-1)
         return torch.lerp(out_s.view(N, Hkv, r, D), out_p, weight).reshape(N, H, D)
+
+
+def _rms_scale(x: torch.Tensor, size: int, eps: float) -> float:
+    """1 / sqrt(mean(x^2) + eps) of a vector, as F.rms_norm computes it, read on the host."""
+    return (torch.dot(x, x).item() / size + eps) ** -0.5
 
 
 def _attention_with_lse(
