@@ -221,6 +221,9 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     fp32 weights), float32, or a quantize.QUANTIZE_KINDS format for any model.
     """
     torch.manual_seed(0)
+    for module in model.modules():  # the baseline reads fp32, whatever the loader added
+        if isinstance(module, Linear):
+            module.decode_weight = None
     engine = Engine(model, tokenizer)
     prompt = _prompt(tokenizer, min(512, model.config.sequence_len // 2))
     short = _prompt(tokenizer, 32)

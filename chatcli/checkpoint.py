@@ -127,6 +127,8 @@ def pick_precision(
         if dtype == "bfloat16" or torch.cuda.is_bf16_supported():
             return Precision(torch.bfloat16)
         return Precision(torch.float32)
+    if device.type != "cpu":  # MPS: decode copies are a CPU kernel choice
+        return Precision(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     if dtype == "bfloat16" or matrix_params > LARGE_MODEL_MATRIX_PARAMS:
         return Precision(torch.float32, "bfloat16")
     return Precision(torch.float32)

@@ -76,10 +76,13 @@ class DecodeStep:
         self.wte = model.transformer.wte.weight.detach()
         self.lm_head = model.lm_head.weight.detach()
         D = self.head_dim
-        # The qk-norm's weight carries the era's qk scale (1 before era D).
-        qk_scale = arch.qk_scale if arch.qk_scale is not None else 1.0
-        self.qk_norm_weight = torch.full(
-            (D,), qk_scale, dtype=self.wte.dtype, device=self.wte.device
+        # In fp32 the qk-norm's weight carries the era's qk scale (1 before era D); in bf16
+        # that weight would round 1.2 to 1.203125, so the scale multiplies after the norm.
+        self.qk_scale = arch.qk_scale if arch.qk_scale is not None else 1.0
+        self.qk_norm_weight = (
+            torch.full((D,), self.qk_scale, dtype=self.wte.dtype, device=self.wte.device)
+            if self.wte.dtype == torch.float32
+            else None
         )
         # rotate-half as a matrix: (x1, x2) @ P = (x2, -x1), so x*cos + (x@P)*sin is rope.
         half = D // 2
@@ -119,6 +122,13 @@ class DecodeStep:
         no_copies = all(getattr(m, "decode_weight", None) is None for m in linears)
         return no_copies and all(p.dtype == torch.float32 for p in model.parameters())
 
+    def _qk_norm(self, qk: torch.Tensor) -> torch.Tensor:
+        D = self.head_dim
+        if self.qk_norm_weight is not None:
+            return F.rms_norm(qk, (D,), weight=self.qk_norm_weight)
+        normed = F.rms_norm(qk, (D,))
+        return normed * self.qk_scale if self.qk_scale != 1.0 else normed
+
     def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         # (positions, D) tables with cos/sin repeated over both halves, from the model's own
         # (possibly bf16-rounded) tables, so the rotation is the same numbers.
@@ -137,6 +147,9 @@ class DecodeStep:
         pos = cache.get_pos()
         if pos + 1 > self.model.max_positions:
             raise ValueError(f"position {pos + 1} exceeds the model's {self.model.max_positions}")
+        rows = cache.suffix if isinstance(cache, SharedPrefixCache) else cache
+        if rows.get_pos() + 1 > rows.max_seq_len:  # as KVCache.advance would say, before writing
+            raise ValueError(f"KV cache overflow: {rows.get_pos() + 1} > {rows.max_seq_len}")
         cos_table, sin_table = self._rope_tables()
         cos, sin = cos_table[pos], sin_table[pos]  # (D,), broadcast over rows and heads
         idx = ids.view(N)
@@ -165,7 +178,7 @@ class DecodeStep:
                 ve = F.embedding(idx, layer.ve_table).view(N, Hkv, D)
                 v = torch.addcmul(v, gate.mul_(self.ve_scale).unsqueeze(-1), ve)
             qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)  # rope before the norm
-            qk = F.rms_norm(qk, (D,), weight=self.qk_norm_weight)
+            qk = self._qk_norm(qk)
             q, k = qk[:, :H], qk[:, H:]
             if shared:
                 y = self._attend_shared(i, q, k, v, layer.window, cache, pos)
@@ -178,7 +191,7 @@ class DecodeStep:
                 saved = x
         if saved is not None:
             x = torch.add(x, saved, alpha=-self.backout_lambda)
-        logits = F.linear(F.rms_norm(x, (C,)), self.lm_head)[:, : self.vocab_size]
+        logits = F.linear(F.rms_norm(x, (C,)), self.lm_head)[:, : self.vocab_size].float()
         cache.prev_token = idx
         cache.advance(1)
         cap = self.softcap
@@ -218,7 +231,7 @@ class DecodeStep:
                 ve = F.embedding(idx, layer.ve_table).view(Hkv, D)
                 v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
             qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
-            qk = F.rms_norm(qk, (D,), weight=self.qk_norm_weight)
+            qk = self._qk_norm(qk)
             k_all[i, 0, pos] = qk[H:]
             v_all[i, 0, pos] = v
             start = max(0, pos - layer.window)
@@ -315,7 +328,7 @@ class DecodeStep:
         )
         out_p = out_p.view(Hkv, N, r, D).transpose(0, 1)
         lse_p = lse_p.view(Hkv, N, r).transpose(0, 1)
-        weight = torch.sigmoid(lse_p - lse_s.view(N, Hkv, r)).unsqueeze(-1)
+        weight = torch.sigmoid(lse_p - lse_s.view(N, Hkv, r)).unsqueeze(-1).to(out_s.dtype)
         return torch.lerp(out_s.view(N, Hkv, r, D), out_p, weight).reshape(N, H, D)
 
 
@@ -360,12 +373,13 @@ class StaticDecodeStep(DecodeStep):
         ids: torch.Tensor,
         pos: torch.Tensor,
         prev: torch.Tensor,
+        has_prev: torch.Tensor,
         k_all: torch.Tensor,
         v_all: torch.Tensor,
     ) -> torch.Tensor:
         """ids (N,) at position pos (a 1-element long tensor), prev (N,) the tokens before
-        them (ignored at position 0); k_all/v_all the cache's (L, N, T, Hkv, D) tensors,
-        written at pos. Returns logits (N, vocab_size)."""
+        them, used only where has_prev (a 1-element 0/1 tensor) is 1; k_all/v_all the
+        cache's (L, N, T, Hkv, D) tensors, written at pos. Returns logits (N, vocab_size)."""
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         N, T = ids.size(0), k_all.size(2)
         C = self.wte.size(1)
@@ -375,7 +389,7 @@ class StaticDecodeStep(DecodeStep):
         if self.smear:
             prev_x = F.rms_norm(F.embedding(prev, self.wte), (C,))
             gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
-            gate = gate * (self.smear_lambda * (pos > 0).to(x.dtype))  # no smear at 0
+            gate = gate * (self.smear_lambda * has_prev.to(x.dtype))  # none without one
             x = torch.addcmul(x, prev_x, gate.unsqueeze(1))
         x0 = x
         saved = None
@@ -394,7 +408,7 @@ class StaticDecodeStep(DecodeStep):
                 ve = F.embedding(ids, layer.ve_table).view(N, Hkv, D)
                 v = torch.addcmul(v, (gate * self.ve_scale).unsqueeze(-1), ve)
             qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
-            qk = F.rms_norm(qk, (D,), weight=self.qk_norm_weight)
+            qk = self._qk_norm(qk)
             k_cache, v_cache = k_all[i], v_all[i]  # (N, T, Hkv, D)
             k_cache.index_copy_(1, pos, qk[:, H:].unsqueeze(1))
             v_cache.index_copy_(1, pos, v.unsqueeze(1))
@@ -435,9 +449,9 @@ class StaticDecodeStep(DecodeStep):
         device = ids.device
         idx = ids.view(-1)
         pos_t = torch.tensor([pos], device=device)
-        prev = cache.prev_token if cache.prev_token is not None else idx
+        prev, has_prev = _previous(cache, idx)
         fn = self._compiled or self.forward_static
-        logits = fn(idx, pos_t, prev, cache.k_cache, cache.v_cache)
+        logits = fn(idx, pos_t, prev, has_prev, cache.k_cache, cache.v_cache)
         cache.prev_token = idx
         cache.advance(1)
         return logits
@@ -448,8 +462,11 @@ class CudaGraphStep:
 
     Inputs are copied into static buffers (no host sync: the position is written by a fill
     kernel), the graph writes K/V into the cache's own memory, and the logits come back in a
-    static buffer. A new cache (a new conversation, a rebuilt context) is captured afresh.
+    static buffer. A new cache (a new conversation, a rebuilt context) is captured afresh, on
+    the cache's own device (a server runs one worker per GPU).
     """
+
+    wants_full_cache = True
 
     def __init__(self, step: StaticDecodeStep) -> None:
         self.step = step
@@ -459,14 +476,13 @@ class CudaGraphStep:
         self._captured_on: torch.Tensor | None = None
 
     def _capture(self, cache: KVCache, idx: torch.Tensor) -> None:
-        device = cache.k_cache.device
         self._ids = idx.clone()
-        self._prev = (cache.prev_token if cache.prev_token is not None else idx).clone()
-        self._pos = torch.full((1,), cache.get_pos(), dtype=torch.long, device=device)
+        self._prev, self._has_prev = (t.clone() for t in _previous(cache, idx))
+        self._pos = torch.full((1,), cache.get_pos(), dtype=torch.long, device=idx.device)
 
         def run() -> torch.Tensor:
             return self.step.forward_static(
-                self._ids, self._pos, self._prev, cache.k_cache, cache.v_cache
+                self._ids, self._pos, self._prev, self._has_prev, cache.k_cache, cache.v_cache
             )
 
         # Warm-up and capture write this step's K/V at this position: the replay that
@@ -479,8 +495,9 @@ class CudaGraphStep:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self._logits = run()
+        self._logits.fill_(float("nan"))  # a graph that recorded nothing fails the check
         graph.replay()
-        if not torch.allclose(self._logits.float(), eager.float(), atol=1e-2, rtol=0):
+        if not torch.allclose(self._logits, eager, atol=0.1, rtol=0):
             raise RuntimeError("the captured decode step disagrees with the eager one")
         self._graph = graph
         self._captured_on = cache.k_cache
@@ -489,25 +506,35 @@ class CudaGraphStep:
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         if not isinstance(cache, KVCache):
             return self.step(ids, cache)  # sample rows: the dynamic step
+        pos = cache.get_pos()
+        if pos + 1 > min(self.step.model.max_positions, cache.max_seq_len):
+            raise ValueError(f"position {pos + 1} exceeds the model's or the cache's length")
         idx = ids.view(-1)
-        if self._captured_on is not cache.k_cache:
-            self._capture(cache, idx)
-        self._ids.copy_(idx)
-        self._prev.copy_(cache.prev_token if cache.prev_token is not None else idx)
-        self._pos.fill_(cache.get_pos())
-        self._graph.replay()
+        with torch.cuda.device(cache.k_cache.device):
+            if self._captured_on is not cache.k_cache:
+                self._capture(cache, idx)
+            self._ids.copy_(idx)
+            prev, has_prev = _previous(cache, idx)
+            self._prev.copy_(prev)
+            self._has_prev.copy_(has_prev)
+            self._pos.fill_(pos)
+            self._graph.replay()
+            logits = self._logits.clone()
         cache.prev_token = idx.clone()
         cache.advance(1)
-        return self._logits.clone()
+        return logits
 
 
 class WithFallback:
-    """A fast decode step that hands over to a plain one for good if it ever raises.
+    """A fast decode step that hands over to a plain one for good if it ever fails.
 
     torch.compile and CUDA graphs fail in many ways (no C compiler, an unsupported op, a
     driver without graph support); the step's K/V writes happen before the cache advances,
-    so the plain step simply redoes the same position.
+    so the plain step simply redoes the same position. A ValueError is the caller's (a full
+    context), not the fast path's: it passes through.
     """
+
+    wants_full_cache = True
 
     def __init__(
         self, fast: Callable[..., torch.Tensor], plain: Callable[..., torch.Tensor], what: str
@@ -520,7 +547,16 @@ class WithFallback:
         if self.fast is not None:
             try:
                 return self.fast(ids, cache)
+            except ValueError:
+                raise
             except Exception as e:  # many exception types; the plain step always works
                 warnings.warn(f"{self.what} failed, running eagerly: {e}", stacklevel=2)
                 self.fast = None
         return self.plain(ids, cache)
+
+
+def _previous(cache: KVCache, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the tokens before idx, 1 if there are any else 0) as tensors for a static step."""
+    if cache.get_pos() > 0 and cache.prev_token is not None:
+        return cache.prev_token, torch.ones(1, device=idx.device)
+    return idx, torch.zeros(1, device=idx.device)

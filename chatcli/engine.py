@@ -99,7 +99,7 @@ def _pick_decode_step(model: CachedModel, compile: bool) -> Callable[..., torch.
     """The fastest one-token-per-row step that reproduces this model, or None (the forward).
 
     - CUDA: the static step captured as a CUDA graph (one launch per token instead of
-      hundreds), falling back to the plain forward if capture fails.
+      hundreds), falling back to the eager static step if capture fails.
     - CPU, small fp32 model: the fused step (decode_step.py); with --compile, its static
       twin through torch.compile (one graph per cache shape), falling back to the fused step.
     """
@@ -216,9 +216,10 @@ class Engine:
             # The rows share the prompt's K/V: nothing is copied, and each step reads them once.
             cache = SharedPrefixCache(prefill_cache, num_samples, budget)
         else:
-            # One row gets the whole context: a static decode step (compiled, CUDA graph)
-            # then sees the same cache shape on every call.
-            length = limit if num_samples == 1 else len(tokens) + budget
+            # A static decode step (compiled, CUDA graph) gets the whole context for its
+            # one row, so that it sees the same cache shape on every call.
+            static = getattr(self.decode_step, "wants_full_cache", False)
+            length = limit if num_samples == 1 and static else len(tokens) + budget
             cache = self.new_cache(num_samples, length)
             cache.prefill(prefill_cache)
         del prefill_cache

@@ -378,9 +378,13 @@ class GPT(nn.Module):
         """Keep a compact copy (quantize.QUANTIZE_KINDS) of every large matrix for batch-1
         decode. A matrix the format cannot take (int4 needs whole groups) keeps fp32."""
         for module in self.modules():
-            large = isinstance(module, Linear) and module.weight.numel() >= 4096
+            if not isinstance(module, Linear):
+                continue
+            large = module.weight.numel() >= 4096
             if large and quantize.supports(module.weight, kind):
                 module.decode_weight = quantize.make_decode_weight(module.weight, kind)
+            else:
+                module.decode_weight = None
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -22,6 +22,7 @@ import torch
 QUANTIZE_KINDS = ("bfloat16", "int8", "int4")
 INT4_GROUP_SIZE = 128
 _INT4_INNER_K_TILES = 8
+_INT4_OUTPUT_TILE = 16
 
 
 class DecodeWeight(Protocol):
@@ -57,8 +58,11 @@ class Int4Weight:
     def __init__(self, weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> None:
         w = weight.detach().float()
         N, K = w.shape
-        if K % group_size:
-            raise ValueError(f"int4 needs in_features divisible by {group_size}, not {K}")
+        if K % group_size or N % _INT4_OUTPUT_TILE:
+            raise ValueError(
+                f"int4 needs in_features divisible by {group_size} and out_features by "
+                f"{_INT4_OUTPUT_TILE}, not {K} and {N}"
+            )
         groups = w.view(N, K // group_size, group_size)
         lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
         scales = ((hi - lo) / 15.0).clamp(min=1e-12)
@@ -94,5 +98,8 @@ def make_decode_weight(weight: torch.Tensor, kind: str) -> DecodeWeight:
 
 
 def supports(weight: torch.Tensor, kind: str) -> bool:
-    """Whether `weight` can take this format (int4 groups need whole groups of inputs)."""
-    return kind != "int4" or weight.shape[1] % INT4_GROUP_SIZE == 0
+    """Whether `weight` can take this format: int4 needs whole groups of inputs, and the
+    packing kernel whole tiles of 16 outputs."""
+    if kind != "int4":
+        return True
+    return weight.shape[1] % INT4_GROUP_SIZE == 0 and weight.shape[0] % _INT4_OUTPUT_TILE == 0

@@ -125,17 +125,17 @@ def test_static_step_equals_the_module_forward(era):
     g = torch.Generator().manual_seed(6)
     ids = torch.randint(0, 190, (1, 200), generator=g)
     ours, theirs = _cache(model), _cache(model)
-    model(ids[:, :1], kv_cache=theirs)
-    step(ids[:, :1], ours)  # position 0: no previous token to smear
+    want = model(ids[:, :1], kv_cache=theirs)[:, -1, :]
+    got = step(ids[:, :1], ours)  # position 0: no previous token to smear
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
     model(ids[:, 1:120], kv_cache=ours)
     model(ids[:, 1:120], kv_cache=theirs)
     for t in range(120, 200):
         got = step(ids[:, t : t + 1], ours)
         want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
         torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
-    torch.testing.assert_close(
-        ours.k_cache[:, :, :200], theirs.k_cache[:, :, :200], atol=2e-5, rtol=0
-    )
+    for a, b in [(ours.k_cache, theirs.k_cache), (ours.v_cache, theirs.v_cache)]:
+        torch.testing.assert_close(a[:, :, :200], b[:, :, :200], atol=2e-5, rtol=0)
 
 
 def test_a_failing_fast_step_hands_over_to_the_plain_one():
@@ -168,3 +168,38 @@ def test_cuda_graph_step_equals_the_module_forward():
         got = step(ids[:, t : t + 1], ours)
         want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_a_full_context_passes_through_the_fallback():
+    model = _random_model("E")
+    step = WithFallback(DecodeStep(model), DecodeStep(model), "torch.compile")
+    cache = KVCache(1, 2, 4, 16, 4)
+    cache.advance(4)
+    with pytest.raises(ValueError, match=r"exceeds|overflow"):
+        step(torch.tensor([[1]]), cache)
+    assert step.fast is not None  # the caller's error, not the fast path's
+
+
+@pytest.mark.parametrize("era", ["D", "E"])
+def test_bf16_steps_scale_qk_exactly_and_return_fp32(era):
+    # On a GPU the weights are bf16: the qk scale (1.15, 1.2) must not be rounded with them.
+    model = _random_model(era).to(torch.bfloat16)
+    step = StaticDecodeStep(model)
+    qk = torch.randn(6, 16, dtype=torch.bfloat16)
+    want = torch.nn.functional.rms_norm(qk, (16,)) * model.arch.qk_scale
+    assert torch.equal(step._qk_norm(qk), want)
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, 190, (1, 40), generator=g)
+    logits = []
+    for fn in (step, model):
+        prefix = KVCache(1, 2, 40, 16, 4, dtype=torch.bfloat16)
+        model(ids[:, :30], kv_cache=prefix)
+        rows = SharedPrefixCache(prefix, 2, 10)  # sample rows: the dynamic step
+        out = (
+            fn(ids[:, 30:31].expand(2, 1), rows)
+            if fn is step
+            else fn(ids[:, 30:31].expand(2, 1), kv_cache=rows)[:, -1]
+        )
+        logits.append(out)
+    assert logits[0].dtype == torch.float32
+    torch.testing.assert_close(logits[0], logits[1], atol=0.1, rtol=0)

@@ -68,7 +68,7 @@ def test_int4_needs_whole_groups():
     assert supports(_matrix(64, 256), "int4")
     assert not supports(_matrix(64, 192), "int4")
     assert supports(_matrix(64, 192), "int8")
-    with pytest.raises(ValueError, match="divisible by 128"):
+    with pytest.raises(ValueError, match="divisible by 128 and out_features by 16"):
         Int4Weight(_matrix(64, 192))
 
 
