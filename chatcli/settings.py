@@ -225,9 +225,7 @@ SETTING_RULES: Mapping[str, SettingRule] = {
     "step": SettingRule("a whole number of at least 0, or latest", "latest", _parse_step),
     "device": SettingRule("one of auto, cpu, cuda, cuda:N, mps", "auto", _parse_device),
     "dtype": SettingRule("one of " + ", ".join(DTYPES), "auto", _choice(DTYPES)),
-    "quantize": SettingRule(
-        "one of " + ", ".join(QUANTIZE_MODES), "int8", _choice(QUANTIZE_MODES)
-    ),
+    "quantize": SettingRule("one of " + ", ".join(QUANTIZE_MODES), "int8", _choice(QUANTIZE_MODES)),
     "temperature": SettingRule("a number between 0 and 2", "0.7", _parse_temperature),
     "top_k": SettingRule(
         f"a whole number between 0 and {TOP_K_MAX} (0 or off turns it off)", "50", _parse_top_k
