@@ -396,6 +396,7 @@ def serve(
     step: StepOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
     workers: Annotated[
@@ -409,7 +410,9 @@ def serve(
     except ImportError:
         raise _fail("chatcli serve needs the serve extra: pip install -e '.[serve]'") from None
     try:
-        s = _settings(model=model, source=source, step=step, device=device, dtype=dtype)
+        s = _settings(
+            model=model, source=source, step=step, device=device, dtype=dtype, quantize=quantize
+        )
         run_server(
             s.model,
             host=host,
@@ -420,6 +423,7 @@ def serve(
             source=s.source,
             step=s.step,
             dtype=s.dtype,
+            quantize=s.quantize,
             on_ready=lambda i: typer.echo(
                 f"Serving {i['model']} on {', '.join(i['devices'])} at {i['url']} "
                 "(chat page at /, API at /v1)"

@@ -510,6 +510,7 @@ def serve(
     source: str = "sft",
     step: int | None = None,
     dtype: str = "auto",
+    quantize: str = "none",
     model_name: str | None = None,
     log_level: str = "info",
     on_ready: Callable[[dict[str, Any]], None] | None = None,
@@ -525,7 +526,9 @@ def serve(
     try:
         replicas = []
         for i, dev in enumerate(worker_devices(device, workers)):
-            m, tokenizer, _ = load_model(model, source=source, step=step, device=dev, dtype=dtype)
+            m, tokenizer, _ = load_model(
+                model, source=source, step=step, device=dev, dtype=dtype, quantize=quantize
+            )
             replicas.append(Worker(m, tokenizer, name=str(i)))
         info = replicas[0].engine.model.info
         name = model_name or ("chatcli-default" if info.embedded else info.tag or "chatcli")
