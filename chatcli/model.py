@@ -112,8 +112,8 @@ class Linear(nn.Linear):
     """A bias-free linear layer that can also keep a compact copy of its weight for decode.
 
     Batch-1 decode of a big model on CPU is bandwidth-bound: a single vector goes through
-    the copy (bf16, int8 or int4: quantize.py), which reads a half to an eighth of the bytes.
-    Anything with several rows (prefill, sample rows) uses the fp32 weight: bf16
+    the copy (bf16, int8 or int4: quantize.py), which reads a half to an eighth of the bytes;
+    int8 also serves a few sample rows. Anything larger (prefill) uses the fp32 weight: bf16
     matrix-matrix kernels are compute-bound on this CPU and measured 6.6x slower, and
     widening bf16 to fp32 on every call cost more than it saved. Activations stay fp32.
     """
@@ -122,8 +122,12 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.decode_weight
-        if w is not None and x.numel() == x.size(-1):
-            return w.matvec(x.reshape(-1)).view(*x.shape[:-1], -1)
+        if w is not None:
+            rows = x.numel() // x.size(-1)
+            if rows == 1:
+                return w.matvec(x.reshape(-1)).view(*x.shape[:-1], -1)
+            if rows <= w.max_rows:  # a few sample rows, where int8 still wins
+                return w.matmul(x.reshape(rows, -1)).view(*x.shape[:-1], -1)
         return F.linear(x, self.weight)
 
 

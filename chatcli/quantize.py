@@ -6,7 +6,8 @@ token is the bytes of weights read, so a copy in fewer bytes is a faster token, 
 accuracy that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
 
 - bfloat16: half the bytes; exact products of rounded weights (torch.mv).
-- int8: a quarter; one symmetric scale per output row (torch._weight_int8pack_mm).
+- int8: a quarter; one symmetric scale per output row (torch._weight_int8pack_mm, activations
+  in bf16).
 - int4: an eighth; asymmetric, a scale and offset per group of GROUP_SIZE inputs
   (torch._weight_int4pack_mm_for_cpu, activations in bf16).
 
@@ -27,13 +28,23 @@ _INT4_OUTPUT_TILE = 16
 
 class DecodeWeight(Protocol):
     nbytes: int  # bytes one product reads
+    # The most rows (tokens) a product over this copy beats the fp32 weight at: bf16
+    # matrix-matrix kernels are compute-bound on this CPU, while int8's stays ahead up to
+    # a few sample rows (8 rows of d20's MLP: 1.2 ms against fp32's 3.2).
+    max_rows: int
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """(K,) -> (N,) in x's dtype."""
         ...
 
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """(M, K) -> (M, N) in x's dtype, for M <= max_rows."""
+        ...
+
 
 class Bf16Weight:
+    max_rows = 1
+
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight.detach().to(torch.bfloat16).contiguous()
         self.nbytes = self.weight.numel() * 2
@@ -41,20 +52,32 @@ class Bf16Weight:
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         return torch.mv(self.weight, x.to(torch.bfloat16)).to(x.dtype)
 
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matvec(x.view(-1)).view(1, -1)
+
 
 class Int8Weight:
+    max_rows = 16
+
     def __init__(self, weight: torch.Tensor) -> None:
         w = weight.detach().float()
         self.scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
         self.weight = torch.round(w / self.scales[:, None]).clamp(-127, 127).to(torch.int8)
-        self.nbytes = self.weight.numel() + self.scales.numel() * 4
+        self.scales_bf16 = self.scales.to(torch.bfloat16)
+        self.nbytes = self.weight.numel() + self.scales.numel() * 2
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(x.float().view(1, -1), self.weight, self.scales)
-        return y.view(-1).to(x.dtype)
+        return self.matmul(x.view(1, -1)).view(-1)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        # bf16 activations: the kernel's fp32-activation path measured 6x slower here.
+        y = torch._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scales_bf16)
+        return y.to(x.dtype)
 
 
 class Int4Weight:
+    max_rows = 1
+
     def __init__(self, weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> None:
         w = weight.detach().float()
         N, K = w.shape
@@ -80,10 +103,13 @@ class Int4Weight:
         self.nbytes = N * K // 2 + self.scales_and_zeros.numel() * 2
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x.view(1, -1)).view(-1)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         y = torch._weight_int4pack_mm_for_cpu(
-            x.to(torch.bfloat16).view(1, -1), self.packed, self.group_size, self.scales_and_zeros
+            x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros
         )
-        return y.view(-1).to(x.dtype)
+        return y.to(x.dtype)
 
 
 def make_decode_weight(weight: torch.Tensor, kind: str) -> DecodeWeight:

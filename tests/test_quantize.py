@@ -45,7 +45,7 @@ def test_more_bits_less_error():
 def test_bytes_read_per_product():
     w = _matrix(512, 256)
     assert Bf16Weight(w).nbytes == 512 * 256 * 2
-    assert Int8Weight(w).nbytes == 512 * 256 + 512 * 4  # + one fp32 scale per row
+    assert Int8Weight(w).nbytes == 512 * 256 + 512 * 2  # + one bf16 scale per row
     groups = 256 // INT4_GROUP_SIZE
     assert Int4Weight(w).nbytes == 512 * 256 // 2 + groups * 512 * 2 * 2  # + bf16 scale, zero
 
@@ -75,3 +75,19 @@ def test_int4_needs_whole_groups():
 def test_unknown_format_names_the_choices():
     with pytest.raises(ValueError, match="bfloat16, int8, int4"):
         make_decode_weight(_matrix(), "fp8")
+
+
+def test_int8_serves_a_few_rows_and_fp32_the_rest():
+    from chatcli.model import Linear
+
+    layer = Linear(256, 384, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(_matrix())
+    layer.decode_weight = Int8Weight(layer.weight)
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(4))
+    want = x @ layer.weight.t()
+    got = layer(x)  # 8 sample rows: the int8 copy
+    assert not torch.equal(got, want)
+    assert float((got - want).norm() / want.norm()) < 0.02
+    many = torch.randn(40, 256)  # a prefill: the fp32 weight, exactly
+    assert torch.equal(layer(many), torch.nn.functional.linear(many, layer.weight))
