@@ -74,7 +74,8 @@ ApiKeyOpt = Annotated[
 CompileOpt = Annotated[
     bool,
     typer.Option(
-        "--compile", help="torch.compile the model (slow first start, cached; eager fallback)."
+        "--compile",
+        help="torch.compile a large model (slow first start, cached; eager fallback).",
     ),
 ]
 SoftcapOpt = Annotated[

@@ -16,14 +16,14 @@ token; DecodeStep does the same arithmetic in about half as many:
 - sample rows over a shared prompt: two fused attention calls whose log-sum-exps combine
   the prompt's part and each row's own part exactly.
 
-StaticDecodeStep is the same step with shapes fixed by the cache, for torch.compile and CUDA
-graphs (CudaGraphStep). Same weights, same math: every form equals model.forward to float
-rounding (the tests hold every era to 2e-5, and greedy output to identity).
+StaticDecodeStep is the same step with shapes fixed by the cache, which a CUDA graph needs
+(CudaGraphStep). Same weights, same math: every form equals model.forward to float rounding
+(the tests hold every era to 2e-5, and greedy output to identity).
 
 The Engine picks a form (engine._pick_decode_step): the fused step for a small
-(dispatch-bound, cpu_plan.SMALL_MODEL_PARAMS) fp32 model on the CPU, its compiled static twin
-with --compile, the CUDA graph on a GPU. Big CPU models are bandwidth-bound: they keep the
-module path and its compact decode copies (quantize.py).
+(dispatch-bound, cpu_plan.SMALL_MODEL_PARAMS) fp32 model on the CPU, the CUDA graph on a GPU.
+Big CPU models are bandwidth-bound: they keep the module path and its compact decode copies
+(quantize.py).
 """
 
 from __future__ import annotations
@@ -351,15 +351,15 @@ class StaticDecodeStep(DecodeStep):
 
     Keys are read over the whole preallocated cache under a mask, the position is a tensor
     and the K/V writes are index_copy_ at that position. Nothing depends on a host value, so
-    one torch.compile serves every step of a cache shape (--compile on the CPU), and the step
-    can be captured once as a CUDA graph and replayed (CudaGraphStep). Batch-1 KVCache only:
-    sample rows over a shared prompt keep the dynamic step.
+    the step can be captured once as a CUDA graph and replayed (CudaGraphStep). Plain
+    KVCache rows only: sample rows over a shared prompt keep the dynamic step. (Through
+    torch.compile on the CPU it was 3x slower than the fused eager step, so it is not
+    compiled there.)
     """
 
     def __init__(self, model: GPT) -> None:
         super().__init__(model)
         self.cos_table, self.sin_table = self._rope_tables()
-        self._compiled = None
 
     @staticmethod
     def supports(model: object) -> bool:
@@ -434,11 +434,6 @@ class StaticDecodeStep(DecodeStep):
         cap = self.softcap
         return torch.tanh(logits.float() / cap) * cap
 
-    def compiled(self) -> StaticDecodeStep:
-        """This step with forward_static through torch.compile (fixed shapes, one graph)."""
-        self._compiled = torch.compile(self.forward_static, fullgraph=True, dynamic=False)
-        return self
-
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         if not isinstance(cache, KVCache):
@@ -450,8 +445,7 @@ class StaticDecodeStep(DecodeStep):
         idx = ids.view(-1)
         pos_t = torch.tensor([pos], device=device)
         prev, has_prev = _previous(cache, idx)
-        fn = self._compiled or self.forward_static
-        logits = fn(idx, pos_t, prev, has_prev, cache.k_cache, cache.v_cache)
+        logits = self.forward_static(idx, pos_t, prev, has_prev, cache.k_cache, cache.v_cache)
         cache.prev_token = idx
         cache.advance(1)
         return logits
@@ -528,8 +522,8 @@ class CudaGraphStep:
 class WithFallback:
     """A fast decode step that hands over to a plain one for good if it ever fails.
 
-    torch.compile and CUDA graphs fail in many ways (no C compiler, an unsupported op, a
-    driver without graph support); the step's K/V writes happen before the cache advances,
+    CUDA graphs fail in many ways (an op that cannot be captured, a driver without graph
+    support); the step's K/V writes happen before the cache advances,
     so the plain step simply redoes the same position. A ValueError is the caller's (a full
     context), not the fast path's: it passes through.
     """

@@ -95,24 +95,22 @@ def compiled_forward(model: CachedModel) -> Callable[..., torch.Tensor]:
     return forward
 
 
-def _pick_decode_step(model: CachedModel, compile: bool) -> Callable[..., torch.Tensor] | None:
+def _pick_decode_step(model: CachedModel) -> Callable[..., torch.Tensor] | None:
     """The fastest one-token-per-row step that reproduces this model, or None (the forward).
 
     - CUDA: the static step captured as a CUDA graph (one launch per token instead of
       hundreds), falling back to the eager static step if capture fails.
-    - CPU, small fp32 model: the fused step (decode_step.py); with --compile, its static
-      twin through torch.compile (one graph per cache shape), falling back to the fused step.
+    - CPU, small fp32 model: the fused step (decode_step.py), with or without --compile:
+      measured on the embedded model it decodes in 2.0 ms per token, where its static twin
+      through torch.compile took 6.1 ms and the compiled module forward 4.3 ms.
     """
     device = model.get_device().type if hasattr(model, "get_device") else "cpu"
     if device == "cuda" and StaticDecodeStep.supports(model):
         step = StaticDecodeStep(model)
         return WithFallback(CudaGraphStep(step), step, "CUDA graph capture")
-    if device != "cpu" or not DecodeStep.supports(model):
-        return None
-    if compile:
-        step = StaticDecodeStep(model)
-        return WithFallback(step.compiled(), DecodeStep(model), "torch.compile")
-    return DecodeStep(model)
+    if device == "cpu" and DecodeStep.supports(model):
+        return DecodeStep(model)
+    return None
 
 
 class Engine:
@@ -122,9 +120,9 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self._forward = model.forward
-        self.decode_step = _pick_decode_step(model, compile)
+        self.decode_step = _pick_decode_step(model)
         if compile and self.decode_step is None:
-            # No static step for this model: compile the whole forward (dynamic shapes).
+            # No faster step for this model: compile the whole forward (dynamic shapes).
             # The K/V writes happen before the cache advances, so a failed compiled call
             # that falls back to eager simply rewrites the same positions.
             self._forward = compiled_forward(model)

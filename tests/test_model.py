@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from chatcli.checkpoint import load_model
+from chatcli.decode_step import DecodeStep
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache
 from chatcli.model import ERAS, GPT, GPTConfig, infer_era, window_sizes
@@ -214,7 +215,7 @@ def test_engine_samples_match_with_and_without_a_shared_prefix():
 
 @needs_fixtures
 @pytest.mark.slow
-def test_compiled_engine_gives_the_eager_greedy_output():
+def test_compiled_engine_gives_the_eager_greedy_output(monkeypatch):
     import shutil
 
     if shutil.which("gcc") is None and shutil.which("cc") is None:
@@ -225,7 +226,12 @@ def test_compiled_engine_gives_the_eager_greedy_output():
     eager, _ = Engine(model, tokenizer).generate_batch(
         case["prompt"], max_tokens=n, temperature=0.0
     )
+    # A small fp32 model keeps the fused step even with compile=True (it is faster); a
+    # model the fused step does not take (pretend this one is big) compiles its forward.
+    assert Engine(model, tokenizer, compile=True).decode_step is not None
+    monkeypatch.setattr(DecodeStep, "supports", staticmethod(lambda model: False))
     compiled_engine = Engine(model, tokenizer, compile=True)
+    assert compiled_engine.decode_step is None
     with _no_fallback_warning():  # the compiled path really ran
         fast, _ = compiled_engine.generate_batch(case["prompt"], max_tokens=n, temperature=0.0)
     assert fast == eager
