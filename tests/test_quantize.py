@@ -80,7 +80,7 @@ def test_unknown_format_names_the_choices():
 def test_int8_serves_a_few_rows_and_fp32_the_rest():
     from chatcli.model import Linear
 
-    layer = Linear(256, 384, bias=False)
+    layer = Linear(256, 384, bias=False).requires_grad_(False)
     with torch.no_grad():
         layer.weight.copy_(_matrix())
     layer.decode_weight = Int8Weight(layer.weight)
