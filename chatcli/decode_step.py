@@ -122,6 +122,28 @@ class DecodeStep:
         no_copies = all(getattr(m, "decode_weight", None) is None for m in linears)
         return no_copies and all(p.dtype == torch.float32 for p in model.parameters())
 
+    def _qk_v(
+        self,
+        layer: _Layer,
+        x: torch.Tensor,
+        idx: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows x (N, C) -> (q and k after rope and qk-norm (N, H+Hkv, D), v (N, Hkv, D))."""
+        N, H, Hkv, D = x.size(0), self.n_head, self.n_kv_head, self.head_dim
+        h = F.rms_norm(x, (x.size(1),))
+        qkv = F.linear(h, layer.qkv)
+        k_end = (H + Hkv) * D
+        qk = qkv[:, :k_end].view(N, H + Hkv, D)
+        v = qkv[:, k_end:].view(N, Hkv, D)
+        if layer.ve_table is not None:
+            gate = torch.sigmoid(F.linear(h[:, : self.ve_channels], layer.ve_gate))
+            ve = F.embedding(idx, layer.ve_table).view(N, Hkv, D)
+            v = torch.addcmul(v, gate.mul_(self.ve_scale).unsqueeze(-1), ve)
+        qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)  # rope before the norm
+        return self._qk_norm(qk), v
+
     def _qk_norm(self, qk: torch.Tensor) -> torch.Tensor:
         D = self.head_dim
         if self.qk_norm_weight is not None:
@@ -142,7 +164,7 @@ class DecodeStep:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         """ids (N, 1), one token per cache row -> float32 logits (N, vocab_size)."""
-        H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
+        H, D = self.n_head, self.head_dim
         N = ids.size(0)
         pos = cache.get_pos()
         if pos + 1 > self.model.max_positions:
@@ -164,21 +186,11 @@ class DecodeStep:
             x = torch.addcmul(x, prev, gate.mul_(self.smear_lambda).unsqueeze(1))
         x0 = x
         saved = None
-        k_end = (H + Hkv) * D
         shared = isinstance(cache, SharedPrefixCache)
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
-            h = F.rms_norm(x, (C,))
-            qkv = F.linear(h, layer.qkv)
-            qk = qkv[:, :k_end].view(N, H + Hkv, D)
-            v = qkv[:, k_end:].view(N, Hkv, D)
-            if layer.ve_table is not None:
-                gate = torch.sigmoid(F.linear(h[:, : self.ve_channels], layer.ve_gate))
-                ve = F.embedding(idx, layer.ve_table).view(N, Hkv, D)
-                v = torch.addcmul(v, gate.mul_(self.ve_scale).unsqueeze(-1), ve)
-            qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)  # rope before the norm
-            qk = self._qk_norm(qk)
+            qk, v = self._qk_v(layer, x, idx, cos, sin)
             q, k = qk[:, :H], qk[:, H:]
             if shared:
                 y = self._attend_shared(i, q, k, v, layer.window, cache, pos)
@@ -393,22 +405,12 @@ class StaticDecodeStep(DecodeStep):
             x = torch.addcmul(x, prev_x, gate.unsqueeze(1))
         x0 = x
         saved = None
-        k_end = (H + Hkv) * D
         keys = torch.arange(T, device=ids.device)
         masks: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
-            h = F.rms_norm(x, (C,))
-            qkv = F.linear(h, layer.qkv)
-            qk = qkv[:, :k_end].view(N, H + Hkv, D)
-            v = qkv[:, k_end:].view(N, Hkv, D)
-            if layer.ve_table is not None:
-                gate = torch.sigmoid(F.linear(h[:, : self.ve_channels], layer.ve_gate))
-                ve = F.embedding(ids, layer.ve_table).view(N, Hkv, D)
-                v = torch.addcmul(v, (gate * self.ve_scale).unsqueeze(-1), ve)
-            qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
-            qk = self._qk_norm(qk)
+            qk, v = self._qk_v(layer, x, ids, cos, sin)
             k_cache, v_cache = k_all[i], v_all[i]  # (N, T, Hkv, D)
             k_cache.index_copy_(1, pos, qk[:, H:].unsqueeze(1))
             v_cache.index_copy_(1, pos, v.unsqueeze(1))
