@@ -1,0 +1,118 @@
+"""Time the pieces behind `chatcli bench`'s decode numbers (a benchmark, not a test).
+
+    python scripts/bench_decode_paths.py steps    # one model: module forward, fused, compiled
+    python scripts/bench_decode_paths.py kernels  # d20-shaped matrices: fp32/bf16/int8/int4
+
+`steps` decodes 48 greedy tokens from a fixed prompt through Engine.generate with each decode
+path of one model (default: the embedded one) and prints milliseconds per token, best of three,
+and whether the greedy tokens are identical. `kernels` times one token's worth of
+matrix-vector products over nanochat d20's matrices (20 layers, 1280 wide, vocab 65536) in each
+weight format of chatcli/quantize.py and prints the bandwidth each streams.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its threads
+
+import torch
+
+from chatcli.checkpoint import load_model
+from chatcli.decode_step import StaticDecodeStep
+from chatcli.engine import Engine
+from chatcli.kv_cache import KVCache
+from chatcli.quantize import QUANTIZE_KINDS, make_decode_weight
+
+TOKENS = 48
+
+
+def _per_token_ms(engine: Engine, prompt: list[int]) -> tuple[float, list[int]]:
+    best, tokens = float("inf"), []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        tokens = [c[0] for c, _ in engine.generate(prompt, max_tokens=TOKENS, temperature=0.0)]
+        best = min(best, (time.perf_counter() - t0) / len(tokens))
+    return best * 1e3, tokens
+
+
+class _CompiledStatic:
+    """The static step through torch.compile (what --compile once did for small models)."""
+
+    def __init__(self, model) -> None:
+        self.step = StaticDecodeStep(model)
+        self.fn = torch.compile(self.step.forward_static, fullgraph=True, dynamic=False)
+
+    def __call__(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        idx = ids.view(-1)
+        pos = torch.tensor([cache.get_pos()])
+        has_prev = cache.get_pos() > 0 and cache.prev_token is not None
+        prev = cache.prev_token.clone() if has_prev else idx.clone()
+        flag = torch.ones(1) if has_prev else torch.zeros(1)
+        logits = self.fn(idx, pos, prev, flag, cache.k_cache, cache.v_cache)
+        cache.prev_token = idx
+        cache.advance(1)
+        return logits
+
+
+def steps(model_path: str | None) -> None:
+    torch.set_num_threads(1)  # the CPU plan for a small model
+    model, tokenizer, _ = load_model(model_path, device="cpu")
+    prompt = tokenizer.render_for_completion([{"role": "user", "content": "Who are you?"}])
+    fused = Engine(model, tokenizer)
+    module = Engine(model, tokenizer)
+    module.decode_step = None
+    compiled = Engine(model, tokenizer)
+    compiled.decode_step = _CompiledStatic(model)
+    t0 = time.perf_counter()
+    _per_token_ms(compiled, prompt)
+    print(f"compiling the static step: {time.perf_counter() - t0:.1f} s")
+    reference = None
+    for name, engine in [("module forward", module), ("fused step", fused), ("compiled", compiled)]:
+        ms, tokens = _per_token_ms(engine, prompt)
+        reference = reference or tokens
+        print(f"{name:15s} {ms:6.3f} ms/token  greedy identical: {tokens == reference}")
+
+
+def kernels() -> None:
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(0)
+    shapes = [(3840, 1280), (1280, 1280), (5120, 1280), (1280, 5120)] * 20 + [(65536, 1280)]
+    xs = {1280: torch.randn(1280), 5120: torch.randn(5120)}
+    weights = [torch.randn(*s) * 0.02 for s in shapes]
+    with torch.inference_mode():
+        for kind in ("float32", *QUANTIZE_KINDS):
+            if kind == "float32":
+                copies, nbytes = None, sum(w.numel() * 4 for w in weights)
+            else:
+                copies = [make_decode_weight(w, kind) for w in weights]
+                nbytes = sum(c.nbytes for c in copies)
+
+            def token(copies=copies) -> None:
+                for i, w in enumerate(weights):
+                    x = xs[w.shape[1]]
+                    torch.mv(w, x) if copies is None else copies[i].matvec(x)
+
+            token()
+            t0 = time.perf_counter()
+            for _ in range(3):
+                token()
+            ms = (time.perf_counter() - t0) / 3 * 1e3
+            print(
+                f"{kind:9s} {ms:6.1f} ms/token  {nbytes / ms / 1e6:5.1f} GB/s  {1e3 / ms:5.1f} tok/s"
+            )
+            del copies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=["steps", "kernels"])
+    parser.add_argument("--model", default=None, help="checkpoint for `steps` (default: embedded)")
+    args = parser.parse_args()
+    steps(args.model) if args.what == "steps" else kernels()
+
+
+if __name__ == "__main__":
+    main()
