@@ -118,9 +118,20 @@ class DecodeStep:
             return False
         if model.get_device().type != "cpu" or model.compute_dtype != torch.float32:
             return False
-        linears = [m for m in model.modules() if hasattr(m, "decode_weight")]
-        no_copies = all(getattr(m, "decode_weight", None) is None for m in linears)
-        return no_copies and all(p.dtype == torch.float32 for p in model.parameters())
+        return not _has_decode_copies(model) and all(
+            p.dtype == torch.float32 for p in model.parameters()
+        )
+
+    def _room_for_one(self, cache: KVCache | SharedPrefixCache) -> int:
+        """The position the next token goes to; a ValueError if the model or cache is full
+        (said before anything is written, as KVCache.advance would say it after)."""
+        pos = cache.get_pos()
+        if pos + 1 > self.model.max_positions:
+            raise ValueError(f"position {pos + 1} exceeds the model's {self.model.max_positions}")
+        rows = cache.suffix if isinstance(cache, SharedPrefixCache) else cache
+        if rows.get_pos() + 1 > rows.max_seq_len:
+            raise ValueError(f"KV cache overflow: {rows.get_pos() + 1} > {rows.max_seq_len}")
+        return pos
 
     def _qk_v(
         self,
@@ -166,12 +177,7 @@ class DecodeStep:
         """ids (N, 1), one token per cache row -> float32 logits (N, vocab_size)."""
         H, D = self.n_head, self.head_dim
         N = ids.size(0)
-        pos = cache.get_pos()
-        if pos + 1 > self.model.max_positions:
-            raise ValueError(f"position {pos + 1} exceeds the model's {self.model.max_positions}")
-        rows = cache.suffix if isinstance(cache, SharedPrefixCache) else cache
-        if rows.get_pos() + 1 > rows.max_seq_len:  # as KVCache.advance would say, before writing
-            raise ValueError(f"KV cache overflow: {rows.get_pos() + 1} > {rows.max_seq_len}")
+        pos = self._room_for_one(cache)
         cos_table, sin_table = self._rope_tables()
         cos, sin = cos_table[pos], sin_table[pos]  # (D,), broadcast over rows and heads
         idx = ids.view(N)
@@ -344,6 +350,10 @@ class DecodeStep:
         return torch.lerp(out_s.view(N, Hkv, r, D), out_p, weight).reshape(N, H, D)
 
 
+def _has_decode_copies(model: GPT) -> bool:
+    return any(getattr(m, "decode_weight", None) is not None for m in model.modules())
+
+
 def _rms_scale(x: torch.Tensor, size: int, eps: float) -> float:
     """1 / sqrt(mean(x^2) + eps) of a vector, as F.rms_norm computes it, read on the host."""
     return (torch.dot(x, x).item() / size + eps) ** -0.5
@@ -376,9 +386,7 @@ class StaticDecodeStep(DecodeStep):
     @staticmethod
     def supports(model: object) -> bool:
         """Our GPT, any device or size, without compact decode copies (it reads the weights)."""
-        if not isinstance(model, GPT):
-            return False
-        return all(getattr(m, "decode_weight", None) is None for m in model.modules())
+        return isinstance(model, GPT) and not _has_decode_copies(model)
 
     def forward_static(
         self,
@@ -440,9 +448,7 @@ class StaticDecodeStep(DecodeStep):
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         if not isinstance(cache, KVCache):
             return super().__call__(ids, cache)
-        pos = cache.get_pos()
-        if pos + 1 > min(self.model.max_positions, cache.max_seq_len):
-            raise ValueError(f"position {pos + 1} exceeds the model's or the cache's length")
+        pos = self._room_for_one(cache)
         device = ids.device
         idx = ids.view(-1)
         pos_t = torch.tensor([pos], device=device)
@@ -502,9 +508,7 @@ class CudaGraphStep:
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         if not isinstance(cache, KVCache):
             return self.step(ids, cache)  # sample rows: the dynamic step
-        pos = cache.get_pos()
-        if pos + 1 > min(self.step.model.max_positions, cache.max_seq_len):
-            raise ValueError(f"position {pos + 1} exceeds the model's or the cache's length")
+        pos = self.step._room_for_one(cache)
         idx = ids.view(-1)
         with torch.cuda.device(cache.k_cache.device):
             if self._captured_on is not cache.k_cache:
