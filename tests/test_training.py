@@ -12,8 +12,9 @@ pytest.importorskip("rustbpe", reason="training needs the train extra: pip insta
 
 from chatcli.checkpoint import load_model
 from chatcli.engine import Engine
+from chatcli.model import ERAS, GPT, GPTConfig
 from chatcli.special_tokens import SPECIAL_TOKENS
-from chatcli.training.train import PRESETS, train
+from chatcli.training.train import PRESETS, WeightAverage, train
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,29 @@ def test_loss_falls_and_the_checkpoint_loads_and_generates(tiny_run):
     assert losses[-1] < losses[0] - 1.0
     model, tokenizer, meta = load_model(out, device="cpu")
     assert model.arch.era == "E" and meta["train_steps"] == PRESETS["tiny"].steps
+    assert meta["weights"].startswith("moving average") and (out / "last_step_weights.pt").exists()
     prompt = tokenizer.render_for_completion([{"role": "user", "content": "What is 2+2?"}])
     results, _ = Engine(model, tokenizer).generate_batch(prompt, max_tokens=8, temperature=0.0)
     assert len(results[0]) > len(prompt)
+
+
+def test_weight_average_is_a_plain_mean_then_exponential():
+    model = GPT(
+        GPTConfig(sequence_len=16, vocab_size=32, n_layer=1, n_head=1, n_kv_head=1, n_embd=8),
+        ERAS["E"],
+    )
+    weight = model.transformer.wte.weight
+    values = [1.0, 2.0, 6.0, 10.0, 14.0]
+    with torch.no_grad():
+        weight.fill_(values[0])
+    average = WeightAverage(model, decay=0.75)  # a horizon of four steps
+    seen = []
+    for v in values[1:]:
+        with torch.no_grad():
+            weight.fill_(v)
+        average.update(model)
+        seen.append(average.state["transformer.wte.weight"][0, 0].item())
+    # the mean of the first 2, 3 and 4 values; then 4.75 + 0.25 * (14 - 4.75)
+    assert seen == pytest.approx([1.5, 3.0, 4.75, 7.0625])
+    average.load_into(model)
+    assert torch.allclose(weight, torch.full_like(weight, 7.0625))
