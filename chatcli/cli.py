@@ -503,7 +503,8 @@ def bench(
         )
     render_table(console, ("measure", "baseline", "ours", "ours / baseline"), rows)
     console.print(
-        f"8 samples / single: {result['samples8_vs_single']}x; "
+        f"8 samples / single: {result['samples8_vs_single']}x (one sample of the same prompt, "
+        f"temperature 1: {result['single_sampled_tps']} tok/s); "
         f"TTFT turn 10 / turn 1: ours {ttft['ours_turn10_over_turn1']}, baseline "
         f"{ttft['baseline_turn10_over_turn1']}; roofline fraction {result['roofline_fraction']}; "
         f"fp32 greedy identical: {result['greedy_identical_fp32']}; greedy agreement of the "

@@ -20,10 +20,10 @@ StaticDecodeStep is the same step with shapes fixed by the cache, which a CUDA g
 (CudaGraphStep). Same weights, same math: every form equals model.forward to float rounding
 (the tests hold every era to 2e-5, and greedy output to identity).
 
-The Engine picks a form (engine._pick_decode_step): the fused step for a small
-(dispatch-bound, cpu_plan.SMALL_MODEL_PARAMS) fp32 model on the CPU, the CUDA graph on a GPU.
-Big CPU models are bandwidth-bound: they keep the module path and its compact decode copies
-(quantize.py).
+The Engine picks a form (engine._pick_decode_step): the fused step for an fp32 model on the
+CPU, the CUDA graph on a GPU. A big CPU model is bandwidth-bound, and its fused step reads
+the compact decode copies (quantize.py) its modules keep; halving its ops still matters
+there, as each op on two threads pays a fork/join.
 """
 
 from __future__ import annotations
@@ -35,17 +35,68 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from chatcli.cpu_plan import SMALL_MODEL_PARAMS
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model import GPT, SMEAR_CHANNELS, attend_shared
+from chatcli.quantize import DecodeWeight
+
+
+class _Matrix:
+    """One matrix of the step, several modules' stacked into one (c_q, c_k and c_v), and
+    the compact copies (quantize.py) a big model's batch-1 decode reads instead.
+
+    Without copies (a small or CUDA model) the stacked weight is one product. With copies
+    each module's own copy serves up to its max_rows rows (the model keeps them for its own
+    forward, so none is duplicated here), and more rows take the fp32 weights.
+    """
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        self.parts = [m.weight.detach() for m in modules]
+        self.copies: list[DecodeWeight | None] = [
+            getattr(m, "decode_weight", None) for m in modules
+        ]
+        self.weight: torch.Tensor | None = None
+        if all(c is None for c in self.copies):
+            self.weight = torch.cat(self.parts) if len(self.parts) > 1 else self.parts[0]
+
+    def mv(self, x: torch.Tensor) -> torch.Tensor:
+        """(C,) -> (out,)."""
+        if self.weight is not None:
+            return torch.mv(self.weight, x)
+        out = [
+            torch.mv(w, x) if c is None else c.matvec(x)
+            for w, c in zip(self.parts, self.copies, strict=True)
+        ]
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, C) -> (N, out)."""
+        if self.weight is not None:
+            return F.linear(x, self.weight)
+        out = [
+            c.matmul(x) if c is not None and x.size(0) <= c.max_rows else F.linear(x, w)
+            for w, c in zip(self.parts, self.copies, strict=True)
+        ]
+        return out[0] if len(out) == 1 else torch.cat(out, dim=1)
+
+    def addmv(self, x: torch.Tensor, v: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        """x + alpha * (W @ v), one fused op without copies."""
+        if self.weight is not None:
+            return torch.addmv(x, self.weight, v, alpha=alpha)
+        return torch.add(x, self.mv(v), alpha=alpha)
+
+    def addmm(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x + y @ W.T for rows y (N, in)."""
+        if self.weight is not None:
+            return torch.addmm(x, y, self.weight.t())
+        return torch.add(x, self.mm(y))
 
 
 @dataclass
 class _Layer:
-    qkv: torch.Tensor  # (H*D + 2*Hkv*D, C): c_q, c_k, c_v stacked
-    proj: torch.Tensor
-    fc: torch.Tensor
-    fc_proj: torch.Tensor
+    qkv: _Matrix  # (H*D + 2*Hkv*D, C): c_q, c_k, c_v stacked
+    proj: _Matrix
+    fc: _Matrix
+    fc_proj: _Matrix
     window: int
     resid_lambda: float
     x0_lambda: float
@@ -74,7 +125,7 @@ class DecodeStep:
             self.smear_gate = model.smear_gate.weight.detach().reshape(-1)  # (24,)
             self.smear_lambda = model.smear_lambda.item()
         self.wte = model.transformer.wte.weight.detach()
-        self.lm_head = model.lm_head.weight.detach()
+        self.lm_head = _Matrix([model.lm_head])
         D = self.head_dim
         # In fp32 the qk-norm's weight carries the era's qk scale (1 before era D); in bf16
         # that weight would round 1.2 to 1.203125, so the scale multiplies after the norm.
@@ -96,10 +147,10 @@ class DecodeStep:
             ve_table = model.value_embeds[str(i)].weight.detach() if a.ve_channels else None
             self.layers.append(
                 _Layer(
-                    qkv=torch.cat([a.c_q.weight, a.c_k.weight, a.c_v.weight]).detach(),
-                    proj=a.c_proj.weight.detach(),
-                    fc=m.c_fc.weight.detach(),
-                    fc_proj=m.c_proj.weight.detach(),
+                    qkv=_Matrix([a.c_q, a.c_k, a.c_v]),
+                    proj=_Matrix([a.c_proj]),
+                    fc=_Matrix([m.c_fc]),
+                    fc_proj=_Matrix([m.c_proj]),
                     window=model.windows[i],
                     resid_lambda=model.resid_lambdas[i].item() if arch.lambdas else 1.0,
                     x0_lambda=model.x0_lambdas[i].item() if arch.lambdas else 0.0,
@@ -113,12 +164,11 @@ class DecodeStep:
 
     @staticmethod
     def supports(model: object) -> bool:
-        """Whether this step reproduces `model`'s forward and pays: our small fp32 CPU GPT."""
-        if not isinstance(model, GPT) or model.num_params() >= SMALL_MODEL_PARAMS:
+        """Whether this step reproduces `model`'s forward: our fp32 GPT on the CPU, with or
+        without compact decode copies of its matrices."""
+        if not isinstance(model, GPT) or model.get_device().type != "cpu":
             return False
-        if model.get_device().type != "cpu" or model.compute_dtype != torch.float32:
-            return False
-        return not _has_decode_copies(model) and all(
+        return model.compute_dtype == torch.float32 and all(
             p.dtype == torch.float32 for p in model.parameters()
         )
 
@@ -144,7 +194,7 @@ class DecodeStep:
         """Rows x (N, C) -> (q and k after rope and qk-norm (N, H+Hkv, D), v (N, Hkv, D))."""
         N, H, Hkv, D = x.size(0), self.n_head, self.n_kv_head, self.head_dim
         h = F.rms_norm(x, (x.size(1),))
-        qkv = F.linear(h, layer.qkv)
+        qkv = layer.qkv.mm(h)
         k_end = (H + Hkv) * D
         qk = qkv[:, :k_end].view(N, H + Hkv, D)
         v = qkv[:, k_end:].view(N, Hkv, D)
@@ -202,14 +252,14 @@ class DecodeStep:
                 y = self._attend_shared(i, q, k, v, layer.window, cache, pos)
             else:
                 y = self._attend(i, q, k, v, layer.window, cache, pos)
-            x = torch.addmm(x, y.reshape(N, H * D), layer.proj.t())
-            u = F.linear(F.rms_norm(x, (C,)), layer.fc).relu_()
-            x = torch.addmm(x, u.mul_(u), layer.fc_proj.t())
+            x = layer.proj.addmm(x, y.reshape(N, H * D))
+            u = layer.fc.mm(F.rms_norm(x, (C,))).relu_()
+            x = layer.fc_proj.addmm(x, u.mul_(u))
             if i == self.backout_layer:
                 saved = x
         if saved is not None:
             x = torch.add(x, saved, alpha=-self.backout_lambda)
-        logits = F.linear(F.rms_norm(x, (C,)), self.lm_head)[:, : self.vocab_size].float()
+        logits = self.lm_head.mm(F.rms_norm(x, (C,)))[:, : self.vocab_size].float()
         cache.prev_token = idx
         cache.advance(1)
         cap = self.softcap
@@ -241,7 +291,7 @@ class DecodeStep:
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
             s = _rms_scale(x, C, eps)
-            qkv = torch.mv(layer.qkv, x).mul_(s)
+            qkv = layer.qkv.mv(x).mul_(s)
             qk = qkv[:k_end].view(H + Hkv, D)
             v = qkv[k_end:].view(Hkv, D)
             if layer.ve_table is not None:
@@ -259,15 +309,15 @@ class DecodeStep:
                 v_all[i, 0, start : pos + 1].transpose(0, 1),
                 enable_gqa=Hkv != H,
             )
-            x = torch.addmv(x, layer.proj, y.view(-1))
+            x = layer.proj.addmv(x, y.view(-1))
             s = _rms_scale(x, C, eps)
-            u = torch.mv(layer.fc, x).relu_()
-            x = torch.addmv(x, layer.fc_proj, u.mul_(u), alpha=s * s)
+            u = layer.fc.mv(x).relu_()
+            x = layer.fc_proj.addmv(x, u.mul_(u), alpha=s * s)
             if i == self.backout_layer:
                 saved = x
         if saved is not None:
             x = torch.add(x, saved, alpha=-self.backout_lambda)
-        logits = torch.mv(self.lm_head, x)[: self.vocab_size]
+        logits = self.lm_head.mv(x)[: self.vocab_size]
         cache.prev_token = idx
         cache.advance(1)
         cap = self.softcap
@@ -433,14 +483,14 @@ class StaticDecodeStep(DecodeStep):
                 attn_mask=masks[layer.window],
                 enable_gqa=Hkv != H,
             )
-            x = torch.addmm(x, y.reshape(N, H * D), layer.proj.t())
-            u = F.relu(F.linear(F.rms_norm(x, (C,)), layer.fc))
-            x = torch.addmm(x, u * u, layer.fc_proj.t())
+            x = layer.proj.addmm(x, y.reshape(N, H * D))
+            u = F.relu(layer.fc.mm(F.rms_norm(x, (C,))))
+            x = layer.fc_proj.addmm(x, u * u)
             if i == self.backout_layer:
                 saved = x
         if saved is not None:
             x = torch.add(x, saved, alpha=-self.backout_lambda)
-        logits = F.linear(F.rms_norm(x, (C,)), self.lm_head)[:, : self.vocab_size]
+        logits = self.lm_head.mm(F.rms_norm(x, (C,)))[:, : self.vocab_size]
         cap = self.softcap
         return torch.tanh(logits.float() / cap) * cap
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from chatcli.calculator import format_result, use_calculator
+from chatcli.cpu_plan import SMALL_MODEL_PARAMS
 from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, WithFallback
 from chatcli.errors import ContextOverflowError
 from chatcli.kv_cache import KVCache, SharedPrefixCache
@@ -95,21 +96,26 @@ def compiled_forward(model: CachedModel) -> Callable[..., torch.Tensor]:
     return forward
 
 
-def _pick_decode_step(model: CachedModel) -> Callable[..., torch.Tensor] | None:
+def _pick_decode_step(
+    model: CachedModel, compile: bool = False
+) -> Callable[..., torch.Tensor] | None:
     """The fastest one-token-per-row step that reproduces this model, or None (the forward).
 
     - CUDA: the static step captured as a CUDA graph (one launch per token instead of
       hundreds), falling back to the eager static step if capture fails.
-    - CPU, small fp32 model: the fused step (decode_step.py), with or without --compile:
-      in a chat session (a 512-position cache) it decodes the embedded model in 2.0 ms per
-      token, where its static twin through torch.compile took 6.1 ms and the compiled
-      module forward 4.3 ms (scripts/bench_decode_paths.py).
+    - CPU, fp32 activations: the fused step (decode_step.py), reading a big model's compact
+      decode copies. For a small model also with --compile: in a chat session (a
+      512-position cache) it decodes the embedded model in 2.0 ms per token, where its
+      static twin through torch.compile took 6.1 ms and the compiled module forward 4.3 ms
+      (scripts/bench_decode_paths.py). A big model with --compile compiles its forward.
     """
     device = model.get_device().type if hasattr(model, "get_device") else "cpu"
     if device == "cuda" and StaticDecodeStep.supports(model):
         step = StaticDecodeStep(model)
         return WithFallback(CudaGraphStep(step), step, "CUDA graph capture")
     if device == "cpu" and DecodeStep.supports(model):
+        if compile and model.num_params() >= SMALL_MODEL_PARAMS:
+            return None
         return DecodeStep(model)
     return None
 
@@ -121,7 +127,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self._forward = model.forward
-        self.decode_step = _pick_decode_step(model)
+        self.decode_step = _pick_decode_step(model, compile)
         if compile and self.decode_step is None:
             # No faster step for this model: compile the whole forward (dynamic shapes).
             # The K/V writes happen before the cache advances, so a failed compiled call

@@ -20,6 +20,7 @@ def test_bench_reports_every_measure_and_identical_greedy_output():
     assert result["weights"] == "float32" and result["greedy_agreement"] == 1.0
     for key in ("decode_tps", "decode8_tps"):
         assert result[key]["baseline"] > 0 and result[key]["ours"] > 0
+    assert result["single_sampled_tps"] > 0 and result["samples8_vs_single"] > 0
     assert set(result["ttft_s"]["ours"]) == {1, 5, 10}
     assert result["bandwidth_gbs"] > 0 and result["roofline_tps"] > 0
 

@@ -103,10 +103,38 @@ def test_engine_greedy_output_is_the_module_forwards():
 def test_only_our_fp32_cpu_gpt_is_supported():
     model = _random_model("E")
     assert DecodeStep.supports(model)
-    model.add_decode_weights("bfloat16")  # big models keep the bandwidth-saving path
-    assert not DecodeStep.supports(model)
+    model.add_decode_weights("bfloat16")  # a big model's compact copies: read by the step
+    assert DecodeStep.supports(model) and not StaticDecodeStep.supports(model)
     assert not DecodeStep.supports(_random_model("E").to(torch.bfloat16))
     assert not DecodeStep.supports(ScriptedModel(reply([1, 2])))
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "int8", "int4"])
+def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
+    # A big CPU model's step reads the copies its modules keep (c_q, c_k, c_v one by one).
+    # Same products as the module forward, up to where the rms-norm scale is applied: the
+    # step scales after the product, which a rounding of the activations can see.
+    model = _random_model("E")
+    model.add_decode_weights(kind)
+    step = DecodeStep(model)
+    matrices = [m for layer in step.layers for m in (layer.qkv, layer.fc, layer.fc_proj)]
+    assert any(m.weight is None and m.copies[0] is not None for m in matrices)
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(0, 190, (1, 60), generator=g)
+    ours, theirs = _cache(model), _cache(model)
+    model(ids[:, :40], kv_cache=ours)
+    model(ids[:, :40], kv_cache=theirs)
+    for t in range(40, 60):
+        got = step(ids[:, t : t + 1], ours)
+        want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
+        torch.testing.assert_close(got, want, atol=0.02, rtol=0)
+        assert got.argmax() == want.argmax()
+    rows = SharedPrefixCache(ours, 3, 8), SharedPrefixCache(theirs, 3, 8)
+    for _ in range(8):
+        column = torch.randint(0, 190, (3, 1), generator=g)
+        got = step(column, rows[0])
+        want = model(column, kv_cache=rows[1])[:, -1, :]
+        torch.testing.assert_close(got, want, atol=0.02, rtol=0)
 
 
 def test_refuses_positions_past_the_rotary_tables():

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from chatcli.checkpoint import load_model
-from chatcli.decode_step import DecodeStep
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache
 from chatcli.model import ERAS, GPT, GPTConfig, infer_era, window_sizes
@@ -226,10 +225,11 @@ def test_compiled_engine_gives_the_eager_greedy_output(monkeypatch):
     eager, _ = Engine(model, tokenizer).generate_batch(
         case["prompt"], max_tokens=n, temperature=0.0
     )
-    # A small fp32 model keeps the fused step even with compile=True (it is faster); a
-    # model the fused step does not take (pretend this one is big) compiles its forward.
+    # A small fp32 model keeps the fused step even with compile=True (it is faster); a big
+    # one (pretend this one is) compiles its forward.
     assert Engine(model, tokenizer, compile=True).decode_step is not None
-    monkeypatch.setattr(DecodeStep, "supports", staticmethod(lambda model: False))
+    assert Engine(model, tokenizer).decode_step is not None
+    monkeypatch.setattr("chatcli.engine.SMALL_MODEL_PARAMS", 0)
     compiled_engine = Engine(model, tokenizer, compile=True)
     assert compiled_engine.decode_step is None
     with _no_fallback_warning():  # the compiled path really ran

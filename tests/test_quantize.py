@@ -9,6 +9,8 @@ from chatcli.quantize import (
     Bf16Weight,
     Int4Weight,
     Int8Weight,
+    fbgemm_available,
+    int8_rows,
     make_decode_weight,
     supports,
 )
@@ -45,16 +47,35 @@ def test_more_bits_less_error():
 def test_bytes_read_per_product():
     w = _matrix(512, 256)
     assert Bf16Weight(w).nbytes == 512 * 256 * 2
-    assert Int8Weight(w).nbytes == 512 * 256 + 512 * 2  # + one bf16 scale per row
+    # + one bf16 scale per row; fbgemm keeps an fp32 scale and an int32 offset
+    assert Int8Weight(w, use_fbgemm=False).nbytes == 512 * 256 + 512 * 2
+    assert Int8Weight(w, use_fbgemm=True).nbytes == 512 * 256 + 512 * 8
     groups = 256 // INT4_GROUP_SIZE
     assert Int4Weight(w).nbytes == 512 * 256 // 2 + groups * 512 * 2 * 2  # + bf16 scale, zero
 
 
 def test_int8_rows_use_their_whole_range():
     w = _matrix()
-    q = Int8Weight(w)
-    assert q.weight.dtype == torch.int8
-    assert torch.equal(q.weight.abs().amax(dim=1), torch.full((384,), 127, dtype=torch.int8))
+    codes, scales = int8_rows(w)
+    assert codes.dtype == torch.int8
+    assert torch.equal(codes.abs().amax(dim=1), torch.full((384,), 127, dtype=torch.int8))
+    torch.testing.assert_close(codes.float() * scales[:, None], w, atol=0.5 * scales.max(), rtol=0)
+
+
+@pytest.mark.skipif(not fbgemm_available(), reason="fbgemm is an x86 build's")
+@pytest.mark.parametrize("rows", [1, 8])
+def test_both_int8_kernels_compute_the_same_product(rows):
+    # fbgemm also rounds the activations (7 bits per call): close to the weight-only kernel,
+    # not equal to it.
+    w = _matrix(seed=5)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(6))
+    want = x @ w.t()
+    fbgemm = Int8Weight(w, use_fbgemm=True).matmul(x)
+    weight_only = Int8Weight(w, use_fbgemm=False).matmul(x)
+    assert fbgemm.shape == weight_only.shape == (rows, 384)
+    for got in (fbgemm, weight_only):
+        assert 0 < float((got - want).norm() / want.norm()) < 0.02
+    assert not torch.equal(fbgemm, weight_only)
 
 
 def test_a_constant_group_is_exact_in_int4():
