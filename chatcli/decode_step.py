@@ -39,6 +39,9 @@ from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model import GPT, SMEAR_CHANNELS, attend_shared
 from chatcli.quantize import DecodeWeight
 
+# Elements of a stacked matrix (a copy of its parts): d20's q, k and v are 4.9M (20 MB).
+STACK_AT_MOST = 1 << 20
+
 
 class _Matrix:
     """One matrix of the step, several modules' stacked into one (c_q, c_k and c_v), and
@@ -400,7 +403,7 @@ class DecodeStep:
         return torch.lerp(out_s.view(N, Hkv, r, D), out_p, weight).reshape(N, H, D)
 
 
-def _has_decode_copies(model: GPT) -> bool:
+def has_decode_copies(model: GPT) -> bool:
     return any(getattr(m, "decode_weight", None) is not None for m in model.modules())
 
 
@@ -436,7 +439,7 @@ class StaticDecodeStep(DecodeStep):
     @staticmethod
     def supports(model: object) -> bool:
         """Our GPT, any device or size, without compact decode copies (it reads the weights)."""
-        return isinstance(model, GPT) and not _has_decode_copies(model)
+        return isinstance(model, GPT) and not has_decode_copies(model)
 
     def forward_static(
         self,

@@ -128,7 +128,6 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
         got = step(ids[:, t : t + 1], ours)
         want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
         torch.testing.assert_close(got, want, atol=0.02, rtol=0)
-        assert got.argmax() == want.argmax()
     rows = SharedPrefixCache(ours, 3, 8), SharedPrefixCache(theirs, 3, 8)
     for _ in range(8):
         column = torch.randint(0, 190, (3, 1), generator=g)

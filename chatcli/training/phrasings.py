@@ -86,13 +86,15 @@ EVAL_COUNT_FRAMES = [  # eval only
 LETTER_FORMS = ["{l}'s", "{l}s", "letter {l}", "the letter {l}", "'{l}'", "'{l}'s"]
 WORD_FORMS = ["{w}", "'{w}'", '"{w}"', "the word {w}"]
 NEW_WORD_FRAMES = [
-    "what about {W}?", "and in {W}?", "how about {W}?", "and {W}?", "now {W}", "ok, {W}?",
-    "do the same for {W}", "and for {W}?", "next {W}",
+    "what about {W}?", "and in {W}?", "how about {W}?", "and {W}?", "ok, {W}?",
+    "do the same for {W}", "and for {W}?", "now do the word {W}",
 ]  # fmt: skip
 EVAL_NEW_WORD_FRAMES = ["same question for {W}"]  # eval only
+# A verb between "now" and the letter is no word to count: several such verbs are taught.
 NEW_LETTER_FRAMES = [
     "and {L}?", "now count {L}", "what about {L}?", "and how many {L}?", "now {L}", "ok, {L}?",
-    "how about {L}?", "and {L} please", "count {L} this time", "next {L}",
+    "how about {L}?", "and {L} please", "count {L} this time", "next {L}", "now do {L}",
+    "now check {L}", "let's do {L}", "now look for {L}", "now go with {L}",
 ]  # fmt: skip
 EVAL_NEW_LETTER_FRAMES = ["now try {L}"]  # eval only
 
