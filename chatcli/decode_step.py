@@ -28,6 +28,7 @@ there, as each op on two threads pays a fork/join.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from chatcli.cpu_plan import SMALL_MODEL_PARAMS
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model import GPT, SMEAR_CHANNELS, attend_shared
 from chatcli.quantize import DecodeWeight
@@ -43,14 +45,36 @@ from chatcli.quantize import DecodeWeight
 STACK_AT_MOST = 1 << 20
 
 
+def _on_product_threads(product: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Run a _Matrix product on its `threads`, the rest of the step staying on one."""
+
+    @functools.wraps(product)
+    def run(self: _Matrix, *args: torch.Tensor, **kwargs: float) -> torch.Tensor:
+        if self.threads == 1:
+            return product(self, *args, **kwargs)
+        torch.set_num_threads(self.threads)
+        try:
+            return product(self, *args, **kwargs)
+        finally:
+            torch.set_num_threads(1)
+
+    return run
+
+
 class _Matrix:
     """One matrix of the step, several modules' stacked into one (c_q, c_k and c_v), and
     the compact copies (quantize.py) a big model's batch-1 decode reads instead.
 
-    Without copies (a small or CUDA model) the stacked weight is one product. With copies
-    each module's own copy serves up to its max_rows rows (the model keeps them for its own
-    forward, so none is duplicated here), and more rows take the fp32 weights.
+    A small model's matrices without copies are stacked into one weight, one product (the
+    stacked copy costs little memory and saves ops, which is what a small model's step is
+    made of). Otherwise each module's weight is used in place, through its compact copy for
+    up to the copy's max_rows rows (the model keeps the copies for its own forward, so none
+    is duplicated here) and its fp32 weight for more.
+
+    threads: how many threads the products run on (DecodeStep sets it for a big model).
     """
+
+    threads = 1
 
     def __init__(self, modules: list[torch.nn.Module]) -> None:
         self.parts = [m.weight.detach() for m in modules]
@@ -59,8 +83,12 @@ class _Matrix:
         ]
         self.weight: torch.Tensor | None = None
         if all(c is None for c in self.copies):
-            self.weight = torch.cat(self.parts) if len(self.parts) > 1 else self.parts[0]
+            if len(self.parts) == 1:
+                self.weight = self.parts[0]
+            elif sum(p.numel() for p in self.parts) <= STACK_AT_MOST:
+                self.weight = torch.cat(self.parts)
 
+    @_on_product_threads
     def mv(self, x: torch.Tensor) -> torch.Tensor:
         """(C,) -> (out,)."""
         if self.weight is not None:
@@ -71,6 +99,7 @@ class _Matrix:
         ]
         return out[0] if len(out) == 1 else torch.cat(out)
 
+    @_on_product_threads
     def mm(self, x: torch.Tensor) -> torch.Tensor:
         """(N, C) -> (N, out)."""
         if self.weight is not None:
@@ -84,14 +113,22 @@ class _Matrix:
     def addmv(self, x: torch.Tensor, v: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         """x + alpha * (W @ v), one fused op without copies."""
         if self.weight is not None:
-            return torch.addmv(x, self.weight, v, alpha=alpha)
+            return self._fused_addmv(x, v, alpha)
         return torch.add(x, self.mv(v), alpha=alpha)
 
     def addmm(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x + y @ W.T for rows y (N, in)."""
         if self.weight is not None:
-            return torch.addmm(x, y, self.weight.t())
+            return self._fused_addmm(x, y)
         return torch.add(x, self.mm(y))
+
+    @_on_product_threads
+    def _fused_addmv(self, x: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
+        return torch.addmv(x, self.weight, v, alpha=alpha)
+
+    @_on_product_threads
+    def _fused_addmm(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(x, y, self.weight.t())
 
 
 @dataclass
@@ -162,6 +199,14 @@ class DecodeStep:
                 )
             )
         self.lambdas = arch.lambdas
+        self.matrices = [self.lm_head] + [
+            m for layer in self.layers for m in (layer.qkv, layer.proj, layer.fc, layer.fc_proj)
+        ]
+        # A big CPU model's step is a few big products, which stream weights faster on every
+        # core, among hundreds of small ops, which on two threads pay a fork/join each (an
+        # attention call went from 56 to 450 us on this CPU, d20's int8 step from 45 to
+        # 90 ms). So its products run on the caller's threads and everything else on one.
+        self.split_threads = model.num_params() >= SMALL_MODEL_PARAMS
         self._eps = torch.finfo(self.wte.dtype).eps  # F.rms_norm's default
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -228,6 +273,19 @@ class DecodeStep:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         """ids (N, 1), one token per cache row -> float32 logits (N, vocab_size)."""
+        threads = torch.get_num_threads()
+        if not self.split_threads or threads == 1:
+            return self._step(ids, cache)
+        if self.matrices[0].threads != threads:
+            for m in self.matrices:
+                m.threads = threads
+        torch.set_num_threads(1)
+        try:
+            return self._step(ids, cache)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _step(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         H, D = self.n_head, self.head_dim
         N = ids.size(0)
         pos = self._room_for_one(cache)

@@ -25,13 +25,7 @@ import torch
 
 from chatcli.calculator import format_result, use_calculator
 from chatcli.cpu_plan import SMALL_MODEL_PARAMS
-from chatcli.decode_step import (
-    CudaGraphStep,
-    DecodeStep,
-    StaticDecodeStep,
-    WithFallback,
-    has_decode_copies,
-)
+from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, WithFallback
 from chatcli.errors import ContextOverflowError
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.sampling import sample_next_token
@@ -110,20 +104,18 @@ def _pick_decode_step(
     - CUDA: the static step captured as a CUDA graph (one launch per token instead of
       hundreds), falling back to the eager static step if capture fails.
     - CPU, fp32 activations: the fused step (decode_step.py), reading a big model's compact
-      decode copies. A small model, or one with copies, keeps it with --compile too: in a
-      chat session (a 512-position cache) it decodes the embedded model in 2.0 ms per
-      token, where its static twin through torch.compile took 6.1 ms and the compiled
-      module forward 4.3 ms (scripts/bench_decode_paths.py). A big fp32 model with
-      --compile compiles its forward (a compact copy's kernel, fbgemm's packed int8 above
-      all, is opaque to the compiler).
+      decode copies. A small model keeps it with --compile too: in a chat session (a
+      512-position cache) it decodes the embedded model in 2.0 ms per token, where its
+      static twin through torch.compile took 6.1 ms and the compiled module forward
+      4.3 ms (scripts/bench_decode_paths.py). A big model with --compile compiles its
+      forward instead, as asked.
     """
     device = model.get_device().type if hasattr(model, "get_device") else "cpu"
     if device == "cuda" and StaticDecodeStep.supports(model):
         step = StaticDecodeStep(model)
         return WithFallback(CudaGraphStep(step), step, "CUDA graph capture")
     if device == "cpu" and DecodeStep.supports(model):
-        big = model.num_params() >= SMALL_MODEL_PARAMS
-        if compile and big and not has_decode_copies(model):
+        if compile and model.num_params() >= SMALL_MODEL_PARAMS:
             return None
         return DecodeStep(model)
     return None

@@ -57,7 +57,7 @@ class Settings:
     step: int | None = None  # None: the latest step found
     device: str = "auto"
     dtype: str = "auto"
-    quantize: str = "none"  # weight-only int8/int4 copies for CPU batch-1 decode
+    quantize: str = "none"  # int8/int4 copies of big matrices for CPU decode
     temperature: float = 0.6
     top_k: int = 50  # 0: off
     top_p: float = 1.0  # 1.0: off

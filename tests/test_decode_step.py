@@ -136,6 +136,43 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
         torch.testing.assert_close(got, want, atol=0.02, rtol=0)
 
 
+def test_a_big_models_products_run_on_the_callers_threads_and_the_rest_on_one(monkeypatch):
+    monkeypatch.setattr("chatcli.decode_step.SMALL_MODEL_PARAMS", 0)  # pretend it is big
+    model = _random_model("E")
+    model.add_decode_weights("int8")
+    step = DecodeStep(model)
+    seen: dict[str, set[int]] = {"product": set(), "attention": set()}
+    copy = step.layers[0].fc.copies[0]
+    matvec = copy.matvec
+    attention = torch.nn.functional.scaled_dot_product_attention
+
+    def spy_matvec(x):
+        seen["product"].add(torch.get_num_threads())
+        return matvec(x)
+
+    def spy_attention(*args, **kwargs):
+        seen["attention"].add(torch.get_num_threads())
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(copy, "matvec", spy_matvec)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy_attention)
+    before = torch.get_num_threads()
+    ours, theirs = _cache(model), _cache(model)
+    ids = torch.tensor([[3, 9, 27, 81]])
+    model(ids, kv_cache=ours)
+    model(ids, kv_cache=theirs)
+    seen["attention"].clear()  # the module forward's own calls
+    try:
+        torch.set_num_threads(2)
+        got = step(torch.tensor([[5]]), ours)
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
+    assert seen == {"product": {2}, "attention": {1}}
+    want = model(torch.tensor([[5]]), kv_cache=theirs)[:, -1, :]
+    torch.testing.assert_close(got, want, atol=0.02, rtol=0)
+
+
 def test_refuses_positions_past_the_rotary_tables():
     model = _random_model("E")
     cache = KVCache(1, 2, model.max_positions + 1, 16, 4)
