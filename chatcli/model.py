@@ -115,7 +115,8 @@ class Linear(nn.Linear):
     the copy (bf16, int8 or int4: quantize.py), which reads a half to an eighth of the bytes;
     int8 also serves a few sample rows. Anything larger (prefill) uses the fp32 weight: bf16
     matrix-matrix kernels are compute-bound on this CPU and measured 6.6x slower, and
-    widening bf16 to fp32 on every call cost more than it saved. Activations stay fp32.
+    widening bf16 to fp32 on every call cost more than it saved. Activations stay fp32
+    between products (inside one, the copy's kernel may round them: quantize.py).
     """
 
     decode_weight: DecodeWeight | None = None

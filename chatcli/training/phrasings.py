@@ -74,28 +74,15 @@ COUNT_FRAMES = [
     "How many times does {L} appear in {W}?", "How many {L} does {W} have?",
     "number of {L} in {W}?", "In {W}, how many {L} are there?",
     "What's the count of {L} in {W}?", "Tell me how many {L} {W} has.",
-    "Please count the {L} in {W}.", "Do you know how many {L} are in {W}?",
-    "I'd like to know how many {L} {W} contains.", "{W}: how many {L}?",
-    "Could you tell me the number of {L} in {W}?", "How often does {L} occur in {W}?",
-    "So how many {L} does {W} contain?", "Quick one: count {L} in {W}",
-    "I need the number of {L} in {W}.", "Check how many {L} are in {W} please.",
 ]  # fmt: skip
 EVAL_COUNT_FRAMES = [  # eval only
     "Can you count the {L} in {W} for me?", "I wonder how many {L} there are in {W}.",
 ]  # fmt: skip
 LETTER_FORMS = ["{l}'s", "{l}s", "letter {l}", "the letter {l}", "'{l}'", "'{l}'s"]
 WORD_FORMS = ["{w}", "'{w}'", '"{w}"', "the word {w}"]
-NEW_WORD_FRAMES = [
-    "what about {W}?", "and in {W}?", "how about {W}?", "and {W}?", "ok, {W}?",
-    "do the same for {W}", "and for {W}?", "now do the word {W}",
-]  # fmt: skip
+NEW_WORD_FRAMES = ["what about {W}?", "and in {W}?", "how about {W}?", "and {W}?"]
 EVAL_NEW_WORD_FRAMES = ["same question for {W}"]  # eval only
-# A verb between "now" and the letter is no word to count: several such verbs are taught.
-NEW_LETTER_FRAMES = [
-    "and {L}?", "now count {L}", "what about {L}?", "and how many {L}?", "now {L}", "ok, {L}?",
-    "how about {L}?", "and {L} please", "count {L} this time", "next {L}", "now do {L}",
-    "now check {L}", "let's do {L}", "now look for {L}", "now go with {L}",
-]  # fmt: skip
+NEW_LETTER_FRAMES = ["and {L}?", "now count {L}", "what about {L}?", "and how many {L}?"]
 EVAL_NEW_LETTER_FRAMES = ["now try {L}"]  # eval only
 
 # ---- questions a tiny model cannot answer ----------------------------------------------------
