@@ -9,7 +9,10 @@ import time
 
 import pytest
 
+from chatcli import checkpoint
 from chatcli.checkpoint import EMBEDDED_DIR, load_model
+from chatcli.quantize import Int8Weight
+from chatcli.training import evaluate as evaluate_module
 from chatcli.training.evaluate import evaluate
 
 pytestmark = pytest.mark.skipif(
@@ -55,3 +58,19 @@ def test_once_answers_through_the_calculator_offline():
     assert {"type": "python", "text": "1234*56"} in result["parts"]
     assert {"type": "python_output", "text": "69104"} in result["parts"]
     assert result["finish_reason"] == "stop"
+
+
+def test_the_evaluation_command_can_run_through_int8_copies(capsys, monkeypatch):
+    loaded = []
+
+    def load_and_keep(*args, **kwargs):
+        result = load_model(*args, **kwargs)
+        loaded.append(result[0])
+        return result
+
+    monkeypatch.setattr(checkpoint, "load_model", load_and_keep)
+    evaluate_module.main(["--n", "2", "--quantize", "int8", "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["items"] == 10 and summary["ended_rate"] > 0
+    copies = [getattr(m, "decode_weight", None) for m in loaded[0].modules()]
+    assert any(isinstance(c, Int8Weight) for c in copies)

@@ -2,6 +2,7 @@
 
     python -m chatcli.training.evaluate                 # the embedded default model
     python -m chatcli.training.evaluate --model PATH --n 200 --json
+    python -m chatcli.training.evaluate --quantize int8   # through int8 decode copies
 
 The prompts come from `synthetic.generate_eval_set`: numbers and phrasings that the training
 split never uses. Every reply is generated greedily by the Engine, so calculator calls run and
@@ -126,8 +127,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=100, help="prompts per kind")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument(
+        "--quantize",
+        choices=["none", "int8", "int4"],
+        default="none",
+        help="decode through int8/int4 copies of the matrices (the quality of --quantize)",
+    )
     args = parser.parse_args(argv)
-    model, tokenizer, _ = load_model(args.model, device="cpu")
+    model, tokenizer, _ = load_model(args.model, device="cpu", quantize=args.quantize)
     summary = evaluate(model, tokenizer, args.n, args.seed)
     if args.json:
         print(json.dumps(summary, indent=2))
