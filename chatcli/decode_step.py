@@ -273,12 +273,12 @@ class DecodeStep:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         """ids (N, 1), one token per cache row -> float32 logits (N, vocab_size)."""
-        threads = torch.get_num_threads()
-        if not self.split_threads or threads == 1:
-            return self._step(ids, cache)
-        if self.matrices[0].threads != threads:
+        threads = torch.get_num_threads() if self.split_threads else 1
+        if self.matrices[0].threads != threads:  # the caller's count may change between calls
             for m in self.matrices:
                 m.threads = threads
+        if threads == 1:
+            return self._step(ids, cache)
         torch.set_num_threads(1)
         try:
             return self._step(ids, cache)

@@ -169,6 +169,13 @@ def test_a_big_models_products_run_on_the_callers_threads_and_the_rest_on_one(mo
     finally:
         torch.set_num_threads(before)
     assert seen == {"product": {2}, "attention": {1}}
+    seen["product"].clear()
+    try:
+        torch.set_num_threads(1)  # the caller's count now: the products follow it
+        step(torch.tensor([[6]]), ours)
+    finally:
+        torch.set_num_threads(before)
+    assert seen["product"] == {1}
     want = model(torch.tensor([[5]]), kv_cache=theirs)[:, -1, :]
     torch.testing.assert_close(got, want, atol=0.02, rtol=0)
 
