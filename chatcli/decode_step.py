@@ -490,6 +490,8 @@ class StaticDecodeStep(DecodeStep):
     compiled there.)
     """
 
+    reads_whole_cache = True  # under a mask: the Engine zeroes the caches it makes for it
+
     def __init__(self, model: GPT) -> None:
         super().__init__(model)
         self.cos_table, self.sin_table = self._rope_tables()
@@ -580,6 +582,7 @@ class CudaGraphStep:
     """
 
     wants_full_cache = True
+    reads_whole_cache = True
 
     def __init__(self, step: StaticDecodeStep) -> None:
         self.step = step
@@ -646,6 +649,7 @@ class WithFallback:
     """
 
     wants_full_cache = True
+    reads_whole_cache = True
 
     def __init__(
         self, fast: Callable[..., torch.Tensor], plain: Callable[..., torch.Tensor], what: str

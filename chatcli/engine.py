@@ -159,6 +159,7 @@ class Engine:
 
     def new_cache(self, batch_size: int, seq_len: int) -> KVCache:
         m = self.model.config
+        device = torch.device(self.model.get_device())
         # The K/V dtype is the activations' (our GPT may store its matrices in bf16).
         dtype = getattr(self.model, "compute_dtype", None)
         if dtype is None:
@@ -173,8 +174,11 @@ class Engine:
             seq_len=seq_len,
             head_dim=m.n_embd // m.n_head,
             num_layers=m.n_layer,
-            device=self.model.get_device(),
+            device=device,
             dtype=dtype,
+            # Only a static step reads past the written positions (under a mask, where
+            # uninitialised memory could hold NaN); zeroing is cheap off the CPU anyway.
+            zeroed=device.type != "cpu" or getattr(self.decode_step, "reads_whole_cache", False),
         )
 
     @torch.inference_mode()

@@ -24,12 +24,18 @@ class KVCache:
         num_layers: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        zeroed: bool = True,
     ) -> None:
+        """zeroed=False leaves the memory as allocated: for readers that never look past
+        the written positions (every dynamic-shape path). Zeroing a big model's whole-context
+        cache on the CPU (d20: 420 MB) took most of a first turn's time to first token; a
+        static step, which reads every position under a mask, needs finite values there."""
         self.batch_size, self.max_seq_len = batch_size, seq_len
         self.n_layers, self.n_heads, self.head_dim = num_layers, num_heads, head_dim
         shape = (num_layers, batch_size, seq_len, num_heads, head_dim)
-        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
-        self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+        alloc = torch.zeros if zeroed else torch.empty
+        self.k_cache = alloc(shape, device=device, dtype=dtype)
+        self.v_cache = alloc(shape, device=device, dtype=dtype)
         self.cache_seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
         self.pos = 0
         # (B,) ids of the last token written; None while the cache is empty.

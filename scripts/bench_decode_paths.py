@@ -41,6 +41,8 @@ def _per_token_ms(engine: Engine, prompt: list[int]) -> tuple[float, list[int]]:
 class _CompiledStatic:
     """The static step through torch.compile (what --compile once did for small models)."""
 
+    reads_whole_cache = True  # under a mask: the Engine hands it a zeroed cache
+
     def __init__(self, model) -> None:
         self.step = StaticDecodeStep(model)
         self.fn = torch.compile(self.step.forward_static, fullgraph=True, dynamic=False)

@@ -340,3 +340,27 @@ def test_an_nn_module_without_parameters_gets_a_float32_cache():
 def test_negative_max_tokens_raises_a_value_error_that_names_it():
     with pytest.raises(ValueError, match="max_tokens"):
         run(ScriptedModel(uniform_bytes), max_tokens=-1)
+
+
+def test_caches_are_zeroed_only_for_steps_that_read_past_the_written_positions(monkeypatch):
+    import chatcli.kv_cache as kv_cache
+    from chatcli.checkpoint import load_model
+    from chatcli.decode_step import StaticDecodeStep
+
+    model, tokenizer, _ = load_model()
+    engine = Engine(model, tokenizer)
+    calls = []
+    for name in ("zeros", "empty"):
+        real = getattr(torch, name)
+
+        def record(*args, _name=name, _real=real, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(kv_cache.torch, name, record)
+    engine.new_cache(1, 64)  # the fused step reads only what was written
+    assert calls[:2] == ["empty", "empty"]
+    calls.clear()
+    engine.decode_step = StaticDecodeStep(model)  # reads every position under a mask
+    engine.new_cache(1, 64)
+    assert calls[:2] == ["zeros", "zeros"]
