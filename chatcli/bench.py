@@ -173,10 +173,10 @@ def _chat_ttft(model, tokenizer, plain: bool) -> dict[int, float]:
     session keeps its KV cache and prefills only the new turn.
     """
     opts = SamplingOptions(temperature=0.0, top_k=None, max_tokens=12, seed=1, tools=False)
-    # Small models answer in milliseconds, where one run is noise: take the median of three.
-    repeats = 3 if weight_bytes_per_token(model) < 400e6 else 1
+    # One run is noise on a shared machine (a big model's turn-1 prefill is ~0.3 s, about
+    # what one chat turn varies by): take the median of three.
     runs: dict[int, list[float]] = {t: [] for t in TURNS}
-    for _ in range(repeats):
+    for _ in range(3):
         session = ChatSession(model, tokenizer, opts)
         for turn in range(1, max(TURNS) + 1):
             # Short turns, so that ten of them fit a 512-token context without the guard
