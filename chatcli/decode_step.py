@@ -67,9 +67,9 @@ class _Matrix:
 
     A small model's matrices without copies are stacked into one weight, one product (the
     stacked copy costs little memory and saves ops, which is what a small model's step is
-    made of). Otherwise each module's weight is used in place, through its compact copy for
-    up to the copy's max_rows rows (the model keeps the copies for its own forward, so none
-    is duplicated here) and its fp32 weight for more.
+    made of). Otherwise each module computes its own part (model.Linear: its compact copy
+    for up to the copy's max_rows rows, its fp32 weight for more), so no weight or copy is
+    duplicated here.
 
     threads: how many threads the products run on (DecodeStep sets it for a big model).
     """
@@ -77,38 +77,36 @@ class _Matrix:
     threads = 1
 
     def __init__(self, modules: list[torch.nn.Module]) -> None:
-        self.parts = [m.weight.detach() for m in modules]
-        self.copies: list[DecodeWeight | None] = [
-            getattr(m, "decode_weight", None) for m in modules
-        ]
+        self.modules = modules
         self.weight: torch.Tensor | None = None
         if all(c is None for c in self.copies):
-            if len(self.parts) == 1:
-                self.weight = self.parts[0]
-            elif sum(p.numel() for p in self.parts) <= STACK_AT_MOST:
-                self.weight = torch.cat(self.parts)
+            parts = [m.weight.detach() for m in modules]
+            if len(parts) == 1:
+                self.weight = parts[0]
+            elif sum(p.numel() for p in parts) <= STACK_AT_MOST:
+                self.weight = torch.cat(parts)
+
+    @property
+    def copies(self) -> list[DecodeWeight | None]:
+        return [getattr(m, "decode_weight", None) for m in self.modules]
 
     @_on_product_threads
     def mv(self, x: torch.Tensor) -> torch.Tensor:
         """(C,) -> (out,)."""
         if self.weight is not None:
             return torch.mv(self.weight, x)
-        out = [
-            torch.mv(w, x) if c is None else c.matvec(x)
-            for w, c in zip(self.parts, self.copies, strict=True)
-        ]
-        return out[0] if len(out) == 1 else torch.cat(out)
+        return self._by_module(x)
 
     @_on_product_threads
     def mm(self, x: torch.Tensor) -> torch.Tensor:
         """(N, C) -> (N, out)."""
         if self.weight is not None:
             return F.linear(x, self.weight)
-        out = [
-            c.matmul(x) if c is not None and x.size(0) <= c.max_rows else F.linear(x, w)
-            for w, c in zip(self.parts, self.copies, strict=True)
-        ]
-        return out[0] if len(out) == 1 else torch.cat(out, dim=1)
+        return self._by_module(x)
+
+    def _by_module(self, x: torch.Tensor) -> torch.Tensor:
+        out = [m(x) for m in self.modules]
+        return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
 
     def addmv(self, x: torch.Tensor, v: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         """x + alpha * (W @ v), one fused op without copies."""
