@@ -102,12 +102,11 @@ def _timed(fn) -> float:
 def weight_bytes_per_token(model: GPT) -> int:
     """Bytes of weights a batch-1 decode step reads: every matrix but the embedding tables,
     in the precision decode reads it (a bf16 decode copy when there is one)."""
-    total = 0
+    stacked = model.stacked_linears()  # counted in their attention's stacked copy
+    total = sum(w.nbytes for w in model.decode_weights())
     for module in model.modules():
-        if isinstance(module, Linear):
-            if module.decode_weight is not None:
-                total += module.decode_weight.nbytes
-            else:
+        if isinstance(module, Linear) and module.decode_weight is None:
+            if id(module) not in stacked:
                 total += module.weight.numel() * module.weight.element_size()
     return total
 
@@ -233,9 +232,7 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     fp32 weights), float32, or a quantize.QUANTIZE_KINDS format for any model.
     """
     torch.manual_seed(0)
-    for module in model.modules():  # the baseline reads fp32, whatever the loader added
-        if isinstance(module, Linear):
-            module.decode_weight = None
+    model.drop_decode_weights()  # the baseline reads fp32, whatever the loader added
     engine = Engine(model, tokenizer)
     prompt = _prompt(tokenizer, min(512, model.config.sequence_len // 2))
     short = _prompt(tokenizer, 32)

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from chatcli.cpu_plan import SMALL_MODEL_PARAMS
 from chatcli.kv_cache import KVCache, SharedPrefixCache
-from chatcli.model import GPT, SMEAR_CHANNELS, attend_shared
+from chatcli.model import GPT, SMEAR_CHANNELS, attend_shared, through_copy
 from chatcli.quantize import DecodeWeight
 
 # Elements of a stacked matrix (a copy of its parts): d20's q, k and v are 4.9M (20 MB).
@@ -67,17 +67,18 @@ class _Matrix:
 
     A small model's matrices without copies are stacked into one weight, one product (the
     stacked copy costs little memory and saves ops, which is what a small model's step is
-    made of). Otherwise each module computes its own part (model.Linear: its compact copy
-    for up to the copy's max_rows rows, its fp32 weight for more), so no weight or copy is
-    duplicated here.
+    made of). With compact copies, the model's own stacked copy (`copy`: the attention's
+    qkv_decode_weight) or each module's (model.Linear) serves up to the copy's max_rows
+    rows, the fp32 weights more, so no weight or copy is duplicated here.
 
     threads: how many threads the products run on (DecodeStep sets it for a big model).
     """
 
     threads = 1
 
-    def __init__(self, modules: list[torch.nn.Module]) -> None:
+    def __init__(self, modules: list[torch.nn.Module], copy: DecodeWeight | None = None) -> None:
         self.modules = modules
+        self.copy = copy
         self.weight: torch.Tensor | None = None
         if all(c is None for c in self.copies):
             parts = [m.weight.detach() for m in modules]
@@ -88,6 +89,8 @@ class _Matrix:
 
     @property
     def copies(self) -> list[DecodeWeight | None]:
+        if self.copy is not None:
+            return [self.copy]
         return [getattr(m, "decode_weight", None) for m in self.modules]
 
     @_on_product_threads
@@ -105,6 +108,10 @@ class _Matrix:
         return self._by_module(x)
 
     def _by_module(self, x: torch.Tensor) -> torch.Tensor:
+        if self.copy is not None:
+            y = through_copy(self.copy, x)
+            if y is not None:
+                return y
         out = [m(x) for m in self.modules]
         return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
 
@@ -185,7 +192,7 @@ class DecodeStep:
             ve_table = model.value_embeds[str(i)].weight.detach() if a.ve_channels else None
             self.layers.append(
                 _Layer(
-                    qkv=_Matrix([a.c_q, a.c_k, a.c_v]),
+                    qkv=_Matrix([a.c_q, a.c_k, a.c_v], a.qkv_decode_weight),
                     proj=_Matrix([a.c_proj]),
                     fc=_Matrix([m.c_fc]),
                     fc_proj=_Matrix([m.c_proj]),
@@ -460,7 +467,7 @@ class DecodeStep:
 
 
 def has_decode_copies(model: GPT) -> bool:
-    return any(getattr(m, "decode_weight", None) is not None for m in model.modules())
+    return bool(model.decode_weights())
 
 
 def _rms_scale(x: torch.Tensor, size: int, eps: float) -> float:

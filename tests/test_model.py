@@ -269,3 +269,29 @@ def test_decode_weights_serve_single_vectors_only(kind, atol):
     step = model(ids[:1, :1], kv_cache=cache)  # one vector: the compact copy
     assert not torch.equal(step, before_step)
     torch.testing.assert_close(step, before_step, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "int8", "int8-weight-only"])
+def test_stacked_qkv_copy_equals_the_three_copies_apart(kind, monkeypatch):
+    from chatcli import quantize
+
+    if kind == "int8-weight-only":
+        monkeypatch.setattr(quantize, "fbgemm_available", lambda: False)
+        kind = "int8"
+    model = _random_model("E")
+    ids = torch.randint(0, 190, (3, 1), generator=torch.Generator().manual_seed(2))
+    model.add_decode_weights(kind)
+    attn = model.transformer.h[0].attn
+    assert attn.qkv_decode_weight is not None  # one copy of c_q, c_k and c_v stacked
+    assert all(m.decode_weight is None for m in (attn.c_q, attn.c_k, attn.c_v))
+    assert attn.c_proj.decode_weight is not None
+    stacked = [model(ids[:1]), model(ids)]  # one row, and three sample rows
+    for block in model.transformer.h:  # now each of the three through its own copy
+        a = block.attn
+        a.qkv_decode_weight = None
+        for m in (a.c_q, a.c_k, a.c_v):
+            m.decode_weight = quantize.make_decode_weight(m.weight.detach(), kind)
+    apart = [model(ids[:1]), model(ids)]
+    assert torch.equal(stacked[0], apart[0]) and torch.equal(stacked[1], apart[1])
+    model.drop_decode_weights()
+    assert model.decode_weights() == []
