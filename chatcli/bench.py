@@ -105,9 +105,9 @@ def weight_bytes_per_token(model: GPT) -> int:
     stacked = model.stacked_linears()  # counted in their attention's stacked copy
     total = sum(w.nbytes for w in model.decode_weights())
     for module in model.modules():
-        if isinstance(module, Linear) and module.decode_weight is None:
-            if id(module) not in stacked:
-                total += module.weight.numel() * module.weight.element_size()
+        fp32 = isinstance(module, Linear) and module.decode_weight is None
+        if fp32 and id(module) not in stacked:
+            total += module.weight.numel() * module.weight.element_size()
     return total
 
 
