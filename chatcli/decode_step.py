@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from chatcli.cpu_plan import SMALL_MODEL_PARAMS
 from chatcli.kv_cache import KVCache, SharedPrefixCache
-from chatcli.model import GPT, SMEAR_CHANNELS, attend_shared, through_copy
+from chatcli.model import GPT, SMEAR_CHANNELS, Attention, attend_shared, through_copy
 from chatcli.quantize import DecodeWeight
 
 # Elements of a stacked matrix (a copy of its parts): d20's q, k and v are 4.9M (20 MB).
@@ -67,7 +67,7 @@ class _Matrix:
 
     A small model's matrices without copies are stacked into one weight, one product (the
     stacked copy costs little memory and saves ops, which is what a small model's step is
-    made of). With compact copies, the model's own stacked copy (`copy`: the attention's
+    made of). With compact copies, the model's own stacked copy (the attention's
     qkv_decode_weight) or each module's (model.Linear) serves up to the copy's max_rows
     rows, the fp32 weights more, so no weight or copy is duplicated here.
 
@@ -76,9 +76,9 @@ class _Matrix:
 
     threads = 1
 
-    def __init__(self, modules: list[torch.nn.Module], copy: DecodeWeight | None = None) -> None:
+    def __init__(self, modules: list[torch.nn.Module], stacked_in: Attention | None = None) -> None:
         self.modules = modules
-        self.copy = copy
+        self.stacked_in = stacked_in  # the attention that may keep the modules' stacked copy
         self.weight: torch.Tensor | None = None
         if all(c is None for c in self.copies):
             parts = [m.weight.detach() for m in modules]
@@ -86,6 +86,11 @@ class _Matrix:
                 self.weight = parts[0]
             elif sum(p.numel() for p in parts) <= STACK_AT_MOST:
                 self.weight = torch.cat(parts)
+
+    @property
+    def copy(self) -> DecodeWeight | None:
+        """The modules' one stacked copy, read where it is kept (GPT.add_decode_weights)."""
+        return None if self.stacked_in is None else self.stacked_in.qkv_decode_weight
 
     @property
     def copies(self) -> list[DecodeWeight | None]:
@@ -108,8 +113,9 @@ class _Matrix:
         return self._by_module(x)
 
     def _by_module(self, x: torch.Tensor) -> torch.Tensor:
-        if self.copy is not None:
-            y = through_copy(self.copy, x)
+        copy = self.copy
+        if copy is not None:
+            y = through_copy(copy, x)
             if y is not None:
                 return y
         out = [m(x) for m in self.modules]
@@ -192,7 +198,7 @@ class DecodeStep:
             ve_table = model.value_embeds[str(i)].weight.detach() if a.ve_channels else None
             self.layers.append(
                 _Layer(
-                    qkv=_Matrix([a.c_q, a.c_k, a.c_v], a.qkv_decode_weight),
+                    qkv=_Matrix([a.c_q, a.c_k, a.c_v], stacked_in=a),
                     proj=_Matrix([a.c_proj]),
                     fc=_Matrix([m.c_fc]),
                     fc_proj=_Matrix([m.c_proj]),

@@ -396,8 +396,9 @@ class GPT(nn.Module):
         self.sin = sin.to(compute)[None, :, None, :]
 
     def add_decode_weights(self, kind: str = "bfloat16") -> None:
-        """Keep a compact copy (quantize.QUANTIZE_KINDS) of every large matrix for batch-1
-        decode. A matrix the format cannot take (int4 needs whole groups) keeps fp32.
+        """Keep a compact copy (quantize.QUANTIZE_KINDS) of every large matrix (or q/k/v
+        stack) for batch-1 decode. One the format cannot take (int4 needs whole groups)
+        keeps fp32.
 
         c_q, c_k and c_v share one copy of the three stacked (the attention's
         qkv_decode_weight). Every format scales each output row on its own, so the stacked
@@ -405,9 +406,11 @@ class GPT(nn.Module):
         self.drop_decode_weights()
         for module in self.modules():
             if isinstance(module, Attention):
-                qkv = torch.cat([module.c_q.weight, module.c_k.weight, module.c_v.weight]).detach()
+                parts = (module.c_q, module.c_k, module.c_v)
+                qkv = torch.cat([m.weight.detach() for m in parts])  # fp32, freed right after
                 if qkv.numel() >= 4096 and quantize.supports(qkv, kind):
                     module.qkv_decode_weight = quantize.make_decode_weight(qkv, kind)
+                del qkv
         stacked = self.stacked_linears()
         for module in self.modules():
             if isinstance(module, Linear) and id(module) not in stacked:

@@ -219,8 +219,7 @@ def test_hostile_tokenizer_pickle_is_refused_and_runs_nothing(tmp_path):
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_quantize_gives_cpu_decode_copies_and_says_so(kind):
     model, _, _ = load_model(quantize=kind)
-    copies = [m for m in model.modules() if getattr(m, "decode_weight", None) is not None]
-    assert copies and model.info.dtype == f"float32 (decode weights {kind})"
+    assert model.decode_weights() and model.info.dtype == f"float32 (decode weights {kind})"
     assert all(p.dtype == torch.float32 for p in model.parameters())  # prefill stays fp32
 
 

@@ -123,19 +123,36 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
     stacks = [layer.qkv.copy for layer in step.layers]
     assert stacks == [block.attn.qkv_decode_weight for block in model.transformer.h]
     assert all(c is not None for c in stacks) == (kind != "int4")
+    read: list[str] = []  # which kernel of a stacked copy each step call goes through
+    for c in stacks if kind != "int4" else []:
+        for name in ("matvec", "matmul"):
+            kernel = getattr(c, name)
+            setattr(c, name, lambda x, kernel=kernel, name=name: read.append(name) or kernel(x))
+
+    def stepped(ids: torch.Tensor, cache: object) -> torch.Tensor:
+        read.clear()
+        logits = step(ids, cache)
+        if kind == "int4":
+            assert read == []
+        elif len(ids) == 1:
+            assert "matvec" in read  # (int8's matvec is its matmul of one row)
+        else:  # several rows: up to the copy's max_rows (int8: 16), fp32 beyond (bf16: 1)
+            assert set(read) == ({"matmul"} if len(ids) <= stacks[0].max_rows else set())
+        return logits
+
     g = torch.Generator().manual_seed(8)
     ids = torch.randint(0, 190, (1, 60), generator=g)
     ours, theirs = _cache(model), _cache(model)
     model(ids[:, :40], kv_cache=ours)
     model(ids[:, :40], kv_cache=theirs)
     for t in range(40, 60):
-        got = step(ids[:, t : t + 1], ours)
+        got = stepped(ids[:, t : t + 1], ours)
         want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
         torch.testing.assert_close(got, want, atol=0.02, rtol=0)
     rows = SharedPrefixCache(ours, 3, 8), SharedPrefixCache(theirs, 3, 8)
     for _ in range(8):
         column = torch.randint(0, 190, (3, 1), generator=g)
-        got = step(column, rows[0])
+        got = stepped(column, rows[0])
         want = model(column, kv_cache=rows[1])[:, -1, :]
         torch.testing.assert_close(got, want, atol=0.02, rtol=0)
 

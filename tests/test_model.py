@@ -60,7 +60,7 @@ def test_reference_greedy_continuations_identical(era):
         assert results[0][len(case["prompt"]) :] == want
 
 
-def _random_model(era: str, seed: int = 0, sequence_len: int = 256) -> GPT:
+def _random_model(era: str, seed: int = 0, sequence_len: int = 256, n_embd: int = 64) -> GPT:
     # Every parameter randomised (lambdas and gates included) so every component matters.
     config = GPTConfig(
         sequence_len=sequence_len,
@@ -68,7 +68,7 @@ def _random_model(era: str, seed: int = 0, sequence_len: int = 256) -> GPT:
         n_layer=4,
         n_head=4,
         n_kv_head=2,
-        n_embd=64,
+        n_embd=n_embd,
         window_pattern="SSSL",
     )
     torch.manual_seed(seed)
@@ -261,7 +261,7 @@ def test_decode_weights_serve_single_vectors_only(kind, atol):
     before_full = model(ids)
     before_step = model(ids[:1, :1], kv_cache=cache)
     model.add_decode_weights(kind)
-    copies = [m for m in model.modules() if getattr(m, "decode_weight", None) is not None]
+    copies = model.decode_weights()
     assert copies  # int4 takes only matrices with whole groups of 128 inputs (mlp.c_proj here)
     assert model.lm_head.weight.dtype == torch.float32  # fp32 kept for several rows
     torch.testing.assert_close(model(ids), before_full, atol=0, rtol=0)  # prefill untouched
@@ -271,14 +271,14 @@ def test_decode_weights_serve_single_vectors_only(kind, atol):
     torch.testing.assert_close(step, before_step, atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["bfloat16", "int8", "int8-weight-only"])
+@pytest.mark.parametrize("kind", ["bfloat16", "int8", "int8-weight-only", "int4"])
 def test_stacked_qkv_copy_equals_the_three_copies_apart(kind, monkeypatch):
     from chatcli import quantize
 
     if kind == "int8-weight-only":
         monkeypatch.setattr(quantize, "fbgemm_available", lambda: False)
         kind = "int8"
-    model = _random_model("E")
+    model = _random_model("E", n_embd=128)  # int4 takes whole groups of 128 inputs
     ids = torch.randint(0, 190, (3, 1), generator=torch.Generator().manual_seed(2))
     model.add_decode_weights(kind)
     attn = model.transformer.h[0].attn
