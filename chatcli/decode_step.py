@@ -375,10 +375,12 @@ class DecodeStep:
             k_all[i, 0, pos] = qk[H:]
             v_all[i, 0, pos] = v
             start = max(0, pos - layer.window)
+            # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path
+            # (~6 ops; 180 against ~40 us a layer on d20).
             y = F.scaled_dot_product_attention(
-                qk[:H].unsqueeze(1),
-                k_all[i, 0, start : pos + 1].transpose(0, 1),
-                v_all[i, 0, start : pos + 1].transpose(0, 1),
+                qk[:H].view(1, H, 1, D),
+                k_all[i, :1, start : pos + 1].transpose(1, 2),
+                v_all[i, :1, start : pos + 1].transpose(1, 2),
                 enable_gqa=Hkv != H,
             )
             x = layer.proj.addmv(x, y.view(-1))
