@@ -506,7 +506,9 @@ def bench(
         f"8 samples / single: {result['samples8_vs_single']}x (one sample of the same prompt, "
         f"temperature 1: {result['single_sampled_tps']} tok/s); "
         f"TTFT turn 10 / turn 1: ours {ttft['ours_turn10_over_turn1']}, baseline "
-        f"{ttft['baseline_turn10_over_turn1']}; roofline fraction {result['roofline_fraction']}; "
+        f"{ttft['baseline_turn10_over_turn1']}; roofline fraction {result['roofline_fraction']} "
+        f"(of the bf16 roofline, {result['bf16_roofline_tps']} tok/s: "
+        f"{result['bf16_roofline_fraction']}); "
         f"fp32 greedy identical: {result['greedy_identical_fp32']}; greedy agreement of the "
         f"fast path with fp32: {result['greedy_agreement']}; peak RSS {result['peak_rss_mb']} MB"
     )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chatcli.bench import run_bench, synthetic_model, weight_bytes_per_token
+from chatcli.bench import matrix_params, run_bench, synthetic_model, weight_bytes_per_token
 from chatcli.checkpoint import load_model
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference" / "E"
@@ -23,6 +23,11 @@ def test_bench_reports_every_measure_and_identical_greedy_output():
     assert result["single_sampled_tps"] > 0 and result["samples8_vs_single"] > 0
     assert set(result["ttft_s"]["ours"]) == {1, 5, 10}
     assert result["bandwidth_gbs"] > 0 and result["roofline_tps"] > 0
+    # fp32 weights: the bf16 roofline (half the bytes) is twice as far
+    assert result["bf16_roofline_tps"] == pytest.approx(2 * result["roofline_tps"], rel=0.01)
+    assert result["bf16_roofline_fraction"] == pytest.approx(
+        result["roofline_fraction"] / 2, abs=0.002
+    )
 
 
 def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():
@@ -32,4 +37,7 @@ def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():
     # 4 layers of 12*C^2 matmul weights, the lm_head, and the small gates (2 value-embedding
     # gates of 2x12, the 1x24 smear gate), fp32; the embedding tables are not read whole
     assert weight_bytes_per_token(model) == 4 * (4 * 12 * 256 * 256 + 65536 * 256 + 2 * 24 + 24)
+    assert matrix_params(model) * 4 == weight_bytes_per_token(model)
+    model.add_decode_weights("int8")  # one byte a weight, plus the per-row scales
+    assert matrix_params(model) < weight_bytes_per_token(model) < 1.1 * matrix_params(model)
     assert tokenizer.get_vocab_size() == 65536
