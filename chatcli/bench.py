@@ -106,7 +106,7 @@ def _timed(fn) -> float:
 
 def weight_bytes_per_token(model: GPT) -> int:
     """Bytes of weights a batch-1 decode step reads: every matrix but the embedding tables,
-    in the precision decode reads it (a bf16 decode copy when there is one)."""
+    in the precision decode reads it (its compact decode copy when there is one)."""
     stacked = model.stacked_linears()  # counted in their attention's stacked copy
     total = sum(w.nbytes for w in model.decode_weights())
     for module in model.modules():

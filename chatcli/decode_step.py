@@ -376,7 +376,7 @@ class DecodeStep:
             v_all[i, 0, pos] = v
             start = max(0, pos - layer.window)
             # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path
-            # (~6 ops; 180 against ~40 us a layer on d20).
+            # (~6 ops: 290 against 190 us at d20's shapes over 300 positions).
             y = F.scaled_dot_product_attention(
                 qk[:H].view(1, H, 1, D),
                 k_all[i, :1, start : pos + 1].transpose(1, 2),
