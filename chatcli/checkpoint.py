@@ -88,6 +88,8 @@ def pick_device(device: str = "auto") -> torch.device:
 # Above this many matrix weights, CPU decode is bandwidth-bound: weight-only bf16 halves the
 # bytes read per token (performance.md: d20 fp32 ~11 tok/s, bf16 mv ~2x that).
 LARGE_MODEL_MATRIX_PARAMS = 100_000_000
+# What --quantize takes when loading (bf16 copies come with --dtype, not --quantize).
+QUANTIZE_CHOICES = ("none", *QUANTIZE_KINDS[1:])
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,11 @@ def pick_precision(
     """
     if dtype not in ("auto", "float32", "bfloat16"):
         raise CheckpointError(f"Unknown dtype {dtype!r}; use auto, float32 or bfloat16.")
-    if quantize not in ("none", *QUANTIZE_KINDS[1:]):
-        raise CheckpointError(f"Unknown quantize {quantize!r}; use none, int8 or int4.")
+    if quantize not in QUANTIZE_CHOICES:
+        raise CheckpointError(
+            f"Unknown quantize {quantize!r}; use {', '.join(QUANTIZE_CHOICES[:-1])} or "
+            f"{QUANTIZE_CHOICES[-1]}."
+        )
     if quantize != "none":
         if device.type != "cpu":
             raise CheckpointError(

@@ -10,8 +10,8 @@ accuracy that `chatcli bench --quantize ...` reports as greedy agreement with fp
   int8 linear: each call also rounds its activations to 7-bit integers (one scale and offset
   per call), and multiplies in integers: d20's matrices in 36 ms per token (one row runs on
   one thread; scripts/bench_decode_paths.py kernels) against 40 for the weight-only kernel
-  and 62 for bf16 torch.mv on two threads. Where
-  fbgemm is missing (ARM) it is weight-only: torch._weight_int8pack_mm, activations in bf16.
+  and 62 for bf16 torch.mv on two threads. Where fbgemm is missing (ARM) it is weight-only:
+  torch._weight_int8pack_mm, activations in bf16.
 - int4: an eighth; asymmetric, a scale and offset per group of GROUP_SIZE inputs
   (torch._weight_int4pack_mm_for_cpu, activations in bf16).
 

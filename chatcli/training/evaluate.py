@@ -118,7 +118,7 @@ def evaluate(model: Any, tokenizer: Any, n_per_kind: int = 100, seed: int = 1234
 
 
 def main(argv: list[str] | None = None) -> None:
-    from chatcli.checkpoint import load_model
+    from chatcli.checkpoint import QUANTIZE_CHOICES, load_model
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument(
         "--quantize",
-        choices=["none", "int8", "int4"],
+        choices=QUANTIZE_CHOICES,
         default="none",
         help="decode through int8/int4 copies of the matrices (the quality of --quantize)",
     )

@@ -24,7 +24,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -374,11 +374,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    preset = PRESETS[args.preset]
-    if args.minutes is not None:
-        preset = Preset(**{**asdict(preset), "minutes": args.minutes})
-    if args.average_from is not None:
-        preset = Preset(**{**asdict(preset), "average_from": args.average_from})
+    given = {"minutes": args.minutes, "average_from": args.average_from}
+    preset = replace(PRESETS[args.preset], **{k: v for k, v in given.items() if v is not None})
     train(args.out, preset, seed=args.seed, log=lambda s: print(s, flush=True))
 
 
