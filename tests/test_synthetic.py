@@ -296,3 +296,31 @@ def test_main_prints_labelled_samples(capsys):
     out = capsys.readouterr().out
     assert out.count("--- ") == 3
     assert "user: " in out and "assistant: " in out
+
+
+def test_dictionary_words_to_count_share_nothing_with_the_eval_words():
+    words = synthetic._dictionary_words()
+    assert len(words) > 50_000
+    assert all(4 <= len(w) <= 12 and w.isascii() and w.isalpha() and w.islower() for w in words)
+    for eval_word in synthetic.EVAL_WORDS:
+        assert not any(eval_word in w or w in eval_word for w in words), eval_word
+
+
+def test_training_counts_dictionary_words_but_never_an_eval_word(train):
+    counted = [
+        match.group(1)
+        for _, conversation in train
+        for message in conversation
+        if message["role"] == "assistant" and not isinstance(message["content"], str)
+        for part in message["content"]
+        if part["type"] == "python"
+        for match in [COUNT_CALL.fullmatch(part["text"])]
+        if match
+    ]
+    assert len(counted) > 100
+    dictionary = set(synthetic._dictionary_words())
+    from_dictionary = sum(w in dictionary and w not in synthetic.TRAIN_WORDS for w in counted)
+    # About 45% of the counted words: the model sees far more English words than it can
+    # memorise, so it learns to copy them.
+    assert 0.3 < from_dictionary / len(counted) < 0.6
+    assert not set(counted) & set(synthetic.EVAL_WORDS)

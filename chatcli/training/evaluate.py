@@ -11,6 +11,9 @@ their results are forced in exactly as in a chat. Reported:
 - tool_call_rate: replies to arithmetic, counting and follow-up prompts that call the tool;
 - arithmetic / counting / followup accuracy: the expected result appears in the reply's final
   sentence (after the tool output), as a whole number not part of a longer one;
+- arithmetic / counting / followup exact_call: the reply's first calculator call is exactly
+  the expected expression. Stricter than accuracy, which a miscopied word can still pass by
+  chance ("number".count("n") answers "need".count("n") right);
 - ended_rate: replies that end with <|assistant_end|> (every kind);
 - identity / out_of_scope: the reply says how to load a real model, or that it is too small.
 """
@@ -40,6 +43,7 @@ class Graded:
     ended: bool
     called_tool: bool
     correct: bool
+    exact_call: bool
 
 
 def final_sentence(parts: list[dict[str, str]]) -> str:
@@ -53,7 +57,9 @@ def contains_number(text: str, number: str) -> bool:
 
 
 def grade(item: EvalItem, parts: list[dict[str, str]], ended: bool) -> Graded:
-    called = any(p["type"] == "python" for p in parts)
+    calls = [p["text"] for p in parts if p["type"] == "python"]
+    called = bool(calls)
+    exact_call = called and calls[0] == item.expected_expression
     text = final_sentence(parts)
     if item.kind in TOOL_KINDS:
         correct = item.expected is not None and called and contains_number(text, item.expected)
@@ -61,7 +67,7 @@ def grade(item: EvalItem, parts: list[dict[str, str]], ended: bool) -> Graded:
         correct = "--model" in text
     else:  # out_of_scope
         correct = "too small" in text.lower() and not called
-    return Graded(item, parts, ended, called, correct)
+    return Graded(item, parts, ended, called, correct, exact_call)
 
 
 def run_item(engine: Engine, tokenizer: Any, item: EvalItem) -> Graded:
@@ -90,6 +96,9 @@ def summarize(graded: list[Graded]) -> dict[str, Any]:
     }
     for kind, items in by_kind.items():
         summary[f"{kind}_accuracy"] = _rate(g.correct for g in items)
+    for kind in TOOL_KINDS:
+        if by_kind.get(kind):
+            summary[f"{kind}_exact_call"] = _rate(g.exact_call for g in by_kind[kind])
     return summary
 
 

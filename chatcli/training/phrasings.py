@@ -84,6 +84,13 @@ NEW_WORD_FRAMES = ["what about {W}?", "and in {W}?", "how about {W}?", "and {W}?
 EVAL_NEW_WORD_FRAMES = ["same question for {W}"]  # eval only
 NEW_LETTER_FRAMES = ["and {L}?", "now count {L}", "what about {L}?", "and how many {L}?"]
 EVAL_NEW_LETTER_FRAMES = ["now try {L}"]  # eval only
+# Training only: follow-ups around an arbitrary verb ({V}, a dictionary word), so that a verb
+# the model never saw ("now try X" in eval) is read as part of the frame, not as the word or
+# the letter. Without these the model copied "try" into the call ("trycodile", .count("t")).
+# The eval frame is then held out in its wording ("try" is never a verb here), not in its
+# shape.
+VERB_NEW_WORD_FRAMES = ["now {V} {W}", "ok, {V} {W}", "{V} {W} next"]
+VERB_NEW_LETTER_FRAMES = ["now {V} {L}", "ok, {V} {L}", "{V} {L} next"]
 
 # ---- questions a tiny model cannot answer ----------------------------------------------------
 OUT_OF_SCOPE_TOPICS = [
@@ -175,12 +182,20 @@ def counting_question(rng: random.Random, split: str, word: str, letter: str) ->
     return frame.format(L=letter_phrase(rng, letter), W=word_phrase(rng, word))
 
 
-def new_word_question(rng: random.Random, split: str, word: str) -> str:
+def new_word_question(rng: random.Random, split: str, word: str, verb: str | None = None) -> str:
+    """ "what about {W}?"; with a verb (training only) "now {V} {W}"."""
+    if verb is not None:
+        return rng.choice(VERB_NEW_WORD_FRAMES).format(V=verb, W=word_phrase(rng, word))
     frame = rng.choice(EVAL_NEW_WORD_FRAMES if split == "eval" else NEW_WORD_FRAMES)
     return frame.format(W=word_phrase(rng, word))
 
 
-def new_letter_question(rng: random.Random, split: str, letter: str) -> str:
+def new_letter_question(
+    rng: random.Random, split: str, letter: str, verb: str | None = None
+) -> str:
+    """ "and {L}?"; with a verb (training only) "now {V} {L}"."""
+    if verb is not None:
+        return rng.choice(VERB_NEW_LETTER_FRAMES).format(V=verb, L=letter_phrase(rng, letter))
     frame = rng.choice(EVAL_NEW_LETTER_FRAMES if split == "eval" else NEW_LETTER_FRAMES)
     return frame.format(L=letter_phrase(rng, letter))
 

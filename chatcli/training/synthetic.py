@@ -27,6 +27,7 @@ Held-out split (split="eval"): numbers and phrasings the training split never us
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import re
 import string
@@ -34,6 +35,7 @@ import zlib
 from dataclasses import dataclass
 
 from chatcli.calculator import format_result, use_calculator
+from chatcli.errors import ChatcliError
 from chatcli.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
 from chatcli.training import phrasings
 
@@ -57,11 +59,18 @@ EXACT_DIVISION_PROBABILITY = 0.35  # of plain divisions
 NEGATIVE_DIFFERENCE_PROBABILITY = 0.2  # of plain subtractions whose first operand is smaller
 COMMA_PROBABILITY = 0.25  # a user writes 1,234 rather than 1234
 ARITHMETIC_FOLLOWUP_PROBABILITY = 0.7  # of follow-up conversations; the rest count letters
-# Counting words: English (memorisable), made-up pronounceable words and random letter strings.
-# The last two force the model to copy whatever word it is given, so a word it never saw
-# (the eval's) is copied rather than replaced by a familiar one.
-PSEUDO_WORD_PROBABILITY = 0.35  # of counting questions
-RANDOM_STRING_PROBABILITY = 0.3  # of counting questions; the rest use English words
+# Counting words: English (memorisable), English words from a dictionary, made-up pronounceable
+# words and random letter strings. All but the first force the model to copy whatever word it
+# is given, so a word it never saw (the eval's) is copied rather than replaced by a familiar
+# one. Dictionary words (~97k, most never seen twice) are the eval's kind of word: with only
+# the 113 memorisable ones and made-up words, the model copied an unseen English word's first
+# pieces and then finished it with a familiar ending ("saxophone" -> "saxophapp",
+# "peppermint" -> "peppermther").
+DICTIONARY_WORD_PROBABILITY = 0.45  # of counting questions
+PSEUDO_WORD_PROBABILITY = 0.15  # of counting questions
+RANDOM_STRING_PROBABILITY = 0.25  # of counting questions; the rest use TRAIN_WORDS
+EVAL_RANDOM_STRING_PROBABILITY = 0.3  # of eval counting questions; the rest use EVAL_WORDS
+VERB_FRAME_PROBABILITY = 0.3  # of training letter-counting follow-ups: "now {verb} X"
 PSEUDO_NAME_PROBABILITY = 0.4  # of word problems: a made-up name, and (separately) a made-up item
 FILLER_PROBABILITY = 0.25  # of training questions: chatter before or after the question
 MADE_UP_TOPIC_PROBABILITY = 0.35  # of training out-of-scope questions: "the Blorfin river"
@@ -603,16 +612,19 @@ def _counting_exchange(
 
 def _counting_followup(rng: random.Random, split: str, previous: _Exchange) -> _Exchange:
     word, letter = _COUNT_CALL.fullmatch(previous.expression).groups()
+    verb = None
+    if split == "train" and rng.random() < VERB_FRAME_PROBABILITY:
+        verb = rng.choice(_dictionary_words())
     if rng.random() < 0.5:
         new_word = word
         while new_word == word:
             new_word = _sample_word(rng, split)
-        question = phrasings.new_word_question(rng, split, new_word)
+        question = phrasings.new_word_question(rng, split, new_word, verb)
         return _count_exchange(_vary(rng, question), new_word, letter)
     new_letter = letter
     while new_letter == letter:
         new_letter = _sample_letter(rng, word)
-    question = phrasings.new_letter_question(rng, split, new_letter)
+    question = phrasings.new_letter_question(rng, split, new_letter, verb)
     return _count_exchange(_vary(rng, question), word, new_letter)
 
 
@@ -630,13 +642,23 @@ def _count_exchange(question: str, word: str, letter: str) -> _Exchange:
 
 
 def _sample_word(rng: random.Random, split: str) -> str:
-    # Eval keeps its own mix (English words it never trained on, and random strings).
-    pseudo = PSEUDO_WORD_PROBABILITY if split == "train" else 0.0
     draw = rng.random()
-    if draw < pseudo:
+    if split == "eval":  # English words it never trained on, and random strings
+        if draw < EVAL_RANDOM_STRING_PROBABILITY:
+            return _random_string(rng, split)
+        return rng.choice(EVAL_WORDS)
+    if draw < DICTIONARY_WORD_PROBABILITY:
+        return rng.choice(_dictionary_words())
+    draw -= DICTIONARY_WORD_PROBABILITY
+    if draw < PSEUDO_WORD_PROBABILITY:
         return _pseudo_word(rng, split, 1, 3)
-    if draw >= pseudo + RANDOM_STRING_PROBABILITY:
-        return rng.choice(_pool(split, TRAIN_WORDS, EVAL_WORDS))
+    draw -= PSEUDO_WORD_PROBABILITY
+    if draw < RANDOM_STRING_PROBABILITY:
+        return _random_string(rng, split)
+    return rng.choice(TRAIN_WORDS)
+
+
+def _random_string(rng: random.Random, split: str) -> str:
     while True:
         # A small alphabet makes letters repeat, so counts above 1 are common.
         alphabet = rng.sample(string.ascii_lowercase, rng.randint(3, 8))
@@ -644,6 +666,30 @@ def _sample_word(rng: random.Random, split: str) -> str:
         in_split = is_held_out_string(text) == (split == "eval")
         if in_split and text not in _ALL_WORDS:
             return text
+
+
+@functools.cache
+def _dictionary_words() -> list[str]:
+    """Training only: the GCIDE dictionary's words of 4-12 letters (the english-words package,
+    in the train extra), less every eval word, any word containing one or inside one, and any
+    word the eval split's random strings and made-up words may use (is_held_out_string)."""
+    try:
+        from english_words import get_english_words_set
+    except ImportError as e:
+        raise ChatcliError(
+            "Generating training data needs english-words: pip install -e '.[train]'"
+        ) from e
+    words = get_english_words_set(["gcide"], lower=True, alpha=True)
+    return sorted(
+        w
+        for w in words
+        if 4 <= len(w) <= 12
+        and w.isascii()
+        and w.isalpha()
+        and not any(e in w or w in e for e in EVAL_WORDS)
+        and w not in _ALL_NAMES
+        and not is_held_out_string(w)
+    )
 
 
 _ALL_WORDS = frozenset(TRAIN_WORDS) | frozenset(EVAL_WORDS)
