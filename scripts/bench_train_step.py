@@ -16,25 +16,12 @@ from dataclasses import replace
 
 import torch
 
-from chatcli.model import ERAS, GPT, GPTConfig
-from chatcli.training.train import PRESETS, init_weights, make_optimizers, masked_loss
+from chatcli.training.train import PRESETS, make_optimizers, masked_loss, new_model
 
 
 def time_steps(optimizer: str, steps: int) -> tuple[float, float]:
     preset = replace(PRESETS["default"], optimizer=optimizer)
-    config = GPTConfig(
-        sequence_len=preset.sequence_len,
-        vocab_size=preset.vocab_size,
-        n_layer=preset.n_layer,
-        n_head=preset.n_head,
-        n_kv_head=preset.n_head,
-        n_embd=preset.n_embd,
-        window_pattern="L",
-    )
-    model = GPT(config, ERAS["E"])
-    init_weights(model, 0)
-    model.init_rotary()
-    model.train()
+    model = new_model(preset, preset.vocab_size, seed=0)
     optimizers = make_optimizers(model, preset)
     ids = torch.randint(0, preset.vocab_size, (preset.batch_rows, preset.sequence_len + 1))
     mask = torch.ones(preset.batch_rows, preset.sequence_len)

@@ -201,6 +201,24 @@ def init_weights(model: GPT, seed: int) -> None:
         model.backout_lambda.fill_(0.2)
 
 
+def new_model(preset: Preset, vocab_size: int, seed: int) -> GPT:
+    """The preset's era-E GPT, initialised and in training mode."""
+    config = GPTConfig(
+        sequence_len=preset.sequence_len,
+        vocab_size=vocab_size,
+        n_layer=preset.n_layer,
+        n_head=preset.n_head,
+        n_kv_head=preset.n_head,
+        n_embd=preset.n_embd,
+        window_pattern="L",
+    )
+    model = GPT(config, ERAS["E"])
+    init_weights(model, seed)
+    model.init_rotary()
+    model.train()
+    return model
+
+
 def lr_at(step: int, progress: float, preset: Preset) -> float:
     """Linear warmup, then cosine decay to 5% (progress: 0..1 of the step or time budget)."""
     if step < preset.warmup_steps:
@@ -314,20 +332,8 @@ def train(out: Path, preset: Preset, seed: int = 0, log=print) -> Path:
     n_targets = int(mask.sum())
     log(f"packed {ids.size(0)} rows of {preset.sequence_len}; {n_targets} supervised targets")
 
-    config = GPTConfig(
-        sequence_len=preset.sequence_len,
-        vocab_size=tokenizer.get_vocab_size(),
-        n_layer=preset.n_layer,
-        n_head=preset.n_head,
-        n_kv_head=preset.n_head,
-        n_embd=preset.n_embd,
-        window_pattern="L",
-    )
-    model = GPT(config, ERAS["E"])
-    init_weights(model, seed)
-    model.init_rotary()
-    model.train()
-    log(f"model: era E, {model.num_params() / 1e6:.2f}M parameters, {config}")
+    model = new_model(preset, tokenizer.get_vocab_size(), seed)
+    log(f"model: era E, {model.num_params() / 1e6:.2f}M parameters, {model.config}")
 
     optimizers = make_optimizers(model, preset)
     budget_s = preset.minutes * 60
