@@ -324,3 +324,14 @@ def test_training_counts_dictionary_words_but_never_an_eval_word(train):
     # memorise, so it learns to copy them.
     assert 0.3 < from_dictionary / len(counted) < 0.6
     assert not set(counted) & set(synthetic.EVAL_WORDS)
+
+
+def test_verb_follow_ups_are_training_only():
+    rng = random.Random(0)
+    for question in (
+        phrasings.new_letter_question(rng, "train", "a", verb="zymotic"),
+        phrasings.new_word_question(rng, "train", "kayak", verb="zymotic"),
+    ):
+        assert "zymotic" in question
+    with pytest.raises(AssertionError, match="training-only"):
+        phrasings.new_letter_question(rng, "eval", "a", verb="zymotic")

@@ -184,6 +184,7 @@ def counting_question(rng: random.Random, split: str, word: str, letter: str) ->
 
 def new_word_question(rng: random.Random, split: str, word: str, verb: str | None = None) -> str:
     """ "what about {W}?"; with a verb (training only) "now {V} {W}"."""
+    assert verb is None or split == "train", "verb frames are training-only"
     if verb is not None:
         return rng.choice(VERB_NEW_WORD_FRAMES).format(V=verb, W=word_phrase(rng, word))
     frame = rng.choice(EVAL_NEW_WORD_FRAMES if split == "eval" else NEW_WORD_FRAMES)
@@ -194,6 +195,7 @@ def new_letter_question(
     rng: random.Random, split: str, letter: str, verb: str | None = None
 ) -> str:
     """ "and {L}?"; with a verb (training only) "now {V} {L}"."""
+    assert verb is None or split == "train", "verb frames are training-only"
     if verb is not None:
         return rng.choice(VERB_NEW_LETTER_FRAMES).format(V=verb, L=letter_phrase(rng, letter))
     frame = rng.choice(EVAL_NEW_LETTER_FRAMES if split == "eval" else NEW_LETTER_FRAMES)
