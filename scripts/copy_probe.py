@@ -48,7 +48,7 @@ def first_miss(model: torch.nn.Module, tokenizer, item: EvalItem) -> str | None:
         return "letter"
     if k == 1:
         return "first"
-    return "inside" if k < letter - 2 else "other"
+    return "inside" if 1 < k < letter - 2 else "other"
 
 
 def main() -> None:
@@ -69,7 +69,7 @@ def main() -> None:
     misses: Counter[tuple[str, str]] = Counter()
     for item in items:
         word = item.expected_expression.split('"')[1]
-        kind = "follow-up" if len(item.messages) > 1 else "question"
+        kind = "follow-up" if item.kind == "followup" else "question"
         group = f"{kind}, {'English' if word in EVAL_WORDS else 'random'} word"
         totals[group] += 1
         place = first_miss(model, tokenizer, item)

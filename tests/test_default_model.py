@@ -40,7 +40,8 @@ def test_held_out_smoke_evaluation():
     assert summary["arithmetic_accuracy"] >= 0.95
     assert summary["counting_accuracy"] >= 0.95
     assert summary["followup_accuracy"] >= 0.95
-    assert summary["counting_exact_call"] >= 0.95 and summary["followup_exact_call"] >= 0.95
+    for kind in ("arithmetic", "counting", "followup"):
+        assert summary[f"{kind}_exact_call"] >= 0.95, kind
     assert summary["ended_rate"] == 1.0
     assert summary["tool_call_rate"] == 1.0
     assert summary["out_of_scope_accuracy"] == 1.0 and summary["identity_accuracy"] == 1.0

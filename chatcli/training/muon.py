@@ -1,15 +1,17 @@
 """Muon: momentum SGD whose update for a weight matrix is orthogonalized before it is applied.
 
-nanochat trains its matrices with Muon and everything else (embeddings, lm_head, scalars) with
-AdamW; the embedded model's recipe does the same. The idea: a matrix's momentum-averaged
-gradient is dominated by a few directions, so a plain step mostly pushes along those. Replacing
-the update G = U S V^T by its nearest semi-orthogonal matrix U V^T gives every direction the
-same step size, which in practice trains transformers in fewer steps than AdamW at the same
-cost per step.
+nanochat trains its block matrices with Muon and everything else (embeddings, lm_head,
+scalars) with AdamW; `python -m chatcli.training.train --optimizer muon` does the same for the
+embedded model (the default stays AdamW: in a 5-minute trial on this CPU, Muon's extra cost
+per step outweighed its lower loss per step; see the README). The idea: a matrix's
+momentum-averaged gradient is dominated by a few directions, so a plain step mostly pushes
+along those. Replacing the update G = U S V^T by its nearest semi-orthogonal matrix U V^T
+gives every direction the same step size, which nanochat and modded-nanogpt report trains
+transformers in fewer steps than AdamW.
 
 U V^T is approximated by a few Newton-Schulz iterations of an odd quintic polynomial,
 X <- a X + b (X X^T) X + c (X X^T)^2 X, whose coefficients (3.4445, -4.7750, 2.0315, from
-Keller Jordan's Muon write-up) push every singular value of the normalized update into roughly
+Keller Jordan's Muon write-up) push every singular value of the normalized update into
 roughly [0.5, 1.3] in five steps (tests/test_muon.py checks that); exact orthogonality is not
 needed.
 """
