@@ -88,7 +88,9 @@ EVAL_NEW_LETTER_FRAMES = ["now try {L}"]  # eval only
 # the model never saw ("now try X" in eval) is read as part of the frame, not as the word or
 # the letter. Without these the model copied "try" into the call ("trycodile", .count("t")).
 # The eval frame is then held out in its wording ("try" is never a verb here), not in its
-# shape.
+# shape. Counting questions get a general form of the same idea: in some, a stray
+# dictionary word replaces or joins one of the frame's words (with_stray_word), so that
+# unknown words around the letter and the word are read as part of the sentence.
 VERB_NEW_WORD_FRAMES = ["now {V} {W}", "ok, {V} {W}", "{V} {W} next"]
 VERB_NEW_LETTER_FRAMES = ["now {V} {L}", "ok, {V} {L}", "{V} {L} next"]
 
@@ -177,9 +179,29 @@ def word_phrase(rng: random.Random, word: str) -> str:
     return rng.choice(WORD_FORMS).format(w=word)
 
 
-def counting_question(rng: random.Random, split: str, word: str, letter: str) -> str:
+def counting_question(
+    rng: random.Random, split: str, word: str, letter: str, stray: str | None = None
+) -> str:
+    """A counting question; with a stray word (training only), that word replaces one of the
+    frame's own words or is inserted before it ("How many {L} zymotic in {W}?")."""
+    assert stray is None or split == "train", "stray words are training-only"
     frame, _ = compose(rng, split, COUNT_FRAMES, EVAL_COUNT_FRAMES, [""])
+    if stray is not None:
+        frame = with_stray_word(rng, frame, stray)
     return frame.format(L=letter_phrase(rng, letter), W=word_phrase(rng, word))
+
+
+def with_stray_word(rng: random.Random, frame: str, stray: str) -> str:
+    """The frame with one of its literal words replaced by `stray`, or `stray` inserted
+    before it; the {L} and {W} slots stay as they are."""
+    words = frame.split(" ")
+    literal = [i for i, w in enumerate(words) if "{" not in w]
+    i = rng.choice(literal)
+    if rng.random() < 0.5:
+        words[i] = stray + words[i][len(words[i].rstrip("?.,")) :]  # keep its punctuation
+    else:
+        words.insert(i, stray)
+    return " ".join(words)
 
 
 def new_word_question(rng: random.Random, split: str, word: str, verb: str | None = None) -> str:

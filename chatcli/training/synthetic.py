@@ -71,6 +71,7 @@ PSEUDO_WORD_PROBABILITY = 0.15  # of counting questions
 RANDOM_STRING_PROBABILITY = 0.25  # of counting questions; the rest use TRAIN_WORDS
 EVAL_RANDOM_STRING_PROBABILITY = 0.3  # of eval counting questions; the rest use EVAL_WORDS
 VERB_FRAME_PROBABILITY = 0.3  # of training letter-counting follow-ups: "now {verb} X"
+STRAY_WORD_PROBABILITY = 0.3  # of training counting questions: a dictionary word among its words
 PSEUDO_NAME_PROBABILITY = 0.4  # of word problems: a made-up name, and (separately) a made-up item
 FILLER_PROBABILITY = 0.25  # of training questions: chatter before or after the question
 MADE_UP_TOPIC_PROBABILITY = 0.35  # of training out-of-scope questions: "the Blorfin river"
@@ -606,7 +607,10 @@ def _counting_exchange(
 ) -> _Exchange:
     word = word or _sample_word(rng, split)
     letter = letter or _sample_letter(rng, word)
-    question = phrasings.counting_question(rng, split, word, letter)
+    stray = None
+    if split == "train" and rng.random() < STRAY_WORD_PROBABILITY:
+        stray = rng.choice(_dictionary_words())
+    question = phrasings.counting_question(rng, split, word, letter, stray)
     return _count_exchange(_with_filler(rng, split, _vary(rng, question)), word, letter)
 
 
