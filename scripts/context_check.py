@@ -19,21 +19,14 @@ from typing import Any
 
 from chatcli.checkpoint import load_model
 from chatcli.engine import Engine
-from chatcli.stream import decode_assistant_parts
+from chatcli.training.evaluate import greedy_reply
 from chatcli.training.synthetic import EvalItem, generate_eval_set
 
 FOLLOW_UPS = {"arithmetic": "and times 3?", "counting": "what about banana?"}
 
 
 def reply(engine: Engine, tokenizer: Any, messages: list[dict]) -> list[dict[str, str]]:
-    tokens, masks = [], []
-    prompt = tokenizer.render_for_completion(messages)
-    for column, column_masks in engine.generate(prompt, max_tokens=160, temperature=0.0):
-        tokens.append(column[0])
-        masks.append(column_masks[0])
-    if tokens and tokens[-1] == tokenizer.encode_special("<|assistant_end|>"):
-        tokens, masks = tokens[:-1], masks[:-1]
-    return decode_assistant_parts(tokens, masks, tokenizer)
+    return greedy_reply(engine, tokenizer, messages)[0]
 
 
 def after_a_follow_up(engine: Engine, tokenizer: Any, first: EvalItem, then: EvalItem) -> list:

@@ -70,8 +70,12 @@ def grade(item: EvalItem, parts: list[dict[str, str]], ended: bool) -> Graded:
     return Graded(item, parts, ended, called, correct, exact_call)
 
 
-def run_item(engine: Engine, tokenizer: Any, item: EvalItem) -> Graded:
-    prompt = tokenizer.render_for_completion(item.messages)
+def greedy_reply(
+    engine: Engine, tokenizer: Any, messages: list[dict]
+) -> tuple[list[dict[str, str]], bool]:
+    """The assistant's next reply to a conversation, greedy, with the calculator: its parts
+    and whether it ended with <|assistant_end|>."""
+    prompt = tokenizer.render_for_completion(messages)
     stats = GenerationStats()
     tokens, masks = [], []
     for column, column_masks in engine.generate(
@@ -81,7 +85,11 @@ def run_item(engine: Engine, tokenizer: Any, item: EvalItem) -> Graded:
         masks.append(column_masks[0])
     ended = stats.finish_reasons[0] == "stop"
     body = tokens[:-1] if ended else tokens
-    return grade(item, decode_assistant_parts(body, masks[: len(body)], tokenizer), ended)
+    return decode_assistant_parts(body, masks[: len(body)], tokenizer), ended
+
+
+def run_item(engine: Engine, tokenizer: Any, item: EvalItem) -> Graded:
+    return grade(item, *greedy_reply(engine, tokenizer, item.messages))
 
 
 def summarize(graded: list[Graded]) -> dict[str, Any]:

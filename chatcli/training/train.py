@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,8 @@ from chatcli.special_tokens import SPECIAL_TOKENS
 from chatcli.tokenizer import SPLIT_PATTERN, Tokenizer
 from chatcli.training.muon import Muon
 from chatcli.training.synthetic import generate_conversations
+
+Optimizer = Literal["adamw", "muon"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class Preset:
     average_decay: float = 0.995
     # "muon": hidden-layer matrices step with Muon at matrix_lr (training/muon.py), the rest
     # with AdamW at lr, as nanochat trains. "adamw": everything with AdamW at lr.
-    optimizer: Literal["adamw", "muon"] = "adamw"
+    optimizer: Optimizer = "adamw"
     matrix_lr: float = 0.02
 
 
@@ -273,7 +275,9 @@ def make_optimizers(model: GPT, preset: Preset) -> list[torch.optim.Optimizer]:
     elif preset.optimizer == "adamw":
         adam_groups.append({"params": matrices})
     else:
-        raise ValueError(f"optimizer must be 'adamw' or 'muon', not {preset.optimizer!r}")
+        raise ValueError(
+            f"optimizer must be one of {get_args(Optimizer)}, not {preset.optimizer!r}"
+        )
     for group in adam_groups:
         group.setdefault("base_lr", preset.lr)
     adamw = torch.optim.AdamW(
@@ -407,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--minutes", type=float, help="training time budget (overrides preset)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--optimizer", choices=["adamw", "muon"], help="overrides the preset")
+    parser.add_argument("--optimizer", choices=get_args(Optimizer), help="overrides the preset")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
         "--average-from",
