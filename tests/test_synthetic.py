@@ -337,3 +337,38 @@ def test_verb_follow_ups_are_training_only():
         assert "zymotic" in question
     with pytest.raises(AssertionError, match="training-only"):
         phrasings.new_letter_question(rng, "eval", "a", verb="zymotic")
+
+
+def test_spread_count_frames_are_training_only_and_outside_the_eval_frames():
+    frames = phrasings.SPREAD_COUNT_FRAMES
+    assert not set(frames) & set(phrasings.COUNT_FRAMES + phrasings.EVAL_COUNT_FRAMES)
+    patterns = [
+        re.compile(re.escape(f).replace(r"\{L\}", ".+").replace(r"\{W\}", ".+")) for f in frames
+    ]
+
+    def spread_share(split: str) -> float:
+        rng = random.Random(0)
+        questions = [phrasings.counting_question(rng, split, "kayak", "k") for _ in range(3000)]
+        return sum(any(p.fullmatch(q) for p in patterns) for q in questions) / len(questions)
+
+    assert spread_share("train") == pytest.approx(
+        phrasings.SPREAD_COUNT_FRAME_PROBABILITY, abs=0.03
+    )
+    assert spread_share("eval") == 0
+
+
+def test_mixed_conversations_put_other_requests_after_a_tool_exchange(train):
+    mixed = [c for kind, c in train if kind == "mixed"]
+    assert len(mixed) > 1000
+    declined_after_a_tool = 0
+    for conversation in mixed:
+        assert len(render_text_only(conversation)) < synthetic.MAX_MIXED_CHARS
+        assert len(user_texts(conversation)) >= 2
+        replies = [m["content"] for m in conversation if m["role"] == "assistant"]
+        declined_after_a_tool += any(
+            isinstance(before, list) and isinstance(after, str) and "too small" in after
+            for before, after in pairwise(replies)
+        )
+    # The case scripts/context_check.py found the model failing: about a third of mixed
+    # conversations decline an out-of-scope question right after a calculator reply.
+    assert 0.2 < declined_after_a_tool / len(mixed) < 0.5

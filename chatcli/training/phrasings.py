@@ -78,6 +78,17 @@ COUNT_FRAMES = [
 EVAL_COUNT_FRAMES = [  # eval only
     "Can you count the {L} in {W} for me?", "I wonder how many {L} there are in {W}.",
 ]  # fmt: skip
+# Training only, and outside the held-out split (so the eval set is unchanged): frames where
+# other words stand between the question and the letter. Of COUNT_FRAMES, the ones training
+# keeps all put the letter right after "how many", "count the" or "count of"; in the held-out
+# "How many times does {L} appear in {W}?" the model then wrote a letter at random ("j").
+SPREAD_COUNT_FRAMES = [
+    "How often is {L} found in {W}?", "How many copies of {L} can you see in {W}?",
+    "What number of {L} shows up in {W}?", "Please check how many {L} {W} contains.",
+    "{W}: how many {L}?", "Look at {W} and count {L}.", "Tell me the total of {L} inside {W}.",
+    "In {W}, please find every {L} and count them.",
+]  # fmt: skip
+SPREAD_COUNT_FRAME_PROBABILITY = 0.35  # of training counting questions
 LETTER_FORMS = ["{l}'s", "{l}s", "letter {l}", "the letter {l}", "'{l}'", "'{l}'s"]
 WORD_FORMS = ["{w}", "'{w}'", '"{w}"', "the word {w}"]
 NEW_WORD_FRAMES = ["what about {W}?", "and in {W}?", "how about {W}?", "and {W}?"]
@@ -185,7 +196,10 @@ def counting_question(
     """A counting question; with a stray word (training only), that word replaces one of the
     frame's own words or is inserted before it ("How many {L} zymotic in {W}?")."""
     assert stray is None or split == "train", "stray words are training-only"
-    frame, _ = compose(rng, split, COUNT_FRAMES, EVAL_COUNT_FRAMES, [""])
+    if split == "train" and rng.random() < SPREAD_COUNT_FRAME_PROBABILITY:
+        frame = rng.choice(SPREAD_COUNT_FRAMES)
+    else:
+        frame, _ = compose(rng, split, COUNT_FRAMES, EVAL_COUNT_FRAMES, [""])
     if stray is not None:
         frame = with_stray_word(rng, frame, stray)
     return frame.format(L=letter_phrase(rng, letter), W=word_phrase(rng, word))
