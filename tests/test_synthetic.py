@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
+from difflib import SequenceMatcher
 from itertools import pairwise
 
 import pytest
@@ -339,22 +340,41 @@ def test_verb_follow_ups_are_training_only():
         phrasings.new_letter_question(rng, "eval", "a", verb="zymotic")
 
 
-def test_spread_count_frames_are_training_only_and_outside_the_eval_frames():
-    frames = phrasings.SPREAD_COUNT_FRAMES
-    assert not set(frames) & set(phrasings.COUNT_FRAMES + phrasings.EVAL_COUNT_FRAMES)
+def composed_count_frames() -> list[str]:
+    wrappers, cores = phrasings.COUNT_REQUEST_WRAPPERS, phrasings.COUNT_REQUEST_CORES
+    requests = [w.format(c=c, C=c[0].upper() + c[1:]) for w in wrappers for c in cores]
+    return phrasings.COUNT_QUESTION_FRAMES + requests
+
+
+def test_composed_count_frames_stay_far_from_every_held_out_frame():
+    held_out = phrasings.EVAL_COUNT_FRAMES + [
+        f for f in phrasings.COUNT_FRAMES if phrasings.held_out_pair(f, "")
+    ]
+    assert "How many times does {L} appear in {W}?" in held_out
+
+    def words(frame: str) -> list[str]:
+        return re.sub(r"[^\w{} ']", "", frame.lower()).split()
+
+    for frame in composed_count_frames():
+        assert frame not in phrasings.COUNT_FRAMES
+        for eval_frame in held_out:
+            similarity = SequenceMatcher(None, words(frame), words(eval_frame)).ratio()
+            assert similarity < 0.7, (frame, eval_frame, similarity)
+
+
+def test_composed_count_frames_are_training_only():
     patterns = [
-        re.compile(re.escape(f).replace(r"\{L\}", ".+").replace(r"\{W\}", ".+")) for f in frames
+        re.compile(re.escape(f).replace(r"\{L\}", ".+").replace(r"\{W\}", ".+"))
+        for f in composed_count_frames()
     ]
 
-    def spread_share(split: str) -> float:
+    def composed_share(split: str) -> float:
         rng = random.Random(0)
         questions = [phrasings.counting_question(rng, split, "kayak", "k") for _ in range(3000)]
         return sum(any(p.fullmatch(q) for p in patterns) for q in questions) / len(questions)
 
-    assert spread_share("train") == pytest.approx(
-        phrasings.SPREAD_COUNT_FRAME_PROBABILITY, abs=0.03
-    )
-    assert spread_share("eval") == 0
+    assert composed_share("train") == pytest.approx(phrasings.COMPOSED_COUNT_PROBABILITY, abs=0.03)
+    assert composed_share("eval") == 0
 
 
 def test_mixed_conversations_put_other_requests_after_a_tool_exchange(train):
@@ -362,7 +382,9 @@ def test_mixed_conversations_put_other_requests_after_a_tool_exchange(train):
     assert len(mixed) > 1000
     declined_after_a_tool = 0
     for conversation in mixed:
-        assert len(render_text_only(conversation)) < synthetic.MAX_MIXED_CHARS
+        # A system prompt is put in front afterwards, as in every kind.
+        dialogue = [m for m in conversation if m["role"] != "system"]
+        assert len(render_text_only(dialogue)) < synthetic.MAX_MIXED_CHARS
         assert len(user_texts(conversation)) >= 2
         replies = [m["content"] for m in conversation if m["role"] == "assistant"]
         declined_after_a_tool += any(

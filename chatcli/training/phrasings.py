@@ -78,17 +78,30 @@ COUNT_FRAMES = [
 EVAL_COUNT_FRAMES = [  # eval only
     "Can you count the {L} in {W} for me?", "I wonder how many {L} there are in {W}.",
 ]  # fmt: skip
-# Training only, and outside the held-out split (so the eval set is unchanged): frames where
-# other words stand between the question and the letter. Of COUNT_FRAMES, the ones training
-# keeps all put the letter right after "how many", "count the" or "count of"; in the held-out
-# "How many times does {L} appear in {W}?" the model then wrote a letter at random ("j").
-SPREAD_COUNT_FRAMES = [
-    "How often is {L} found in {W}?", "How many copies of {L} can you see in {W}?",
-    "What number of {L} shows up in {W}?", "Please check how many {L} {W} contains.",
-    "{W}: how many {L}?", "Look at {W} and count {L}.", "Tell me the total of {L} inside {W}.",
-    "In {W}, please find every {L} and count them.",
+# Training only, and outside the held-out split (so the eval set is unchanged): counting
+# requests composed from a wrapper and a core, where other words stand between the question
+# and the letter. The COUNT_FRAMES training keeps all put the letter right after "how many",
+# "count the" or "count of"; in the held-out "How many times does {L} appear in {W}?" the model
+# then wrote a letter at random ("j"), and it declined "Can you count the {L} in {W} for me?"
+# as out of scope. No composed request is close to an eval frame: a test bounds their
+# word-level similarity.
+COUNT_REQUEST_WRAPPERS = [
+    "Please {c}.", "Can you {c}?", "Could you {c}?", "I'd like you to {c}.", "Would you {c}?",
+    "{C}, please.", "Help me {c}.", "Quick one: {c}.", "I need you to {c}.", "{C}.",
 ]  # fmt: skip
-SPREAD_COUNT_FRAME_PROBABILITY = 0.35  # of training counting questions
+COUNT_REQUEST_CORES = [
+    "tell me how many {L} you find in {W}", "check how many times {L} turns up inside {W}",
+    "find out how often {L} occurs in {W}", "work out the {L} count for {W}",
+    "look at {W} and count {L}", "tell me the total of {L} inside {W}",
+    "find every {L} in {W} and count them", "see how many copies of {L} {W} has",
+    "figure out how many times {L} is used in {W}", "count up the {L} that {W} contains",
+]  # fmt: skip
+COUNT_QUESTION_FRAMES = [  # training only: questions whose letter comes late
+    "How often is {L} found in {W}?", "How many copies of {L} can you see in {W}?",
+    "{W}: how many {L}?", "How often do you see {L} in {W}?",
+    "How frequently can {L} be found within {W}?", "In {W}, how often does {L} occur?",
+]  # fmt: skip
+COMPOSED_COUNT_PROBABILITY = 0.35  # of training counting questions
 LETTER_FORMS = ["{l}'s", "{l}s", "letter {l}", "the letter {l}", "'{l}'", "'{l}'s"]
 WORD_FORMS = ["{w}", "'{w}'", '"{w}"', "the word {w}"]
 NEW_WORD_FRAMES = ["what about {W}?", "and in {W}?", "how about {W}?", "and {W}?"]
@@ -196,13 +209,22 @@ def counting_question(
     """A counting question; with a stray word (training only), that word replaces one of the
     frame's own words or is inserted before it ("How many {L} zymotic in {W}?")."""
     assert stray is None or split == "train", "stray words are training-only"
-    if split == "train" and rng.random() < SPREAD_COUNT_FRAME_PROBABILITY:
-        frame = rng.choice(SPREAD_COUNT_FRAMES)
+    if split == "train" and rng.random() < COMPOSED_COUNT_PROBABILITY:
+        frame = composed_count_frame(rng)
     else:
         frame, _ = compose(rng, split, COUNT_FRAMES, EVAL_COUNT_FRAMES, [""])
     if stray is not None:
         frame = with_stray_word(rng, frame, stray)
     return frame.format(L=letter_phrase(rng, letter), W=word_phrase(rng, word))
+
+
+def composed_count_frame(rng: random.Random) -> str:
+    """A training-only counting frame: a question from COUNT_QUESTION_FRAMES, or a request
+    composed from COUNT_REQUEST_WRAPPERS and COUNT_REQUEST_CORES."""
+    if rng.random() < 0.3:
+        return rng.choice(COUNT_QUESTION_FRAMES)
+    wrapper, core = rng.choice(COUNT_REQUEST_WRAPPERS), rng.choice(COUNT_REQUEST_CORES)
+    return wrapper.format(c=core, C=core[0].upper() + core[1:])
 
 
 def with_stray_word(rng: random.Random, frame: str, stray: str) -> str:
