@@ -79,12 +79,12 @@ EVAL_COUNT_FRAMES = [  # eval only
     "Can you count the {L} in {W} for me?", "I wonder how many {L} there are in {W}.",
 ]  # fmt: skip
 # Training only, and outside the held-out split (so the eval set is unchanged): counting
-# requests composed from a wrapper and a core, where other words stand between the question
-# and the letter. The COUNT_FRAMES training keeps all put the letter right after "how many",
-# "count the" or "count of"; in the held-out "How many times does {L} appear in {W}?" the model
-# then wrote a letter at random ("j"), and it declined "Can you count the {L} in {W} for me?"
-# as out of scope. No composed request is close to an eval frame: a test bounds their
-# word-level similarity.
+# requests composed from a wrapper and a core, most with other words between the question and
+# the letter. The COUNT_FRAMES training keeps put the letter right after "how many" or "count
+# of"; in the held-out "How many times does {L} appear in {W}?" the model then wrote a letter
+# at random ("j"), and one run declined "Can you count the {L} in {W} for me?" as out of
+# scope. A test bounds each composed frame's word-level similarity to every held-out
+# counting frame (below 0.7).
 COUNT_REQUEST_WRAPPERS = [
     "Please {c}.", "Can you {c}?", "Could you {c}?", "I'd like you to {c}.", "Would you {c}?",
     "{C}, please.", "Help me {c}.", "Quick one: {c}.", "I need you to {c}.", "{C}.",
@@ -96,12 +96,13 @@ COUNT_REQUEST_CORES = [
     "find every {L} in {W} and count them", "see how many copies of {L} {W} has",
     "figure out how many times {L} is used in {W}", "count up the {L} that {W} contains",
 ]  # fmt: skip
-COUNT_QUESTION_FRAMES = [  # training only: questions whose letter comes late
+COUNT_QUESTION_FRAMES = [  # training only: questions with the letter past "how many"
     "How often is {L} found in {W}?", "How many copies of {L} can you see in {W}?",
     "{W}: how many {L}?", "How often do you see {L} in {W}?",
     "How frequently can {L} be found within {W}?", "In {W}, how often does {L} occur?",
 ]  # fmt: skip
 COMPOSED_COUNT_PROBABILITY = 0.35  # of training counting questions
+COUNT_QUESTION_FRAME_SHARE = 0.3  # of composed frames; the rest are wrapper x core requests
 LETTER_FORMS = ["{l}'s", "{l}s", "letter {l}", "the letter {l}", "'{l}'", "'{l}'s"]
 WORD_FORMS = ["{w}", "'{w}'", '"{w}"', "the word {w}"]
 NEW_WORD_FRAMES = ["what about {W}?", "and in {W}?", "how about {W}?", "and {W}?"]
@@ -221,7 +222,7 @@ def counting_question(
 def composed_count_frame(rng: random.Random) -> str:
     """A training-only counting frame: a question from COUNT_QUESTION_FRAMES, or a request
     composed from COUNT_REQUEST_WRAPPERS and COUNT_REQUEST_CORES."""
-    if rng.random() < 0.3:
+    if rng.random() < COUNT_QUESTION_FRAME_SHARE:
         return rng.choice(COUNT_QUESTION_FRAMES)
     wrapper, core = rng.choice(COUNT_REQUEST_WRAPPERS), rng.choice(COUNT_REQUEST_CORES)
     return wrapper.format(c=core, C=core[0].upper() + core[1:])

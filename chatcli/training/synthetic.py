@@ -54,10 +54,11 @@ KIND_WEIGHTS: dict[str, float] = {
     "mixed": 0.10,  # requests of different kinds in one conversation
 }
 # A mixed conversation chains 2-3 segments, each a short conversation of its own kind, no two
-# in a row of the same kind. In single-kind conversations only, the model learnt that what
-# follows a tool exchange is another tool request: asked after a calculation and its
-# follow-up, "Who wrote Hamlet?" was declined 9 times in 20 (scripts/context_check.py).
-MIXED_SEGMENT_WEIGHTS = {
+# in a row of the same kind. From single-kind conversations only, the model learnt that what
+# follows a tool exchange is another tool request: asked after a calculation or a count and a
+# follow-up, held-out out-of-scope questions got a calculator call 11 times in 20 and were
+# declined only 9 (scripts/context_check.py, run 16).
+MIXED_SEGMENT_WEIGHTS: dict[str, float] = {
     "arithmetic": 0.25,
     "counting": 0.25,
     "followup": 0.2,
@@ -65,7 +66,9 @@ MIXED_SEGMENT_WEIGHTS = {
     "identity": 0.1,
 }
 MAX_MIXED_SEGMENTS = 3
-MAX_MIXED_CHARS = 1000  # of render_text_only: keeps a mixed conversation within one row
+# Of render_text_only, without the system prompt: with the default 1024-token vocabulary
+# (digits are single tokens) that is under the 512-token row a conversation must fit in.
+MAX_MIXED_CHARS = 1000
 SYSTEM_PROMPT_PROBABILITY = 0.15
 WORD_PROBLEM_PROBABILITY = 0.25  # of arithmetic questions
 DECIMAL_PROBABILITY = 0.25  # of plain arithmetic questions
@@ -456,27 +459,30 @@ def _followup(rng: random.Random, split: str) -> list[dict]:
 
 
 def _mixed(rng: random.Random, split: str) -> list[dict]:
-    """2-3 segments of different kinds (MIXED_SEGMENT_WEIGHTS), one after the other, while the
-    whole stays under MAX_MIXED_CHARS. Not an EVAL_KIND: the eval set asks each question at a
-    conversation's start (scripts/context_check.py asks them later)."""
+    """Not an EVAL_KIND: the eval set asks each question at a conversation's start
+    (scripts/context_check.py asks them later)."""
+    return [message for _, segment in _mixed_segments(rng, split) for message in segment]
+
+
+def _mixed_segments(rng: random.Random, split: str) -> list[tuple[str, list[dict]]]:
+    """2-3 (kind, messages) segments, kinds from MIXED_SEGMENT_WEIGHTS and no two in a row
+    alike, while the whole stays under MAX_MIXED_CHARS."""
     kinds, weights = list(MIXED_SEGMENT_WEIGHTS), list(MIXED_SEGMENT_WEIGHTS.values())
     n_segments = rng.randint(2, MAX_MIXED_SEGMENTS)
+    segments: list[tuple[str, list[dict]]] = []
     messages: list[dict] = []
-    previous = None
-    segments = 0
-    while segments < n_segments:
+    while len(segments) < n_segments:
         kind = rng.choices(kinds, weights)[0]
-        if kind == previous:
+        if segments and kind == segments[-1][0]:
             continue
         segment = _KIND_GENERATORS[kind](rng, split)
         if len(render_text_only(messages + segment)) >= MAX_MIXED_CHARS:
-            if segments >= 2:
+            if len(segments) >= 2:
                 break
             continue  # a long first or second segment: draw another
+        segments.append((kind, segment))
         messages += segment
-        previous = kind
-        segments += 1
-    return messages
+    return segments
 
 
 _KIND_GENERATORS = {
