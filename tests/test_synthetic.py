@@ -363,6 +363,8 @@ def test_composed_count_frames_stay_far_from_every_held_out_frame():
         f for f in phrasings.COUNT_FRAMES if phrasings.held_out_pair(f, "")
     ]
     assert "How many times does {L} appear in {W}?" in held_out
+    # Nor close to the eval-only arithmetic wrappers ("Could you figure out {x} for me?").
+    held_out += phrasings.EVAL_QUESTION_WRAPPERS + phrasings.EVAL_VERB_WRAPPERS
 
     def words(frame: str) -> list[str]:
         return re.sub(r"[^\w{} ']", "", frame.lower()).split()
@@ -420,3 +422,18 @@ def test_mixed_conversations_put_other_requests_after_a_tool_exchange(train):
     # The case scripts/context_check.py found the model failing: about a third of mixed
     # conversations decline an out-of-scope question right after a calculator reply.
     assert 0.2 < declined_after_a_tool / len(mixed) < 0.5
+
+
+def test_how_to_questions_are_training_only_and_never_about_bread():
+    def how_to_share(split: str) -> float:
+        rng = random.Random(0)
+        questions = [phrasings.out_of_scope_question(rng, split) for _ in range(3000)]
+        asks = {
+            f.format(v=task) for f in phrasings.HOW_TO_FRAMES for task in phrasings.HOW_TO_TASKS
+        }
+        return sum(q in asks for q in questions) / len(questions)
+
+    assert how_to_share("train") == pytest.approx(phrasings.HOW_TO_PROBABILITY, abs=0.03)
+    assert how_to_share("eval") == 0
+    # The held-out "How do I bake bread?" keeps its task to itself.
+    assert not any("bake" in t or "bread" in t for t in phrasings.HOW_TO_TASKS)

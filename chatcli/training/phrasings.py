@@ -84,10 +84,11 @@ EVAL_COUNT_FRAMES = [  # eval only
 # of"; in the held-out "How many times does {L} appear in {W}?" the model then wrote a letter
 # at random ("j"), and one run declined "Can you count the {L} in {W} for me?" as out of
 # scope. A test bounds each composed frame's word-level similarity to every held-out
-# counting frame (below 0.7).
+# counting frame and eval-only arithmetic wrapper (below 0.7): none starts "Could you", which
+# eval-only arithmetic wrappers do.
 COUNT_REQUEST_WRAPPERS = [
-    "Please {c}.", "Can you {c}?", "Could you {c}?", "I'd like you to {c}.", "Would you {c}?",
-    "{C}, please.", "Help me {c}.", "Quick one: {c}.", "I need you to {c}.", "{C}.",
+    "Please {c}.", "Can you {c}?", "I'd like you to {c}.", "Would you {c}?", "{C}, please.",
+    "Help me {c}.", "Quick one: {c}.", "I need you to {c}.", "{C}.",
 ]  # fmt: skip
 COUNT_REQUEST_CORES = [
     "tell me how many {L} you find in {W}", "check how many times {L} turns up inside {W}",
@@ -150,6 +151,19 @@ OUT_OF_SCOPE_STANDALONE = [
 EVAL_OUT_OF_SCOPE_STANDALONE = [  # eval only
     "Recommend a good movie.", "How do I bake bread?", "What's the meaning of life?",
 ]  # fmt: skip
+# Training only: how-to questions. With one ("How do I learn French?") among the standalone
+# ones, run 20 answered the held-out "How do I bake bread?" with `"bake".count("b")` 7 times
+# in 13: letters are tokens of their own, so any short word can look like a letter and a
+# word to count. The held-out question stays held out: no task here bakes or makes bread.
+HOW_TO_FRAMES = ["How do I {v}?", "How can I {v}?", "What's the best way to {v}?",
+                 "Show me how to {v}.", "how do i {v}"]  # fmt: skip
+HOW_TO_TASKS = [
+    "tie a tie", "change a tire", "plant tomatoes", "fix a leaky tap", "train a puppy",
+    "make pasta", "write a resume", "build a website", "learn to swim", "cook rice",
+    "knit a scarf", "paint a wall", "sleep better", "save money", "play guitar", "grow basil",
+    "clean an oven", "brew tea", "fold a shirt", "start a blog", "boil an egg", "draw a cat",
+]  # fmt: skip
+HOW_TO_PROBABILITY = 0.2  # of training out-of-scope questions
 
 
 def held_out_pair(*parts: str) -> bool:
@@ -262,6 +276,8 @@ def new_letter_question(
 
 
 def out_of_scope_question(rng: random.Random, split: str) -> str:
+    if split == "train" and rng.random() < HOW_TO_PROBABILITY:
+        return rng.choice(HOW_TO_FRAMES).format(v=rng.choice(HOW_TO_TASKS))
     if rng.random() < 0.25:
         return rng.choice(
             EVAL_OUT_OF_SCOPE_STANDALONE if split == "eval" else OUT_OF_SCOPE_STANDALONE

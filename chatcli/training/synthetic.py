@@ -47,10 +47,10 @@ EVAL_KINDS = ("arithmetic", "counting", "followup", "identity", "out_of_scope")
 KIND_WEIGHTS: dict[str, float] = {
     "greeting": 0.06,
     "identity": 0.07,
-    "arithmetic": 0.32,
+    "arithmetic": 0.30,
     "counting": 0.22,
     "followup": 0.14,
-    "out_of_scope": 0.09,
+    "out_of_scope": 0.11,
     "mixed": 0.10,  # requests of different kinds in one conversation
 }
 # A mixed conversation chains 2-3 segments, each a short conversation of its own kind, no two
