@@ -152,9 +152,9 @@ EVAL_OUT_OF_SCOPE_STANDALONE = [  # eval only
     "Recommend a good movie.", "How do I bake bread?", "What's the meaning of life?",
 ]  # fmt: skip
 # Training only: how-to questions. With one ("How do I learn French?") among the standalone
-# ones, run 20 answered the held-out "How do I bake bread?" with `"bake".count("b")` 7 times
-# in 13: letters are tokens of their own, so any short word can look like a letter and a
-# word to count. The held-out question stays held out: no task here bakes or makes bread.
+# ones, run 20 failed all 13 held-out "How do I bake bread?" prompts, most with
+# `"bake".count("b")`: letters are tokens of their own, so any short word can look like a
+# letter and a word to count. The held-out question stays held out: no task here bakes or makes bread.
 HOW_TO_FRAMES = ["How do I {v}?", "How can I {v}?", "What's the best way to {v}?",
                  "Show me how to {v}.", "how do i {v}"]  # fmt: skip
 HOW_TO_TASKS = [
