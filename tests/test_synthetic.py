@@ -354,7 +354,7 @@ def test_verb_follow_ups_are_training_only():
 
 def composed_count_frames() -> list[str]:
     wrappers, cores = phrasings.COUNT_REQUEST_WRAPPERS, phrasings.COUNT_REQUEST_CORES
-    requests = [w.format(c=c, C=c[0].upper() + c[1:]) for w in wrappers for c in cores]
+    requests = [phrasings.count_request(w, c) for w in wrappers for c in cores]
     return phrasings.COUNT_QUESTION_FRAMES + requests
 
 

@@ -238,7 +238,11 @@ def composed_count_frame(rng: random.Random) -> str:
     composed from COUNT_REQUEST_WRAPPERS and COUNT_REQUEST_CORES."""
     if rng.random() < COUNT_QUESTION_FRAME_SHARE:
         return rng.choice(COUNT_QUESTION_FRAMES)
-    wrapper, core = rng.choice(COUNT_REQUEST_WRAPPERS), rng.choice(COUNT_REQUEST_CORES)
+    return count_request(rng.choice(COUNT_REQUEST_WRAPPERS), rng.choice(COUNT_REQUEST_CORES))
+
+
+def count_request(wrapper: str, core: str) -> str:
+    """The wrapper around the core: {c} as it is, {C} with its first letter capitalised."""
     return wrapper.format(c=core, C=core[0].upper() + core[1:])
 
 
