@@ -9,10 +9,14 @@ token; DecodeStep does the same arithmetic in about half as many:
 - q, k and v come from one product over the three matrices stacked;
 - the rotary embedding of q and k is one (H+Hkv, D) @ (D, D) product with a fixed signed
   permutation plus one fused multiply-add, with the cos/sin rows picked once per step;
-- the qk-norm of all heads is one rms_norm whose weight carries the era's qk scale;
+- the qk-norm of all heads is 4 ops on their norms, the era's qk scale folded in (fp32 on
+  the CPU; elsewhere one rms_norm whose weight carries the scale);
 - residual adds fuse into addmm/addmv, and the scalar lambdas become Python floats;
-- batch 1: every RMSNorm that feeds a matrix is a scalar read on the host and folded into
-  the product after it (see _one_row);
+- every RMSNorm that feeds a matrix is folded into the product after it: at batch 1 as a
+  scalar read on the host (see _one_row), for several rows as their (N, 1) scales
+  (_row_scales);
+- a small matrix is read through a transposed copy where that is the faster layout
+  (_Matrix);
 - sample rows over a shared prompt: two fused attention calls whose log-sum-exps combine
   the prompt's part and each row's own part exactly.
 
@@ -71,6 +75,14 @@ class _Matrix:
     qkv_decode_weight) or each module's (model.Linear) serves up to the copy's max_rows
     rows, the fp32 weights more, so no weight or copy is duplicated here.
 
+    A small matrix on the CPU also keeps a transposed copy (in, out): there, rows @ W.T
+    reads it faster than the (out, in) weight (measured over the embedded model's
+    matrices, out of cache: 8 rows 78-124 us against 111-169 for a wide matrix, 23-85
+    against 41-105 for the others), and so does one row when the output is wider than
+    the input (40-60 against 67-98 us; `mv` wins where the input is wider, 48 against 75).
+    BLAS's gemv over (out, in) rows takes one short dot product per output, where over
+    (in, out) it accumulates whole output rows at full vector width.
+
     threads: how many threads the products run on (DecodeStep sets it for a big model).
     """
 
@@ -79,13 +91,21 @@ class _Matrix:
     def __init__(self, modules: list[torch.nn.Module], stacked_in: Attention | None = None) -> None:
         self.modules = modules
         self.stacked_in = stacked_in  # the attention that may keep the modules' stacked copy
-        self.weight: torch.Tensor | None = None
+        self.weight: torch.Tensor | None = None  # (out, in)
+        self.weight_t: torch.Tensor | None = None  # (in, out), contiguous
+        self.vector_from_t = False  # one row reads weight_t (else weight)
         if all(c is None for c in self.copies):
             parts = [m.weight.detach() for m in modules]
             if len(parts) == 1:
                 self.weight = parts[0]
             elif sum(p.numel() for p in parts) <= STACK_AT_MOST:
                 self.weight = torch.cat(parts)
+        w = self.weight
+        if w is not None and w.device.type == "cpu" and w.numel() <= STACK_AT_MOST:
+            self.weight_t = w.t().contiguous()
+            self.vector_from_t = w.size(0) > w.size(1)
+            if self.vector_from_t and len(self.modules) > 1:
+                self.weight = None  # the stacked (out, in) copy would serve nothing
 
     @property
     def copy(self) -> DecodeWeight | None:
@@ -98,9 +118,16 @@ class _Matrix:
             return [self.copy]
         return [getattr(m, "decode_weight", None) for m in self.modules]
 
+    @property
+    def _plain(self) -> bool:
+        """Whether the products read fp32 weights here (else the modules or their copies)."""
+        return self.weight is not None or self.weight_t is not None
+
     @_on_product_threads
     def mv(self, x: torch.Tensor) -> torch.Tensor:
         """(C,) -> (out,)."""
+        if self.vector_from_t:
+            return x @ self.weight_t
         if self.weight is not None:
             return torch.mv(self.weight, x)
         return self._by_module(x)
@@ -108,6 +135,8 @@ class _Matrix:
     @_on_product_threads
     def mm(self, x: torch.Tensor) -> torch.Tensor:
         """(N, C) -> (N, out)."""
+        if self.weight_t is not None:
+            return x @ self.weight_t
         if self.weight is not None:
             return F.linear(x, self.weight)
         return self._by_module(x)
@@ -123,22 +152,26 @@ class _Matrix:
 
     def addmv(self, x: torch.Tensor, v: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         """x + alpha * (W @ v), one fused op without copies."""
-        if self.weight is not None:
+        if self._plain:
             return self._fused_addmv(x, v, alpha)
         return torch.add(x, self.mv(v), alpha=alpha)
 
     def addmm(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x + y @ W.T for rows y (N, in)."""
-        if self.weight is not None:
+        if self._plain:
             return self._fused_addmm(x, y)
         return torch.add(x, self.mm(y))
 
     @_on_product_threads
     def _fused_addmv(self, x: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
+        if self.vector_from_t:
+            return torch.addmm(x.view(1, -1), v.view(1, -1), self.weight_t, alpha=alpha).view(-1)
         return torch.addmv(x, self.weight, v, alpha=alpha)
 
     @_on_product_threads
     def _fused_addmm(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.weight_t is not None:
+            return torch.addmm(x, y, self.weight_t)
         return torch.addmm(x, y, self.weight.t())
 
 
@@ -219,6 +252,15 @@ class DecodeStep:
         # 90 ms). So its products run on the caller's threads and everything else on one.
         self.split_threads = model.num_params() >= SMALL_MODEL_PARAMS
         self._eps = torch.finfo(self.wte.dtype).eps  # F.rms_norm's default
+        # fp32 on the CPU: the qk-norm in 4 ops (_qk_norm_lean), and sample rows fold each
+        # RMSNorm into a per-row scale (_row_scales), but only where the products read fp32:
+        # int8's kernel quantizes a product's input with one scale for all its rows, which
+        # must see the rows normalised, as the module forward gives them.
+        self.lean = self.wte.dtype == torch.float32 and self.wte.device.type == "cpu"
+        self.fold_norms = self.lean and not has_decode_copies(model)
+        self._eps_scaled: dict[float, torch.Tensor] = {}
+        self._qk_inv = 1.0 / (self.head_dim * self.qk_scale**2)
+        self._qk_eps = torch.tensor(self._eps / self.qk_scale**2, dtype=self.wte.dtype)
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
@@ -249,20 +291,30 @@ class DecodeStep:
         idx: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
+        fold: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows x (N, C) -> (q and k after rope and qk-norm (N, H+Hkv, D), v (N, Hkv, D))."""
+        """Rows x (N, C) -> (q and k after rope and qk-norm (N, H+Hkv, D), v (N, Hkv, D)).
+
+        fold: the RMSNorm before the product is a per-row scale applied after it
+        (_row_scales)."""
         N, H, Hkv, D = x.size(0), self.n_head, self.n_kv_head, self.head_dim
-        h = F.rms_norm(x, (x.size(1),))
-        qkv = layer.qkv.mm(h)
+        if fold:
+            s = self._row_scales(x)
+            qkv = layer.qkv.mm(x).mul_(s)
+            h = x
+        else:
+            s, h = None, F.rms_norm(x, (x.size(1),))
+            qkv = layer.qkv.mm(h)
         k_end = (H + Hkv) * D
         qk = qkv[:, :k_end].view(N, H + Hkv, D)
         v = qkv[:, k_end:].view(N, Hkv, D)
         if layer.ve_table is not None:
-            gate = torch.sigmoid(F.linear(h[:, : self.ve_channels], layer.ve_gate))
+            z = F.linear(h[:, : self.ve_channels], layer.ve_gate)
+            gate = torch.sigmoid(z if s is None else z.mul_(s))
             ve = F.embedding(idx, layer.ve_table).view(N, Hkv, D)
-            v = torch.addcmul(v, gate.mul_(self.ve_scale).unsqueeze(-1), ve)
+            v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
         qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)  # rope before the norm
-        return self._qk_norm(qk), v
+        return (self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)), v
 
     def _qk_norm(self, qk: torch.Tensor) -> torch.Tensor:
         D = self.head_dim
@@ -270,6 +322,24 @@ class DecodeStep:
             return F.rms_norm(qk, (D,), weight=self.qk_norm_weight)
         normed = F.rms_norm(qk, (D,))
         return normed * self.qk_scale if self.qk_scale != 1.0 else normed
+
+    def _qk_norm_lean(self, qk: torch.Tensor) -> torch.Tensor:
+        """_qk_norm in 4 ops where F.rms_norm dispatches ~9 on the CPU (pow, sum, div,
+        add, rsqrt, mul, weight, casts): every head times rsqrt((|x|^2/D + eps) / scale^2),
+        which is the head's RMSNorm times the era's qk scale. In place: qk is a temporary."""
+        n = torch.linalg.vector_norm(qk, dim=-1, keepdim=True)
+        return qk.mul_(torch.addcmul(self._qk_eps, n, n, value=self._qk_inv).rsqrt_())
+
+    def _row_scales(self, x: torch.Tensor, times: float = 1.0) -> torch.Tensor:
+        """(N, 1) per-row RMSNorm scales of rows x (N, C), divided by `times`:
+        1 / (times * sqrt(mean(x^2) + eps)). rms_norm(x) @ W.T = scales * (x @ W.T), so a
+        norm feeding a product costs 3 ops on its (N, 1) scales instead of ~8 on x."""
+        n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        t2 = times * times
+        eps = self._eps_scaled.get(t2)
+        if eps is None:
+            eps = self._eps_scaled[t2] = torch.tensor(self._eps * t2, dtype=x.dtype)
+        return torch.addcmul(eps, n, n, value=t2 / x.size(1)).rsqrt_()
 
     def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         # (positions, D) tables with cos/sin repeated over both halves, from the model's own
@@ -306,8 +376,10 @@ class DecodeStep:
         if N == 1 and type(cache) is KVCache and ids.device.type == "cpu":
             return self._one_row(idx, cache, pos, cos, sin)
         C = self.wte.size(1)
+        fold = self.fold_norms
 
-        x = F.rms_norm(F.embedding(idx, self.wte), (C,))  # (N, C)
+        x = F.embedding(idx, self.wte)
+        x = x.mul_(self._row_scales(x)) if fold else F.rms_norm(x, (C,))  # (N, C)
         if self.smear and pos > 0 and cache.prev_token is not None:
             prev = F.rms_norm(F.embedding(cache.prev_token, self.wte), (C,))
             gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
@@ -318,23 +390,29 @@ class DecodeStep:
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
-            qk, v = self._qk_v(layer, x, idx, cos, sin)
+            qk, v = self._qk_v(layer, x, idx, cos, sin, fold)
             q, k = qk[:, :H], qk[:, H:]
             if shared:
                 y = self._attend_shared(i, q, k, v, layer.window, cache, pos)
             else:
                 y = self._attend(i, q, k, v, layer.window, cache, pos)
             x = layer.proj.addmm(x, y.reshape(N, H * D))
-            u = layer.fc.mm(F.rms_norm(x, (C,))).relu_()
+            if fold:  # relu(s * z) = s * relu(z) for the row's scale s > 0
+                u = layer.fc.mm(x).relu_().mul_(self._row_scales(x))
+            else:
+                u = layer.fc.mm(F.rms_norm(x, (C,))).relu_()
             x = layer.fc_proj.addmm(x, u.mul_(u))
             if i == self.backout_layer:
                 saved = x
         if saved is not None:
             x = torch.add(x, saved, alpha=-self.backout_lambda)
-        logits = self.lm_head.mm(F.rms_norm(x, (C,)))[:, : self.vocab_size].float()
+        cap = self.softcap
         cache.prev_token = idx
         cache.advance(1)
-        cap = self.softcap
+        if fold:  # the last norm joins the softcap's division
+            logits = self.lm_head.mm(x)[:, : self.vocab_size]
+            return logits.mul_(self._row_scales(x, times=cap)).tanh_().mul_(cap)
+        logits = self.lm_head.mm(F.rms_norm(x, (C,)))[:, : self.vocab_size].float()
         return logits.div_(cap).tanh_().mul_(cap)
 
     def _one_row(
@@ -371,7 +449,7 @@ class DecodeStep:
                 ve = F.embedding(idx, layer.ve_table).view(Hkv, D)
                 v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
             qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
-            qk = self._qk_norm(qk)
+            qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
             k_all[i, 0, pos] = qk[H:]
             v_all[i, 0, pos] = v
             start = max(0, pos - layer.window)

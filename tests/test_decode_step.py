@@ -295,3 +295,68 @@ def test_bf16_steps_scale_qk_exactly_and_return_fp32(era):
         logits.append(out)
     assert logits[0].dtype == torch.float32
     torch.testing.assert_close(logits[0], logits[1], atol=0.1, rtol=0)
+
+
+@pytest.mark.parametrize("era", ["A", "E"])  # qk scale 1 (rms_norm alone) and 1.2
+def test_the_lean_norms_equal_rms_norm(era):
+    model = _random_model(era)
+    step = DecodeStep(model)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(5, 64, generator=g) * torch.tensor([[0.01], [0.3], [1.0], [7.0], [90.0]])
+    rms = torch.nn.functional.rms_norm
+    torch.testing.assert_close(x * step._row_scales(x), rms(x, (64,)), atol=1e-6, rtol=1e-6)
+    # divided by the softcap, the scale the logits take before tanh
+    torch.testing.assert_close(
+        x * step._row_scales(x, times=15.0), rms(x, (64,)) / 15.0, atol=1e-7, rtol=1e-6
+    )
+    qk = torch.randn(5, 6, 16, generator=g) * 3.0
+    torch.testing.assert_close(
+        step._qk_norm_lean(qk.clone()), step._qk_norm(qk), atol=1e-6, rtol=1e-6
+    )
+    # a zero row stays zero (eps keeps the scale finite), as rms_norm gives it
+    zero = torch.zeros(1, 64)
+    assert torch.equal(zero * step._row_scales(zero), rms(zero, (64,)))
+
+
+def test_small_matrices_read_a_transposed_copy_with_the_same_products():
+    model = _random_model("E")  # c_q, c_k, c_v stack to (128, 64); c_fc (256, 64)
+    step = DecodeStep(model)
+    layer = step.layers[0]
+    g = torch.Generator().manual_seed(12)
+    for matrix, modules in (
+        (
+            layer.qkv,
+            [
+                model.transformer.h[0].attn.c_q,
+                model.transformer.h[0].attn.c_k,
+                model.transformer.h[0].attn.c_v,
+            ],
+        ),
+        (layer.fc, [model.transformer.h[0].mlp.c_fc]),
+        (layer.fc_proj, [model.transformer.h[0].mlp.c_proj]),
+    ):
+        w = torch.cat([m.weight.detach() for m in modules])  # (out, in)
+        out, inn = w.shape
+        assert matrix.weight_t.shape == (inn, out) and matrix.weight_t.is_contiguous()
+        # one row reads the transposed copy only where the output is the wider side
+        assert matrix.vector_from_t == (out > inn)
+        if len(modules) > 1:  # a stacked (out, in) copy is kept only if one row reads it
+            assert (matrix.weight is None) == matrix.vector_from_t
+        v, rows = torch.randn(inn, generator=g), torch.randn(3, inn, generator=g)
+        bias_v, bias_rows = torch.randn(out, generator=g), torch.randn(3, out, generator=g)
+        torch.testing.assert_close(matrix.mv(v), w @ v, atol=1e-5, rtol=0)
+        torch.testing.assert_close(matrix.mm(rows), rows @ w.T, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            matrix.addmv(bias_v, v, alpha=0.5), bias_v + 0.5 * (w @ v), atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            matrix.addmm(bias_rows, rows), bias_rows + rows @ w.T, atol=1e-5, rtol=0
+        )
+
+
+def test_a_big_matrix_keeps_no_transposed_copy(monkeypatch):
+    monkeypatch.setattr("chatcli.decode_step.STACK_AT_MOST", 1000)  # every matrix is "big"
+    step = DecodeStep(_random_model("E"))
+    for m in step.matrices:
+        assert m.weight_t is None and not m.vector_from_t
+    assert step.layers[0].qkv.weight is None  # nor a stacked copy: one product per module
