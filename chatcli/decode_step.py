@@ -76,12 +76,14 @@ class _Matrix:
     rows, the fp32 weights more, so no weight or copy is duplicated here.
 
     A small matrix on the CPU also keeps a transposed copy (in, out): there, rows @ W.T
-    reads it faster than the (out, in) weight (measured over the embedded model's
-    matrices, out of cache: 8 rows 78-124 us against 111-169 for a wide matrix, 23-85
-    against 41-105 for the others), and so does one row when the output is wider than
-    the input (40-60 against 67-98 us; `mv` wins where the input is wider, 48 against 75).
+    read it faster than the (out, in) weight, and so does one row when the output is the
+    wider side; `mv` keeps the (out, in) weight where the input is (c_proj of the MLP).
     BLAS's gemv over (out, in) rows takes one short dot product per output, where over
-    (in, out) it accumulates whole output rows at full vector width.
+    (in, out) it accumulates whole output rows at full vector width. One run of
+    `python scripts/bench_decode_paths.py layouts` (embedded model, weights from memory, us
+    per matrix, (out, in) against (in, out)): one row 56/40 (qkv), 78/52 (c_fc), 118/75
+    (lm_head), 47/75 (MLP c_proj); 8 rows 99/71, 143/103, 227/180, 113/91 and 43/24 (c_proj
+    of attention).
 
     threads: how many threads the products run on (DecodeStep sets it for a big model).
     """

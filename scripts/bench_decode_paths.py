@@ -2,12 +2,17 @@
 
     python scripts/bench_decode_paths.py steps    # one model: module forward, fused, compiled
     python scripts/bench_decode_paths.py kernels  # d20-shaped matrices: fp32/bf16/int8/int4
+    python scripts/bench_decode_paths.py layouts  # one model's matrices: (out, in) or (in, out)
 
 `steps` decodes 48 greedy tokens from a fixed prompt through Engine.generate with each decode
 path of one model (default: the embedded one) and prints milliseconds per token, best of three,
 and whether the greedy tokens are identical. `kernels` times one token's worth of
 matrix-vector products over nanochat d20's matrices (20 layers, 1280 wide, vocab 65536) in each
-weight format of chatcli/quantize.py and prints the bandwidth each streams.
+weight format of chatcli/quantize.py and prints the bandwidth each streams. `layouts` times
+each kind of matrix of one model (default: the embedded one; q, k and v stacked) for one row
+and for 8 rows, read as the (out, in) weight and as a transposed (in, out) copy, with the
+caches flushed before every pass so the weights come from memory as they do in a step: the
+measurements behind decode_step._Matrix's choice of layout.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its threads
 
@@ -108,12 +114,56 @@ def kernels() -> None:
             del copies
 
 
+def _layout_passes(ws: list[torch.Tensor]) -> dict[str, Callable[[], object]]:
+    """One pass over every matrix of a kind, in each layout, for one row and for 8."""
+    wts = [w.t().contiguous() for w in ws]
+    x, rows = torch.randn(ws[0].size(1)), torch.randn(8, ws[0].size(1))
+    return {
+        "1 row mv(W)": lambda: [torch.mv(w, x) for w in ws],
+        "1 row x @ Wt": lambda: [x @ w for w in wts],
+        "8 rows linear(W)": lambda: [torch.nn.functional.linear(rows, w) for w in ws],
+        "8 rows x @ Wt": lambda: [rows @ w for w in wts],
+    }
+
+
+def layouts(model_path: str | None) -> None:
+    torch.set_num_threads(1)  # the CPU plan for a small model
+    model, _, _ = load_model(model_path, device="cpu")
+    kinds: dict[str, list[torch.Tensor]] = {"qkv": [], "proj": [], "fc": [], "fc_proj": []}
+    for block in model.transformer.h:
+        a, m = block.attn, block.mlp
+        kinds["qkv"].append(torch.cat([a.c_q.weight, a.c_k.weight, a.c_v.weight]).detach())
+        kinds["proj"].append(a.c_proj.weight.detach())
+        kinds["fc"].append(m.c_fc.weight.detach())
+        kinds["fc_proj"].append(m.c_proj.weight.detach())
+    kinds["lm_head"] = [model.lm_head.weight.detach()]
+    flush = torch.randn(4 << 20)  # 16 MB: more than this CPU's L2, most of its L3
+    with torch.inference_mode():
+        for name, ws in kinds.items():
+            passes = _layout_passes(ws)
+            best = dict.fromkeys(passes, float("inf"))
+            for _ in range(30):
+                for label, run in passes.items():
+                    flush.sum()
+                    t0 = time.perf_counter()
+                    run()
+                    best[label] = min(best[label], (time.perf_counter() - t0) / len(ws))
+            shape = "x".join(map(str, ws[0].shape))
+            cells = "  ".join(f"{k} {v * 1e6:4.0f}" for k, v in best.items())
+            print(f"{name:8s} {shape:9s} {cells}  (us per matrix)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["steps", "kernels"])
-    parser.add_argument("--model", default=None, help="checkpoint for `steps` (default: embedded)")
+    parser.add_argument("what", choices=["steps", "kernels", "layouts"])
+    parser.add_argument(
+        "--model", default=None, help="checkpoint for `steps` and `layouts` (default: embedded)"
+    )
     args = parser.parse_args()
-    steps(args.model) if args.what == "steps" else kernels()
+    if args.what == "kernels":
+        kernels()
+    else:
+        (steps if args.what == "steps" else layouts)(args.model)
 
 
 if __name__ == "__main__":
