@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -32,9 +33,11 @@ SYNTHETIC_DEPTHS = {"d4": 4, "d12": 12, "d20": 20}
 DECODE_TOKENS = 48
 SAMPLES = 8
 TURNS = (1, 5, 10)
-# Every measure is the best of this many runs, in both modes (as timeit takes the best): other
-# work on a shared host only ever adds time, and one run of 48 decode steps of the embedded
-# model is ~0.15 s, which it stretched by up to half here.
+# Every measure is the best of this many rounds, in both modes (as timeit takes the best):
+# other work on a shared host only ever adds time, and one run of 48 decode steps of the
+# embedded model is ~0.15 s, which it stretched by up to half here. Each round measures the
+# baseline and ours back to back, so that a slow spell of the host, which can outlast all of
+# one mode's runs, falls on both modes rather than on one.
 REPEATS = 3
 
 
@@ -129,9 +132,7 @@ def _prompt(tokenizer, n: int) -> list[int]:
 def _prefill_tps(model, tokens: list[int]) -> float:
     ids = torch.tensor([tokens])
     with torch.inference_mode():
-        model(ids)
-        t = min(_timed(lambda: model(ids)) for _ in range(3))
-    return len(tokens) / t
+        return len(tokens) / _timed(lambda: model(ids))
 
 
 def _ours_decode(
@@ -175,35 +176,70 @@ def _baseline_decode(model, prompt: list[int], n: int) -> float:
     return n * steps / max(time.perf_counter() - t0, 1e-9)
 
 
-def _best(measure: Callable[[], float]) -> float:
-    """The highest throughput of REPEATS runs."""
-    return max(measure() for _ in range(REPEATS))
-
-
-def _chat_ttft(model, tokenizer, plain: bool) -> dict[int, float]:
-    """The best time to first token at given turns of a scripted chat, over REPEATS chats
-    (the same script in both modes).
+def _chat_ttft(model, tokenizer, plain: bool) -> dict[str, float]:
+    """Time to first token at given turns of one scripted chat (the same in both modes).
 
     plain: the baseline's way, every turn re-prefills the whole conversation; otherwise the
     session keeps its KV cache and prefills only the new turn.
     """
     opts = SamplingOptions(temperature=0.0, top_k=None, max_tokens=12, seed=1, tools=False)
-    # One run is noise on a shared machine (a big model's turn-1 prefill is ~0.3 s, about
-    # what one chat turn varies by): take the best of three.
-    runs: dict[int, list[float]] = {t: [] for t in TURNS}
+    ttft = {}
+    session = ChatSession(model, tokenizer, opts)
+    for turn in range(1, max(TURNS) + 1):
+        # Short turns, so that ten of them fit a 512-token context without the guard
+        # dropping (and re-prefilling) anything: this measures reuse, not the guard.
+        text = f"Turn {turn}: and the fox?"
+        if plain:
+            session.cache, session.cache_tokens = None, []
+        for _ in session.send(text):
+            pass
+        if turn in TURNS:
+            ttft[f"ttft{turn}"] = session.last_reply.stats.ttft_s
+    return ttft
+
+
+class _Mode:
+    """How one side of the bench runs: its threads, and whether the model's compact decode
+    copies are in place (ours) or set aside, so that every product reads fp32 (the
+    baseline). Switching is a few attribute writes, so rounds can alternate the modes."""
+
+    def __init__(self, model: GPT, threads: int, copies: bool) -> None:
+        self.model, self.threads, self.copies = model, threads, copies
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        torch.set_num_threads(self.threads)
+        kept = []
+        if not self.copies:
+            for module in self.model.modules():
+                for name in ("decode_weight", "qkv_decode_weight"):
+                    if getattr(module, name, None) is not None:
+                        kept.append((module, name, getattr(module, name)))
+                        setattr(module, name, None)
+        try:
+            yield
+        finally:
+            for module, name, copy in kept:
+                setattr(module, name, copy)
+
+
+Measures = dict[str, Callable[[], float | dict[str, float]]]
+
+
+def _rounds(sides: list[tuple[_Mode, Measures]]) -> list[dict[str, float]]:
+    """Run every side's measures REPEATS times, the sides alternating in each round, and
+    keep each measure's best: the highest throughput, the shortest time (`ttft...`)."""
+    best: list[dict[str, float]] = [{} for _ in sides]
     for _ in range(REPEATS):
-        session = ChatSession(model, tokenizer, opts)
-        for turn in range(1, max(TURNS) + 1):
-            # Short turns, so that ten of them fit a 512-token context without the guard
-            # dropping (and re-prefilling) anything: this measures reuse, not the guard.
-            text = f"Turn {turn}: and the fox?"
-            if plain:
-                session.cache, session.cache_tokens = None, []
-            for _ in session.send(text):
-                pass
-            if turn in TURNS:
-                runs[turn].append(session.last_reply.stats.ttft_s)
-    return {t: min(v) for t, v in runs.items()}
+        for (mode, measures), kept in zip(sides, best, strict=True):
+            with mode.active():
+                for name, measure in measures.items():
+                    value = measure()  # one number, or several from one run (a dict)
+                    items = value.items() if isinstance(value, dict) else [(name, value)]
+                    for key, v in items:
+                        better = min if key.startswith("ttft") else max
+                        kept[key] = better(kept.get(key, v), v)
+    return best
 
 
 QUALITY_PROMPTS = (
@@ -242,17 +278,16 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -> dict[str, Any]:
-    """Baseline first (eager fp32, default threads), then ours with the CPU plan applied.
+    """The baseline (eager fp32, default threads) against ours (the CPU plan applied, and
+    the decode copies `precision` asks for), in alternating rounds (_rounds).
 
     precision: the decode weights ours reads: auto (bf16 copies for large models, else the
     fp32 weights), float32, or a quantize.QUANTIZE_KINDS format for any model.
     """
     torch.manual_seed(0)
     model.drop_decode_weights()  # the baseline reads fp32, whatever the loader added
-    engine = Engine(model, tokenizer)
     prompt = _prompt(tokenizer, min(512, model.config.sequence_len // 2))
     short = _prompt(tokenizer, 32)
-    bandwidth = measure_bandwidth()
     default_threads = torch.get_num_threads()
 
     def base_greedy(p: list[int]) -> list[int]:
@@ -262,30 +297,55 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
         cols = engine.generate(p, max_tokens=DECODE_TOKENS, temperature=0.0, use_tools=False)
         return [c[0] for c, _ in cols]
 
-    # -- the baseline: fp32 weights, torch's default threads
-    base_prefill = _prefill_tps(model, prompt)
-    base_1 = _best(lambda: _baseline_decode(model, short, 1))
-    base_8 = _best(lambda: _baseline_decode(model, prompt, SAMPLES))
-    ttft_base = _chat_ttft(model, tokenizer, plain=True)
+    # Greedy output: the baseline's is the reference; ours in fp32 must equal it, run as
+    # ours runs (the CPU plan's threads).
     reference = _greedy_tokens(base_greedy, tokenizer)
-
-    # -- ours: the same fp32 model through our engine, then the CPU plan
-    fp32_identical = _greedy_tokens(ours_greedy, tokenizer) == reference
     plan = apply_cpu_plan(model)
+    engine = Engine(model, tokenizer)
+    fp32_identical = _greedy_tokens(ours_greedy, tokenizer) == reference
     decode_kind = precision if precision in QUANTIZE_KINDS else None
     if precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS:
         decode_kind = "bfloat16"
     if decode_kind is not None:
         model.add_decode_weights(decode_kind)
         engine = Engine(model, tokenizer)  # decides its decode path for these weights
-    wbytes = weight_bytes_per_token(model)
-    ours_prefill = _prefill_tps(model, prompt)
-    ours_1 = _best(lambda: _ours_decode(engine, short, 1))
-    ours_8 = _best(lambda: _ours_decode(engine, prompt, SAMPLES))
-    # What 8 samples gain over one of the same request: same prompt, same sampling.
-    ours_1_sampled = _best(lambda: _ours_decode(engine, prompt, 1, temperature=1.0))
-    ttft_ours = _chat_ttft(model, tokenizer, plain=False)
     agreement = _agreement(_greedy_tokens(ours_greedy, tokenizer), reference)
+    wbytes = weight_bytes_per_token(model)
+
+    baseline = _Mode(model, default_threads, copies=False)
+    ours = _Mode(model, plan.threads if plan else default_threads, copies=True)
+    base, mine = _rounds(
+        [
+            (
+                baseline,
+                {
+                    "bandwidth": measure_bandwidth,
+                    "prefill": lambda: _prefill_tps(model, prompt),
+                    "decode1": lambda: _baseline_decode(model, short, 1),
+                    "decode8": lambda: _baseline_decode(model, prompt, SAMPLES),
+                    "ttft": lambda: _chat_ttft(model, tokenizer, plain=True),
+                },
+            ),
+            (
+                ours,
+                {
+                    "prefill": lambda: _prefill_tps(model, prompt),
+                    "decode1": lambda: _ours_decode(engine, short, 1),
+                    "decode8": lambda: _ours_decode(engine, prompt, SAMPLES),
+                    # What 8 samples gain over one of the same request: same prompt, sampling.
+                    "sampled1": lambda: _ours_decode(engine, prompt, 1, temperature=1.0),
+                    "ttft": lambda: _chat_ttft(model, tokenizer, plain=False),
+                },
+            ),
+        ]
+    )
+    bandwidth = base["bandwidth"]
+    base_prefill, ours_prefill = base["prefill"], mine["prefill"]
+    base_1, ours_1 = base["decode1"], mine["decode1"]
+    base_8, ours_8 = base["decode8"], mine["decode8"]
+    ours_1_sampled = mine["sampled1"]
+    ttft_base = {t: base[f"ttft{t}"] for t in TURNS}
+    ttft_ours = {t: mine[f"ttft{t}"] for t in TURNS}
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     torch.set_num_threads(default_threads)
 

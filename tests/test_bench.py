@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from chatcli import bench
 from chatcli.bench import matrix_params, run_bench, synthetic_model, weight_bytes_per_token
 from chatcli.checkpoint import load_model
 
@@ -41,3 +43,48 @@ def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():
     model.add_decode_weights("int8")  # one byte a weight, plus the per-row scales
     assert matrix_params(model) < weight_bytes_per_token(model) < 1.1 * matrix_params(model)
     assert tokenizer.get_vocab_size() == 65536
+
+
+def test_rounds_alternate_the_modes_and_keep_each_measures_best(monkeypatch):
+    monkeypatch.setattr(bench, "REPEATS", 3)
+    model, _ = synthetic_model("d4")
+    order: list[str] = []
+    values = {"base": iter([5.0, 9.0, 7.0]), "ours": iter([20.0, 10.0, 30.0])}
+    ttfts = iter([0.5, 0.2, 0.4])
+
+    def measure(side: str):
+        def run() -> float:
+            order.append(side)
+            return next(values[side])
+
+        return run
+
+    def ttft() -> dict[str, float]:
+        order.append("ours ttft")
+        return {"ttft1": next(ttfts)}
+
+    base, ours = bench._rounds(
+        [
+            (bench._Mode(model, 1, copies=False), {"decode": measure("base")}),
+            (bench._Mode(model, 1, copies=True), {"decode": measure("ours"), "ttft": ttft}),
+        ]
+    )
+    assert order == ["base", "ours", "ours ttft"] * 3  # every round measures both, in turn
+    assert base == {"decode": 9.0}  # the highest throughput
+    assert ours == {"decode": 30.0, "ttft1": 0.2}  # and the shortest time to first token
+
+
+def test_the_baseline_mode_sets_the_decode_copies_aside_and_puts_them_back():
+    model, _ = synthetic_model("d4")
+    model.add_decode_weights("int8")
+    copies = model.decode_weights()
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(RuntimeError), bench._Mode(model, 1, copies=False).active():
+            assert model.decode_weights() == [] and torch.get_num_threads() == 1
+            raise RuntimeError("a failing measure")
+        assert model.decode_weights() == copies  # restored, even after the failure
+        with bench._Mode(model, 1, copies=True).active():
+            assert model.decode_weights() == copies
+    finally:
+        torch.set_num_threads(threads)
