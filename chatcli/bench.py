@@ -39,6 +39,7 @@ TURNS = (1, 5, 10)
 # baseline and ours back to back, so that a slow spell of the host, which can outlast all of
 # one mode's runs, falls on both modes rather than on one.
 REPEATS = 3
+CHAT_SECONDS = 1.0  # each round's scripted chats, per mode (see _chat_ttft)
 
 
 class _SyntheticTokenizer:
@@ -177,25 +178,33 @@ def _baseline_decode(model, prompt: list[int], n: int) -> float:
 
 
 def _chat_ttft(model, tokenizer, plain: bool) -> dict[str, float]:
-    """Time to first token at given turns of one scripted chat (the same in both modes).
+    """The best time to first token at given turns of a scripted chat (the same in both
+    modes), over as many chats as fit in CHAT_SECONDS (at least one).
+
+    A small model's turn takes ~8 ms, which the host's noise moves by a third: one chat
+    a round left its turn-10 / turn-1 ratio anywhere between 1.08 and 1.49 from one bench
+    run to the next. A big model's chat takes seconds, and runs once a round.
 
     plain: the baseline's way, every turn re-prefills the whole conversation; otherwise the
     session keeps its KV cache and prefills only the new turn.
     """
     opts = SamplingOptions(temperature=0.0, top_k=None, max_tokens=12, seed=1, tools=False)
-    ttft = {}
-    session = ChatSession(model, tokenizer, opts)
-    for turn in range(1, max(TURNS) + 1):
-        # Short turns, so that ten of them fit a 512-token context without the guard
-        # dropping (and re-prefilling) anything: this measures reuse, not the guard.
-        text = f"Turn {turn}: and the fox?"
-        if plain:
-            session.cache, session.cache_tokens = None, []
-        for _ in session.send(text):
-            pass
-        if turn in TURNS:
-            ttft[f"ttft{turn}"] = session.last_reply.stats.ttft_s
-    return ttft
+    best: dict[str, float] = {}
+    t0 = time.perf_counter()
+    while not best or time.perf_counter() - t0 < CHAT_SECONDS:
+        session = ChatSession(model, tokenizer, opts)
+        for turn in range(1, max(TURNS) + 1):
+            # Short turns, so that ten of them fit a 512-token context without the guard
+            # dropping (and re-prefilling) anything: this measures reuse, not the guard.
+            text = f"Turn {turn}: and the fox?"
+            if plain:
+                session.cache, session.cache_tokens = None, []
+            for _ in session.send(text):
+                pass
+            if turn in TURNS:
+                ttft = session.last_reply.stats.ttft_s
+                best[f"ttft{turn}"] = min(best.get(f"ttft{turn}", ttft), ttft)
+    return best
 
 
 class _Mode:

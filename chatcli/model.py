@@ -14,6 +14,7 @@ C n_embd, V vocab (padded to a multiple of 64 in recent checkpoints; logits are 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -315,11 +316,39 @@ def attend(
         # A fresh sequence no longer than the window: plain causal, the fast fused kernel.
         y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=gqa)
     else:
-        i = torch.arange(q_pos, q_pos + Tq, device=q.device).unsqueeze(1)
-        j = torch.arange(k_pos, k_pos + Tk, device=q.device).unsqueeze(0)
-        mask = (j <= i) & (j >= i - window)
+        args = (q_pos, Tq, k_pos, Tk, window, q.dtype, q.device)
+        if torch.compiler.is_compiling():  # traced into the graph, not looked up
+            mask = _visible(*args, inference=False)
+        else:
+            mask = _visible_cached(*args, inference=torch.is_inference_mode_enabled())
         y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=gqa)
     return y.transpose(1, 2)
+
+
+def _visible(
+    q_pos: int,
+    Tq: int,
+    k_pos: int,
+    Tk: int,
+    window: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    inference: bool,
+) -> torch.Tensor:
+    """(Tq, Tk) additive mask: 0 where query i sees key j (i - window <= j <= i), -inf
+    elsewhere. A float mask spares the attention kernel converting a boolean one.
+    `inference` only keys the cache (a tensor made under inference_mode cannot take part
+    in autograd)."""
+    i = torch.arange(q_pos, q_pos + Tq, device=device).unsqueeze(1)
+    j = torch.arange(k_pos, k_pos + Tk, device=device).unsqueeze(0)
+    hidden = (j > i) | (j < i - window)
+    return torch.zeros(Tq, Tk, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))
+
+
+# Every layer of one forward asks for the same mask (one per window size), which costs ~7
+# small ops to build: a chat turn's chunk over 200 cached positions took 90 us per layer
+# with a boolean mask built each time, 57 with this one.
+_visible_cached = functools.lru_cache(maxsize=4)(_visible)
 
 
 class MLP(nn.Module):

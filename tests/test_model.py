@@ -11,7 +11,15 @@ import torch
 from chatcli.checkpoint import load_model
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache
-from chatcli.model import ERAS, GPT, GPTConfig, infer_era, window_sizes
+from chatcli.model import (
+    ERAS,
+    GPT,
+    GPTConfig,
+    _visible_cached,
+    attend,
+    infer_era,
+    window_sizes,
+)
 from chatcli.special_tokens import ASSISTANT_END
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
@@ -295,3 +303,31 @@ def test_stacked_qkv_copy_equals_the_three_copies_apart(kind, monkeypatch):
     assert torch.equal(stacked[0], apart[0]) and torch.equal(stacked[1], apart[1])
     model.drop_decode_weights()
     assert model.decode_weights() == []
+
+
+def test_a_chunk_attends_through_one_cached_mask_per_window():
+    # A chunk of 5 queries at positions 20..24 over keys 10..24, window 12: query i sees
+    # keys i-12..i. The mask is built once and shared by every layer asking for it.
+    _visible_cached.cache_clear()
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 5, 4, 8, generator=g)
+    k, v = torch.randn(1, 15, 2, 8, generator=g), torch.randn(1, 15, 2, 8, generator=g)
+    i = torch.arange(20, 25).unsqueeze(1)
+    j = torch.arange(10, 25).unsqueeze(0)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=(j <= i) & (j >= i - 12),
+        enable_gqa=True,
+    ).transpose(1, 2)
+    with torch.inference_mode():
+        for _ in range(3):  # three layers, one mask
+            got = attend(q, k, v, q_pos=20, k_pos=10, window=12)
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    assert _visible_cached.cache_info().misses == 1
+    assert _visible_cached.cache_info().hits == 2
+    # Out of inference mode (training), the same chunk gets a mask autograd may use.
+    qg = q.clone().requires_grad_(True)
+    attend(qg, k, v, q_pos=20, k_pos=10, window=12).sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
