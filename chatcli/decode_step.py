@@ -308,7 +308,10 @@ class DecodeStep:
             s, h = None, F.rms_norm(x, (x.size(1),))
             qkv = layer.qkv.mm(h)
         k_end = (H + Hkv) * D
-        qk = qkv[:, :k_end].view(N, H + Hkv, D)
+        # Every head of every row as one (N*(H+Hkv), D) matrix: the rope's product is then
+        # one mm, where the (N, H+Hkv, D) view of the rows' strided slice made it an
+        # expand and a batched product.
+        qk = qkv[:, :k_end].reshape(N * (H + Hkv), D)
         v = qkv[:, k_end:].view(N, Hkv, D)
         if layer.ve_table is not None:
             z = F.linear(h[:, : self.ve_channels], layer.ve_gate)
@@ -316,7 +319,8 @@ class DecodeStep:
             ve = F.embedding(idx, layer.ve_table).view(N, Hkv, D)
             v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
         qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)  # rope before the norm
-        return (self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)), v
+        qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
+        return qk.view(N, H + Hkv, D), v
 
     def _qk_norm(self, qk: torch.Tensor) -> torch.Tensor:
         D = self.head_dim
