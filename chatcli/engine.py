@@ -105,10 +105,10 @@ def _pick_decode_step(
       hundreds), falling back to the eager static step if capture fails.
     - CPU, fp32 activations: the fused step (decode_step.py), reading a big model's compact
       decode copies. A small model keeps it with --compile too: in a chat session (a
-      512-position cache) it decodes the embedded model in 2.0 ms per token, where its
-      static twin through torch.compile took 6.1 ms and the compiled module forward
-      4.3 ms (scripts/bench_decode_paths.py). A big model with --compile compiles its
-      forward instead, as asked.
+      512-position cache) it decodes the embedded model in 1.75 ms per token, where its
+      static twin through torch.compile took 5.5 ms (scripts/bench_decode_paths.py; the
+      compiled module forward took 4.3 ms against an older step's 2.0). A big model with
+      --compile compiles its forward instead, as asked.
     """
     device = model.get_device().type if hasattr(model, "get_device") else "cpu"
     if device == "cuda" and StaticDecodeStep.supports(model):
