@@ -217,19 +217,16 @@ class _Mode:
 
     @contextmanager
     def active(self) -> Iterator[None]:
+        threads = torch.get_num_threads()
         torch.set_num_threads(self.threads)
-        kept = []
-        if not self.copies:
-            for module in self.model.modules():
-                for name in ("decode_weight", "qkv_decode_weight"):
-                    if getattr(module, name, None) is not None:
-                        kept.append((module, name, getattr(module, name)))
-                        setattr(module, name, None)
         try:
-            yield
+            if self.copies:
+                yield
+            else:
+                with self.model.decode_weights_set_aside():
+                    yield
         finally:
-            for module, name, copy in kept:
-                setattr(module, name, copy)
+            torch.set_num_threads(threads)
 
 
 Measures = dict[str, Callable[[], float | dict[str, float]]]

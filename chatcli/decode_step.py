@@ -7,10 +7,10 @@ each on this CPU), not what they compute. The module-by-module forward spends ~3
 token; DecodeStep does the same arithmetic in about half as many:
 
 - q, k and v come from one product over the three matrices stacked;
-- the rotary embedding of q and k is one (H+Hkv, D) @ (D, D) product with a fixed signed
-  permutation plus one fused multiply-add, with the cos/sin rows picked once per step;
+- the rotary embedding of q and k is one (rows*(H+Hkv), D) @ (D, D) product with a fixed
+  signed permutation plus one fused multiply-add, with the cos/sin rows picked once per step;
 - the qk-norm of all heads is 4 ops on their norms, the era's qk scale folded in (fp32 on
-  the CPU; elsewhere one rms_norm whose weight carries the scale);
+  the CPU; elsewhere rms_norm, the scale its weight in fp32 or multiplied after in bf16);
 - residual adds fuse into addmm/addmv, and the scalar lambdas become Python floats;
 - every RMSNorm that feeds a matrix is folded into the product after it: at batch 1 as a
   scalar read on the host (see _one_row), for several rows as their (N, 1) scales
@@ -73,11 +73,13 @@ class _Matrix:
     stacked copy costs little memory and saves ops, which is what a small model's step is
     made of). With compact copies, the model's own stacked copy (the attention's
     qkv_decode_weight) or each module's (model.Linear) serves up to the copy's max_rows
-    rows, the fp32 weights more, so no weight or copy is duplicated here.
+    rows, the fp32 weights more, so no compact copy is duplicated here.
 
-    A small matrix on the CPU also keeps a transposed copy (in, out): there, rows @ W.T
+    A small matrix on the CPU also keeps a transposed copy (in, out), taken when the step
+    is built, as the stacked one is (a step reads the weights it was built from): rows @ W.T
     read it faster than the (out, in) weight, and so does one row when the output is the
-    wider side; `mv` keeps the (out, in) weight where the input is (c_proj of the MLP).
+    wider side; `mv` keeps the (out, in) weight where the input is the wider side (the
+    MLP's c_proj).
     BLAS's gemv over (out, in) rows takes one short dot product per output, where over
     (in, out) it accumulates whole output rows at full vector width. One run of
     `python scripts/bench_decode_paths.py layouts` (embedded model, weights from memory, us
@@ -122,7 +124,7 @@ class _Matrix:
 
     @property
     def _plain(self) -> bool:
-        """Whether the products read fp32 weights here (else the modules or their copies)."""
+        """Whether the products read the weights kept here (else the modules or copies)."""
         return self.weight is not None or self.weight_t is not None
 
     @_on_product_threads
@@ -166,7 +168,7 @@ class _Matrix:
 
     @_on_product_threads
     def _fused_addmv(self, x: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
-        if self.vector_from_t:
+        if self.vector_from_t:  # none of nanochat's (attention's c_proj is square)
             return torch.addmm(x.view(1, -1), v.view(1, -1), self.weight_t, alpha=alpha).view(-1)
         return torch.addmv(x, self.weight, v, alpha=alpha)
 
@@ -260,9 +262,11 @@ class DecodeStep:
         # must see the rows normalised, as the module forward gives them.
         self.lean = self.wte.dtype == torch.float32 and self.wte.device.type == "cpu"
         self.fold_norms = self.lean and not has_decode_copies(model)
-        self._eps_scaled: dict[float, torch.Tensor] = {}
-        self._qk_inv = 1.0 / (self.head_dim * self.qk_scale**2)
-        self._qk_eps = torch.tensor(self._eps / self.qk_scale**2, dtype=self.wte.dtype)
+        # eps times the squared divisors _row_scales is asked for: 1, the qk scale, the softcap
+        self._eps_scaled = {
+            t: torch.tensor(self._eps * t * t, dtype=self.wte.dtype)
+            for t in (1.0, 1.0 / self.qk_scale, self.softcap)
+        }
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
@@ -331,21 +335,19 @@ class DecodeStep:
 
     def _qk_norm_lean(self, qk: torch.Tensor) -> torch.Tensor:
         """_qk_norm in 4 ops where F.rms_norm dispatches ~9 on the CPU (pow, sum, div,
-        add, rsqrt, mul, weight, casts): every head times rsqrt((|x|^2/D + eps) / scale^2),
-        which is the head's RMSNorm times the era's qk scale. In place: qk is a temporary."""
-        n = torch.linalg.vector_norm(qk, dim=-1, keepdim=True)
-        return qk.mul_(torch.addcmul(self._qk_eps, n, n, value=self._qk_inv).rsqrt_())
+        add, rsqrt, mul, weight, casts): every head's RMSNorm scale divided by 1/qk_scale.
+        In place: qk is a temporary."""
+        return qk.mul_(self._row_scales(qk, times=1.0 / self.qk_scale))
 
     def _row_scales(self, x: torch.Tensor, times: float = 1.0) -> torch.Tensor:
-        """(N, 1) per-row RMSNorm scales of rows x (N, C), divided by `times`:
-        1 / (times * sqrt(mean(x^2) + eps)). rms_norm(x) @ W.T = scales * (x @ W.T), so a
-        norm feeding a product costs 3 ops on its (N, 1) scales instead of ~8 on x."""
+        """(..., 1) RMSNorm scales of x's last dimension, divided by `times` (1, 1/qk_scale
+        or the softcap): 1 / (times * sqrt(mean(x^2) + eps)). rms_norm(x) @ W.T =
+        scales * (x @ W.T), so a norm feeding a product costs 3 ops on its scales instead of
+        ~8 on x."""
         n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        t2 = times * times
-        eps = self._eps_scaled.get(t2)
-        if eps is None:
-            eps = self._eps_scaled[t2] = torch.tensor(self._eps * t2, dtype=x.dtype)
-        return torch.addcmul(eps, n, n, value=t2 / x.size(1)).rsqrt_()
+        return torch.addcmul(
+            self._eps_scaled[times], n, n, value=times * times / x.size(-1)
+        ).rsqrt_()
 
     def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         # (positions, D) tables with cos/sin repeated over both halves, from the model's own

@@ -59,9 +59,11 @@ def _module_at(revision: str) -> ModuleType:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--against", required=True, help="git revision to compare with")
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=12, help="at least 2 (for quartiles)")
     parser.add_argument("--model", default=None, help="checkpoint (default: the embedded one)")
     args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2: the quartiles need two ratios")
     torch.set_num_threads(1)
     model, tokenizer, _ = load_model(args.model, device="cpu")
     engine = Engine(model, tokenizer)

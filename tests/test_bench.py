@@ -10,6 +10,7 @@ import torch
 from chatcli import bench
 from chatcli.bench import matrix_params, run_bench, synthetic_model, weight_bytes_per_token
 from chatcli.checkpoint import load_model
+from tests.test_model import _random_model
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference" / "E"
 
@@ -47,7 +48,7 @@ def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():
 
 def test_rounds_alternate_the_modes_and_keep_each_measures_best(monkeypatch):
     monkeypatch.setattr(bench, "REPEATS", 3)
-    model, _ = synthetic_model("d4")
+    model = _random_model("E")
     order: list[str] = []
     values = {"base": iter([5.0, 9.0, 7.0]), "ours": iter([20.0, 10.0, 30.0])}
     ttfts = iter([0.5, 0.2, 0.4])
@@ -74,17 +75,18 @@ def test_rounds_alternate_the_modes_and_keep_each_measures_best(monkeypatch):
     assert ours == {"decode": 30.0, "ttft1": 0.2}  # and the shortest time to first token
 
 
-def test_the_baseline_mode_sets_the_decode_copies_aside_and_puts_them_back():
-    model, _ = synthetic_model("d4")
+def test_the_baseline_mode_sets_the_decode_copies_aside_and_puts_everything_back():
+    model = _random_model("E")
     model.add_decode_weights("int8")
     copies = model.decode_weights()
+    assert copies
     threads = torch.get_num_threads()
-    try:
-        with pytest.raises(RuntimeError), bench._Mode(model, 1, copies=False).active():
-            assert model.decode_weights() == [] and torch.get_num_threads() == 1
-            raise RuntimeError("a failing measure")
-        assert model.decode_weights() == copies  # restored, even after the failure
-        with bench._Mode(model, 1, copies=True).active():
-            assert model.decode_weights() == copies
-    finally:
-        torch.set_num_threads(threads)
+    target = 2 if threads == 1 else 1
+    with pytest.raises(RuntimeError), bench._Mode(model, target, copies=False).active():
+        assert model.decode_weights() == [] and torch.get_num_threads() == target
+        raise RuntimeError("a failing measure")
+    # restored, even after the failure: the copies and the caller's threads
+    assert model.decode_weights() == copies and torch.get_num_threads() == threads
+    with bench._Mode(model, target, copies=True).active():
+        assert model.decode_weights() == copies
+    assert torch.get_num_threads() == threads

@@ -327,7 +327,11 @@ def test_a_chunk_attends_through_one_cached_mask_per_window():
             torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     assert _visible_cached.cache_info().misses == 1
     assert _visible_cached.cache_info().hits == 2
-    # Out of inference mode (training), the same chunk gets a mask autograd may use.
+    # Out of inference mode (training), the same chunk gets a mask of its own, which
+    # autograd may keep: one made under inference_mode may not take part in backward.
     qg = q.clone().requires_grad_(True)
     attend(qg, k, v, q_pos=20, k_pos=10, window=12).sum().backward()
     assert qg.grad is not None and torch.isfinite(qg.grad).all()
+    assert _visible_cached.cache_info().misses == 2
+    mask = _visible_cached(20, 5, 10, 15, 12, q.dtype, q.device, False)
+    assert not mask.is_inference()
