@@ -14,12 +14,10 @@ best time per step and the median and quartiles of the rounds' new/old ratios.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
@@ -47,12 +45,9 @@ def _module_at(revision: str) -> ModuleType:
         capture_output=True,
         text=True,
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "decode_step_then.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("decode_step_then", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
+    module = ModuleType("decode_step_then")
+    sys.modules[module.__name__] = module  # its dataclasses look their module up there
+    exec(compile(source, f"{revision}:chatcli/decode_step.py", "exec"), module.__dict__)
     return module
 
 
