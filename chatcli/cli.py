@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from chatcli.errors import ChatcliError
+from chatcli.openmp_wait import choose_openmp_wait
 from chatcli.settings import (
     SETTING_NAMES,
     Settings,
@@ -531,7 +532,7 @@ def bare_resume_means_last(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    # OpenMP threads that spin while waiting make every op 10-60x slower as soon as another
-    # process is busy on the same cores (measured; see docs): wait passively instead.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # Before torch loads: OpenMP threads spin a bounded while between parallel regions,
+    # rather than sleeping (a wake per product) or spinning ~3 ms (openmp_wait.py).
+    choose_openmp_wait()
     app(args=bare_resume_means_last(sys.argv[1:]), prog_name="chatcli")

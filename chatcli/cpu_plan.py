@@ -4,12 +4,17 @@ Owns: the decision and applying it. Measured on 2-core machines (docs/performanc
 `chatcli bench`): a small model is dispatch-bound, and a second OpenMP thread only adds a
 fork/join to every tiny op, so it decodes faster on one thread; a large model is
 bandwidth-bound, so it gets both threads and its matrices in bf16 (half the bytes per token).
-Knows nothing about generation itself.
+Also owns ThreadChoice: whether a big model's products run on every core or on one, chosen
+while it decodes by the measured step time, since a second thread that must wait for a core
+another process holds costs more than it gives (openmp_wait.py). Knows nothing about
+generation itself.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -40,3 +45,61 @@ def apply_cpu_plan(model: torch.nn.Module) -> CpuPlan | None:
     plan = plan_for(model)
     torch.set_num_threads(plan.threads)
     return plan
+
+
+class ThreadChoice:
+    """Which of two thread counts a repeated piece of work (a decode step) runs on, chosen
+    by its measured time.
+
+    Runs on `preferred` and, after `first_probe` runs and then every `probe_every`, on
+    `other` for `probe_len` runs; switches when the best of those beats the median of the
+    last `window` runs on the current count by `margin`. So it settles within a few steps,
+    follows a change of load (another process taking a core, or leaving it) within
+    `probe_every`, and a probe of the slower count costs at most probe_len/probe_every of
+    the time. Call `threads()` before each run and `record()` with its time after.
+    """
+
+    def __init__(
+        self,
+        preferred: int,
+        other: int = 1,
+        *,
+        first_probe: int = 4,
+        probe_every: int = 64,
+        probe_len: int = 1,
+        window: int = 8,
+        margin: float = 0.05,
+    ) -> None:
+        if probe_len < 1 or first_probe < 1 or probe_every < 1:
+            raise ValueError("probe_len, first_probe and probe_every must be at least 1")
+        self.current, self.other = preferred, other
+        self.first_probe, self.probe_every = first_probe, probe_every
+        self.probe_len, self.margin = probe_len, margin
+        self._recent: deque[float] = deque(maxlen=window)
+        self._probe: list[float] = []
+        self._runs_since_probe = 0
+        self._probed = False
+        self._probing = False
+
+    def threads(self) -> int:
+        """The thread count the next run should use."""
+        return self.other if self._probing else self.current
+
+    def record(self, seconds: float) -> None:
+        """The time of the run just made on `threads()`."""
+        if not self._probing:
+            self._recent.append(seconds)
+            self._runs_since_probe += 1
+            due = self.probe_every if self._probed else self.first_probe
+            self._probing = self.current != self.other and self._runs_since_probe >= due
+            return
+        self._probe.append(seconds)
+        if len(self._probe) < self.probe_len:
+            return
+        # The best of the probe: its first run may pay for waking the other count's threads.
+        if min(self._probe) < statistics.median(self._recent) * (1.0 - self.margin):
+            self.current, self.other = self.other, self.current
+            self._recent.clear()
+            self._recent.append(min(self._probe))
+        self._probe.clear()
+        self._probing, self._probed, self._runs_since_probe = False, True, 0

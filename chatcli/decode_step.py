@@ -27,12 +27,14 @@ StaticDecodeStep is the same step with shapes fixed by the cache, which a CUDA g
 The Engine picks a form (engine._pick_decode_step): the fused step for an fp32 model on the
 CPU, the CUDA graph on a GPU. A big CPU model is bandwidth-bound, and its fused step reads
 the compact decode copies (quantize.py) its modules keep; halving its ops still matters
-there, as each op on two threads pays a fork/join.
+there, as each op on two threads pays a fork/join. So its products run on the caller's
+threads (or on one, where a second does not pay: cpu_plan.ThreadChoice) and the rest on one.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from chatcli.cpu_plan import SMALL_MODEL_PARAMS
+from chatcli.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model import GPT, SMEAR_CHANNELS, Attention, attend_shared, through_copy
 from chatcli.quantize import DecodeWeight
@@ -255,6 +257,7 @@ class DecodeStep:
         # attention call went from 56 to 450 us on this CPU, d20's int8 step from 45 to
         # 90 ms). So its products run on the caller's threads and everything else on one.
         self.split_threads = model.num_params() >= SMALL_MODEL_PARAMS
+        self._thread_choices: dict[tuple[int, int], ThreadChoice] = {}
         self._eps = torch.finfo(self.wte.dtype).eps  # F.rms_norm's default
         # fp32 on the CPU: the qk-norm in 4 ops (_qk_norm_lean), and sample rows fold each
         # RMSNorm into a per-row scale (_row_scales), but only where the products read fp32:
@@ -362,17 +365,29 @@ class DecodeStep:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         """ids (N, 1), one token per cache row -> float32 logits (N, vocab_size)."""
-        threads = torch.get_num_threads() if self.split_threads else 1
-        if self.matrices[0].threads != threads:  # the caller's count may change between calls
-            for m in self.matrices:
-                m.threads = threads
-        if threads == 1:
+        caller = torch.get_num_threads()  # the caller's count may change between calls
+        if not self.split_threads or caller == 1:
+            self._set_product_threads(1)
             return self._step(ids, cache)
+        # The products' count: the caller's, or one while a second thread does not pay
+        # (another process busy on the cores; openmp_wait.py), measured per row count.
+        choice = self._thread_choices.get((ids.size(0), caller))
+        if choice is None:
+            choice = self._thread_choices[(ids.size(0), caller)] = ThreadChoice(caller)
+        self._set_product_threads(choice.threads())
         torch.set_num_threads(1)
         try:
-            return self._step(ids, cache)
+            t0 = time.perf_counter()
+            logits = self._step(ids, cache)
+            choice.record(time.perf_counter() - t0)
+            return logits
         finally:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(caller)
+
+    def _set_product_threads(self, threads: int) -> None:
+        if self.matrices[0].threads != threads:
+            for m in self.matrices:
+                m.threads = threads
 
     def _step(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         H, D = self.n_head, self.head_dim

@@ -15,6 +15,7 @@ caches flushed before every pass so the weights come from memory as they do in a
 measurements behind decode_step._Matrix's choice of layout.
 """
 
+# ruff: noqa: E402 (OpenMP's wait is chosen before torch is imported)
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,9 @@ import os
 import time
 from collections.abc import Callable
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its threads
+from chatcli.openmp_wait import choose_openmp_wait
+
+choose_openmp_wait()  # before torch starts its threads, as the CLI does
 
 import torch
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from chatcli.checkpoint import load_model
+from chatcli.cpu_plan import ThreadChoice
 from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, WithFallback
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache, SharedPrefixCache
@@ -360,3 +361,33 @@ def test_a_big_matrix_keeps_no_transposed_copy(monkeypatch):
     for m in step.matrices:
         assert m.weight_t is None and not m.vector_from_t
     assert step.layers[0].qkv.weight is None  # nor a stacked copy: one product per module
+
+
+def test_a_big_models_products_follow_the_measured_thread_choice(monkeypatch):
+    monkeypatch.setattr("chatcli.decode_step.SMALL_MODEL_PARAMS", 0)  # pretend it is big
+    model = _random_model("E")
+    model.add_decode_weights("int8")
+    step = DecodeStep(model)
+    copy = step.layers[0].fc.copies[0]
+    matvec, seen = copy.matvec, []
+
+    def spy_matvec(x):
+        seen.append(torch.get_num_threads())
+        return matvec(x)
+
+    monkeypatch.setattr(copy, "matvec", spy_matvec)
+    # As if one thread had been measured faster: one run on it, then a probe of two.
+    choice = ThreadChoice(1, 2, first_probe=1)
+    step._thread_choices[(1, 2)] = choice
+    cache = _cache(model)
+    model(torch.tensor([[3, 9, 27]]), kv_cache=cache)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        step(torch.tensor([[5]]), cache)
+        assert choice.threads() == 2  # the step recorded its time: the probe is due
+        step(torch.tensor([[6]]), cache)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 2]

@@ -1,0 +1,33 @@
+"""How torch's OpenMP threads wait between parallel regions: decided before torch loads.
+
+Owns: the environment libgomp reads once, when torch is imported (libgomp is the OpenMP
+runtime of PyTorch's Linux wheels, and MKL's threads run on it too). Knows nothing about
+torch, which it must not import: it runs first.
+
+Measured on this project's 2-vCPU machine, d20's int8 decode step (products on both cores):
+- A worker that sleeps as soon as a parallel region ends (OMP_WAIT_POLICY=PASSIVE) must be
+  woken for the next one, and ~80 products a token pay that wake: 47-51 ms a token, no
+  faster than one thread.
+- A worker that spins a bounded while (GOMP_SPINCOUNT) is still awake when the next product
+  starts: 30-36 ms a token.
+- Spinning costs dearly while another process is busy on the same cores (121-127 ms against
+  45-50 passive; docs/performance.md's trap, with libgomp's default of ~3 ms of spin). The
+  decode step therefore measures whether its second thread pays and drops to one thread
+  when it does not (cpu_plan.ThreadChoice); a one-thread plan (small models) never forks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+# libgomp counts ~100k spins per millisecond (its own estimate, within 5x either way): about
+# 1 ms, enough to bridge the ops between a step's products, a third of libgomp's default.
+SPIN_COUNT = 100_000
+
+
+def choose_openmp_wait(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set a bounded OpenMP spin unless the user chose a wait policy or spin count."""
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return
+    environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
