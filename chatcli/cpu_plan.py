@@ -4,10 +4,10 @@ Owns: the decision and applying it. Measured on 2-core machines (docs/performanc
 `chatcli bench`): a small model is dispatch-bound, and a second OpenMP thread only adds a
 fork/join to every tiny op, so it decodes faster on one thread; a large model is
 bandwidth-bound, so it gets both threads and its matrices in bf16 (half the bytes per token).
-Also owns ThreadChoice: whether a big model's products run on every core or on one, chosen
-while it decodes by the measured step time, since a second thread that must wait for a core
-another process holds costs more than it gives (openmp_wait.py). Knows nothing about
-generation itself.
+Also owns ThreadChoice: whether a big model's products and attention run on every core or
+on one, chosen while it decodes by the measured step time, since a second thread that must
+wait for a core another process holds costs more than it gives (openmp_wait.py). Knows
+nothing about generation itself.
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ StaticDecodeStep is the same step with shapes fixed by the cache, which a CUDA g
 The Engine picks a form (engine._pick_decode_step): the fused step for an fp32 model on the
 CPU, the CUDA graph on a GPU. A big CPU model is bandwidth-bound, and its fused step reads
 the compact decode copies (quantize.py) its modules keep; halving its ops still matters
-there, as each op on two threads pays a fork/join. So its products run on the caller's
-threads (or on one, where a second does not pay: cpu_plan.ThreadChoice) and the rest on one.
+there, as each op on two threads pays a fork/join. So its products and attention run on the
+caller's threads (or on one, where a second does not pay: cpu_plan.ThreadChoice) and the
+rest on one.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -50,19 +52,26 @@ from chatcli.quantize import DecodeWeight
 # Elements of a stacked matrix (a copy of its parts): d20's q, k and v are 4.9M (20 MB).
 STACK_AT_MOST = 1 << 20
 
+Out = TypeVar("Out")  # what an op run by _run_on returns
+
+
+def _run_on(threads: int, op: Callable[..., Out], *args: object, **kwargs: object) -> Out:
+    """op(*args, **kwargs) on `threads` threads, the step's own one restored after."""
+    if threads == 1:
+        return op(*args, **kwargs)
+    torch.set_num_threads(threads)
+    try:
+        return op(*args, **kwargs)
+    finally:
+        torch.set_num_threads(1)
+
 
 def _on_product_threads(product: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """Run a _Matrix product on its `threads`, the rest of the step staying on one."""
 
     @functools.wraps(product)
     def run(self: _Matrix, *args: torch.Tensor, **kwargs: float) -> torch.Tensor:
-        if self.threads == 1:
-            return product(self, *args, **kwargs)
-        torch.set_num_threads(self.threads)
-        try:
-            return product(self, *args, **kwargs)
-        finally:
-            torch.set_num_threads(1)
+        return _run_on(self.threads, product, self, *args, **kwargs)
 
     return run
 
@@ -253,11 +262,14 @@ class DecodeStep:
             m for layer in self.layers for m in (layer.qkv, layer.proj, layer.fc, layer.fc_proj)
         ]
         # A big CPU model's step is a few big products, which stream weights faster on every
-        # core, among hundreds of small ops, which on two threads pay a fork/join each (an
-        # attention call went from 56 to 450 us on this CPU, d20's int8 step from 45 to
-        # 90 ms). So its products run on the caller's threads and everything else on one.
+        # core, among hundreds of small ops, which on two threads pay a fork/join each (d20's
+        # int8 step went from 45 to 90 ms with every op on two, under a passive wait). So
+        # its products run on the caller's threads, and so does its attention, which
+        # streams the cache (d20 over 512 positions: 14.1 against 9.7 ms a token on one
+        # thread and two, with openmp_wait's spin); everything else runs on one.
         self.split_threads = model.num_params() >= SMALL_MODEL_PARAMS
         self._thread_choices: dict[tuple[int, int], ThreadChoice] = {}
+        self.wide_threads = 1  # the products' and attention's count (__call__ sets it)
         self._eps = torch.finfo(self.wte.dtype).eps  # F.rms_norm's default
         # fp32 on the CPU: the qk-norm in 4 ops (_qk_norm_lean), and sample rows fold each
         # RMSNorm into a per-row scale (_row_scales), but only where the products read fp32:
@@ -385,6 +397,7 @@ class DecodeStep:
             torch.set_num_threads(caller)
 
     def _set_product_threads(self, threads: int) -> None:
+        self.wide_threads = threads  # the attention's too: it streams the cache
         if self.matrices[0].threads != threads:
             for m in self.matrices:
                 m.threads = threads
@@ -478,7 +491,9 @@ class DecodeStep:
             start = max(0, pos - layer.window)
             # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path
             # (~6 ops: 290 against 190 us at d20's shapes over 300 positions).
-            y = F.scaled_dot_product_attention(
+            y = _run_on(
+                self.wide_threads,
+                F.scaled_dot_product_attention,
                 qk[:H].view(1, H, 1, D),
                 k_all[i, :1, start : pos + 1].transpose(1, 2),
                 v_all[i, :1, start : pos + 1].transpose(1, 2),
@@ -498,8 +513,8 @@ class DecodeStep:
         cap = self.softcap
         return logits.mul_(_rms_scale(x, C, eps) / cap).tanh_().mul_(cap).view(1, -1)
 
-    @staticmethod
     def _attend(
+        self,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -513,7 +528,9 @@ class DecodeStep:
         k_cache[:, pos] = k
         v_cache[:, pos] = v
         start = max(0, pos - window)
-        y = F.scaled_dot_product_attention(
+        y = _run_on(
+            self.wide_threads,
+            F.scaled_dot_product_attention,
             q.unsqueeze(2),
             k_cache[:, start : pos + 1].transpose(1, 2),
             v_cache[:, start : pos + 1].transpose(1, 2),
@@ -521,8 +538,8 @@ class DecodeStep:
         )
         return y
 
-    @staticmethod
     def _attend_shared(
+        self,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -558,7 +575,9 @@ class DecodeStep:
                 sv[:, max(0, start - P) : s + 1],
             ).view(N, H, D)
         qg = q.view(N, Hkv, r, D)
-        out_s, lse_s = _attention_with_lse(
+        out_s, lse_s = _run_on(
+            self.wide_threads,
+            _attention_with_lse,
             qg,
             sk[:, max(0, start - P) : s + 1].transpose(1, 2),
             sv[:, max(0, start - P) : s + 1].transpose(1, 2),
@@ -566,8 +585,12 @@ class DecodeStep:
         if start >= P:  # the window no longer reaches the prompt
             return out_s.reshape(N, H, D)
         qp = qg.transpose(0, 1).reshape(1, Hkv, N * r, D)
-        out_p, lse_p = _attention_with_lse(
-            qp, pk[:, start:P].transpose(1, 2), pv[:, start:P].transpose(1, 2)
+        out_p, lse_p = _run_on(
+            self.wide_threads,
+            _attention_with_lse,
+            qp,
+            pk[:, start:P].transpose(1, 2),
+            pv[:, start:P].transpose(1, 2),
         )
         out_p = out_p.view(Hkv, N, r, D).transpose(0, 1)
         lse_p = lse_p.view(Hkv, N, r).transpose(0, 1)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from chatcli import decode_step
 from chatcli.checkpoint import load_model
 from chatcli.cpu_plan import ThreadChoice
 from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, WithFallback
@@ -158,26 +159,33 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
         torch.testing.assert_close(got, want, atol=0.02, rtol=0)
 
 
-def test_a_big_models_products_run_on_the_callers_threads_and_the_rest_on_one(monkeypatch):
+def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest_on_one(
+    monkeypatch,
+):
     monkeypatch.setattr("chatcli.decode_step.SMALL_MODEL_PARAMS", 0)  # pretend it is big
     model = _random_model("E")
     model.add_decode_weights("int8")
     step = DecodeStep(model)
-    seen: dict[str, set[int]] = {"product": set(), "attention": set()}
+    seen: dict[str, set[int]] = {"product": set(), "attention": set(), "norm": set()}
     copy = step.layers[0].fc.copies[0]
     matvec = copy.matvec
     attention = torch.nn.functional.scaled_dot_product_attention
+    with_lse = decode_step._attention_with_lse
+    rms_scale = decode_step._rms_scale
 
-    def spy_matvec(x):
-        seen["product"].add(torch.get_num_threads())
-        return matvec(x)
+    def spy(kind, fn):
+        def run(*args, **kwargs):
+            seen[kind].add(torch.get_num_threads())
+            return fn(*args, **kwargs)
 
-    def spy_attention(*args, **kwargs):
-        seen["attention"].add(torch.get_num_threads())
-        return attention(*args, **kwargs)
+        return run
 
-    monkeypatch.setattr(copy, "matvec", spy_matvec)
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy_attention)
+    monkeypatch.setattr(copy, "matvec", spy("product", matvec))
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", spy("attention", attention)
+    )
+    monkeypatch.setattr(decode_step, "_attention_with_lse", spy("attention", with_lse))
+    monkeypatch.setattr(decode_step, "_rms_scale", spy("norm", rms_scale))
     before = torch.get_num_threads()
     ours, theirs = _cache(model), _cache(model)
     ids = torch.tensor([[3, 9, 27, 81]])
@@ -188,16 +196,20 @@ def test_a_big_models_products_run_on_the_callers_threads_and_the_rest_on_one(mo
         torch.set_num_threads(2)
         got = step(torch.tensor([[5]]), ours)
         assert torch.get_num_threads() == 2  # restored
+        rows = SharedPrefixCache(ours, 3, 4)
+        step(torch.tensor([[1], [2], [3]]), rows)  # sample rows: both attention calls
     finally:
         torch.set_num_threads(before)
-    assert seen == {"product": {2}, "attention": {1}}
+    # The products and the attention stream weights and cache: on every thread.
+    assert seen == {"product": {2}, "attention": {2}, "norm": {1}}
     seen["product"].clear()
+    seen["attention"].clear()
     try:
         torch.set_num_threads(1)  # the caller's count now: the products follow it
         step(torch.tensor([[6]]), ours)
     finally:
         torch.set_num_threads(before)
-    assert seen["product"] == {1}
+    assert seen["product"] == seen["attention"] == {1}
     want = model(torch.tensor([[5]]), kv_cache=theirs)[:, -1, :]
     torch.testing.assert_close(got, want, atol=0.02, rtol=0)
 
