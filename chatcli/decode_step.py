@@ -379,14 +379,14 @@ class DecodeStep:
         """ids (N, 1), one token per cache row -> float32 logits (N, vocab_size)."""
         caller = torch.get_num_threads()  # the caller's count may change between calls
         if not self.split_threads or caller == 1:
-            self._set_product_threads(1)
+            self._set_wide_threads(1)
             return self._step(ids, cache)
         # The products' count: the caller's, or one while a second thread does not pay
         # (another process busy on the cores; openmp_wait.py), measured per row count.
         choice = self._thread_choices.get((ids.size(0), caller))
         if choice is None:
             choice = self._thread_choices[(ids.size(0), caller)] = ThreadChoice(caller)
-        self._set_product_threads(choice.threads())
+        self._set_wide_threads(choice.threads())
         torch.set_num_threads(1)
         try:
             t0 = time.perf_counter()
@@ -396,8 +396,9 @@ class DecodeStep:
         finally:
             torch.set_num_threads(caller)
 
-    def _set_product_threads(self, threads: int) -> None:
-        self.wide_threads = threads  # the attention's too: it streams the cache
+    def _set_wide_threads(self, threads: int) -> None:
+        """The count the attention (wide_threads) and every product (_Matrix.threads) use."""
+        self.wide_threads = threads
         if self.matrices[0].threads != threads:
             for m in self.matrices:
                 m.threads = threads
