@@ -4,6 +4,8 @@ Owns: the decision and applying it. Measured on 2-core machines (docs/performanc
 `chatcli bench`): a small model is dispatch-bound, and a second OpenMP thread only adds a
 fork/join to every tiny op, so it decodes faster on one thread; a large model is
 bandwidth-bound, so it gets both threads and its matrices in bf16 (half the bytes per token).
+A long prefill chunk is the exception for a small model: its ops are matrix products over
+many rows, which split well, so it runs on every core (prefill_threads).
 Also owns ThreadChoice: whether a big model's products and attention run on every core or
 on one, chosen while it decodes by the measured step time, since a second thread that must
 wait for a core another process holds costs more than it gives (openmp_wait.py). Knows
@@ -15,12 +17,19 @@ from __future__ import annotations
 import os
 import statistics
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 # Below this many parameters a decode step is a few hundred microsecond-sized ops.
 SMALL_MODEL_PARAMS = 50_000_000
+# A prefill chunk of at least this many tokens runs on every core, whatever the model's size.
+# The embedded model's prefill on one thread against two (with openmp_wait's spin, best of
+# 5, six rounds): 128 tokens 15.1 against 13.3 ms, 256 28.8 against 20.5, 500 60.0 against
+# 37.5; but 64 tokens 9.2 against 9.1 and 32 6.7 against 7.4, as a chat turn's chunk is.
+WIDE_PREFILL_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -29,9 +38,18 @@ class CpuPlan:
     reason: str
 
 
-def plan_for(model: torch.nn.Module) -> CpuPlan:
+def available_cores() -> int:
+    """The cores this process may run on, at most OMP_NUM_THREADS where the user set it."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
+    limit = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if limit.isdigit() and int(limit) > 0:
+        cores = min(cores, int(limit))
+    return cores
+
+
+def plan_for(model: torch.nn.Module) -> CpuPlan:
+    cores = available_cores()
     n = sum(p.numel() for p in model.parameters())
     if n < SMALL_MODEL_PARAMS:
         return CpuPlan(1, f"{n / 1e6:.1f}M params: dispatch-bound, one thread")
@@ -45,6 +63,26 @@ def apply_cpu_plan(model: torch.nn.Module) -> CpuPlan | None:
     plan = plan_for(model)
     torch.set_num_threads(plan.threads)
     return plan
+
+
+def prefill_threads(tokens: int) -> int:
+    """The threads a CPU prefill chunk of `tokens` tokens should have at least: every core
+    for a long one, else one (the caller's count stands)."""
+    return available_cores() if tokens >= WIDE_PREFILL_TOKENS else 1
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` inside, the caller's count restored after."""
+    before = torch.get_num_threads()
+    if threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class ThreadChoice:

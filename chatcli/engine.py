@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from chatcli.calculator import format_result, use_calculator
-from chatcli.cpu_plan import SMALL_MODEL_PARAMS
+from chatcli.cpu_plan import SMALL_MODEL_PARAMS, prefill_threads, torch_threads
 from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, WithFallback
 from chatcli.errors import ContextOverflowError
 from chatcli.kv_cache import KVCache, SharedPrefixCache
@@ -145,9 +145,19 @@ class Engine:
         self.shared_prefix = getattr(model, "supports_shared_prefix", False)
 
     def forward_last(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Run ids (B, T) through the model into the cache; logits (B, V) of the last position."""
+        """Run ids (B, T) through the model into the cache; logits (B, V) of the last position.
+
+        On the CPU a long chunk (a first prompt, a rebuilt context) runs on every core even
+        where the plan keeps a small model's decode on one (cpu_plan.prefill_threads)."""
         if self.decode_step is not None and ids.size(1) == 1:
             return self.decode_step(ids, cache)
+        if ids.device.type == "cpu":
+            threads = max(torch.get_num_threads(), prefill_threads(ids.size(1)))
+            with torch_threads(threads):
+                return self._prefill(ids, cache)
+        return self._prefill(ids, cache)
+
+    def _prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         if self._last_only:
             return self._forward(ids, kv_cache=cache, last_only=True)[:, -1, :]
         return self._forward(ids, kv_cache=cache)[:, -1, :]

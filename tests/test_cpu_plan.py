@@ -72,3 +72,38 @@ def test_thread_choice_between_equal_counts_never_probes():
 def test_thread_choice_refuses_empty_probes():
     with pytest.raises(ValueError, match="at least 1"):
         ThreadChoice(2, 1, probe_len=0)
+
+
+def test_a_long_prefill_chunk_gets_every_core_and_a_short_one_the_callers(monkeypatch):
+    from chatcli.cpu_plan import WIDE_PREFILL_TOKENS, prefill_threads
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert prefill_threads(WIDE_PREFILL_TOKENS) == 4
+    assert prefill_threads(WIDE_PREFILL_TOKENS - 1) == 1  # a chat turn's chunk
+    assert prefill_threads(1) == 1
+
+
+@pytest.mark.parametrize(("setting", "cores"), [("2", 2), ("16", 4), ("", 4), ("many", 4)])
+def test_omp_num_threads_caps_the_cores_a_plan_uses(monkeypatch, setting, cores):
+    from chatcli.cpu_plan import available_cores
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", setting)
+    assert available_cores() == cores
+    monkeypatch.setattr("chatcli.cpu_plan.SMALL_MODEL_PARAMS", 10)
+    assert plan_for(torch.nn.Linear(10, 10)).threads == cores
+
+
+def test_torch_threads_sets_the_count_inside_and_restores_it_after_an_error():
+    from chatcli.cpu_plan import torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with pytest.raises(RuntimeError), torch_threads(2):
+            assert torch.get_num_threads() == 2
+            raise RuntimeError("a failing prefill")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -364,3 +364,35 @@ def test_caches_are_zeroed_only_for_steps_that_read_past_the_written_positions(m
     engine.decode_step = StaticDecodeStep(model)  # reads every position under a mask
     engine.new_cache(1, 64)
     assert calls[:2] == ["zeros", "zeros"]
+
+
+class ThreadsSeen(ScriptedModel):
+    """Records torch's thread count during every forward, by chunk length."""
+
+    def __init__(self) -> None:
+        super().__init__(uniform_bytes, sequence_len=1024)
+        self.threads: list[tuple[int, int]] = []  # (T, threads)
+
+    def forward(self, idx: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        self.threads.append((idx.size(1), torch.get_num_threads()))
+        return super().forward(idx, kv_cache)
+
+
+def test_a_long_prefill_runs_on_every_core_and_decode_stays_on_the_callers_threads(
+    monkeypatch,
+):
+    from chatcli.cpu_plan import WIDE_PREFILL_TOKENS
+
+    monkeypatch.setattr("chatcli.cpu_plan.available_cores", lambda: 3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = ThreadsSeen()
+        long_prompt = [SPECIAL_IDS[BOS]] + [ord("a")] * WIDE_PREFILL_TOKENS
+        list(Engine(model, TOK).generate(long_prompt, max_tokens=3))
+        list(Engine(model, TOK).generate(PROMPT, max_tokens=3))
+        assert torch.get_num_threads() == 1  # restored after every prefill
+    finally:
+        torch.set_num_threads(before)
+    long_len = len(long_prompt)
+    assert model.threads == [(long_len, 3), (1, 1), (1, 1), (len(PROMPT), 1), (1, 1), (1, 1)]
