@@ -39,6 +39,11 @@ TURNS = (1, 5, 10)
 # baseline and ours back to back, so that a slow spell of the host, which can outlast all of
 # one mode's runs, falls on both modes rather than on one.
 REPEATS = 3
+# Within a round, each measure repeats until this much time has passed (at least once), the
+# best kept, as timeit's autorange does: a small model's prefill is ~20 ms and its 48 decode
+# steps ~0.15 s, and with one run a round, 8 samples / one sample moved between 3.3 and 5.6
+# from one bench run to the next. A big model's measure takes longer and runs once.
+MEASURE_SECONDS = 0.5
 CHAT_SECONDS = 1.0  # each round's scripted chats, per mode (see _chat_ttft)
 
 
@@ -243,18 +248,23 @@ Measures = dict[str, Callable[[], float | dict[str, float]]]
 
 
 def _rounds(sides: list[tuple[_Mode, Measures]]) -> list[dict[str, float]]:
-    """Run every side's measures REPEATS times, the sides alternating in each round, and
-    keep each measure's best: the highest throughput, the shortest time (`ttft...`)."""
+    """Run every side's measures for REPEATS rounds, the sides alternating in each round,
+    each measure as many times as fit in MEASURE_SECONDS (at least once) a round, and keep
+    each measure's best: the highest throughput, the shortest time (`ttft...`)."""
     best: list[dict[str, float]] = [{} for _ in sides]
     for _ in range(REPEATS):
         for (mode, measures), kept in zip(sides, best, strict=True):
             with mode.active():
                 for name, measure in measures.items():
-                    value = measure()  # one number, or several from one run (a dict)
-                    items = value.items() if isinstance(value, dict) else [(name, value)]
-                    for key, v in items:
-                        better = min if key.startswith("ttft") else max
-                        kept[key] = better(kept.get(key, v), v)
+                    t0 = time.perf_counter()
+                    while True:
+                        value = measure()  # one number, or several from one run (a dict)
+                        items = value.items() if isinstance(value, dict) else [(name, value)]
+                        for key, v in items:
+                            better = min if key.startswith("ttft") else max
+                            kept[key] = better(kept.get(key, v), v)
+                        if time.perf_counter() - t0 >= MEASURE_SECONDS:
+                            break
     return best
 
 

@@ -48,6 +48,7 @@ def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():
 
 def test_rounds_alternate_the_modes_and_keep_each_measures_best(monkeypatch):
     monkeypatch.setattr(bench, "REPEATS", 3)
+    monkeypatch.setattr(bench, "MEASURE_SECONDS", 0.0)  # one run of each measure a round
     model = _random_model("E")
     order: list[str] = []
     values = {"base": iter([5.0, 9.0, 7.0]), "ours": iter([20.0, 10.0, 30.0])}
@@ -90,3 +91,37 @@ def test_the_baseline_mode_sets_the_decode_copies_aside_and_puts_everything_back
     with bench._Mode(model, target, copies=True).active():
         assert model.decode_weights() == copies
     assert torch.get_num_threads() == threads
+
+
+class _Clock:
+    """A perf_counter that a measure moves forward by the time it says it took."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_a_quick_measure_repeats_within_its_round_and_a_slow_one_runs_once(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(bench, "time", clock)
+    monkeypatch.setattr(bench, "REPEATS", 2)
+    monkeypatch.setattr(bench, "MEASURE_SECONDS", 0.5)
+    runs = {"quick": 0, "slow": 0}
+    quick_values = iter([3.0, 8.0, 4.0, 1.0, 2.0, 6.0, 5.0, 7.0])
+
+    def quick() -> float:
+        runs["quick"] += 1
+        clock.now += 0.125  # four runs fill a round's half second
+        return next(quick_values)
+
+    def slow() -> float:
+        runs["slow"] += 1
+        clock.now += 2.0
+        return float(runs["slow"])
+
+    model = _random_model("E")
+    (kept,) = bench._rounds([(bench._Mode(model, 1, copies=True), {"q": quick, "s": slow})])
+    assert runs == {"quick": 8, "slow": 2}
+    assert kept == {"q": 8.0, "s": 2.0}
