@@ -517,10 +517,12 @@ def serve(
 ) -> None:
     """Load one replica of `model` per worker and serve until interrupted.
 
-    on_ready gets {"url", "model", "devices"} once the models are loaded, just before the
-    first request can come in: the CLI's cue to say where the server is.
+    on_ready gets {"url", "model", "devices", "cpu_threads"} once the models are loaded, just
+    before the first request can come in: the CLI's cue to say where the server is.
+    cpu_threads is the CPU plan's thread count (cpu_plan.py), None off the CPU.
     """
     from chatcli.checkpoint import load_model
+    from chatcli.cpu_plan import apply_cpu_plan
 
     sock = _listen(host, port)  # fail on a taken port before minutes of model loading
     try:
@@ -530,6 +532,9 @@ def serve(
                 model, source=source, step=step, device=dev, dtype=dtype, quantize=quantize
             )
             replicas.append(Worker(m, tokenizer, name=str(i)))
+        # torch's thread count is the process's: the generation threads take it up when they
+        # start. A small model decodes fastest on one (cpu_plan), as it does in `chatcli chat`.
+        plan = apply_cpu_plan(replicas[0].engine.model)
         info = replicas[0].engine.model.info
         name = model_name or ("chatcli-default" if info.embedded else info.tag or "chatcli")
         app = create_app(replicas, limits, name)
@@ -537,7 +542,15 @@ def serve(
             shown = f"[{host}]" if ":" in host else host
             devices = [w.device for w in replicas]
             bound = sock.getsockname()[1]  # the real port when asked for 0
-            on_ready({"url": f"http://{shown}:{bound}", "model": name, "devices": devices})
+            threads = plan.threads if plan else None  # None: not a CPU model
+            on_ready(
+                {
+                    "url": f"http://{shown}:{bound}",
+                    "model": name,
+                    "devices": devices,
+                    "cpu_threads": threads,
+                }
+            )
         config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -519,6 +519,7 @@ def test_serve_loads_the_checkpoint_and_says_where_it_listens():
         info = json.loads(proc.stdout.readline())
         assert info["model"] == "d4"
         assert info["devices"] == ["cpu", "cpu"]
+        assert info["cpu_threads"] == 1  # a small model decodes on one thread, as in a chat
         assert info["url"].startswith("http://127.0.0.1:")
         assert wait_until(lambda: _answers(info["url"] + "/health"), timeout=30)
         stats = httpx.get(info["url"] + "/stats").json()
