@@ -335,3 +335,48 @@ def test_a_chunk_attends_through_one_cached_mask_per_window():
     assert _visible_cached.cache_info().misses == 2
     mask = _visible_cached(20, 5, 10, 15, 12, q.dtype, q.device, False)
     assert not mask.is_inference()
+
+
+@pytest.mark.parametrize(
+    ("rows", "threads", "weight_major"),
+    [
+        (1, 2, False),  # one row: a matrix-vector product either way
+        (2, 1, True),
+        (4, 1, True),
+        (8, 1, False),  # on one thread F.linear is as fast from 8 rows on
+        (8, 2, True),
+        (128, 2, True),
+        (129, 2, False),  # a long prefill: the transposed result's copy costs more
+    ],
+)
+def test_a_streamed_weight_takes_a_few_rows_weight_major_and_equals_f_linear(
+    monkeypatch, rows, threads, weight_major
+):
+    from chatcli.model import STREAMED_WEIGHT_NUMEL, Linear
+
+    torch.manual_seed(0)
+    layer = Linear(512, STREAMED_WEIGHT_NUMEL // 512, bias=False)
+    x = torch.randn(rows, 1, 512)  # (B, T, C): the leading dims fold into rows
+    expected = torch.nn.functional.linear(x, layer.weight)
+    calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda *a, **k: calls.append("mm") or real_mm(*a, **k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            y = layer(x)
+    finally:
+        torch.set_num_threads(before)
+    assert (calls == ["mm"]) is weight_major
+    assert y.shape == expected.shape and y.is_contiguous()
+    torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_cache_sized_weight_keeps_f_linear(monkeypatch):
+    from chatcli.model import STREAMED_WEIGHT_NUMEL, Linear
+
+    layer = Linear(256, STREAMED_WEIGHT_NUMEL // 256 - 1, bias=False)
+    monkeypatch.setattr(torch, "mm", lambda *a, **k: pytest.fail("a small weight took mm"))
+    with torch.no_grad():
+        assert layer(torch.randn(8, 256)).shape == (8, STREAMED_WEIGHT_NUMEL // 256 - 1)
