@@ -46,7 +46,15 @@ import torch.nn.functional as F
 
 from chatcli.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice
 from chatcli.kv_cache import KVCache, SharedPrefixCache
-from chatcli.model import GPT, SMEAR_CHANNELS, Attention, attend_shared, through_copy
+from chatcli.model import (
+    GPT,
+    SMEAR_CHANNELS,
+    Attention,
+    attend_shared,
+    linear,
+    through_copy,
+    weight_major,
+)
 from chatcli.quantize import DecodeWeight
 
 # Elements of a stacked matrix (a copy of its parts): d20's q, k and v are 4.9M (20 MB).
@@ -152,8 +160,8 @@ class _Matrix:
         """(N, C) -> (N, out)."""
         if self.weight_t is not None:
             return x @ self.weight_t
-        if self.weight is not None:
-            return F.linear(x, self.weight)
+        if self.weight is not None:  # a big fp32 matrix read where it is (model.linear)
+            return linear(x, self.weight)
         return self._by_module(x)
 
     def _by_module(self, x: torch.Tensor) -> torch.Tensor:
@@ -187,6 +195,8 @@ class _Matrix:
     def _fused_addmm(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.weight_t is not None:
             return torch.addmm(x, y, self.weight_t)
+        if weight_major(self.weight, y.size(0)):  # decided on the product's threads
+            return torch.add(x, linear(y, self.weight))
         return torch.addmm(x, y, self.weight.t())
 
 

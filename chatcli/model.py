@@ -133,31 +133,7 @@ class Linear(nn.Linear):
             y = through_copy(self.decode_weight, x)
             if y is not None:
                 return y
-        if self._weight_major(x):
-            rows = x.reshape(-1, x.size(-1))
-            y = torch.mm(self.weight, rows.t()).t().contiguous()
-            return y.view(*x.shape[:-1], -1)
-        return F.linear(x, self.weight)
-
-    def _weight_major(self, x: torch.Tensor) -> bool:
-        """Whether rows go through the weight as W @ x.T (the weight as MKL's left operand)
-        rather than x @ W.T (F.linear): faster for a few to a hundred rows through a weight
-        that streams from memory, as in sample rows and a chat turn's chunk.
-
-        Measured on d20's shapes (5120x1280 and the like), two threads, best of 6 in ABBA
-        rounds: a decode step of 8 sample rows 245 against 320 ms, a chunk of 8 tokens over
-        a 512-token cache 216 against 284, of 48 tokens 447 against 677, of 128 997 against
-        1046, but of 512 3463 against 3180 (the products alone: 700 against 786 ms, so the
-        transposed result's copy decides it). On one thread 2 rows took 51 against 65 ms but
-        8 rows 107 against 96. The embedded model's small matrices, which stay in the caches,
-        show no difference either way (0.8-1.1x), so they keep F.linear."""
-        w = self.weight
-        if w.device.type != "cpu" or w.dtype != torch.float32 or w.numel() < STREAMED_WEIGHT_NUMEL:
-            return False
-        rows = x.numel() // x.size(-1)
-        if not 2 <= rows <= WEIGHT_MAJOR_ROWS:
-            return False
-        return rows <= 4 or torch.get_num_threads() > 1
+        return linear(x, self.weight)
 
 
 def through_copy(w: DecodeWeight, x: torch.Tensor) -> torch.Tensor | None:
@@ -168,6 +144,34 @@ def through_copy(w: DecodeWeight, x: torch.Tensor) -> torch.Tensor | None:
     if rows <= w.max_rows:  # a few sample rows, where int8 still wins
         return w.matmul(x.reshape(rows, -1)).view(*x.shape[:-1], -1)
     return None
+
+
+def weight_major(weight: torch.Tensor, rows: int) -> bool:
+    """Whether `rows` rows go through `weight` as W @ x.T (the weight as MKL's left operand)
+    rather than x @ W.T (F.linear): faster for a few to a hundred rows through a weight
+    that streams from memory, as in sample rows and a chat turn's chunk.
+
+    Measured on d20's shapes (5120x1280 and the like), two threads, best of 6 in ABBA
+    rounds: a decode step of 8 sample rows 245 against 320 ms, a chunk of 8 tokens over
+    a 512-token cache 216 against 284, of 48 tokens 447 against 677, of 128 997 against
+    1046, but of 512 3463 against 3180 (the products alone: 700 against 786 ms, so the
+    transposed result's copy decides it). On one thread 2 rows took 51 against 65 ms but
+    8 rows 107 against 96. The embedded model's small matrices, which stay in the caches,
+    show no difference either way (0.8-1.1x), so they keep F.linear."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return False
+    if weight.numel() < STREAMED_WEIGHT_NUMEL or not 2 <= rows <= WEIGHT_MAJOR_ROWS:
+        return False
+    return rows <= 4 or torch.get_num_threads() > 1
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (..., in) @ weight.T, weight-major where that is the faster way (weight_major)."""
+    rows = x.numel() // x.size(-1)
+    if weight_major(weight, rows):
+        y = torch.mm(weight, x.reshape(rows, -1).t()).t().contiguous()
+        return y.view(*x.shape[:-1], -1)
+    return F.linear(x, weight)
 
 
 def embedding(num: int, dim: int) -> nn.Embedding:

@@ -403,3 +403,31 @@ def test_a_big_models_products_follow_the_measured_thread_choice(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert seen == [1, 2]
+
+
+def test_a_big_fp32_matrix_takes_sample_rows_weight_major_on_the_products_threads(monkeypatch):
+    from chatcli.decode_step import _Matrix
+    from chatcli.model import Linear
+
+    torch.manual_seed(0)
+    layer = Linear(1024, 1040, bias=False)  # 4 MB: no transposed copy, read where it is
+    matrix = _Matrix([layer])
+    assert matrix.weight is not None and matrix.weight_t is None
+    matrix.threads = 2
+    seen = []
+    real_mm = torch.mm
+    monkeypatch.setattr(
+        torch, "mm", lambda *a, **k: seen.append(torch.get_num_threads()) or real_mm(*a, **k)
+    )
+    x, residual = torch.randn(8, 1024), torch.randn(8, 1040)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the step's own count; the products take theirs
+    try:
+        with torch.no_grad():
+            y, z = matrix.mm(x), matrix.addmm(residual, x)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [2, 2]
+    expected = torch.nn.functional.linear(x, layer.weight)
+    torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(z, residual + expected, atol=1e-5, rtol=1e-5)
