@@ -22,7 +22,7 @@ import torch
 
 from chatcli.baseline import baseline_generate
 from chatcli.checkpoint import LARGE_MODEL_MATRIX_PARAMS
-from chatcli.cpu_plan import apply_cpu_plan
+from chatcli.cpu_plan import apply_cpu_plan, torch_threads
 from chatcli.engine import Engine, GenerationStats
 from chatcli.model import ERAS, GPT, GPTConfig, Linear
 from chatcli.quantize import QUANTIZE_KINDS
@@ -232,16 +232,12 @@ class _Mode:
 
     @contextmanager
     def active(self) -> Iterator[None]:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
+        with torch_threads(self.threads):
             if self.copies:
                 yield
             else:
                 with self.model.decode_weights_set_aside():
                     yield
-        finally:
-            torch.set_num_threads(threads)
 
 
 Measures = dict[str, Callable[[], float | dict[str, float]]]
