@@ -25,7 +25,7 @@ from chatcli.checkpoint import LARGE_MODEL_MATRIX_PARAMS
 from chatcli.cpu_plan import apply_cpu_plan, torch_threads
 from chatcli.engine import Engine, GenerationStats
 from chatcli.model import ERAS, GPT, GPTConfig, Linear
-from chatcli.quantize import QUANTIZE_KINDS
+from chatcli.quantize import QUANTIZE_KINDS, default_half_kind
 from chatcli.session import ChatSession, SamplingOptions
 from chatcli.special_tokens import SPECIAL_TOKENS
 
@@ -303,8 +303,9 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     """The baseline (eager fp32, default threads) against ours (the CPU plan applied, and
     the decode copies `precision` asks for), in alternating rounds (_rounds).
 
-    precision: the decode weights ours reads: auto (bf16 copies for large models, else the
-    fp32 weights), float32, or a quantize.QUANTIZE_KINDS format for any model.
+    precision: the decode weights ours reads: auto (for large models the 16-bit copies the
+    loader gives them, quantize.default_half_kind; else the fp32 weights), float32, or a
+    quantize.QUANTIZE_KINDS format for any model.
     """
     torch.manual_seed(0)
     model.drop_decode_weights()  # the baseline reads fp32, whatever the loader added
@@ -327,7 +328,7 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     fp32_identical = _greedy_tokens(ours_greedy, tokenizer) == reference
     decode_kind = precision if precision in QUANTIZE_KINDS else None
     if precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS:
-        decode_kind = "bfloat16"
+        decode_kind = default_half_kind()
     if decode_kind is not None:
         model.add_decode_weights(decode_kind)
         engine = Engine(model, tokenizer)  # decides its decode path for these weights

@@ -21,7 +21,7 @@ import torch
 
 from chatcli.errors import CheckpointError, TokenizerError
 from chatcli.model import GPT, GPTConfig, infer_architecture
-from chatcli.quantize import QUANTIZE_KINDS
+from chatcli.quantize import default_half_kind
 from chatcli.tokenizer import Tokenizer
 
 SOURCES = {
@@ -85,11 +85,11 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-# Above this many matrix weights, CPU decode is bandwidth-bound: weight-only bf16 halves the
+# Above this many matrix weights, CPU decode is bandwidth-bound: a 16-bit copy halves the
 # bytes read per token (performance.md: d20 fp32 ~11 tok/s, bf16 mv ~2x that).
 LARGE_MODEL_MATRIX_PARAMS = 100_000_000
-# What --quantize takes when loading (bf16 copies come with --dtype, not --quantize).
-QUANTIZE_CHOICES = ("none", *QUANTIZE_KINDS[1:])
+# What --quantize takes when loading (16-bit copies come by default or with --dtype).
+QUANTIZE_CHOICES = ("none", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,9 @@ def pick_precision(
     device: torch.device, dtype: str = "auto", matrix_params: int = 0, quantize: str = "none"
 ) -> Precision:
     """bf16 end to end on CUDA; on CPU fp32, plus a compact copy of the matrices for the
-    batch-1 decode of large models: bf16 by default (1.5x the memory of fp32), or int8/int4
-    when asked for (quantize), whatever the size.
+    batch-1 decode of large models (1.5x the memory of fp32): 16-bit by default, fp16 where
+    it reads faster (quantize.default_half_kind) else bf16, and bf16 when dtype says so; or
+    int8/int4 when asked for (quantize), whatever the size.
 
     Small models keep fp32 weights on CPU: they are dispatch-bound, not bandwidth-bound, and
     fp32 keeps their greedy output identical to the reference.
@@ -134,8 +135,10 @@ def pick_precision(
         return Precision(torch.float32)
     if device.type != "cpu":  # MPS: decode copies are a CPU kernel choice
         return Precision(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
-    if dtype == "bfloat16" or matrix_params > LARGE_MODEL_MATRIX_PARAMS:
+    if dtype == "bfloat16":
         return Precision(torch.float32, "bfloat16")
+    if matrix_params > LARGE_MODEL_MATRIX_PARAMS:
+        return Precision(torch.float32, default_half_kind())
     return Precision(torch.float32)
 
 

@@ -445,7 +445,9 @@ def bench(
     ] = None,
     quantize: Annotated[
         str,
-        typer.Option(help="Decode weights for ours: auto, float32, bfloat16, int8 or int4."),
+        typer.Option(
+            help="Decode weights for ours: auto, float32, float16, bfloat16, int8 or int4."
+        ),
     ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:

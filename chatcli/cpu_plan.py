@@ -3,7 +3,8 @@
 Owns: the decision and applying it. Measured on 2-core machines (docs/performance.md and
 `chatcli bench`): a small model is dispatch-bound, and a second OpenMP thread only adds a
 fork/join to every tiny op, so it decodes faster on one thread; a large model is
-bandwidth-bound, so it gets both threads and its matrices in bf16 (half the bytes per token).
+bandwidth-bound, so it gets both threads and a 16-bit copy of its matrices (half the bytes
+per token).
 A long prefill chunk is the exception for a small model: its ops are matrix products over
 many rows, which split well, so it runs on every core (prefill_threads).
 Also owns ThreadChoice: whether a big model's products and attention run on every core or

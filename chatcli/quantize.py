@@ -5,6 +5,13 @@ copy. Batch-1 decode of a big model is bandwidth-bound (docs/performance.md): th
 token is the bytes of weights read, so a copy in fewer bytes is a faster token, at some cost in
 accuracy that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
 
+- float16: half the bytes, rounded 8x closer than bf16 (11 bits of mantissa against 8). x86
+  CPUs with AVX2 convert it in hardware (F16C), where bf16 takes shifts: d20's matrices
+  stream 5-15% faster than in bf16 (`python scripts/bench_decode_paths.py kernels`, rounds
+  alternating). torch.mv takes its input and gives its output in fp16, whose range (65504)
+  the MLP's squared activations can pass, so each product divides its input by its largest
+  magnitude first and multiplies the output back: no input above 1, and no output above the
+  sum of a row's weight magnitudes.
 - bfloat16: half the bytes; exact products of rounded weights (torch.mv).
 - int8: a quarter; one symmetric scale per output row. On x86 the product is fbgemm's dynamic
   int8 linear: each call also rounds its activations to 7-bit integers (one scale and offset
@@ -25,10 +32,12 @@ from typing import Protocol
 
 import torch
 
-QUANTIZE_KINDS = ("bfloat16", "int8", "int4")
+# From the most bits to the fewest.
+QUANTIZE_KINDS = ("float16", "bfloat16", "int8", "int4")
 INT4_GROUP_SIZE = 128
 _INT4_INNER_K_TILES = 8
 _INT4_OUTPUT_TILE = 16
+_TINY = torch.finfo(torch.float32).tiny
 
 
 class DecodeWeight(Protocol):
@@ -45,6 +54,23 @@ class DecodeWeight(Protocol):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """(M, K) -> (M, N) in x's dtype, for M <= max_rows."""
         ...
+
+
+class Fp16Weight:
+    max_rows = 1
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight.detach().to(torch.float16).contiguous()
+        self.nbytes = self.weight.numel() * 2
+
+    def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        # An all-zero input divides by the smallest normal float, not by zero.
+        top = torch.linalg.vector_norm(x, float("inf")).clamp_min_(_TINY)
+        y = torch.mv(self.weight, torch.div(x, top).to(torch.float16))
+        return y.to(x.dtype).mul_(top)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matvec(x.view(-1)).view(1, -1)
 
 
 class Bf16Weight:
@@ -148,6 +174,8 @@ class Int4Weight:
 
 def make_decode_weight(weight: torch.Tensor, kind: str) -> DecodeWeight:
     """A compact copy of `weight` (N, K) in `kind` (one of QUANTIZE_KINDS)."""
+    if kind == "float16":
+        return Fp16Weight(weight)
     if kind == "bfloat16":
         return Bf16Weight(weight)
     if kind == "int8":
@@ -155,6 +183,13 @@ def make_decode_weight(weight: torch.Tensor, kind: str) -> DecodeWeight:
     if kind == "int4":
         return Int4Weight(weight)
     raise ValueError(f"unknown weight format {kind!r}; use one of {', '.join(QUANTIZE_KINDS)}")
+
+
+def default_half_kind() -> str:
+    """The 16-bit copy a big model's batch-1 decode reads by default on this CPU: fp16 where
+    it was measured faster than bf16 (x86 with AVX2, whose F16C converts it), else bf16,
+    which CPUs with native bf16 arithmetic (AVX512-BF16, ARM) multiply directly."""
+    return "float16" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "bfloat16"
 
 
 def supports(weight: torch.Tensor, kind: str) -> bool:

@@ -1,14 +1,16 @@
 """Time the pieces behind `chatcli bench`'s decode numbers (a benchmark, not a test).
 
     python scripts/bench_decode_paths.py steps    # one model: module forward, fused, compiled
-    python scripts/bench_decode_paths.py kernels  # d20-shaped matrices: fp32/bf16/int8/int4
+    python scripts/bench_decode_paths.py kernels  # d20-shaped matrices: fp32/bf16/int8/int4/fp16
     python scripts/bench_decode_paths.py layouts  # one model's matrices: (out, in) or (in, out)
 
 `steps` decodes 48 greedy tokens from a fixed prompt through Engine.generate with each decode
 path of one model (default: the embedded one) and prints milliseconds per token, best of three,
 and whether the greedy tokens are identical. `kernels` times one token's worth of
 matrix-vector products over nanochat d20's matrices (20 layers, 1280 wide, vocab 65536) in each
-weight format of chatcli/quantize.py and prints the bandwidth each streams. `layouts` times
+weight format of chatcli/quantize.py and prints the bandwidth each streams; then fp16 copies
+(quantize's, and a plain fp16 product without its input scaling) against bf16 in rounds that
+alternate, as the formats' 5-15% difference needs on a noisy host. `layouts` times
 each kind of matrix of one model (default: the embedded one; q, k and v stacked) for one row
 and for 8 rows, read as the (out, in) weight and as a transposed (in, out) copy, with the
 caches flushed before every pass so the weights come from memory as they do in a step: the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from collections.abc import Callable
 
@@ -112,9 +115,47 @@ def kernels() -> None:
                 token()
             ms = (time.perf_counter() - t0) / 3 * 1e3
             print(
-                f"{kind:9s} {ms:6.1f} ms/token  {nbytes / ms / 1e6:5.1f} GB/s  {1e3 / ms:5.1f} tok/s"
+                f"{kind:11s} {ms:6.1f} ms/token  {nbytes / ms / 1e6:5.1f} GB/s  {1e3 / ms:5.1f} tok/s"
             )
             del copies
+        _fp16_kernels(weights, xs)
+
+
+def _fp16_kernels(weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> None:
+    """fp16 copies against bf16 ones, in rounds that alternate their order (one token each):
+    quantize.Fp16Weight, which scales each product's input into fp16's range, and a plain
+    fp16 torch.mv, which shows what that scaling costs."""
+    copies = {k: [make_decode_weight(w, k) for w in weights] for k in ("bfloat16", "float16")}
+    plain = [w.to(torch.float16) for w in weights]
+
+    def token_of(kind: str) -> Callable[[], None]:
+        def token() -> None:
+            for c in copies[kind]:
+                c.matvec(xs[c.weight.shape[1]])
+
+        return token
+
+    def plain_token() -> None:
+        for w in plain:
+            torch.mv(w, xs[w.shape[1]].half()).float()
+
+    tokens = {"bfloat16": token_of("bfloat16"), "float16": token_of("float16")}
+    tokens["plain fp16"] = plain_token
+    times: dict[str, list[float]] = {k: [] for k in tokens}
+    for token in tokens.values():
+        token()
+    for round_ in range(8):
+        order = list(tokens.items())
+        for label, token in order if round_ % 2 == 0 else reversed(order):
+            t0 = time.perf_counter()
+            token()
+            times[label].append((time.perf_counter() - t0) * 1e3)
+    print("alternating rounds, ms/token (median, range):")
+    for label, ms in times.items():
+        print(f"  {label:11s} {statistics.median(ms):6.1f}  {min(ms):6.1f}-{max(ms):6.1f}")
+    for label in ("float16", "plain fp16"):
+        ratios = [a / b for a, b in zip(times[label], times["bfloat16"], strict=True)]
+        print(f"  {label} / bfloat16 per round: " + " ".join(f"{r:.2f}" for r in ratios))
 
 
 def _layout_passes(ws: list[torch.Tensor]) -> dict[str, Callable[[], object]]:

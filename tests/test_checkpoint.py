@@ -228,5 +228,14 @@ def test_quantize_refuses_cuda_and_unknown_formats():
         pick_precision(torch.device("cuda"), quantize="int8")
     with pytest.raises(CheckpointError, match="use none, int8 or int4"):
         pick_precision(torch.device("cpu"), quantize="fp8")
-    assert pick_precision(torch.device("cpu"), matrix_params=10**9).decode == "bfloat16"
     assert pick_precision(torch.device("cpu"), matrix_params=10**6).decode is None
+
+
+@pytest.mark.parametrize(("capability", "kind"), [("AVX2", "float16"), ("AVX512", "bfloat16")])
+def test_large_cpu_models_decode_through_the_cpus_faster_half_copy(capability, kind, monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert pick_precision(torch.device("cpu"), matrix_params=10**9).decode == kind
+    # --dtype bfloat16 asks for bf16 copies, whichever reads faster
+    assert pick_precision(torch.device("cpu"), "bfloat16", matrix_params=10**9).decode == (
+        "bfloat16"
+    )

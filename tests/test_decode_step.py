@@ -111,7 +111,7 @@ def test_only_our_fp32_cpu_gpt_is_supported():
     assert not DecodeStep.supports(ScriptedModel(reply([1, 2])))
 
 
-@pytest.mark.parametrize("kind", ["bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("kind", ["float16", "bfloat16", "int8", "int4"])
 def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
     # A big CPU model's step reads the copies its modules keep (c_q, c_k, c_v stacked).
     # Same products as the module forward, up to where the rms-norm scale is applied: the
@@ -121,7 +121,7 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
     step = DecodeStep(model)
     matrices = [m for layer in step.layers for m in (layer.qkv, layer.fc, layer.fc_proj)]
     assert any(m.weight is None and m.copies[0] is not None for m in matrices)
-    # int4 needs whole groups of 128 inputs, so only bf16 and int8 stack q, k and v here.
+    # int4 needs whole groups of 128 inputs, so only the 16-bit copies and int8 stack q, k, v.
     stacks = [layer.qkv.copy for layer in step.layers]
     assert stacks == [block.attn.qkv_decode_weight for block in model.transformer.h]
     assert all(c is not None for c in stacks) == (kind != "int4")

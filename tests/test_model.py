@@ -260,7 +260,9 @@ def _no_fallback_warning():
     return check()
 
 
-@pytest.mark.parametrize(("kind", "atol"), [("bfloat16", 0.05), ("int8", 0.1), ("int4", 0.5)])
+@pytest.mark.parametrize(
+    ("kind", "atol"), [("float16", 0.01), ("bfloat16", 0.05), ("int8", 0.1), ("int4", 0.5)]
+)
 def test_decode_weights_serve_single_vectors_only(kind, atol):
     model = _random_model("E")
     g = torch.Generator().manual_seed(5)
@@ -279,7 +281,7 @@ def test_decode_weights_serve_single_vectors_only(kind, atol):
     torch.testing.assert_close(step, before_step, atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["bfloat16", "int8", "int8-weight-only", "int4"])
+@pytest.mark.parametrize("kind", ["float16", "bfloat16", "int8", "int8-weight-only", "int4"])
 def test_stacked_qkv_copy_equals_the_three_copies_apart(kind, monkeypatch):
     from chatcli import quantize
 

@@ -7,8 +7,10 @@ from chatcli.quantize import (
     INT4_GROUP_SIZE,
     QUANTIZE_KINDS,
     Bf16Weight,
+    Fp16Weight,
     Int4Weight,
     Int8Weight,
+    default_half_kind,
     fbgemm_available,
     int8_rows,
     make_decode_weight,
@@ -28,9 +30,11 @@ def _relative_error(kind: str, w: torch.Tensor, x: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm())
 
 
-# Expected error of round-to-nearest: bf16 keeps 8 bits of mantissa, int8 per-row scales
-# about 7 bits of range, int4 groups of 128 about 4 bits.
-@pytest.mark.parametrize(("kind", "bound"), [("bfloat16", 0.005), ("int8", 0.02), ("int4", 0.15)])
+# Expected error of round-to-nearest: fp16 keeps 11 bits of mantissa, bf16 8, int8 per-row
+# scales about 7 bits of range, int4 groups of 128 about 4 bits.
+@pytest.mark.parametrize(
+    ("kind", "bound"), [("float16", 0.0007), ("bfloat16", 0.005), ("int8", 0.02), ("int4", 0.15)]
+)
 def test_products_are_close_to_fp32(kind, bound):
     w = _matrix()
     x = torch.randn(256, generator=torch.Generator().manual_seed(1))
@@ -46,7 +50,7 @@ def test_more_bits_less_error():
 
 def test_bytes_read_per_product():
     w = _matrix(512, 256)
-    assert Bf16Weight(w).nbytes == 512 * 256 * 2
+    assert Bf16Weight(w).nbytes == Fp16Weight(w).nbytes == 512 * 256 * 2
     # + one bf16 scale per row; fbgemm keeps an fp32 scale and an int32 offset
     assert Int8Weight(w, use_fbgemm=False).nbytes == 512 * 256 + 512 * 2
     assert Int8Weight(w, use_fbgemm=True).nbytes == 512 * 256 + 512 * 8
@@ -112,3 +116,33 @@ def test_int8_serves_a_few_rows_and_fp32_the_rest():
     assert float((got - want).norm() / want.norm()) < 0.02
     many = torch.randn(40, 256)  # a prefill: the fp32 weight, exactly
     assert torch.equal(layer(many), torch.nn.functional.linear(many, layer.weight))
+
+
+def test_fp16_products_scale_inputs_past_fp16s_range():
+    # Squared activations of a few hundred pass fp16's largest value (65504): the plain
+    # fp16 product overflows, ours divides the input by its largest magnitude first.
+    w = _matrix(seed=7)
+    x = torch.randn(256, generator=torch.Generator().manual_seed(8)).relu() * 400
+    x = x * x  # up to ~1e6
+    want = torch.mv(w, x)
+    plain = torch.mv(w.half(), x.half()).float()
+    assert not torch.isfinite(plain).all()
+    got = Fp16Weight(w).matvec(x)
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    assert float((got - want).norm() / want.norm()) < 0.0007
+
+
+def test_fp16_products_of_a_zero_input_are_zero():
+    got = Fp16Weight(_matrix()).matmul(torch.zeros(1, 256))
+    assert got.shape == (1, 384) and torch.equal(got, torch.zeros(1, 384))
+
+
+@pytest.mark.parametrize(
+    ("capability", "kind"),
+    [("AVX2", "float16"), ("AVX512", "bfloat16"), ("DEFAULT", "bfloat16"), ("SVE256", "bfloat16")],
+)
+def test_the_default_half_copy_is_fp16_only_where_it_was_measured_faster(
+    capability, kind, monkeypatch
+):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert default_half_kind() == kind
