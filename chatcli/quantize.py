@@ -7,8 +7,8 @@ accuracy that `chatcli bench --quantize ...` reports as greedy agreement with fp
 
 - float16: half the bytes, rounded 8x closer than bf16 (11 bits of mantissa against 8). x86
   CPUs with AVX2 convert it in hardware (F16C), where bf16 takes shifts: d20's matrices
-  stream 5-15% faster than in bf16 (`python scripts/bench_decode_paths.py kernels`, rounds
-  alternating). torch.mv takes its input and gives its output in fp16, whose range (65504)
+  took 0.86-0.94 of bf16's time in rounds alternating the two (`python
+  scripts/bench_decode_paths.py kernels`). torch.mv takes its input and gives its output in fp16, whose range (65504)
   the MLP's squared activations can pass, so each product divides its input by its largest
   magnitude first and multiplies the output back: no input above 1, and no output above the
   sum of a row's weight magnitudes.
@@ -187,8 +187,9 @@ def make_decode_weight(weight: torch.Tensor, kind: str) -> DecodeWeight:
 
 def default_half_kind() -> str:
     """The 16-bit copy a big model's batch-1 decode reads by default on this CPU: fp16 where
-    it was measured faster than bf16 (x86 with AVX2, whose F16C converts it), else bf16,
-    which CPUs with native bf16 arithmetic (AVX512-BF16, ARM) multiply directly."""
+    it was measured faster than bf16 (x86 with AVX2, whose F16C converts it), else bf16, as
+    before: fp16 was not measured elsewhere, and some CPUs (AVX512-BF16, ARMv8.6) multiply
+    bf16 natively."""
     return "float16" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "bfloat16"
 
 
