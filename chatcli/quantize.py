@@ -56,12 +56,25 @@ class DecodeWeight(Protocol):
         ...
 
 
-class Fp16Weight:
+class _HalfWeight:
+    """A 16-bit copy (`dtype`): half the bytes, one row a product."""
+
     max_rows = 1
+    dtype: torch.dtype
 
     def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight.detach().to(torch.float16).contiguous()
+        self.weight = weight.detach().to(self.dtype).contiguous()
         self.nbytes = self.weight.numel() * 2
+
+    def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matvec(x.view(-1)).view(1, -1)
+
+
+class Fp16Weight(_HalfWeight):
+    dtype = torch.float16
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         # An all-zero input divides by the smallest normal float, not by zero.
@@ -69,22 +82,12 @@ class Fp16Weight:
         y = torch.mv(self.weight, torch.div(x, top).to(torch.float16))
         return y.to(x.dtype).mul_(top)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matvec(x.view(-1)).view(1, -1)
 
-
-class Bf16Weight:
-    max_rows = 1
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight.detach().to(torch.bfloat16).contiguous()
-        self.nbytes = self.weight.numel() * 2
+class Bf16Weight(_HalfWeight):
+    dtype = torch.bfloat16
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         return torch.mv(self.weight, x.to(torch.bfloat16)).to(x.dtype)
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matvec(x.view(-1)).view(1, -1)
 
 
 def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ and whether the greedy tokens are identical. `kernels` times one token's worth o
 matrix-vector products over nanochat d20's matrices (20 layers, 1280 wide, vocab 65536) in each
 weight format of chatcli/quantize.py and prints the bandwidth each streams; then fp16 copies
 (quantize's, and a plain fp16 product without its input scaling) against bf16 in rounds that
-alternate, as the formats' 5-15% difference needs on a noisy host. `layouts` times
+alternate, as a difference of ~10% needs on a noisy host. `layouts` times
 each kind of matrix of one model (default: the embedded one; q, k and v stacked) for one row
 and for 8 rows, read as the (out, in) weight and as a transposed (in, out) copy, with the
 caches flushed before every pass so the weights come from memory as they do in a step: the
