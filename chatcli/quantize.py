@@ -7,8 +7,8 @@ accuracy that `chatcli bench --quantize ...` reports as greedy agreement with fp
 
 - float16: half the bytes, rounded 8x closer than bf16 (11 bits of mantissa against 8). x86
   CPUs with AVX2 convert it in hardware (F16C), where bf16 takes shifts: d20's matrices
-  took 0.86-0.94 of bf16's time in rounds alternating the two (`python
-  scripts/bench_decode_paths.py kernels`). torch.mv takes its input and gives its output in fp16, whose range (65504)
+  took 0.87-0.91 of bf16's time (medians of two runs of eight rounds alternating the two:
+  `python scripts/bench_decode_paths.py kernels`). torch.mv takes its input and gives its output in fp16, whose range (65504)
   the MLP's squared activations can pass, so each product divides its input by its largest
   magnitude first and multiplies the output back: no input above 1, and no output above the
   sum of a row's weight magnitudes.

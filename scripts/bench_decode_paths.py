@@ -8,7 +8,8 @@
 path of one model (default: the embedded one) and prints milliseconds per token, best of three,
 and whether the greedy tokens are identical. `kernels` times one token's worth of
 matrix-vector products over nanochat d20's matrices (20 layers, 1280 wide, vocab 65536) in each
-weight format of chatcli/quantize.py and prints the bandwidth each streams; then fp16 copies
+weight format of chatcli/quantize.py and prints the bandwidth each streams and how far one
+layer's products land from fp32's (relative error); then fp16 copies
 (quantize's, and a plain fp16 product without its input scaling) against bf16 in rounds that
 alternate, as a difference of ~10% needs on a noisy host. `layouts` times
 each kind of matrix of one model (default: the embedded one; q, k and v stacked) for one row
@@ -36,7 +37,7 @@ from chatcli.checkpoint import load_model
 from chatcli.decode_step import StaticDecodeStep
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache
-from chatcli.quantize import QUANTIZE_KINDS, make_decode_weight
+from chatcli.quantize import QUANTIZE_KINDS, DecodeWeight, make_decode_weight
 
 TOKENS = 48
 
@@ -114,11 +115,25 @@ def kernels() -> None:
             for _ in range(3):
                 token()
             ms = (time.perf_counter() - t0) / 3 * 1e3
+            error = 0.0 if copies is None else _relative_error(weights[:4], copies, xs)
             print(
-                f"{kind:11s} {ms:6.1f} ms/token  {nbytes / ms / 1e6:5.1f} GB/s  {1e3 / ms:5.1f} tok/s"
+                f"{kind:11s} {ms:6.1f} ms/token  {nbytes / ms / 1e6:5.1f} GB/s  "
+                f"{1e3 / ms:5.1f} tok/s  {error:.1e} from fp32"
             )
             del copies
         _fp16_kernels(weights, xs)
+
+
+def _relative_error(
+    weights: list[torch.Tensor], copies: list[DecodeWeight], xs: dict[int, torch.Tensor]
+) -> float:
+    """How far one layer's products through the copies are from fp32's: the mean over its
+    matrices of |copy @ x - W @ x| / |W @ x|."""
+    errors = []
+    for w, c in zip(weights, copies, strict=False):
+        want = torch.mv(w, xs[w.shape[1]])
+        errors.append(float((c.matvec(xs[w.shape[1]]) - want).norm() / want.norm()))
+    return sum(errors) / len(errors)
 
 
 def _fp16_kernels(weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> None:
