@@ -1,17 +1,17 @@
-"""Weight-only formats a large matrix can be read in during batch-1 decode on the CPU.
+"""Weight-only formats a large matrix can be read in on the CPU: in batch-1 decode, and in
+the products of a few rows (up to each format's max_rows) where its kernel beats fp32's.
 
-Owns: converting an fp32 matrix to a compact copy, and the matrix-vector product over that
-copy. Batch-1 decode of a big model is bandwidth-bound (docs/performance.md): the time per
+Owns: converting an fp32 matrix to a compact copy, and the products over that copy. Batch-1 decode of a big model is bandwidth-bound (docs/performance.md): the time per
 token is the bytes of weights read, so a copy in fewer bytes is a faster token, at some cost in
 accuracy that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
 
-- float16: half the bytes, rounded 8x closer than bf16 (11 bits of mantissa against 8). x86
-  CPUs with AVX2 convert it in hardware (F16C), where bf16 takes shifts: d20's matrices
-  took 0.87-0.91 of bf16's time (medians of two runs of eight rounds alternating the two:
-  `python scripts/bench_decode_paths.py kernels`). torch.mv takes its input and gives its output in fp16, whose range (65504)
-  the MLP's squared activations can pass, so each product divides its input by its largest
-  magnitude first and multiplies the output back: no input above 1, and no output above the
-  sum of a row's weight magnitudes.
+- float16: half the bytes, rounded 8x closer than bf16 (11 bits of mantissa against 8). On
+  x86 the product is fbgemm's fp16 GEMM: weights packed once, widened to fp32 in registers
+  (F16C), fp32 activations and sums. Over d20's matrices, two threads (`python
+  scripts/bench_decode_paths.py kernels`, rounds alternating the formats): one row in less
+  time than bf16's torch.mv, and 8 rows 2.5x faster than fp32 (1.3 against 3.3 ms a
+  5120x1280 matrix), still 0.88 of fp32's time at 1024 rows (FBGEMM_FP16_MAX_ROWS). Where
+  fbgemm is missing, torch.mv over fp16, one row, its input scaled into fp16's range.
 - bfloat16: half the bytes; exact products of rounded weights (torch.mv).
 - int8: a quarter; one symmetric scale per output row. On x86 the product is fbgemm's dynamic
   int8 linear: each call also rounds its activations to 7-bit integers (one scale and offset
@@ -38,13 +38,18 @@ INT4_GROUP_SIZE = 128
 _INT4_INNER_K_TILES = 8
 _INT4_OUTPUT_TILE = 16
 _TINY = torch.finfo(torch.float32).tiny
+# fbgemm's fp16 GEMM beat fp32 (model.linear) at every row count measured over d20's
+# matrices, two threads: 0.31-0.37 of its time for 1-4 rows, 0.50 for 16, 0.74 for 64-128,
+# 0.81 for 512 and 0.88 for 1024 (one-off, twelve to eighteen matrices a count).
+FBGEMM_FP16_MAX_ROWS = 1024
 
 
 class DecodeWeight(Protocol):
     nbytes: int  # bytes one product reads
     # The most rows (tokens) a product over this copy beats the fp32 weight at: bf16
     # matrix-matrix kernels are compute-bound on this CPU, while int8's stays ahead up to
-    # a few sample rows (8 rows of d20's MLP: 1.2 ms against fp32's 3.2).
+    # a few sample rows (8 rows of d20's MLP: 1.2 ms against fp32's 3.2), and fbgemm's fp16
+    # one up to long prompts (FBGEMM_FP16_MAX_ROWS).
     max_rows: int
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,38 +61,54 @@ class DecodeWeight(Protocol):
         ...
 
 
-class _HalfWeight:
-    """A 16-bit copy (`dtype`): half the bytes, one row a product."""
+class Fp16Weight:
+    """fp16: on x86, fbgemm's fp16 GEMM over weights packed once, which widens them to fp32
+    in registers and takes and accumulates fp32 activations, so any number of rows and no
+    range to mind. Elsewhere torch.mv, one row, its input scaled into fp16's range."""
 
-    max_rows = 1
-    dtype: torch.dtype
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight.detach().to(self.dtype).contiguous()
-        self.nbytes = self.weight.numel() * 2
+    def __init__(self, weight: torch.Tensor, use_fbgemm: bool | None = None) -> None:
+        self.use_fbgemm = fbgemm_fp16_available() if use_fbgemm is None else use_fbgemm
+        self.nbytes = weight.numel() * 2
+        if self.use_fbgemm:
+            with warnings.catch_warnings():  # torch's quantized ops are marked deprecated
+                warnings.simplefilter("ignore")
+                self._packed = torch.ops.quantized.linear_prepack_fp16(
+                    weight.detach().float().contiguous(), None
+                )
+            self.max_rows = FBGEMM_FP16_MAX_ROWS
+        else:
+            self.weight = weight.detach().to(torch.float16).contiguous()
+            self.max_rows = 1
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matvec(x.view(-1)).view(1, -1)
-
-
-class Fp16Weight(_HalfWeight):
-    dtype = torch.float16
-
-    def matvec(self, x: torch.Tensor) -> torch.Tensor:
-        # An all-zero input divides by the smallest normal float, not by zero.
+        if self.use_fbgemm:
+            return self.matmul(x.view(1, -1)).view(-1)
+        # torch.mv takes and gives fp16, whose range (65504) the MLP's squared activations
+        # can pass: divide by the input's largest magnitude (an all-zero input by the
+        # smallest normal float, not by zero) and multiply the output back.
         top = torch.linalg.vector_norm(x, float("inf")).clamp_min_(_TINY)
         y = torch.mv(self.weight, torch.div(x, top).to(torch.float16))
         return y.to(x.dtype).mul_(top)
 
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_fbgemm:
+            y = torch.ops.quantized.linear_dynamic_fp16(x.float().contiguous(), self._packed)
+            return y.to(x.dtype)
+        return self.matvec(x.view(-1)).view(1, -1)
 
-class Bf16Weight(_HalfWeight):
-    dtype = torch.bfloat16
+
+class Bf16Weight:
+    max_rows = 1
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight.detach().to(torch.bfloat16).contiguous()
+        self.nbytes = self.weight.numel() * 2
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         return torch.mv(self.weight, x.to(torch.bfloat16)).to(x.dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matvec(x.view(-1)).view(1, -1)
 
 
 def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,6 +124,11 @@ def fbgemm_available() -> bool:
     return torch.backends.quantized.engine in ("x86", "fbgemm") and hasattr(
         torch.ops.quantized, "linear_dynamic"
     )
+
+
+def fbgemm_fp16_available() -> bool:
+    """Whether fbgemm's fp16-weight linear runs here (x86 builds, as its int8 one)."""
+    return fbgemm_available() and hasattr(torch.ops.quantized, "linear_dynamic_fp16")
 
 
 class Int8Weight:

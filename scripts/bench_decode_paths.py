@@ -9,9 +9,9 @@ path of one model (default: the embedded one) and prints milliseconds per token,
 and whether the greedy tokens are identical. `kernels` times one token's worth of
 matrix-vector products over nanochat d20's matrices (20 layers, 1280 wide, vocab 65536) in each
 weight format of chatcli/quantize.py and prints the bandwidth each streams and how far one
-layer's products land from fp32's (relative error); then fp16 copies
-(quantize's, and a plain fp16 product without its input scaling) against bf16 in rounds that
-alternate, as a difference of ~10% needs on a noisy host. `layouts` times
+layer's products land from fp32's (relative error); then, in rounds that alternate the forms
+(as a difference of ~10% needs on a noisy host), one row through fp16 copies against bf16
+ones and a plain fp16 torch.mv, and 8 sample rows through fp16 copies against fp32. `layouts` times
 each kind of matrix of one model (default: the embedded one; q, k and v stacked) for one row
 and for 8 rows, read as the (out, in) weight and as a transposed (in, out) copy, with the
 caches flushed before every pass so the weights come from memory as they do in a step: the
@@ -37,6 +37,7 @@ from chatcli.checkpoint import load_model
 from chatcli.decode_step import StaticDecodeStep
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache
+from chatcli.model import linear
 from chatcli.quantize import QUANTIZE_KINDS, DecodeWeight, make_decode_weight
 
 TOKENS = 48
@@ -136,41 +137,61 @@ def _relative_error(
     return sum(errors) / len(errors)
 
 
-def _fp16_kernels(weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> None:
-    """fp16 copies against bf16 ones, in rounds that alternate their order (one token each):
-    quantize.Fp16Weight, which scales each product's input into fp16's range, and a plain
-    fp16 torch.mv, which shows what that scaling costs."""
-    copies = {k: [make_decode_weight(w, k) for w in weights] for k in ("bfloat16", "float16")}
-    plain = [w.to(torch.float16) for w in weights]
-
-    def token_of(kind: str) -> Callable[[], None]:
-        def token() -> None:
-            for c in copies[kind]:
-                c.matvec(xs[c.weight.shape[1]])
-
-        return token
-
-    def plain_token() -> None:
-        for w in plain:
-            torch.mv(w, xs[w.shape[1]].half()).float()
-
-    tokens = {"bfloat16": token_of("bfloat16"), "float16": token_of("float16")}
-    tokens["plain fp16"] = plain_token
+def _alternating(tokens: dict[str, Callable[[], object]], rounds: int = 8) -> dict[str, list]:
+    """ms of each callable in rounds that alternate their order (after one warm-up each)."""
     times: dict[str, list[float]] = {k: [] for k in tokens}
     for token in tokens.values():
         token()
-    for round_ in range(8):
+    for round_ in range(rounds):
         order = list(tokens.items())
         for label, token in order if round_ % 2 == 0 else reversed(order):
             t0 = time.perf_counter()
             token()
             times[label].append((time.perf_counter() - t0) * 1e3)
-    print("alternating rounds, ms/token (median, range):")
+    return times
+
+
+def _print_rounds(title: str, times: dict[str, list[float]], against: str) -> None:
+    print(f"{title}, ms a token (median, range), in rounds alternating the forms:")
     for label, ms in times.items():
-        print(f"  {label:11s} {statistics.median(ms):6.1f}  {min(ms):6.1f}-{max(ms):6.1f}")
-    for label in ("float16", "plain fp16"):
-        ratios = [a / b for a, b in zip(times[label], times["bfloat16"], strict=True)]
-        print(f"  {label} / bfloat16 per round: " + " ".join(f"{r:.2f}" for r in ratios))
+        print(f"  {label:17s} {statistics.median(ms):6.1f}  {min(ms):6.1f}-{max(ms):6.1f}")
+    for label in times:
+        if label != against:
+            ratios = [a / b for a, b in zip(times[label], times[against], strict=True)]
+            print(f"  {label} / {against} per round: " + " ".join(f"{r:.2f}" for r in ratios))
+
+
+def _fp16_kernels(weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> None:
+    """fp16 copies (quantize.Fp16Weight: fbgemm's fp16 GEMM on x86) against bf16 ones and a
+    plain fp16 torch.mv for one row, and against fp32 (model.linear) for 8 sample rows."""
+    copies = {k: [make_decode_weight(w, k) for w in weights] for k in ("bfloat16", "float16")}
+    plain = [w.to(torch.float16) for w in weights]
+    rows = {k: torch.randn(8, k) for k in xs}
+
+    def one_row(kind: str) -> Callable[[], None]:
+        def token() -> None:
+            for w, c in zip(weights, copies[kind], strict=True):
+                c.matvec(xs[w.shape[1]])
+
+        return token
+
+    def plain_fp16() -> None:
+        for w in plain:
+            torch.mv(w, xs[w.shape[1]].half()).float()
+
+    def rows_fp32() -> None:
+        for w in weights:
+            linear(rows[w.shape[1]], w)
+
+    def rows_fp16() -> None:
+        for w, c in zip(weights, copies["float16"], strict=True):
+            c.matmul(rows[w.shape[1]])
+
+    one = {"bfloat16": one_row("bfloat16"), "float16": one_row("float16")}
+    one["plain fp16 mv"] = plain_fp16
+    _print_rounds("one row", _alternating(one), against="bfloat16")
+    eight = {"fp32": rows_fp32, "float16": rows_fp16}
+    _print_rounds("8 rows", _alternating(eight, rounds=4), against="fp32")
 
 
 def _layout_passes(ws: list[torch.Tensor]) -> dict[str, Callable[[], object]]:

@@ -261,9 +261,21 @@ def _no_fallback_warning():
 
 
 @pytest.mark.parametrize(
-    ("kind", "atol"), [("float16", 0.01), ("bfloat16", 0.05), ("int8", 0.1), ("int4", 0.5)]
+    ("kind", "atol"),
+    [
+        ("float16", 0.01),
+        ("float16-torch-mv", 0.01),
+        ("bfloat16", 0.05),
+        ("int8", 0.1),
+        ("int4", 0.5),
+    ],
 )
-def test_decode_weights_serve_single_vectors_only(kind, atol):
+def test_decode_weights_serve_rows_up_to_their_max(kind, atol, monkeypatch):
+    from chatcli import quantize
+
+    if kind == "float16-torch-mv":  # where fbgemm is missing: one row, through torch.mv
+        monkeypatch.setattr(quantize, "fbgemm_fp16_available", lambda: False)
+        kind = "float16"
     model = _random_model("E")
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 190, (2, 40), generator=g)
@@ -273,21 +285,31 @@ def test_decode_weights_serve_single_vectors_only(kind, atol):
     model.add_decode_weights(kind)
     copies = model.decode_weights()
     assert copies  # int4 takes only matrices with whole groups of 128 inputs (mlp.c_proj here)
-    assert model.lm_head.weight.dtype == torch.float32  # fp32 kept for several rows
-    torch.testing.assert_close(model(ids), before_full, atol=0, rtol=0)  # prefill untouched
+    assert model.lm_head.weight.dtype == torch.float32  # fp32 kept for more rows
+    full = model(ids)  # 80 rows: through the copies only where they serve that many
+    if copies[0].max_rows < ids.numel():
+        torch.testing.assert_close(full, before_full, atol=0, rtol=0)  # prefill untouched
+    else:  # fbgemm's fp16 kernel, faster than fp32's at any count of rows measured
+        assert kind == "float16" and not torch.equal(full, before_full)
+        torch.testing.assert_close(full, before_full, atol=atol, rtol=0)
     cache.reset()
     step = model(ids[:1, :1], kv_cache=cache)  # one vector: the compact copy
     assert not torch.equal(step, before_step)
     torch.testing.assert_close(step, before_step, atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["float16", "bfloat16", "int8", "int8-weight-only", "int4"])
+@pytest.mark.parametrize(
+    "kind", ["float16", "float16-torch-mv", "bfloat16", "int8", "int8-weight-only", "int4"]
+)
 def test_stacked_qkv_copy_equals_the_three_copies_apart(kind, monkeypatch):
     from chatcli import quantize
 
     if kind == "int8-weight-only":
         monkeypatch.setattr(quantize, "fbgemm_available", lambda: False)
         kind = "int8"
+    if kind == "float16-torch-mv":
+        monkeypatch.setattr(quantize, "fbgemm_fp16_available", lambda: False)
+        kind = "float16"
     model = _random_model("E", n_embd=128)  # int4 takes whole groups of 128 inputs
     ids = torch.randint(0, 190, (3, 1), generator=torch.Generator().manual_seed(2))
     model.add_decode_weights(kind)

@@ -12,6 +12,7 @@ from chatcli.quantize import (
     Int8Weight,
     default_half_kind,
     fbgemm_available,
+    fbgemm_fp16_available,
     int8_rows,
     make_decode_weight,
     supports,
@@ -118,23 +119,51 @@ def test_int8_serves_a_few_rows_and_fp32_the_rest():
     assert torch.equal(layer(many), torch.nn.functional.linear(many, layer.weight))
 
 
-def test_fp16_products_scale_inputs_past_fp16s_range():
-    # Squared activations of a few hundred pass fp16's largest value (65504): the plain
-    # fp16 product overflows, ours divides the input by its largest magnitude first.
+_FP16_KERNELS = [
+    pytest.param(True, marks=pytest.mark.skipif(not fbgemm_fp16_available(), reason="x86's")),
+    False,
+]
+
+
+@pytest.mark.parametrize("use_fbgemm", _FP16_KERNELS)
+def test_fp16_products_hold_inputs_past_fp16s_range(use_fbgemm):
+    # Squared activations of a few hundred pass fp16's largest value (65504), where a plain
+    # fp16 product overflows: fbgemm's kernel takes fp32 activations, and the torch.mv path
+    # divides its input by its largest magnitude first.
     w = _matrix(seed=7)
     x = torch.randn(256, generator=torch.Generator().manual_seed(8)).relu() * 400
     x = x * x  # up to ~1e6
     want = torch.mv(w, x)
     plain = torch.mv(w.half(), x.half()).float()
     assert not torch.isfinite(plain).all()
-    got = Fp16Weight(w).matvec(x)
+    got = Fp16Weight(w, use_fbgemm=use_fbgemm).matvec(x)
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     assert float((got - want).norm() / want.norm()) < 0.0007
 
 
-def test_fp16_products_of_a_zero_input_are_zero():
-    got = Fp16Weight(_matrix()).matmul(torch.zeros(1, 256))
+@pytest.mark.parametrize("use_fbgemm", _FP16_KERNELS)
+def test_fp16_products_of_a_zero_input_are_zero(use_fbgemm):
+    got = Fp16Weight(_matrix(), use_fbgemm=use_fbgemm).matmul(torch.zeros(1, 256))
     assert got.shape == (1, 384) and torch.equal(got, torch.zeros(1, 384))
+
+
+@pytest.mark.skipif(not fbgemm_fp16_available(), reason="fbgemm is an x86 build's")
+def test_fbgemm_fp16_serves_many_rows_as_the_rounded_weights_would():
+    # fp32 activations and sums over fp16-rounded weights: equal to fp32 arithmetic over
+    # those weights up to the order of the sums, for a prompt's worth of rows.
+    w = _matrix(seed=9)
+    copy = Fp16Weight(w, use_fbgemm=True)
+    assert copy.max_rows >= 512
+    x = torch.randn(300, 256, generator=torch.Generator().manual_seed(10))
+    got = copy.matmul(x)
+    assert got.shape == (300, 384)
+    torch.testing.assert_close(got, x @ w.half().float().t(), atol=1e-5, rtol=1e-5)
+    assert not torch.equal(got, x @ w.t())  # the weights were rounded
+
+
+def test_fp16_through_torch_mv_serves_one_row():
+    copy = Fp16Weight(_matrix(), use_fbgemm=False)
+    assert copy.max_rows == 1
 
 
 @pytest.mark.parametrize(
