@@ -39,7 +39,7 @@ _INT4_INNER_K_TILES = 8
 _INT4_OUTPUT_TILE = 16
 _TINY = torch.finfo(torch.float32).tiny
 # fbgemm's fp16 GEMM beat fp32 (model.linear) at every row count measured over d20's
-# matrices, two threads: 0.31-0.37 of its time for 1-4 rows, 0.50 for 16, 0.74 for 64-128,
+# matrices, two threads: 0.31-0.37 of its time for 2-4 rows, 0.50 for 16, 0.74 for 64-128,
 # 0.81 for 512 and 0.88 for 1024 (one-off, twelve to eighteen matrices a count).
 FBGEMM_FP16_MAX_ROWS = 1024
 
