@@ -1,9 +1,10 @@
 """Weight-only formats a large matrix can be read in on the CPU: in batch-1 decode, and in
 the products of a few rows (up to each format's max_rows) where its kernel beats fp32's.
 
-Owns: converting an fp32 matrix to a compact copy, and the products over that copy. Batch-1 decode of a big model is bandwidth-bound (docs/performance.md): the time per
-token is the bytes of weights read, so a copy in fewer bytes is a faster token, at some cost in
-accuracy that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
+Owns: converting an fp32 matrix to a compact copy, and the products over that copy. Batch-1
+decode of a big model is bandwidth-bound (docs/performance.md): the time per token is the
+bytes of weights read, so a copy in fewer bytes is a faster token, at some cost in accuracy
+that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
 
 - float16: half the bytes, rounded 8x closer than bf16 (11 bits of mantissa against 8). On
   x86 the product is fbgemm's fp16 GEMM: weights packed once, widened to fp32 in registers
@@ -215,8 +216,9 @@ def make_decode_weight(weight: torch.Tensor, kind: str) -> DecodeWeight:
 
 
 def default_half_kind() -> str:
-    """The 16-bit copy a big model's batch-1 decode reads by default on this CPU: fp16 where
-    it was measured faster than bf16 (x86 with AVX2, whose F16C converts it), else bf16, as
+    """The 16-bit copy a big model keeps by default on this CPU for its decode (and, through
+    fbgemm's fp16 GEMM, for its products of up to FBGEMM_FP16_MAX_ROWS rows): fp16 where it
+    was measured faster than bf16 (x86 with AVX2, whose F16C converts it), else bf16, as
     before: fp16 was not measured elsewhere, and some CPUs (AVX512-BF16, ARMv8.6) multiply
     bf16 natively."""
     return "float16" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "bfloat16"
