@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from chatcli.checkpoint import load_model, pick_precision, resolve_checkpoint
+from chatcli.engine import Engine
 from chatcli.errors import CheckpointError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
@@ -221,6 +222,40 @@ def test_quantize_gives_cpu_decode_copies_and_says_so(kind):
     model, _, _ = load_model(quantize=kind)
     assert model.decode_weights() and model.info.dtype == f"float32 (decode weights {kind})"
     assert all(p.dtype == torch.float32 for p in model.parameters())  # prefill stays fp32
+
+
+@pytest.mark.parametrize(("capability", "kind"), [("AVX2", "float16"), ("AVX512", "bfloat16")])
+def test_a_large_model_loads_with_the_default_half_copies_and_answers(
+    capability, kind, monkeypatch
+):
+    # The embedded model counted as large: the loader's default plan for a big checkpoint.
+    from chatcli import checkpoint
+
+    monkeypatch.setattr(checkpoint, "LARGE_MODEL_MATRIX_PARAMS", 0)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    model, tokenizer, _ = load_model()
+    assert model.info.dtype == f"float32 (decode weights {kind})"
+    reference, _, _ = load_model(dtype="float32")
+    assert reference.info.dtype == "float32" and not reference.decode_weights()
+    prompt = tokenizer.render_for_completion([{"role": "user", "content": "What is 7*6?"}])
+
+    def greedy(net) -> list[int]:
+        cols = Engine(net, tokenizer).generate(prompt, max_tokens=16, temperature=0.0)
+        return [c[0] for c, _ in cols]
+
+    got, want = greedy(model), greedy(reference)
+    # A trained model's greedy reply survives 16-bit weights for its first tokens at least.
+    assert got[:4] == want[:4]
+
+    def one_step(net) -> torch.Tensor:  # a decode step: it reads the copies where kept
+        engine = Engine(net, tokenizer)
+        cache = engine.new_cache(1, len(prompt) + 1)
+        engine.forward_last(torch.tensor([prompt]), cache)
+        return engine.forward_last(torch.tensor([[got[0]]]), cache)
+
+    step, reference_step = one_step(model), one_step(reference)
+    assert not torch.equal(step, reference_step)
+    torch.testing.assert_close(step, reference_step, atol=0.1, rtol=0)
 
 
 def test_quantize_refuses_cuda_and_unknown_formats():
