@@ -282,11 +282,11 @@ class DecodeStep:
         self.wide_threads = 1  # the products' and attention's count (__call__ sets it)
         self._eps = torch.finfo(self.wte.dtype).eps  # F.rms_norm's default
         # fp32 on the CPU: the qk-norm in 4 ops (_qk_norm_lean), and sample rows fold each
-        # RMSNorm into a per-row scale (_row_scales), but only where the products read fp32:
-        # int8's kernel quantizes a product's input with one scale for all its rows, which
-        # must see the rows normalised, as the module forward gives them.
+        # RMSNorm into a per-row scale (_row_scales), but only where every product takes its
+        # rows as floats: fbgemm's int8 kernel quantizes a product's input with one scale for
+        # all its rows, which must see the rows normalised, as the module forward gives them.
         self.lean = self.wte.dtype == torch.float32 and self.wte.device.type == "cpu"
-        self.fold_norms = self.lean and not has_decode_copies(model)
+        self.fold_norms = self.lean and all(c.float_activations for c in model.decode_weights())
         # eps times the squared divisors _row_scales is asked for: 1, the qk scale, the softcap
         self._eps_scaled = {
             t: torch.tensor(self._eps * t * t, dtype=self.wte.dtype)

@@ -52,6 +52,10 @@ class DecodeWeight(Protocol):
     # a few sample rows (8 rows of d20's MLP: 1.2 ms against fp32's 3.2), and fbgemm's fp16
     # one up to long prompts (FBGEMM_FP16_MAX_ROWS).
     max_rows: int
+    # Whether the product takes its rows as floats, so that a row scaled after the product
+    # equals the row scaled before it, up to rounding: not so for fbgemm's int8 kernel, which
+    # rounds all the rows of a call to integers on one scale.
+    float_activations: bool
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """(K,) -> (N,) in x's dtype."""
@@ -66,6 +70,8 @@ class Fp16Weight:
     """fp16: on x86, fbgemm's fp16 GEMM over weights packed once, which widens them to fp32
     in registers and takes and accumulates fp32 activations, so any number of rows and no
     range to mind. Elsewhere torch.mv, one row, its input scaled into fp16's range."""
+
+    float_activations = True
 
     def __init__(self, weight: torch.Tensor, use_fbgemm: bool | None = None) -> None:
         self.use_fbgemm = fbgemm_fp16_available() if use_fbgemm is None else use_fbgemm
@@ -100,6 +106,7 @@ class Fp16Weight:
 
 class Bf16Weight:
     max_rows = 1
+    float_activations = True
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight.detach().to(torch.bfloat16).contiguous()
@@ -139,6 +146,7 @@ class Int8Weight:
         codes, scales = int8_rows(weight)
         N, K = codes.shape
         self.use_fbgemm = fbgemm_available() if use_fbgemm is None else use_fbgemm
+        self.float_activations = not self.use_fbgemm  # the weight-only kernel takes bf16
         if self.use_fbgemm:
             with warnings.catch_warnings():  # torch's quantized tensors are marked deprecated
                 warnings.simplefilter("ignore")
@@ -167,6 +175,7 @@ class Int8Weight:
 
 class Int4Weight:
     max_rows = 1
+    float_activations = True  # bf16
 
     def __init__(self, weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> None:
         w = weight.detach().float()

@@ -159,6 +159,23 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
         torch.testing.assert_close(got, want, atol=0.02, rtol=0)
 
 
+@pytest.mark.parametrize(
+    ("kind", "folds"),
+    [(None, True), ("float16", True), ("bfloat16", True), ("int4", True), ("int8", None)],
+)
+def test_sample_rows_fold_their_norms_unless_a_kernel_quantizes_the_rows(kind, folds):
+    # Folding scales each row after its product; fbgemm's int8 kernel rounds all the rows of
+    # a call to integers on one scale, so it must see them normalised.
+    from chatcli.quantize import fbgemm_available
+
+    model = _random_model("E")
+    if kind is not None:
+        model.add_decode_weights(kind)
+    if folds is None:
+        folds = not fbgemm_available()
+    assert DecodeStep(model).fold_norms == folds
+
+
 def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest_on_one(
     monkeypatch,
 ):
