@@ -466,8 +466,8 @@ class GPT(nn.Module):
 
         c_q, c_k and c_v share one copy of the three stacked (the attention's
         qkv_decode_weight). No format's scale spans output rows (int8's and int4's are per
-        row or group, fp16's divides the input they share), so the stacked product equals the
-        three apart (a test holds it to that) in one kernel call."""
+        row or group; fp16 through torch.mv divides the input they share), so the stacked
+        product equals the three apart (a test holds it to that) in one kernel call."""
         self.drop_decode_weights()
         for module in self.modules():
             if isinstance(module, Attention):

@@ -11,11 +11,11 @@ matrix-vector products over nanochat d20's matrices (20 layers, 1280 wide, vocab
 weight format of chatcli/quantize.py and prints the bandwidth each streams and how far one
 layer's products land from fp32's (relative error); then, in rounds that alternate the forms
 (as a difference of ~10% needs on a noisy host), one row through fp16 copies against bf16
-ones and a plain fp16 torch.mv, and 8 sample rows through fp16 copies against fp32. `layouts` times
-each kind of matrix of one model (default: the embedded one; q, k and v stacked) for one row
-and for 8 rows, read as the (out, in) weight and as a transposed (in, out) copy, with the
-caches flushed before every pass so the weights come from memory as they do in a step: the
-measurements behind decode_step._Matrix's choice of layout.
+ones and a plain fp16 torch.mv, and 8 sample rows through fp16 copies against fp32.
+`layouts` times each kind of matrix of one model (default: the embedded one; q, k and v
+stacked) for one row and for 8 rows, read as the (out, in) weight and as a transposed (in,
+out) copy, with the caches flushed before every pass so the weights come from memory as they
+do in a step: the measurements behind decode_step._Matrix's choice of layout.
 """
 
 # ruff: noqa: E402 (OpenMP's wait is chosen before torch is imported)
@@ -137,7 +137,9 @@ def _relative_error(
     return sum(errors) / len(errors)
 
 
-def _alternating(tokens: dict[str, Callable[[], object]], rounds: int = 8) -> dict[str, list]:
+def _alternating(
+    tokens: dict[str, Callable[[], object]], rounds: int = 8
+) -> dict[str, list[float]]:
     """ms of each callable in rounds that alternate their order (after one warm-up each)."""
     times: dict[str, list[float]] = {k: [] for k in tokens}
     for token in tokens.values():
