@@ -125,3 +125,48 @@ def test_a_quick_measure_repeats_within_its_round_and_a_slow_one_runs_once(monke
     (kept,) = bench._rounds([(bench._Mode(model, 1, copies=True), {"q": quick, "s": slow})])
     assert runs == {"quick": 8, "slow": 2}
     assert kept == {"q": 8.0, "s": 2.0}
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_each_measured_turn_is_timed_again_from_the_state_before_it(monkeypatch, plain):
+    monkeypatch.setattr(bench, "CHAT_SECONDS", 0.0)  # one chat
+    model, tokenizer, _ = load_model(None, device="cpu")
+    prefilled: list[tuple[int, int]] = []  # (tokens in the prompt, tokens prefilled)
+    real_prefill = bench.ChatSession._prefill
+
+    def spy(self, prompt):
+        logits, n = real_prefill(self, prompt)
+        prefilled.append((len(prompt), n))
+        return logits, n
+
+    monkeypatch.setattr(bench.ChatSession, "_prefill", spy)
+    sessions: list[bench.ChatSession] = []
+    real_init = bench.ChatSession.__post_init__
+
+    def remember(self):
+        real_init(self)
+        sessions.append(self)
+
+    monkeypatch.setattr(bench.ChatSession, "__post_init__", remember)
+    best = bench._chat_ttft(model, tokenizer, plain=plain)
+
+    assert set(best) == {"ttft1", "ttft5", "ttft10"} and min(best.values()) > 0
+    samples = bench.TTFT_SAMPLES
+    assert samples > 1 and len(prefilled) == 10 + (samples - 1) * len(bench.TURNS)
+    # Walk the calls turn by turn: a measured turn's tries prefill exactly what its first
+    # did (the whole conversation for the baseline, the new turn for ours), never the
+    # one token a retry over the warm cache would.
+    calls = iter(prefilled)
+    for turn in range(1, 11):
+        tries = [next(calls) for _ in range(samples if turn in bench.TURNS else 1)]
+        assert len(set(tries)) == 1, (turn, tries)
+        prompt_len, n = tries[0]
+        if plain or turn == 1:
+            assert n == prompt_len
+        else:
+            assert 8 <= n < prompt_len / 2
+    # The tries leave the conversation as one send a turn does: ten exchanges.
+    (session,) = sessions
+    assert [m["role"] for m in session.messages] == ["user", "assistant"] * 10
+    replies = [m["content"] for m in session.messages if m["role"] == "assistant"]
+    assert all(replies), "the last try of each turn runs to the end"
