@@ -82,12 +82,17 @@ class _SyntheticTokenizer:
         raise NotImplementedError  # ChatSession only needs it for saved assistant messages
 
 
-def synthetic_model(name: str) -> tuple[GPT, _SyntheticTokenizer]:
-    """A random era-E model with nanochat's shapes for that depth (64 wide per layer)."""
+def synthetic_config(name: str) -> GPTConfig:
+    """nanochat's shapes for a depth: 64 wide per layer, 128-wide heads, vocab 65536."""
     depth = SYNTHETIC_DEPTHS[name]
     n_embd = 64 * depth
     n_head = max(1, math.ceil(n_embd / 128))
-    config = GPTConfig(2048, 65536, depth, n_head, n_head, n_embd, window_pattern="SSSL")
+    return GPTConfig(2048, 65536, depth, n_head, n_head, n_embd, window_pattern="SSSL")
+
+
+def synthetic_model(name: str) -> tuple[GPT, _SyntheticTokenizer]:
+    """A random era-E model with nanochat's shapes for that depth (synthetic_config)."""
+    config = synthetic_config(name)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = GPT(config, ERAS["E"])

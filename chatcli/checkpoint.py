@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from chatcli.errors import CheckpointError, TokenizerError
-from chatcli.model import GPT, GPTConfig, infer_architecture
+from chatcli.model import GPT, GPTConfig, infer_architecture, is_embedding_table
 from chatcli.quantize import default_half_kind
 from chatcli.tokenizer import Tokenizer
 
@@ -88,6 +88,9 @@ def pick_device(device: str = "auto") -> torch.device:
 # Above this many matrix weights, CPU decode is bandwidth-bound: a 16-bit copy halves the
 # bytes read per token (performance.md: d20 fp32 ~11 tok/s, bf16 mv ~2x that).
 LARGE_MODEL_MATRIX_PARAMS = 100_000_000
+# Entries of narrow embedding tables above which they stay narrow (_narrow_tables): 64 MB
+# widened to fp32. The embedded model's four bf16 tables hold 0.8M, d4's 50M, d20's 922M.
+NARROW_TABLES_AT = 16 * 2**20
 # What --quantize takes when loading (16-bit copies come by default or with --dtype).
 QUANTIZE_CHOICES = ("none", "int8", "int4")
 
@@ -97,9 +100,14 @@ class Precision:
     compute: torch.dtype  # activations, norms, softmax, the KV cache, the weights
     decode: str | None = None  # a compact copy batch-1 decode reads (quantize.QUANTIZE_KINDS)
 
-    def describe(self) -> str:
+    def describe(self, tables: torch.dtype | None = None) -> str:
+        """e.g. "float32 (decode weights float16), embeddings bfloat16" (tables: the embedding
+        tables' dtype, said where it is not the compute dtype: _narrow_tables)."""
         c = str(self.compute).removeprefix("torch.")
-        return c if self.decode is None else f"{c} (decode weights {self.decode})"
+        text = c if self.decode is None else f"{c} (decode weights {self.decode})"
+        if tables is not None and tables != self.compute:
+            text += f", embeddings {str(tables).removeprefix('torch.')}"
+        return text
 
 
 def pick_precision(
@@ -341,6 +349,32 @@ def _short(keys: list[str]) -> str:
     return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
 
 
+def saved_matrix_params(sd: dict[str, torch.Tensor]) -> int:
+    """Weights of the matrices a decode step reads whole (pick_precision's size): the
+    embedding tables are looked up a row at a time, so they do not count."""
+    return sum(v.numel() for k, v in sd.items() if v.ndim == 2 and not is_embedding_table(k))
+
+
+def _narrow_tables(
+    sd: dict[str, torch.Tensor], precision: Precision, device: torch.device
+) -> set[str]:
+    """The embedding tables kept as saved rather than widened to the compute dtype: tables
+    saved narrower (nanochat's CUDA runs save wte and the value embeddings in bf16), for
+    fp32 compute on the CPU, where they are big enough to matter (NARROW_TABLES_AT). They
+    stay mapped from the file (read_state_dict's mmap), and each looked-up row widens
+    (model.look_up, exact). Widened at load, d20's tables took 3.7 GB of process memory and
+    d32's 9.1 GB, where a decode step reads a row of each; a small model's step, made of
+    dispatched ops, would only pay one op more per lookup."""
+    if device.type != "cpu" or precision.compute != torch.float32:
+        return set()
+    narrow = {
+        k
+        for k, v in sd.items()
+        if is_embedding_table(k) and v.dtype in (torch.bfloat16, torch.float16)
+    }
+    return narrow if sum(sd[k].numel() for k in narrow) >= NARROW_TABLES_AT else set()
+
+
 def build_model(
     sd: dict[str, torch.Tensor],
     config: GPTConfig,
@@ -361,7 +395,9 @@ def build_model(
     with torch.device("meta"):
         model = GPT(config, arch)
     check_state_dict(model, sd, model_file, config)
-    model.load_state_dict({k: v.to(precision.compute) for k, v in sd.items()}, assign=True)
+    narrow = _narrow_tables(sd, precision, device)
+    stored = {k: v if k in narrow else v.to(precision.compute) for k, v in sd.items()}
+    model.load_state_dict(stored, assign=True)
     if precision.decode is not None:
         model.add_decode_weights(precision.decode)
     model.cos, model.sin = torch.empty(0), torch.empty(0)  # the meta-device placeholders
@@ -407,8 +443,7 @@ def load_model(
         )
     sd = read_state_dict(ref.model_file)
     dev = pick_device(device)
-    matrix_params = sum(v.numel() for k, v in sd.items() if v.ndim == 2 and "wte" not in k)
-    precision = pick_precision(dev, dtype, matrix_params, quantize)
+    precision = pick_precision(dev, dtype, saved_matrix_params(sd), quantize)
     model = build_model(sd, config, ref.model_file, dev, precision, softcap)
     model.info = ModelInfo(
         path=str(ref.model_file),
@@ -418,7 +453,7 @@ def load_model(
         era=model.arch.era,
         num_params=model.num_params(),
         device=str(dev),
-        dtype=precision.describe(),
+        dtype=precision.describe(model.transformer.wte.weight.dtype),
         sequence_len=config.sequence_len,
         load_s=time.perf_counter() - t0,
         embedded=path is None,

@@ -51,6 +51,7 @@ from chatcli.model import (
     SMEAR_CHANNELS,
     Attention,
     attend_shared,
+    is_embedding_table,
     linear,
     through_copy,
     weight_major,
@@ -234,19 +235,22 @@ class DecodeStep:
             self.smear_gate = model.smear_gate.weight.detach().reshape(-1)  # (24,)
             self.smear_lambda = model.smear_lambda.item()
         self.wte = model.transformer.wte.weight.detach()
+        # The activations' dtype; the embedding tables may be narrower (model.look_up), and
+        # then each looked-up row widens to it (one op, only where a table is narrower).
+        self.dtype = model.compute_dtype
         self.lm_head = _Matrix([model.lm_head])
         D = self.head_dim
         # In fp32 the qk-norm's weight carries the era's qk scale (1 before era D); in bf16
         # that weight would round 1.2 to 1.203125, so the scale multiplies after the norm.
         self.qk_scale = arch.qk_scale if arch.qk_scale is not None else 1.0
         self.qk_norm_weight = (
-            torch.full((D,), self.qk_scale, dtype=self.wte.dtype, device=self.wte.device)
-            if self.wte.dtype == torch.float32
+            torch.full((D,), self.qk_scale, dtype=self.dtype, device=self.wte.device)
+            if self.dtype == torch.float32
             else None
         )
         # rotate-half as a matrix: (x1, x2) @ P = (x2, -x1), so x*cos + (x@P)*sin is rope.
         half = D // 2
-        P = torch.zeros(D, D, dtype=self.wte.dtype, device=self.wte.device)
+        P = torch.zeros(D, D, dtype=self.dtype, device=self.wte.device)
         P[half:, :half] = torch.eye(half)
         P[:half, half:] = -torch.eye(half)
         self.rotate_half = P
@@ -280,16 +284,16 @@ class DecodeStep:
         self.split_threads = model.num_params() >= SMALL_MODEL_PARAMS
         self._thread_choices: dict[tuple[int, int], ThreadChoice] = {}
         self.wide_threads = 1  # the products' and attention's count (__call__ sets it)
-        self._eps = torch.finfo(self.wte.dtype).eps  # F.rms_norm's default
+        self._eps = torch.finfo(self.dtype).eps  # F.rms_norm's default
         # fp32 on the CPU: the qk-norm in 4 ops (_qk_norm_lean), and sample rows fold each
         # RMSNorm into a per-row scale (_row_scales), but only where every product takes its
         # rows as floats: fbgemm's int8 kernel quantizes a product's input with one scale for
         # all its rows, which must see the rows normalised, as the module forward gives them.
-        self.lean = self.wte.dtype == torch.float32 and self.wte.device.type == "cpu"
+        self.lean = self.dtype == torch.float32 and self.wte.device.type == "cpu"
         self.fold_norms = self.lean and all(c.float_activations for c in model.decode_weights())
         # eps times the squared divisors _row_scales is asked for: 1, the qk scale, the softcap
         self._eps_scaled = {
-            t: torch.tensor(self._eps * t * t, dtype=self.wte.dtype)
+            t: torch.tensor(self._eps * t * t, dtype=self.dtype)
             for t in (1.0, 1.0 / self.qk_scale, self.softcap)
         }
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -297,12 +301,19 @@ class DecodeStep:
     @staticmethod
     def supports(model: object) -> bool:
         """Whether this step reproduces `model`'s forward: our fp32 GPT on the CPU, with or
-        without compact decode copies of its matrices."""
+        without compact decode copies of its matrices, its embedding tables fp32 or
+        narrower (their rows widen as they are looked up)."""
         if not isinstance(model, GPT) or model.get_device().type != "cpu":
             return False
         return model.compute_dtype == torch.float32 and all(
-            p.dtype == torch.float32 for p in model.parameters()
+            p.dtype == torch.float32
+            for name, p in model.named_parameters()
+            if not is_embedding_table(name)
         )
+
+    def _look_up(self, idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        rows = F.embedding(idx, table)
+        return rows if table.dtype == self.dtype else rows.to(self.dtype)
 
     def _room_for_one(self, cache: KVCache | SharedPrefixCache) -> int:
         """The position the next token goes to; a ValueError if the model or cache is full
@@ -345,7 +356,7 @@ class DecodeStep:
         if layer.ve_table is not None:
             z = F.linear(h[:, : self.ve_channels], layer.ve_gate)
             gate = torch.sigmoid(z if s is None else z.mul_(s))
-            ve = F.embedding(idx, layer.ve_table).view(N, Hkv, D)
+            ve = self._look_up(idx, layer.ve_table).view(N, Hkv, D)
             v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
         qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)  # rope before the norm
         qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
@@ -425,10 +436,10 @@ class DecodeStep:
         C = self.wte.size(1)
         fold = self.fold_norms
 
-        x = F.embedding(idx, self.wte)
+        x = self._look_up(idx, self.wte)
         x = x.mul_(self._row_scales(x)) if fold else F.rms_norm(x, (C,))  # (N, C)
         if self.smear and pos > 0 and cache.prev_token is not None:
-            prev = F.rms_norm(F.embedding(cache.prev_token, self.wte), (C,))
+            prev = F.rms_norm(self._look_up(cache.prev_token, self.wte), (C,))
             gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
             x = torch.addcmul(x, prev, gate.mul_(self.smear_lambda).unsqueeze(1))
         x0 = x
@@ -473,10 +484,10 @@ class DecodeStep:
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         C = self.wte.size(1)
         eps = self._eps
-        x = F.embedding(idx, self.wte)[0]
+        x = self._look_up(idx, self.wte)[0]
         x = x * _rms_scale(x, C, eps)
         if self.smear and pos > 0 and cache.prev_token is not None:
-            prev = F.embedding(cache.prev_token.view(1), self.wte)[0]
+            prev = self._look_up(cache.prev_token.view(1), self.wte)[0]
             gate = torch.sigmoid(torch.dot(self.smear_gate, x[:SMEAR_CHANNELS]))
             value = self.smear_lambda * _rms_scale(prev, C, eps)
             x = torch.addcmul(x, prev, gate, value=value)
@@ -493,7 +504,7 @@ class DecodeStep:
             v = qkv[k_end:].view(Hkv, D)
             if layer.ve_table is not None:
                 gate = torch.sigmoid(torch.mv(layer.ve_gate, x[: self.ve_channels]).mul_(s))
-                ve = F.embedding(idx, layer.ve_table).view(Hkv, D)
+                ve = self._look_up(idx, layer.ve_table).view(Hkv, D)
                 v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
             qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
             qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
@@ -666,9 +677,9 @@ class StaticDecodeStep(DecodeStep):
         C = self.wte.size(1)
         cos = self.cos_table.index_select(0, pos)  # (1, D)
         sin = self.sin_table.index_select(0, pos)
-        x = F.rms_norm(F.embedding(ids, self.wte), (C,))
+        x = F.rms_norm(self._look_up(ids, self.wte), (C,))
         if self.smear:
-            prev_x = F.rms_norm(F.embedding(prev, self.wte), (C,))
+            prev_x = F.rms_norm(self._look_up(prev, self.wte), (C,))
             gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
             gate = gate * (self.smear_lambda * has_prev.to(x.dtype))  # none without one
             x = torch.addcmul(x, prev_x, gate.unsqueeze(1))

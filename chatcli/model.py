@@ -118,12 +118,13 @@ def infer_architecture(
 class Linear(nn.Linear):
     """A bias-free linear layer that can also keep a compact copy of its weight for decode.
 
-    Batch-1 decode of a big model on CPU is bandwidth-bound: a single vector goes through
-    the copy (bf16, int8 or int4: quantize.py), which reads a half to an eighth of the bytes;
-    int8 also serves a few sample rows. Anything larger (prefill) uses the fp32 weight: bf16
-    matrix-matrix kernels are compute-bound on this CPU and measured 6.6x slower, and
-    widening bf16 to fp32 on every call cost more than it saved. Activations stay fp32
-    between products (inside one, the copy's kernel may round them: quantize.py).
+    Decode of a big model on CPU is bandwidth-bound: rows go through the copy (fp16, bf16,
+    int8 or int4: quantize.py), which reads a half to an eighth of the bytes, up to the
+    copy's max_rows: fbgemm's fp16 kernel serves sample rows, chat chunks and prompts of up
+    to 1024 tokens, int8 up to 16 rows, bf16 and int4 one (their matrix-matrix kernels are
+    compute-bound on this CPU: bf16's measured 6.6x slower than fp32). More rows use the
+    fp32 weight. Activations stay fp32 between products (inside one, the copy's kernel may
+    round them: quantize.py).
     """
 
     decode_weight: DecodeWeight | None = None
@@ -181,6 +182,14 @@ def embedding(num: int, dim: int) -> nn.Embedding:
     lazily imports torch's compiler stack (~2 s of a cold `chatcli once`).
     """
     return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+
+
+def is_embedding_table(key: str) -> bool:
+    """Whether a state-dict key names an embedding table (looked up a row per token, never
+    read whole): the token embedding and era C+'s value embeddings."""
+    return key == "transformer.wte.weight" or (
+        key.startswith("value_embeds.") and key.endswith(".weight")
+    )
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
@@ -524,8 +533,17 @@ class GPT(nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The activations' dtype (the embedding's), whatever the matrices are stored in."""
-        return self.transformer.wte.weight.dtype
+        """The activations' dtype: the lm_head's, whatever the compact decode copies are.
+        The embedding tables may be narrower (a checkpoint's bf16 tables stay bf16 on the
+        CPU: is_embedding_table); their rows widen to this dtype as they are looked up."""
+        return self.lm_head.weight.dtype
+
+    def look_up(self, table: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:
+        """Rows of an embedding table in the compute dtype (exact: bf16 and fp16 widen to
+        fp32 without rounding, so a narrow table gives what its widened copy would)."""
+        rows = table(idx)
+        compute = self.compute_dtype
+        return rows if rows.dtype == compute else rows.to(compute)
 
     def get_device(self) -> torch.device:
         return self.lm_head.weight.device
@@ -541,11 +559,11 @@ class GPT(nn.Module):
         prev_token (B,) is the token before idx[:, 0] when idx continues a cached sequence;
         the full-sequence forward is the truth, so that first position is smeared too.
         """
-        x = norm(self.transformer.wte(idx))
+        x = norm(self.look_up(self.transformer.wte, idx))
         if not self.arch.smear:
             return x
         if prev_token is not None:
-            prev = norm(self.transformer.wte(prev_token)).unsqueeze(1)
+            prev = norm(self.look_up(self.transformer.wte, prev_token)).unsqueeze(1)
             before = torch.cat([prev, x[:, :-1]], dim=1)
             gate = self.smear_lambda * torch.sigmoid(self.smear_gate(x[..., :SMEAR_CHANNELS]))
             return x + gate * before
@@ -582,7 +600,7 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             if self.arch.lambdas:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
-            ve = self.value_embeds[str(i)](idx) if block.attn.ve_channels else None
+            ve = self.look_up(self.value_embeds[str(i)], idx) if block.attn.ve_channels else None
             x = x + block.attn(norm(x), ve, cos, sin, self.windows[i], kv_cache, pos)
             x = x + block.mlp(norm(x))
             if self.arch.backout and i == self.config.n_layer // 2:

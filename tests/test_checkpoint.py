@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from chatcli.checkpoint import load_model, pick_precision, resolve_checkpoint
+from chatcli.checkpoint import (
+    Precision,
+    build_model,
+    load_model,
+    pick_precision,
+    read_state_dict,
+    resolve_checkpoint,
+)
+from chatcli.decode_step import DecodeStep
 from chatcli.engine import Engine
 from chatcli.errors import CheckpointError
 
@@ -90,16 +98,61 @@ def test_compiled_prefix_padded_vocab_and_bf16_weights_load_as_the_reference(tmp
         if k in ("transformer.wte.weight", "lm_head.weight") or k.startswith("value_embeds"):
             v = torch.cat([v, torch.randn(64, v.shape[1])])  # vocab padded to 576
         if k == "transformer.wte.weight":
-            v = v.bfloat16()  # as nanochat saves it: round-trips exactly to fp32 below
+            v = v.bfloat16()  # as nanochat saves it: its rows widen exactly to fp32 below
         changed["_orig_mod." + k] = v
     model, _, _ = load_model(_flat(tmp_path, sd=changed), device="cpu")
-    assert model.transformer.wte.weight.dtype == torch.float32
     assert model.transformer.wte.weight.shape[0] == 576
     logits = model(PROMPT)
     assert logits.shape[-1] == 512  # sliced back to vocab_size
     sd["transformer.wte.weight"] = sd["transformer.wte.weight"].bfloat16().float()
     ref_model, _, _ = load_model(_flat(tmp_path / "ref", sd=sd), device="cpu")
-    torch.testing.assert_close(logits, ref_model(PROMPT))
+    assert torch.equal(logits, ref_model(PROMPT))
+
+
+@pytest.mark.parametrize("era", ["A", "E"])
+def test_bf16_embedding_tables_stay_as_saved_and_answer_as_widened_ones(tmp_path, era, monkeypatch):
+    """nanochat's CUDA runs save wte and the value embeddings in bf16. On the CPU big ones
+    stay bf16, mapped from the file (half the memory of fp32, and none of it copied), and
+    every path gives what the same tables widened to fp32 at load give, bit for bit."""
+    from chatcli import checkpoint
+
+    monkeypatch.setattr(checkpoint, "NARROW_TABLES_AT", 1)  # the fixture's tables count
+    sd, _, _ = _files(era)
+    tables = [k for k in sd if k == "transformer.wte.weight" or k.startswith("value_embeds.")]
+    assert len(tables) == 1 if era == "A" else len(tables) > 1  # E: value embeddings too
+    narrow = {k: v.bfloat16() if k in tables else v for k, v in sd.items()}
+    widened = {k: v.float() for k, v in narrow.items()}
+    folder = _flat(tmp_path / "narrow", sd=narrow, era=era)
+    model, tokenizer, _ = load_model(folder, device="cpu")
+    ref, _, _ = load_model(_flat(tmp_path / "wide", sd=widened, era=era), device="cpu")
+    for k in tables:
+        assert model.get_parameter(k).dtype == torch.bfloat16
+        assert ref.get_parameter(k).dtype == torch.float32
+    assert model.compute_dtype == torch.float32
+    assert (model.info.dtype, ref.info.dtype) == ("float32, embeddings bfloat16", "float32")
+    # Not copied: the parameter is the tensor read from the file's mapping.
+    mapped = read_state_dict(folder / "model_000650.pt")
+    config = model.config
+    built = build_model(mapped, config, folder, torch.device("cpu"), Precision(torch.float32))
+    for k in tables:
+        assert built.get_parameter(k).data_ptr() == mapped[k].data_ptr()
+    # Small tables widen at load, so that a small model's step needs no op to widen them.
+    monkeypatch.setattr(checkpoint, "NARROW_TABLES_AT", sum(mapped[k].numel() for k in tables) + 1)
+    small, _, _ = load_model(folder, device="cpu")
+    assert all(small.get_parameter(k).dtype == torch.float32 for k in tables)
+    assert small.info.dtype == "float32" and torch.equal(small(PROMPT), ref(PROMPT))
+
+    assert torch.equal(model(PROMPT), ref(PROMPT))
+    ours, theirs = Engine(model, tokenizer), Engine(ref, tokenizer)
+    assert type(ours.decode_step) is DecodeStep  # the fused step still applies
+    prompt = PROMPT[0].tolist()
+
+    def run(engine: Engine, n: int) -> list:  # one row, or sample rows over a shared prompt
+        kwargs = dict(num_samples=n, max_tokens=12, temperature=0.0 if n == 1 else 1.0, seed=3)
+        return [cols for cols, _ in engine.generate(prompt, use_tools=False, **kwargs)]
+
+    assert run(ours, 1) == run(theirs, 1)
+    assert run(ours, 4) == run(theirs, 4)
 
 
 def test_softcap_override_changes_the_cap():
