@@ -48,7 +48,7 @@ CHAT_SECONDS = 1.0  # each round's scripted chats, per mode (see _chat_ttft)
 TTFT_SAMPLES = 3  # each measured turn of a chat, sent again from the same state
 
 
-class _SyntheticTokenizer:
+class SyntheticTokenizer:
     """Enough of a tokenizer for a random-weight model: bytes, specials at the top."""
 
     def __init__(self, vocab_size: int) -> None:
@@ -90,7 +90,7 @@ def synthetic_config(name: str) -> GPTConfig:
     return GPTConfig(2048, 65536, depth, n_head, n_head, n_embd, window_pattern="SSSL")
 
 
-def synthetic_model(name: str) -> tuple[GPT, _SyntheticTokenizer]:
+def synthetic_model(name: str) -> tuple[GPT, SyntheticTokenizer]:
     """A random era-E model with nanochat's shapes for that depth (synthetic_config)."""
     config = synthetic_config(name)
     torch.manual_seed(0)
@@ -102,7 +102,7 @@ def synthetic_model(name: str) -> tuple[GPT, _SyntheticTokenizer]:
             p.normal_(0.0, 0.02 if p.ndim == 2 else 0.1)
     model.init_rotary()
     model.eval().requires_grad_(False)
-    return model, _SyntheticTokenizer(config.vocab_size)
+    return model, SyntheticTokenizer(config.vocab_size)
 
 
 def measure_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from chatcli.bench import _SyntheticTokenizer, synthetic_config, synthetic_model
+from chatcli.bench import SyntheticTokenizer, synthetic_config, synthetic_model
 from chatcli.checkpoint import build_model, pick_precision, read_state_dict, saved_matrix_params
 from chatcli.cpu_plan import apply_cpu_plan
 from chatcli.engine import Engine
@@ -68,7 +68,7 @@ def _child(path: Path, depth: str, widen: bool) -> None:
     loaded = _status()
     load_s = time.perf_counter() - t0
     apply_cpu_plan(model)
-    engine = Engine(model, _SyntheticTokenizer(config.vocab_size))
+    engine = Engine(model, SyntheticTokenizer(config.vocab_size))
     prompt = list(range(1, 33))
     t0 = time.perf_counter()
     n = sum(1 for _ in engine.generate(prompt, max_tokens=16, temperature=0.0, use_tools=False))
