@@ -215,11 +215,6 @@ def _chat_ttft(model, tokenizer, plain: bool) -> dict[str, float]:
     """
     opts = SamplingOptions(temperature=0.0, top_k=None, max_tokens=12, seed=1, tools=False)
     best: dict[str, float] = {}
-
-    def keep(turn: int) -> None:
-        ttft = session.last_reply.stats.ttft_s
-        best[f"ttft{turn}"] = min(best.get(f"ttft{turn}", ttft), ttft)
-
     t0 = time.perf_counter()
     while not best or time.perf_counter() - t0 < CHAT_SECONDS:
         session = ChatSession(model, tokenizer, opts)
@@ -235,14 +230,16 @@ def _chat_ttft(model, tokenizer, plain: bool) -> dict[str, float]:
                 else:  # back to the cache before the turn: it prefills the turn again
                     session.cache_tokens = list(held)
                 events = session.send(text) if attempt == 0 else session.regenerate()
-                for _ in events:
-                    if attempt < tries - 1:
-                        break  # the first token is timed; the rest would not be
-                if attempt < tries - 1:
+                if attempt == tries - 1:
+                    for _ in events:
+                        pass
+                else:  # the first token is timed; the rest would not be
+                    next(events, None)
                     events.close()
                     session.pop_last_reply()
                 if turn in TURNS:
-                    keep(turn)
+                    ttft = session.last_reply.stats.ttft_s
+                    best[f"ttft{turn}"] = min(best.get(f"ttft{turn}", ttft), ttft)
     return best
 
 
