@@ -205,8 +205,10 @@ def _chat_ttft(model, tokenizer, plain: bool) -> dict[str, float]:
     A small model's turn takes ~8 ms, which the host's noise moves by a third: one chat
     a round left its turn-10 / turn-1 ratio anywhere between 1.08 and 1.49 from one bench
     run to the next. A big model's chat takes seconds and runs once a round, so each measured
-    turn is sent TTFT_SAMPLES times, as /retry would, from the state before it (the earlier
-    tries stop at their first token): d20's turns moved between 210 and 315 ms from one
+    turn is sent TTFT_SAMPLES times (any model's), from the state before it: the reply is
+    popped and regenerated with the cache rewound to what it held before the turn (unlike
+    /retry, which reuses the turn's cached prompt), and the earlier tries stop at their first
+    streamed event, the first token timed: d20's turns moved between 210 and 315 ms from one
     to the next with no trend, and three single samples per turn read 1.30-1.44 for its
     turn-10 / turn-1 ratio.
 

@@ -85,10 +85,14 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-# Above this many matrix weights, CPU decode is bandwidth-bound: a 16-bit copy halves the
-# bytes read per token (performance.md: d20 fp32 ~11 tok/s, bf16 mv ~2x that).
-LARGE_MODEL_MATRIX_PARAMS = 100_000_000
-# Entries of narrow embedding tables above which they stay narrow (_narrow_tables): 64 MB
+# Above this many matrix weights (the embedding tables, looked up a row at a time, not
+# counted), CPU decode streams the matrices from memory, and a 16-bit copy halves the bytes
+# read per token. Greedy batch-1 ms a token, fp32 against fbgemm fp16 copies, four
+# alternating rounds (random era-E models, one-off): 5.2M matrix weights 3.3-4.0 against
+# 3.2-4.2, 13.8M 5.0-5.7 against 4.8-6.1, 20M (d4's shapes) 11.9-13.1 against 5.6-6.4,
+# 23M 10.1-11.5 against 6.1-7.9; d20 (477M) 2.5-3x.
+LARGE_MODEL_MATRIX_PARAMS = 16_000_000
+# Entries of narrow embedding tables from which they stay narrow (_narrow_tables): 64 MB
 # widened to fp32. The embedded model's four bf16 tables hold 0.8M, d4's 50M, d20's 922M.
 NARROW_TABLES_AT = 16 * 2**20
 # What --quantize takes when loading (16-bit copies come by default or with --dtype).
@@ -97,7 +101,8 @@ QUANTIZE_CHOICES = ("none", "int8", "int4")
 
 @dataclass(frozen=True)
 class Precision:
-    compute: torch.dtype  # activations, norms, softmax, the KV cache, the weights
+    compute: torch.dtype  # activations, norms, softmax, the KV cache, the weights (big
+    # embedding tables saved narrower may stay so on the CPU: _narrow_tables)
     decode: str | None = None  # a compact copy batch-1 decode reads (quantize.QUANTIZE_KINDS)
 
     def describe(self, tables: torch.dtype | None = None) -> str:
@@ -385,6 +390,13 @@ def _read_through(table: torch.Tensor) -> None:
     table.view(torch.uint8).amax()
 
 
+def _narrow_dtype(model: GPT) -> torch.dtype | None:
+    """The dtype of the embedding tables kept narrower than the compute dtype, if any."""
+    compute = model.compute_dtype
+    kept = (p.dtype for n, p in model.named_parameters() if is_embedding_table(n))
+    return next((d for d in kept if d != compute), None)
+
+
 def build_model(
     sd: dict[str, torch.Tensor],
     config: GPTConfig,
@@ -465,7 +477,7 @@ def load_model(
         era=model.arch.era,
         num_params=model.num_params(),
         device=str(dev),
-        dtype=precision.describe(model.transformer.wte.weight.dtype),
+        dtype=precision.describe(_narrow_dtype(model)),
         sequence_len=config.sequence_len,
         load_s=time.perf_counter() - t0,
         embedded=path is None,

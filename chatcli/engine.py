@@ -170,7 +170,7 @@ class Engine:
     def new_cache(self, batch_size: int, seq_len: int) -> KVCache:
         m = self.model.config
         device = torch.device(self.model.get_device())
-        # The K/V dtype is the activations' (our GPT may store its matrices in bf16).
+        # The K/V dtype is the activations' (our GPT may keep its embedding tables narrower).
         dtype = getattr(self.model, "compute_dtype", None)
         if dtype is None:
             params = self.model.parameters() if hasattr(self.model, "parameters") else iter(())

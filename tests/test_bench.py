@@ -168,5 +168,10 @@ def test_each_measured_turn_is_timed_again_from_the_state_before_it(monkeypatch,
     # The tries leave the conversation as one send a turn does: ten exchanges.
     (session,) = sessions
     assert [m["role"] for m in session.messages] == ["user", "assistant"] * 10
-    replies = [m["content"] for m in session.messages if m["role"] == "assistant"]
-    assert all(replies), "the last try of each turn runs to the end"
+    # The earlier tries of a measured turn stop at their first token, the last runs on.
+    finishes = [(st.finish_reason, st.tokens_out) for st in session.history_stats]
+    turns = iter(finishes)
+    for turn in range(1, 11):
+        tries = [next(turns) for _ in range(samples if turn in bench.TURNS else 1)]
+        assert all(t == ("interrupted", 1) for t in tries[:-1]), (turn, tries)
+        assert tries[-1][0] != "interrupted" and tries[-1][1] > 1, (turn, tries)

@@ -98,10 +98,11 @@ def test_compiled_prefix_padded_vocab_and_bf16_weights_load_as_the_reference(tmp
         if k in ("transformer.wte.weight", "lm_head.weight") or k.startswith("value_embeds"):
             v = torch.cat([v, torch.randn(64, v.shape[1])])  # vocab padded to 576
         if k == "transformer.wte.weight":
-            v = v.bfloat16()  # as nanochat saves it: its rows widen exactly to fp32 below
+            v = v.bfloat16()  # as nanochat saves it: a table this small widens at load
         changed["_orig_mod." + k] = v
     model, _, _ = load_model(_flat(tmp_path, sd=changed), device="cpu")
     assert model.transformer.wte.weight.shape[0] == 576
+    assert model.transformer.wte.weight.dtype == torch.float32
     logits = model(PROMPT)
     assert logits.shape[-1] == 512  # sliced back to vocab_size
     sd["transformer.wte.weight"] = sd["transformer.wte.weight"].bfloat16().float()
@@ -109,27 +110,41 @@ def test_compiled_prefix_padded_vocab_and_bf16_weights_load_as_the_reference(tmp
     assert torch.equal(logits, ref_model(PROMPT))
 
 
-@pytest.mark.parametrize("era", ["A", "E"])
-def test_bf16_embedding_tables_stay_as_saved_and_answer_as_widened_ones(tmp_path, era, monkeypatch):
+@pytest.mark.parametrize(
+    ("era", "dtype", "only_values"),
+    [
+        ("A", torch.bfloat16, False),
+        ("E", torch.bfloat16, False),
+        ("E", torch.float16, False),
+        ("E", torch.bfloat16, True),  # wte fp32, the value embeddings narrow
+    ],
+)
+def test_bf16_embedding_tables_stay_as_saved_and_answer_as_widened_ones(
+    tmp_path, era, dtype, only_values, monkeypatch
+):
     """nanochat's CUDA runs save wte and the value embeddings in bf16. On the CPU big ones
-    stay bf16, mapped from the file (half the memory of fp32, and none of it copied), and
-    every path gives what the same tables widened to fp32 at load give, bit for bit."""
+    stay bf16 (or fp16), mapped from the file (half the memory of fp32, and none of it
+    copied), and every path gives what the same tables widened to fp32 at load give, bit
+    for bit."""
     from chatcli import checkpoint
 
     monkeypatch.setattr(checkpoint, "NARROW_TABLES_AT", 1)  # the fixture's tables count
     sd, _, _ = _files(era)
     tables = [k for k in sd if k == "transformer.wte.weight" or k.startswith("value_embeds.")]
     assert len(tables) == 1 if era == "A" else len(tables) > 1  # E: value embeddings too
-    narrow = {k: v.bfloat16() if k in tables else v for k, v in sd.items()}
+    if only_values:
+        tables = [k for k in tables if k.startswith("value_embeds.")]
+    narrow = {k: v.to(dtype) if k in tables else v for k, v in sd.items()}
     widened = {k: v.float() for k, v in narrow.items()}
     folder = _flat(tmp_path / "narrow", sd=narrow, era=era)
     model, tokenizer, _ = load_model(folder, device="cpu")
     ref, _, _ = load_model(_flat(tmp_path / "wide", sd=widened, era=era), device="cpu")
     for k in tables:
-        assert model.get_parameter(k).dtype == torch.bfloat16
+        assert model.get_parameter(k).dtype == dtype
         assert ref.get_parameter(k).dtype == torch.float32
     assert model.compute_dtype == torch.float32
-    assert (model.info.dtype, ref.info.dtype) == ("float32, embeddings bfloat16", "float32")
+    said = f"float32, embeddings {str(dtype).removeprefix('torch.')}"
+    assert (model.info.dtype, ref.info.dtype) == (said, "float32")
     # Not copied: the parameter is the tensor read from the file's mapping.
     mapped = read_state_dict(folder / "model_000650.pt")
     config = model.config
@@ -327,3 +342,19 @@ def test_large_cpu_models_decode_through_the_cpus_faster_half_copy(capability, k
     assert pick_precision(torch.device("cpu"), "bfloat16", matrix_params=10**9).decode == (
         "bfloat16"
     )
+
+
+def test_embedding_tables_do_not_count_toward_a_large_model():
+    """The plan's size is the matrices a decode step reads whole: d4's shapes hold 20M of
+    them beside 50M of embedding tables, and get the 16-bit copies (measured 2x faster at
+    batch 1 there); the embedded model's 2.7M keep fp32."""
+    from chatcli.bench import synthetic_model
+    from chatcli.checkpoint import LARGE_MODEL_MATRIX_PARAMS, saved_matrix_params
+
+    model, _ = synthetic_model("d4")
+    sd = model.state_dict()
+    matrices = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert saved_matrix_params(sd) == matrices and model.num_params() - matrices > 50_000_000
+    assert pick_precision(torch.device("cpu"), matrix_params=saved_matrix_params(sd)).decode
+    embedded = read_state_dict(resolve_checkpoint(None).model_file)
+    assert saved_matrix_params(embedded) < LARGE_MODEL_MATRIX_PARAMS
