@@ -31,7 +31,9 @@ def sample_next_token(
     vals = logits
     if top_k is not None and 0 < top_k < logits.size(-1):
         vals, idx = torch.topk(logits, top_k, dim=-1)  # sorted, descending
-    probs = F.softmax(vals.float() / temperature, dim=-1)
+    # x / 1.0 is x: over (8, 65536) logits the division is ~0.3 ms a step to skip.
+    scaled = vals.float() if temperature == 1.0 else vals.float() / temperature
+    probs = F.softmax(scaled, dim=-1)
     if top_p is not None and 0.0 < top_p < 1.0:
         if idx is None:
             probs, idx = torch.sort(probs, dim=-1, descending=True)
@@ -50,4 +52,9 @@ def _invert_cdf(probs: torch.Tensor, rng: torch.Generator | None) -> torch.Tenso
     # past the end or on a zero tail: clamp, and fall back to the likeliest token then.
     choice = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.size(-1) - 1)
     ok = probs.gather(1, choice) > 0
+    # The fallback's argmax reads the whole distribution (~0.3-0.6 ms for 8 rows of 65536
+    # on the CPU) for a case that almost never happens: on the CPU a host read (~3 us) says
+    # whether it is needed; on a GPU that read would be a sync, so the choice stays there.
+    if probs.device.type == "cpu" and bool(ok.all()):
+        return choice
     return torch.where(ok, choice, probs.argmax(dim=-1, keepdim=True))

@@ -131,6 +131,20 @@ def test_the_extreme_uniform_draws_never_land_on_an_impossible_token(monkeypatch
     assert ids == ([2, 1] if u == 0.0 else [3, 3])
 
 
+def test_a_draw_rounded_up_to_the_total_falls_back_to_the_likeliest_token(monkeypatch):
+    # A draw of exactly 1 (what rounding can make of u * total) passes every cdf value: the
+    # row whose last id is possible keeps it; the row with an impossible tail falls back to
+    # its likeliest id, while the other row's draw stands.
+    def top(size, *, generator=None, device=None, dtype=None):
+        return torch.ones(size, device=device, dtype=dtype)
+
+    monkeypatch.setattr(torch, "rand", top)
+    inf = float("-inf")
+    logits = torch.tensor([[0.0, 2.0, 1.0, inf], [0.0, 0.0, 1.0, 0.5]])
+    assert sample_next_token(logits, gen())[:, 0].tolist() == [1, 3]
+    assert sample_next_token(logits[1:], gen())[:, 0].tolist() == [3]  # every row fine
+
+
 def test_rows_are_sampled_independently():
     # Each row allows one different id: every row must draw its own.
     logits = torch.full((4, 8), float("-inf"))
