@@ -408,6 +408,9 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
         "threads": {"baseline": default_threads, "ours": plan.threads if plan else default_threads},
         "plan": plan.reason if plan else "not a CPU model",
         "decode_path": "decode_step" if engine.decode_step is not None else "module forward",
+        "one_row_kernels": sorted(
+            {getattr(c, "one_row_kernel", type(c).__name__) for c in model.decode_weights()}
+        ),
         "bandwidth_gbs": round(bandwidth, 1),
         "weight_mb_per_token": round(wbytes / 1e6, 1),
         "roofline_tps": round(roofline, 1),

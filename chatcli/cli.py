@@ -479,7 +479,9 @@ def bench(
     console = make_console()
     console.print(
         f"{result['model']}: {result['params'] / 1e6:.1f}M params, {result['weights']} weights; "
-        f"plan: {result['plan']}, decode via {result['decode_path']}; "
+        f"plan: {result['plan']}, decode via {result['decode_path']}"
+        + (f" ({', '.join(result['one_row_kernels'])})" if result["one_row_kernels"] else "")
+        + "; "
         f"memory bandwidth {result['bandwidth_gbs']} GB/s, "
         f"{result['weight_mb_per_token']} MB of weights per token -> roofline "
         f"{result['roofline_tps']} tok/s"

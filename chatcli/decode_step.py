@@ -29,7 +29,8 @@ CPU, the CUDA graph on a GPU. A big CPU model is bandwidth-bound, and its fused 
 the compact decode copies (quantize.py) its modules keep; halving its ops still matters
 there, as each op on two threads pays a fork/join. So its products and attention run on the
 caller's threads (or on one, where a second does not pay: cpu_plan.ThreadChoice) and the
-rest on one.
+rest on one. A small model's run on one thread, or on every core where that measures faster
+(its weights stream from a cache level one core reads slowly on some CPUs).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 
-from chatcli.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice
+from chatcli.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice, available_cores
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model import (
     GPT,
@@ -281,6 +282,12 @@ class DecodeStep:
         # its products run on the caller's threads, and so does its attention, which
         # streams the cache (d20 over 512 positions: 14.1 against 9.7 ms a token on one
         # thread and two, with openmp_wait's spin); everything else runs on one.
+        # A small model's step runs on the caller's one thread (cpu_plan), but its products
+        # and attention read ~11 MB of weights and cache a token, more than a core's L2
+        # holds: on a Xeon with AVX-512 the embedded model's step took 0.98-1.0 ms with
+        # them on both cores (openmp_wait's spin) against 1.17-1.20 on one, 8 rows 1.94-2.02
+        # against 2.13-2.18. There one core streams its cache slower than two do; elsewhere
+        # (an AMD EPYC) one thread was the faster, so it starts on one and measures.
         self.split_threads = model.num_params() >= SMALL_MODEL_PARAMS
         self._thread_choices: dict[tuple[int, int], ThreadChoice] = {}
         self.wide_threads = 1  # the products' and attention's count (__call__ sets it)
@@ -399,14 +406,17 @@ class DecodeStep:
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         """ids (N, 1), one token per cache row -> float32 logits (N, vocab_size)."""
         caller = torch.get_num_threads()  # the caller's count may change between calls
-        if not self.split_threads or caller == 1:
+        # The products' count: a big model's is the caller's, or one while a second thread
+        # does not pay (another process busy on the cores; openmp_wait.py); a small model's
+        # is one, or every core where that was measured faster. Chosen per row count.
+        wide = caller if self.split_threads else available_cores()
+        if wide == 1:
             self._set_wide_threads(1)
             return self._step(ids, cache)
-        # The products' count: the caller's, or one while a second thread does not pay
-        # (another process busy on the cores; openmp_wait.py), measured per row count.
-        choice = self._thread_choices.get((ids.size(0), caller))
+        choice = self._thread_choices.get((ids.size(0), wide))
         if choice is None:
-            choice = self._thread_choices[(ids.size(0), caller)] = ThreadChoice(caller)
+            preferred, other = (wide, 1) if self.split_threads else (1, wide)
+            choice = self._thread_choices[(ids.size(0), wide)] = ThreadChoice(preferred, other)
         self._set_wide_threads(choice.threads())
         torch.set_num_threads(1)
         try:

@@ -33,6 +33,8 @@ from typing import Protocol
 
 import torch
 
+from chatcli.native_kernels import f16_matvec, unavailable_reason
+
 # From the most bits to the fewest.
 QUANTIZE_KINDS = ("float16", "bfloat16", "int8", "int4")
 INT4_GROUP_SIZE = 128
@@ -69,13 +71,25 @@ class DecodeWeight(Protocol):
 class Fp16Weight:
     """fp16: on x86, fbgemm's fp16 GEMM over weights packed once, which widens them to fp32
     in registers and takes and accumulates fp32 activations, so any number of rows and no
-    range to mind. Elsewhere torch.mv, one row, its input scaled into fp16's range."""
+    range to mind. Elsewhere torch.mv, one row, its input scaled into fp16's range. One row
+    goes through our own kernel where it runs (native_kernels: AVX-512), which also widens
+    the weights in registers and sums in fp32: it streams d20's matrices at 27-30 GB/s on a
+    2-core Xeon where fbgemm's packed ones read at 21. It reads a plain fp16 copy, kept
+    beside fbgemm's packing (which serves several rows): twice the memory for the copies."""
 
     float_activations = True
 
-    def __init__(self, weight: torch.Tensor, use_fbgemm: bool | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, use_fbgemm: bool | None = None, use_native: bool | None = None
+    ) -> None:
         self.use_fbgemm = fbgemm_fp16_available() if use_fbgemm is None else use_fbgemm
         self.nbytes = weight.numel() * 2
+        native = f16_matvec() if use_native is None or use_native else None
+        if use_native and native is None:
+            raise RuntimeError(f"no native fp16 kernel here: {unavailable_reason()}")
+        self._native = native if native is not None and native.fits(weight) else None
+        if self._native is not None or not self.use_fbgemm:
+            self.weight = weight.detach().to(torch.float16).contiguous()
         if self.use_fbgemm:
             with warnings.catch_warnings():  # torch's quantized ops are marked deprecated
                 warnings.simplefilter("ignore")
@@ -84,10 +98,18 @@ class Fp16Weight:
                 )
             self.max_rows = FBGEMM_FP16_MAX_ROWS
         else:
-            self.weight = weight.detach().to(torch.float16).contiguous()
             self.max_rows = 1
 
+    @property
+    def one_row_kernel(self) -> str:
+        """What a product of one row runs (reported by `chatcli bench`)."""
+        if self._native is not None:
+            return "f16_matvec (native)"
+        return "fbgemm fp16" if self.use_fbgemm else "torch.mv fp16"
+
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        if self._native is not None:
+            return self._native(self.weight, x).to(x.dtype)
         if self.use_fbgemm:
             return self.matmul(x.view(1, -1)).view(-1)
         # torch.mv takes and gives fp16, whose range (65504) the MLP's squared activations
@@ -226,11 +248,14 @@ def make_decode_weight(weight: torch.Tensor, kind: str) -> DecodeWeight:
 
 def default_half_kind() -> str:
     """The 16-bit copy a big model keeps by default on this CPU for its decode (and, through
-    fbgemm's fp16 GEMM, for its products of up to FBGEMM_FP16_MAX_ROWS rows): fp16 where it
-    was measured faster than bf16 (x86 with AVX2, whose F16C converts it), else bf16, as
-    before: fp16 was not measured elsewhere, and some CPUs (AVX512-BF16, ARMv8.6) multiply
-    bf16 natively."""
-    return "float16" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "bfloat16"
+    fbgemm's fp16 GEMM, for its products of up to FBGEMM_FP16_MAX_ROWS rows): fp16 on x86
+    where fbgemm runs, else bf16. Over d20's matrices, one row on two threads (`python
+    scripts/bench_decode_paths.py kernels`): an AMD EPYC with AVX2, fp16 in 0.45-0.5 of
+    bf16's time; a Xeon with AVX-512 and AVX512-BF16, 49.9 against 107.9 ms a token (bf16's
+    torch.mv does not use the native bf16 dot products there). fp16 was not measured on
+    other CPUs (ARM), where its product would be a plain torch.mv."""
+    x86 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return "float16" if x86 and fbgemm_fp16_available() else "bfloat16"
 
 
 def supports(weight: torch.Tensor, kind: str) -> bool:

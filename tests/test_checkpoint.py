@@ -292,7 +292,9 @@ def test_quantize_gives_cpu_decode_copies_and_says_so(kind):
     assert all(p.dtype == torch.float32 for p in model.parameters())  # prefill stays fp32
 
 
-@pytest.mark.parametrize(("capability", "kind"), [("AVX2", "float16"), ("AVX512", "bfloat16")])
+@pytest.mark.parametrize(
+    ("capability", "kind"), [("AVX2", "float16"), ("AVX512", "float16"), ("DEFAULT", "bfloat16")]
+)
 def test_a_large_model_loads_with_the_default_half_copies_and_answers(
     capability, kind, monkeypatch
 ):
@@ -334,7 +336,9 @@ def test_quantize_refuses_cuda_and_unknown_formats():
     assert pick_precision(torch.device("cpu"), matrix_params=10**6).decode is None
 
 
-@pytest.mark.parametrize(("capability", "kind"), [("AVX2", "float16"), ("AVX512", "bfloat16")])
+@pytest.mark.parametrize(
+    ("capability", "kind"), [("AVX2", "float16"), ("AVX512", "float16"), ("DEFAULT", "bfloat16")]
+)
 def test_large_cpu_models_decode_through_the_cpus_faster_half_copy(capability, kind, monkeypatch):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     assert pick_precision(torch.device("cpu"), matrix_params=10**9).decode == kind

@@ -422,6 +422,48 @@ def test_a_big_models_products_follow_the_measured_thread_choice(monkeypatch):
     assert seen == [1, 2]
 
 
+def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measure_faster(
+    monkeypatch,
+):
+    monkeypatch.setattr("chatcli.decode_step.available_cores", lambda: 2)
+    model = _random_model("E")
+    step = DecodeStep(model)
+    assert not step.split_threads  # a small model: the rest of its step stays on one thread
+    seen = []
+    real_attention = torch.nn.functional.scaled_dot_product_attention
+
+    def spy_attention(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real_attention(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy_attention)
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, 190, (1, 40), generator=g)
+    ours, theirs = _cache(model), _cache(model)
+    model(ids[:, :30], kv_cache=ours)
+    model(ids[:, :30], kv_cache=theirs)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # the small-model plan's count
+        for t in range(30, 40):
+            seen.clear()
+            got = step(ids[:, t : t + 1], ours)
+            threads = list(seen)
+            want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+            assert torch.get_num_threads() == 1
+            if t == 30:
+                first = threads
+            if t == 30 + 4:  # the default choice's first probe: every core
+                probe = threads
+    finally:
+        torch.set_num_threads(before)
+    n_layer = model.config.n_layer
+    assert first == [1] * n_layer and probe == [2] * n_layer
+    choice = step._thread_choices[(1, 2)]
+    assert {choice.current, choice.other} == {1, 2}
+
+
 def test_a_big_fp32_matrix_takes_sample_rows_weight_major_on_the_products_threads(monkeypatch):
     from chatcli.decode_step import _Matrix
     from chatcli.model import Linear

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from chatcli.native_kernels import f16_matvec, unavailable_reason
 from chatcli.quantize import (
     INT4_GROUP_SIZE,
     QUANTIZE_KINDS,
@@ -119,31 +120,42 @@ def test_int8_serves_a_few_rows_and_fp32_the_rest():
     assert torch.equal(layer(many), torch.nn.functional.linear(many, layer.weight))
 
 
+_NATIVE = f16_matvec() is not None
+# (use_fbgemm, use_native): fbgemm's kernel, torch.mv, and our own one-row kernel
 _FP16_KERNELS = [
-    pytest.param(True, marks=pytest.mark.skipif(not fbgemm_fp16_available(), reason="x86's")),
-    False,
+    pytest.param(
+        (True, False), marks=pytest.mark.skipif(not fbgemm_fp16_available(), reason="x86's")
+    ),
+    (False, False),
+    pytest.param(
+        (fbgemm_fp16_available(), True),
+        marks=pytest.mark.skipif(not _NATIVE, reason=f"no native kernel: {unavailable_reason()}"),
+    ),
 ]
 
 
-@pytest.mark.parametrize("use_fbgemm", _FP16_KERNELS)
-def test_fp16_products_hold_inputs_past_fp16s_range(use_fbgemm):
+@pytest.mark.parametrize("kernels", _FP16_KERNELS)
+def test_fp16_products_hold_inputs_past_fp16s_range(kernels):
     # Squared activations of a few hundred pass fp16's largest value (65504), where a plain
-    # fp16 product overflows: fbgemm's kernel takes fp32 activations, and the torch.mv path
-    # divides its input by its largest magnitude first.
+    # fp16 product overflows: fbgemm's kernel and ours take fp32 activations, and the
+    # torch.mv path divides its input by its largest magnitude first.
     w = _matrix(seed=7)
     x = torch.randn(256, generator=torch.Generator().manual_seed(8)).relu() * 400
     x = x * x  # up to ~1e6
     want = torch.mv(w, x)
     plain = torch.mv(w.half(), x.half()).float()
     assert not torch.isfinite(plain).all()
-    got = Fp16Weight(w, use_fbgemm=use_fbgemm).matvec(x)
+    use_fbgemm, use_native = kernels
+    got = Fp16Weight(w, use_fbgemm=use_fbgemm, use_native=use_native).matvec(x)
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     assert float((got - want).norm() / want.norm()) < 0.0007
 
 
-@pytest.mark.parametrize("use_fbgemm", _FP16_KERNELS)
-def test_fp16_products_of_a_zero_input_are_zero(use_fbgemm):
-    got = Fp16Weight(_matrix(), use_fbgemm=use_fbgemm).matmul(torch.zeros(1, 256))
+@pytest.mark.parametrize("kernels", _FP16_KERNELS)
+def test_fp16_products_of_a_zero_input_are_zero(kernels):
+    use_fbgemm, use_native = kernels
+    copy = Fp16Weight(_matrix(), use_fbgemm=use_fbgemm, use_native=use_native)
+    got = copy.matmul(torch.zeros(1, 256))
     assert got.shape == (1, 384) and torch.equal(got, torch.zeros(1, 384))
 
 
@@ -152,7 +164,7 @@ def test_fbgemm_fp16_serves_many_rows_as_the_rounded_weights_would():
     # fp32 activations and sums over fp16-rounded weights: equal to fp32 arithmetic over
     # those weights up to the order of the sums, for a prompt's worth of rows.
     w = _matrix(seed=9)
-    copy = Fp16Weight(w, use_fbgemm=True)
+    copy = Fp16Weight(w, use_fbgemm=True, use_native=False)
     assert copy.max_rows >= 512
     x = torch.randn(300, 256, generator=torch.Generator().manual_seed(10))
     got = copy.matmul(x)
@@ -162,16 +174,24 @@ def test_fbgemm_fp16_serves_many_rows_as_the_rounded_weights_would():
 
 
 def test_fp16_through_torch_mv_serves_one_row():
-    copy = Fp16Weight(_matrix(), use_fbgemm=False)
+    copy = Fp16Weight(_matrix(), use_fbgemm=False, use_native=False)
     assert copy.max_rows == 1
 
 
 @pytest.mark.parametrize(
     ("capability", "kind"),
-    [("AVX2", "float16"), ("AVX512", "bfloat16"), ("DEFAULT", "bfloat16"), ("SVE256", "bfloat16")],
+    [("AVX2", "float16"), ("AVX512", "float16"), ("DEFAULT", "bfloat16"), ("SVE256", "bfloat16")],
 )
 def test_the_default_half_copy_is_fp16_only_where_it_was_measured_faster(
     capability, kind, monkeypatch
 ):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     assert default_half_kind() == kind
+
+
+def test_the_default_half_copy_is_bf16_on_x86_without_fbgemms_fp16_kernel(monkeypatch):
+    from chatcli import quantize
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(quantize, "fbgemm_fp16_available", lambda: False)
+    assert default_half_kind() == "bfloat16"
