@@ -57,6 +57,7 @@ from chatcli.model import (
     through_copy,
     weight_major,
 )
+from chatcli.native_kernels import attend_one_row
 from chatcli.quantize import DecodeWeight
 
 # Elements of a stacked matrix (a copy of its parts): d20's q, k and v are 4.9M (20 MB).
@@ -298,6 +299,11 @@ class DecodeStep:
         # all its rows, which must see the rows normalised, as the module forward gives them.
         self.lean = self.dtype == torch.float32 and self.wte.device.type == "cpu"
         self.fold_norms = self.lean and all(c.float_activations for c in model.decode_weights())
+        # A small fp32 model's one-row step does each layer's rotary, qk-norm, cache write
+        # and attention in one call of our own kernel where it compiles here
+        # (native_kernels.attend_one_row, ~20 ops of ~2-3 us each); a big model's attention
+        # streams a long cache on the products' threads through torch's kernel instead.
+        self._native_attention = attend_one_row() if self.lean and not self.split_threads else None
         # eps times the squared divisors _row_scales is asked for: 1, the qk scale, the softcap
         self._eps_scaled = {
             t: torch.tensor(self._eps * t * t, dtype=self.dtype)
@@ -506,6 +512,17 @@ class DecodeStep:
         saved = None
         k_end = (H + Hkv) * D
         k_all, v_all = cache.k_cache, cache.v_cache
+        native = self._native_attention
+        if native is not None and not (k_all.is_contiguous() and v_all.is_contiguous()):
+            native = None
+        if native is not None:
+            # The layer's cache of row 0 starts a whole layer's stride further each layer.
+            layer_bytes = k_all.stride(0) * k_all.element_size()
+            k_at, v_at = k_all.data_ptr(), v_all.data_ptr()
+            y_buffer = torch.empty(H * D, dtype=self.dtype)  # each layer's proj reads it
+            c, s_ = cos.data_ptr(), sin.data_ptr()
+            t = 1.0 / self.qk_scale
+            norm_scale, norm_eps = t * t / D, eps * t * t
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
@@ -517,11 +534,24 @@ class DecodeStep:
                 gate = torch.sigmoid(torch.mv(layer.ve_gate, x[: self.ve_channels]).mul_(s))
                 ve = self._look_up(idx, layer.ve_table).view(Hkv, D)
                 v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
+            start = max(0, pos - layer.window)
+            if native is not None:  # the rest of the attention in one call
+                native.call(
+                    qk.data_ptr(), v.data_ptr(), c, s_, k_at + i * layer_bytes,
+                    v_at + i * layer_bytes, y_buffer.data_ptr(), H, Hkv, D, pos, start,
+                    norm_scale, norm_eps, D**-0.5,
+                )  # fmt: skip
+                x = layer.proj.addmv(x, y_buffer)
+                s = _rms_scale(x, C, eps)
+                u = layer.fc.mv(x).relu_()
+                x = layer.fc_proj.addmv(x, u.mul_(u), alpha=s * s)
+                if i == self.backout_layer:
+                    saved = x
+                continue
             qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
             qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
             k_all[i, 0, pos] = qk[H:]
             v_all[i, 0, pos] = v
-            start = max(0, pos - layer.window)
             # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path
             # (~6 ops: 290 against 190 us at d20's shapes over 300 positions).
             y = _run_on(

@@ -1,16 +1,19 @@
 """Kernels of our own in C, compiled on this machine at first use and loaded with ctypes.
 
-Owns: building the shipped C source (chatcli/kernels/) with the system's C compiler for this
-CPU (-march=native), caching the library, checking it against torch once per process, and
-calling it. Today one kernel: f16_matvec, one fp32 row times an fp16 matrix, which batch-1
-decode of a big model spends ~90% of its time in (quantize.Fp16Weight).
+Owns: building the shipped C sources (chatcli/kernels/) with the system's C compiler for
+this CPU (-march=native), caching the libraries, checking each against torch once per
+process, and calling them. Two kernels:
+- f16_matvec: one fp32 row times an fp16 matrix, which batch-1 decode of a big model spends
+  ~90% of its time in (quantize.Fp16Weight). AVX-512 only, the CPU it was measured on.
+- attend_one_row: rotary, qk-norm, the cache write and the attention of one layer of a
+  small model's one-row decode step (decode_step), ~20 torch ops in one call. Plain C.
 
 Why compile at run time: the fastest loop depends on the CPU's vector width, and a wheel
 built elsewhere cannot know it; a C file with no torch headers compiles in under a second.
-Why not always: it needs a C compiler, it only exists for AVX-512 (the CPU it was measured
-faster on), and any failure (no compiler, another CPU, a wrong answer at the check) leaves
-chatcli on torch's kernels, with the reason in `unavailable_reason()`.
-CHATCLI_NATIVE_KERNELS=0 turns it off. Knows nothing about models.
+Why not always: it needs a C compiler, and any failure (no compiler, another CPU, a wrong
+answer at the check) leaves chatcli on torch's ops, with the reason in
+`unavailable_reason(kernel)`. CHATCLI_NATIVE_KERNELS=0 turns both off. Knows nothing about
+models beyond the arithmetic each kernel is checked against.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "kernels" / "f16_matvec.c"
+KERNELS_DIR = Path(__file__).parent / "kernels"
+SOURCE = KERNELS_DIR / "f16_matvec.c"
+DECODE_OPS_SOURCE = KERNELS_DIR / "decode_ops.c"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 COMPILE_TIMEOUT_S = 60
 
@@ -60,12 +65,49 @@ class F16Matvec:
         return y
 
 
-_reason: str | None = None
+class AttendOneRow:
+    """The loaded attend_one_row (kernels/decode_ops.c); called with data pointers, as a
+    decode step calls it ~6-30 times a token and a tensor argument costs a conversion."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        fn = library.attend_one_row
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_long] * 5 + [ctypes.c_float] * 3
+        self.call = fn
+
+    def __call__(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_layer: torch.Tensor,
+        v_layer: torch.Tensor,
+        pos: int,
+        start: int,
+        norm_scale: float,
+        norm_eps: float,
+    ) -> torch.Tensor:
+        """Tensors in their shapes, for tests and the load check: qk (Hq+Hkv, D), v (Hkv,
+        D), cos/sin (D,), k_layer/v_layer (T, Hkv, D), all contiguous fp32 -> y (Hq, D)."""
+        n_kv, d = v.shape
+        n_q = qk.size(0) - n_kv
+        tensors = (qk, v, cos, sin, k_layer, v_layer)
+        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+            raise ValueError("attend_one_row takes contiguous fp32 tensors")
+        y = torch.empty(n_q, d)
+        ptrs = [t.data_ptr() for t in tensors]
+        self.call(*ptrs, y.data_ptr(), n_q, n_kv, d, pos, start, norm_scale, norm_eps, d**-0.5)
+        return y
 
 
-def unavailable_reason() -> str | None:
-    """Why f16_matvec() gave None in this process (None when it loaded or was not asked)."""
-    return _reason
+_reasons: dict[str, str] = {}
+
+
+def unavailable_reason(kernel: str = "f16_matvec") -> str | None:
+    """Why that kernel's function (f16_matvec(), attend_one_row()) gave None in this
+    process (None when it loaded or was not asked for)."""
+    return _reasons.get(kernel)
 
 
 def cache_dir() -> Path:
@@ -134,24 +176,95 @@ def _check(kernel: F16Matvec) -> None:
         raise RuntimeError("f16_matvec disagrees with torch on a test matrix")
 
 
+def _load(kernel: str, source: Path, needs_avx512: bool) -> ctypes.CDLL | None:
+    """The library built from `source`, or None with the reason kept for `kernel`."""
+    _reasons.pop(kernel, None)
+    reason = None
+    if os.environ.get("CHATCLI_NATIVE_KERNELS", "1") == "0":
+        reason = "turned off by CHATCLI_NATIVE_KERNELS=0"
+    elif needs_avx512 and platform.machine() not in ("x86_64", "AMD64"):
+        reason = f"written for x86-64, this is {platform.machine()}"
+    elif needs_avx512 and torch.backends.cpu.get_cpu_capability() != "AVX512":
+        reason = "written for AVX-512, which this CPU lacks"
+    if reason is None:
+        try:
+            return ctypes.CDLL(str(build(source)))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            reason = f"could not build or load {source.name}: {e}"
+    _reasons[kernel] = reason
+    return None
+
+
 @functools.cache
 def f16_matvec() -> F16Matvec | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
-    global _reason
-    if os.environ.get("CHATCLI_NATIVE_KERNELS", "1") == "0":
-        _reason = "turned off by CHATCLI_NATIVE_KERNELS=0"
+    library = _load("f16_matvec", SOURCE, needs_avx512=True)
+    if library is None:
         return None
-    if platform.machine() not in ("x86_64", "AMD64"):
-        _reason = f"written for x86-64, this is {platform.machine()}"
-        return None
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
-        _reason = "written for AVX-512, which this CPU lacks"
-        return None
+    kernel = F16Matvec(library)
     try:
-        kernel = F16Matvec(ctypes.CDLL(str(build())))
         _check(kernel)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        _reason = f"could not build or load {SOURCE.name}: {e}"
+    except RuntimeError as e:
+        _reasons["f16_matvec"] = str(e)
         return None
-    _reason = None
+    return kernel
+
+
+def _reference_attention(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_layer: torch.Tensor,
+    v_layer: torch.Tensor,
+    pos: int,
+    start: int,
+    norm_scale: float,
+    norm_eps: float,
+) -> torch.Tensor:
+    """attend_one_row in torch ops (the load check's answer; it writes the caches too)."""
+    half = qk.size(1) // 2
+    x1, x2 = qk[:, :half], qk[:, half:]
+    rotated = torch.cat([x1 * cos[:half] + x2 * sin[:half], x2 * cos[half:] - x1 * sin[half:]], 1)
+    normed = rotated * torch.rsqrt(norm_eps + norm_scale * rotated.square().sum(1, keepdim=True))
+    n_kv = v.size(0)
+    n_q = qk.size(0) - n_kv
+    k_layer[pos], v_layer[pos] = normed[n_q:], v
+    keys, values = k_layer[start : pos + 1], v_layer[start : pos + 1]  # (n, Hkv, D)
+    group = n_q // n_kv
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    scores = torch.einsum("hd,thd->ht", normed[:n_q], keys) * qk.size(1) ** -0.5
+    return torch.einsum("ht,thd->hd", scores.softmax(-1), values)
+
+
+def _check_attention(kernel: AttendOneRow) -> None:
+    g = torch.Generator().manual_seed(0)
+    n_q, n_kv, d, length = 4, 2, 32, 40
+    qk, v = torch.randn(n_q + n_kv, d, generator=g), torch.randn(n_kv, d, generator=g)
+    cos, sin = torch.rand(d, generator=g), torch.rand(d, generator=g)
+    caches = [torch.randn(length, n_kv, d, generator=g) for _ in range(2)]
+    mine = [c.clone() for c in caches]
+    args = (30, 5, 1.0 / d, 1e-6)
+    want = _reference_attention(qk, v, cos, sin, *caches, *args)
+    got = kernel(qk, v, cos, sin, *mine, *args)
+    close = all(
+        torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+        for a, b in ((got, want), (mine[0], caches[0]), (mine[1], caches[1]))
+    )
+    if not close:
+        raise RuntimeError("attend_one_row disagrees with torch on a test layer")
+
+
+@functools.cache
+def attend_one_row() -> AttendOneRow | None:
+    """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
+    library = _load("attend_one_row", DECODE_OPS_SOURCE, needs_avx512=False)
+    if library is None:
+        return None
+    kernel = AttendOneRow(library)
+    try:
+        _check_attention(kernel)
+    except RuntimeError as e:
+        _reasons["attend_one_row"] = str(e)
+        return None
     return kernel

@@ -10,6 +10,7 @@ from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, Wit
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model import ERAS
+from chatcli.native_kernels import attend_one_row, unavailable_reason
 from tests.fakes import ScriptedModel, reply
 from tests.test_model import _random_model
 
@@ -19,10 +20,17 @@ def _cache(model, seq_len: int = 256) -> KVCache:
     return KVCache(1, c.n_kv_head, seq_len, c.head_dim, c.n_layer)
 
 
+@pytest.mark.parametrize("attention", ["native", "torch"])
 @pytest.mark.parametrize("era", list(ERAS))
-def test_steps_equal_the_module_forward_across_the_windows(era):
+def test_steps_equal_the_module_forward_across_the_windows(era, attention):
     model = _random_model(era)
     step = DecodeStep(model)
+    if attention == "native":  # our kernel's rotary, qk-norm, cache write and attention
+        if attend_one_row() is None:
+            pytest.skip(f"no native kernel: {unavailable_reason('attend_one_row')}")
+        assert step._native_attention is not None
+    else:
+        step._native_attention = None
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 190, (1, 200), generator=g)
     ours, theirs = _cache(model), _cache(model)
@@ -397,6 +405,7 @@ def test_a_big_models_products_follow_the_measured_thread_choice(monkeypatch):
     model = _random_model("E")
     model.add_decode_weights("int8")
     step = DecodeStep(model)
+    assert step._native_attention is None  # a big model's attention streams on two threads
     copy = step.layers[0].fc.copies[0]
     matvec, seen = copy.matvec, []
 
@@ -429,6 +438,7 @@ def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measu
     model = _random_model("E")
     step = DecodeStep(model)
     assert not step.split_threads  # a small model: the rest of its step stays on one thread
+    step._native_attention = None  # torch's attention, which runs on the products' threads
     seen = []
     real_attention = torch.nn.functional.scaled_dot_product_attention
 
