@@ -109,7 +109,7 @@ class _Matrix:
     (lm_head), 47/75 (MLP c_proj); 8 rows 99/71, 143/103, 227/180, 113/91 and 43/24 (c_proj
     of attention).
 
-    threads: how many threads the products run on (DecodeStep sets it for a big model).
+    threads: how many threads the products run on (DecodeStep sets it each step).
     """
 
     threads = 1
@@ -303,7 +303,11 @@ class DecodeStep:
         # and attention in one call of our own kernel where it compiles here
         # (native_kernels.attend_one_row, ~20 ops of ~2-3 us each); a big model's attention
         # streams a long cache on the products' threads through torch's kernel instead.
-        self._native_attention = attend_one_row() if self.lean and not self.split_threads else None
+        self._native_attention = (
+            attend_one_row()
+            if self.lean and not self.split_threads and self.head_dim % 2 == 0
+            else None
+        )
         # eps times the squared divisors _row_scales is asked for: 1, the qk scale, the softcap
         self._eps_scaled = {
             t: torch.tensor(self._eps * t * t, dtype=self.dtype)
@@ -513,7 +517,14 @@ class DecodeStep:
         k_end = (H + Hkv) * D
         k_all, v_all = cache.k_cache, cache.v_cache
         native = self._native_attention
-        if native is not None and not (k_all.is_contiguous() and v_all.is_contiguous()):
+        # The kernel writes fp32 through raw pointers: only into a cache laid out as it
+        # assumes, (layers, rows, positions, Hkv, D) contiguous; else torch's ops, which
+        # say what is wrong.
+        layout = (len(self.layers), 1, k_all.size(2), Hkv, D)
+        if native is not None and not all(
+            c.dtype == torch.float32 and c.is_contiguous() and tuple(c.shape) == layout
+            for c in (k_all, v_all)
+        ):
             native = None
         if native is not None:
             # The layer's cache of row 0 starts a whole layer's stride further each layer.
@@ -536,32 +547,29 @@ class DecodeStep:
                 v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
             start = max(0, pos - layer.window)
             if native is not None:  # the rest of the attention in one call
-                native.call(
+                failed = native.call(
                     qk.data_ptr(), v.data_ptr(), c, s_, k_at + i * layer_bytes,
                     v_at + i * layer_bytes, y_buffer.data_ptr(), H, Hkv, D, pos, start,
                     norm_scale, norm_eps, D**-0.5,
                 )  # fmt: skip
-                x = layer.proj.addmv(x, y_buffer)
-                s = _rms_scale(x, C, eps)
-                u = layer.fc.mv(x).relu_()
-                x = layer.fc_proj.addmv(x, u.mul_(u), alpha=s * s)
-                if i == self.backout_layer:
-                    saved = x
-                continue
-            qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
-            qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
-            k_all[i, 0, pos] = qk[H:]
-            v_all[i, 0, pos] = v
-            # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path
-            # (~6 ops: 290 against 190 us at d20's shapes over 300 positions).
-            y = _run_on(
-                self.wide_threads,
-                F.scaled_dot_product_attention,
-                qk[:H].view(1, H, 1, D),
-                k_all[i, :1, start : pos + 1].transpose(1, 2),
-                v_all[i, :1, start : pos + 1].transpose(1, 2),
-                enable_gqa=Hkv != H,
-            )
+                if failed:
+                    raise RuntimeError("attend_one_row refused the model's shapes")
+                y = y_buffer
+            else:
+                qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
+                qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
+                k_all[i, 0, pos] = qk[H:]
+                v_all[i, 0, pos] = v
+                # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path
+                # (~6 ops: 290 against 190 us at d20's shapes over 300 positions).
+                y = _run_on(
+                    self.wide_threads,
+                    F.scaled_dot_product_attention,
+                    qk[:H].view(1, H, 1, D),
+                    k_all[i, :1, start : pos + 1].transpose(1, 2),
+                    v_all[i, :1, start : pos + 1].transpose(1, 2),
+                    enable_gqa=Hkv != H,
+                )
             x = layer.proj.addmv(x, y.view(-1))
             s = _rms_scale(x, C, eps)
             u = layer.fc.mv(x).relu_()

@@ -33,7 +33,8 @@ import torch
 KERNELS_DIR = Path(__file__).parent / "kernels"
 SOURCE = KERNELS_DIR / "f16_matvec.c"
 DECODE_OPS_SOURCE = KERNELS_DIR / "decode_ops.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
+OPENMP = ("-fopenmp",)  # only for a source that runs OpenMP loops (f16_matvec)
 COMPILE_TIMEOUT_S = 60
 
 
@@ -71,7 +72,7 @@ class AttendOneRow:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         fn = library.attend_one_row
-        fn.restype = None
+        fn.restype = ctypes.c_int  # 0, or -1 where it wrote nothing
         fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_long] * 5 + [ctypes.c_float] * 3
         self.call = fn
 
@@ -97,7 +98,9 @@ class AttendOneRow:
             raise ValueError("attend_one_row takes contiguous fp32 tensors")
         y = torch.empty(n_q, d)
         ptrs = [t.data_ptr() for t in tensors]
-        self.call(*ptrs, y.data_ptr(), n_q, n_kv, d, pos, start, norm_scale, norm_eps, d**-0.5)
+        args = (n_q, n_kv, d, pos, start, norm_scale, norm_eps, d**-0.5)
+        if self.call(*ptrs, y.data_ptr(), *args) != 0:
+            raise ValueError(f"attend_one_row does not take these shapes: {args[:5]}")
         return y
 
 
@@ -125,11 +128,15 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def _flags(source: Path) -> tuple[str, ...]:
+    return FLAGS + OPENMP if source.name == SOURCE.name else FLAGS
+
+
 def library_path(source: Path = SOURCE, compiler: str = "cc") -> Path:
     """Where the library built from `source` for this CPU is cached: named by a hash of the
     source, the flags, the compiler and the CPU's features, so a change to any rebuilds."""
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(FLAGS).encode(), compiler.encode()):
+    for part in (source.read_bytes(), " ".join(_flags(source)).encode(), compiler.encode()):
         key.update(part)
     key.update(_cpu_flags().encode())
     return cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
@@ -149,7 +156,7 @@ def build(source: Path = SOURCE, compiler: str = "cc") -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, str(source), "-o", tmp],
+            [compiler, *_flags(source), str(source), "-o", tmp],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,

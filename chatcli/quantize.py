@@ -12,7 +12,8 @@ that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
   scripts/bench_decode_paths.py kernels`, rounds alternating the formats): one row in less
   time than bf16's torch.mv, and 8 rows 2.5x faster than fp32 (1.3 against 3.3 ms a
   5120x1280 matrix), still 0.88 of fp32's time at 1024 rows (FBGEMM_FP16_MAX_ROWS). Where
-  fbgemm is missing, torch.mv over fp16, one row, its input scaled into fp16's range.
+  fbgemm is missing, torch.mv over fp16, one row, its input scaled into fp16's range. On
+  AVX-512 one row goes through our own kernel instead (native_kernels.f16_matvec).
 - bfloat16: half the bytes; exact products of rounded weights (torch.mv).
 - int8: a quarter; one symmetric scale per output row. On x86 the product is fbgemm's dynamic
   int8 linear: each call also rounds its activations to 7-bit integers (one scale and offset

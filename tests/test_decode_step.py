@@ -470,8 +470,7 @@ def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measu
         torch.set_num_threads(before)
     n_layer = model.config.n_layer
     assert first == [1] * n_layer and probe == [2] * n_layer
-    choice = step._thread_choices[(1, 2)]
-    assert {choice.current, choice.other} == {1, 2}
+    assert set(step._thread_choices) == {(1, 2)}  # one choice, for one row over two cores
 
 
 def test_a_big_fp32_matrix_takes_sample_rows_weight_major_on_the_products_threads(monkeypatch):

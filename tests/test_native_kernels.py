@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from chatcli import native_kernels
-from chatcli.native_kernels import F16Matvec, build, f16_matvec, library_path
+from chatcli.native_kernels import (
+    F16Matvec,
+    _reference_attention,
+    attend_one_row,
+    build,
+    f16_matvec,
+    library_path,
+)
 from chatcli.quantize import Fp16Weight
 
 _KERNEL = f16_matvec()
@@ -21,8 +28,10 @@ def fresh(monkeypatch, tmp_path):
     """f16_matvec() decided again, with its library cache in a temporary folder."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     f16_matvec.cache_clear()
+    attend_one_row.cache_clear()
     yield tmp_path
     f16_matvec.cache_clear()
+    attend_one_row.cache_clear()
 
 
 @needs_kernel
@@ -135,3 +144,50 @@ def test_a_library_that_answers_wrongly_is_not_used(fresh, monkeypatch):
     monkeypatch.setattr(F16Matvec, "__call__", wrong)
     assert f16_matvec() is None
     assert "disagrees" in native_kernels.unavailable_reason()
+
+
+_ATTEND = attend_one_row()
+needs_attend = pytest.mark.skipif(
+    _ATTEND is None,
+    reason=f"no native kernel: {native_kernels.unavailable_reason('attend_one_row')}",
+)
+
+
+@needs_attend
+@pytest.mark.parametrize(
+    ("n_q", "n_kv", "d", "pos", "start"),
+    [(3, 3, 64, 0, 0), (4, 2, 24, 9, 9), (6, 2, 20, 30, 3), (2, 1, 128, 200, 0)],
+)
+def test_attend_one_row_equals_torchs_rotary_norm_cache_write_and_attention(
+    n_q, n_kv, d, pos, start
+):
+    # pos == start: one key; n_q == n_kv and grouped heads; D not a multiple of the 8 lanes
+    g = torch.Generator().manual_seed(pos + d)
+    qk, v = torch.randn(n_q + n_kv, d, generator=g), torch.randn(n_kv, d, generator=g)
+    cos, sin = torch.rand(d, generator=g), torch.rand(d, generator=g)
+    caches = [torch.randn(pos + 4, n_kv, d, generator=g) for _ in range(2)]
+    mine = [c.clone() for c in caches]
+    args = (pos, start, 1.44 / d, 1e-7)
+    want = _reference_attention(qk, v, cos, sin, *caches, *args)
+    got = _ATTEND(qk, v, cos, sin, *mine, *args)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mine[0], caches[0], atol=1e-6, rtol=1e-6)  # k at pos, normed
+    assert torch.equal(mine[1], caches[1])  # v at pos as given, the rest untouched
+
+
+@needs_attend
+def test_attend_one_row_refuses_shapes_it_does_not_take():
+    qk, v = torch.zeros(4, 15), torch.zeros(2, 15)  # an odd head size has no rotary halves
+    cache = torch.zeros(8, 2, 15)
+    with pytest.raises(ValueError, match="does not take"):
+        _ATTEND(qk, v, torch.zeros(15), torch.zeros(15), cache, cache.clone(), 3, 0, 1.0, 0.0)
+    assert torch.equal(cache, torch.zeros(8, 2, 15))  # nothing written
+
+
+def test_a_decode_step_keeps_torchs_attention_when_the_kernels_are_off(fresh, monkeypatch):
+    from chatcli.decode_step import DecodeStep
+    from tests.test_model import _random_model
+
+    monkeypatch.setenv("CHATCLI_NATIVE_KERNELS", "0")
+    assert DecodeStep(_random_model("E"))._native_attention is None
+    assert "CHATCLI_NATIVE_KERNELS=0" in native_kernels.unavailable_reason("attend_one_row")

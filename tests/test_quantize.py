@@ -157,6 +157,7 @@ def test_fp16_products_of_a_zero_input_are_zero(kernels):
     copy = Fp16Weight(_matrix(), use_fbgemm=use_fbgemm, use_native=use_native)
     got = copy.matmul(torch.zeros(1, 256))
     assert got.shape == (1, 384) and torch.equal(got, torch.zeros(1, 384))
+    assert torch.equal(copy.matvec(torch.zeros(256)), torch.zeros(384))  # one row: ours
 
 
 @pytest.mark.skipif(not fbgemm_fp16_available(), reason="fbgemm is an x86 build's")

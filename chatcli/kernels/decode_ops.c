@@ -9,9 +9,11 @@
  *
  * Plain C for any CPU with a C compiler: -O3 -march=native vectorizes the loops written
  * with eight partial sums (no -ffast-math: the order of the sums is the one written here).
- * Compiled at first use by chatcli/native_kernels.py.
+ * Compiled at first use by chatcli/native_kernels.py. Returns 0, or -1 (nothing written)
+ * for shapes it does not take or when its scratch cannot be allocated.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define LANES 8
@@ -31,11 +33,15 @@ static float dot(const float *a, const float *b, long n) {
  * k_layer, v_layer: this layer's cache of the row, (positions, n_kv, d), written at pos.
  * y: (n_q, d) the attention's output. norm_scale, norm_eps: each head is multiplied by
  * 1 / sqrt(norm_eps + norm_scale * sum(head^2)). att_scale: the scores' factor. */
-void attend_one_row(const float *qk, const float *v, const float *cos_, const float *sin_,
-                    float *k_layer, float *v_layer, float *y, long n_q, long n_kv, long d,
-                    long pos, long start, float norm_scale, float norm_eps, float att_scale) {
+int attend_one_row(const float *qk, const float *v, const float *cos_, const float *sin_,
+                   float *k_layer, float *v_layer, float *y, long n_q, long n_kv, long d,
+                   long pos, long start, float norm_scale, float norm_eps, float att_scale) {
     long half = d / 2, row = n_kv * d, group = n_q / n_kv, n = pos - start + 1;
-    float q[n_q * d], p[n];
+    if (d % 2 || n < 1 || start < 0 || n_kv < 1 || n_q % n_kv) return -1;
+    /* On the heap: a long window on a server's worker thread must not meet its stack. */
+    float *q = malloc(sizeof(float) * (n_q * d + n));
+    if (!q) return -1;
+    float *p = q + n_q * d;
     float *k_out = k_layer + pos * row;
     for (long h = 0; h < n_q + n_kv; h++) {
         const float *x = qk + h * d;
@@ -65,4 +71,6 @@ void attend_one_row(const float *qk, const float *v, const float *cos_, const fl
         }
         for (long j = 0; j < d; j++) out[j] /= total;
     }
+    free(q);
+    return 0;
 }
