@@ -26,7 +26,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -202,19 +204,33 @@ def _load(kernel: str, source: Path, needs_avx512: bool) -> ctypes.CDLL | None:
     return None
 
 
+Kernel = TypeVar("Kernel", F16Matvec, AttendOneRow)
+
+
+def _checked(
+    name: str,
+    source: Path,
+    wrap: Callable[[ctypes.CDLL], Kernel],
+    check: Callable[[Kernel], None],
+    needs_avx512: bool,
+) -> Kernel | None:
+    """The library's kernel once `check` passed, or None with the reason kept for `name`."""
+    library = _load(name, source, needs_avx512)
+    if library is None:
+        return None
+    kernel = wrap(library)
+    try:
+        check(kernel)
+    except RuntimeError as e:
+        _reasons[name] = str(e)
+        return None
+    return kernel
+
+
 @functools.cache
 def f16_matvec() -> F16Matvec | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
-    library = _load("f16_matvec", SOURCE, needs_avx512=True)
-    if library is None:
-        return None
-    kernel = F16Matvec(library)
-    try:
-        _check(kernel)
-    except RuntimeError as e:
-        _reasons["f16_matvec"] = str(e)
-        return None
-    return kernel
+    return _checked("f16_matvec", SOURCE, F16Matvec, _check, needs_avx512=True)
 
 
 def _reference_attention(
@@ -265,13 +281,6 @@ def _check_attention(kernel: AttendOneRow) -> None:
 @functools.cache
 def attend_one_row() -> AttendOneRow | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
-    library = _load("attend_one_row", DECODE_OPS_SOURCE, needs_avx512=False)
-    if library is None:
-        return None
-    kernel = AttendOneRow(library)
-    try:
-        _check_attention(kernel)
-    except RuntimeError as e:
-        _reasons["attend_one_row"] = str(e)
-        return None
-    return kernel
+    return _checked(
+        "attend_one_row", DECODE_OPS_SOURCE, AttendOneRow, _check_attention, needs_avx512=False
+    )
