@@ -13,7 +13,8 @@ Measured on this project's 2-vCPU machine, d20's int8 decode step (products on b
 - Spinning costs dearly while another process is busy on the same cores (121-127 ms against
   45-50 passive; docs/performance.md's trap, with libgomp's default of ~3 ms of spin). The
   decode step therefore measures whether its second thread pays and drops to one thread
-  when it does not (cpu_plan.ThreadChoice); a one-thread plan (small models) never forks.
+  when it does not (cpu_plan.ThreadChoice); a small model's step starts on one thread and
+  forks only where its products measure faster on two.
 """
 
 from __future__ import annotations
