@@ -57,7 +57,7 @@ from chatcli.model import (
     through_copy,
     weight_major,
 )
-from chatcli.native_kernels import attend_one_row
+from chatcli.native_kernels import RowsLayer, RowsModel, rows_step
 from chatcli.quantize import DecodeWeight
 
 # Elements of a stacked matrix (a copy of its parts): d20's q, k and v are 4.9M (20 MB).
@@ -299,21 +299,78 @@ class DecodeStep:
         # all its rows, which must see the rows normalised, as the module forward gives them.
         self.lean = self.dtype == torch.float32 and self.wte.device.type == "cpu"
         self.fold_norms = self.lean and all(c.float_activations for c in model.decode_weights())
-        # A small fp32 model's one-row step does each layer's rotary, qk-norm, cache write
-        # and attention in one call of our own kernel where it compiles here
-        # (native_kernels.attend_one_row, ~20 ops of ~2-3 us each); a big model's attention
-        # streams a long cache on the products' threads through torch's kernel instead.
-        self._native_attention = (
-            attend_one_row()
-            if self.lean and not self.split_threads and self.head_dim % 2 == 0
-            else None
-        )
+        # A small fp32 model's whole step, one row or many, in one call of our own kernel
+        # (native_kernels.rows_step) where it compiles here: ~150 ops of ~2-5 us each
+        # become one (a big model's step streams its weights through torch's kernels and
+        # the compact copies instead).
+        self._rows_model = self._native_rows()
+        self._rows_cache: object | None = None  # the last cache checked for the kernel
+        self._rows_takes = False  # and whether the kernel reads it
         # eps times the squared divisors _row_scales is asked for: 1, the qk scale, the softcap
         self._eps_scaled = {
             t: torch.tensor(self._eps * t * t, dtype=self.dtype)
             for t in (1.0, 1.0 / self.qk_scale, self.softcap)
         }
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _native_rows(self) -> RowsModel | None:
+        """The model as rows_step reads it, or None where it does not apply: a big model,
+        compact copies, narrower tables, no compiler."""
+        if not (self.fold_norms and not self.split_threads and self.head_dim % 2 == 0):
+            return None
+        kernel = rows_step()
+        matrices = [self.lm_head] + [
+            m for la in self.layers for m in (la.qkv, la.proj, la.fc, la.fc_proj)
+        ]
+        tables = [la.ve_table for la in self.layers if la.ve_table is not None]
+        if kernel is None or any(m.weight_t is None for m in matrices):
+            return None
+        if any(t.dtype != torch.float32 for t in tables):
+            return None
+        t = 1.0 / self.qk_scale
+        layers = [
+            RowsLayer(
+                *(m.weight_t for m in (la.qkv, la.proj, la.fc, la.fc_proj)),
+                la.ve_gate,
+                la.ve_table,
+                window=la.window,
+                resid_lambda=la.resid_lambda,
+                x0_lambda=la.x0_lambda,
+            )
+            for la in self.layers
+        ]
+        return kernel.model(
+            layers,
+            self.lm_head.weight_t,
+            n_head=self.n_head,
+            n_kv_head=self.n_kv_head,
+            ve_scale=self.ve_scale,
+            eps=self._eps,
+            norm_scale=t * t / self.head_dim,
+            norm_eps=self._eps * t * t,
+            softcap=self.softcap,
+            backout_layer=self.backout_layer,
+            backout_lambda=self.backout_lambda,
+        )
+
+    def _rows_caches(
+        self, cache: KVCache | SharedPrefixCache
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, int, tuple[torch.Tensor, torch.Tensor]]:
+        """(the shared prefix's K/V or None, its length, the rows' own K/V) of a cache."""
+        if isinstance(cache, SharedPrefixCache):
+            p, s = cache.prefix, cache.suffix
+            return (p.k_cache, p.v_cache), cache.prefix_len, (s.k_cache, s.v_cache)
+        return None, 0, (cache.k_cache, cache.v_cache)
+
+    def _kernel_takes(self, cache: KVCache | SharedPrefixCache, rows: int) -> bool:
+        """Whether rows_step reads this cache (checked once a cache: a layout is for life)."""
+        if self._rows_model is None:
+            return False
+        if cache is not self._rows_cache:
+            prefix, _, suffix = self._rows_caches(cache)
+            self._rows_takes = rows_step().takes(self._rows_model, rows, prefix, suffix)
+            self._rows_cache = cache
+        return self._rows_takes
 
     @staticmethod
     def supports(model: object) -> bool:
@@ -451,7 +508,8 @@ class DecodeStep:
         cos_table, sin_table = self._rope_tables()
         cos, sin = cos_table[pos], sin_table[pos]  # (D,), broadcast over rows and heads
         idx = ids.view(N)
-        if N == 1 and type(cache) is KVCache and ids.device.type == "cpu":
+        native = ids.device.type == "cpu" and self._kernel_takes(cache, N)
+        if N == 1 and type(cache) is KVCache and ids.device.type == "cpu" and not native:
             return self._one_row(idx, cache, pos, cos, sin)
         C = self.wte.size(1)
         fold = self.fold_norms
@@ -465,6 +523,15 @@ class DecodeStep:
         x0 = x
         saved = None
         shared = isinstance(cache, SharedPrefixCache)
+        if native:  # every layer and the vocabulary's products in one call
+            prefix, prefix_len, suffix = self._rows_caches(cache)
+            logits = rows_step().run(
+                self._rows_model, x, idx, cos, sin, prefix, prefix_len, suffix, pos,
+                self.wide_threads,
+            )  # fmt: skip
+            cache.prev_token = idx
+            cache.advance(1)
+            return logits[:, : self.vocab_size].tanh_().mul_(self.softcap)
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
@@ -516,24 +583,6 @@ class DecodeStep:
         saved = None
         k_end = (H + Hkv) * D
         k_all, v_all = cache.k_cache, cache.v_cache
-        native = self._native_attention
-        # The kernel writes fp32 through raw pointers: only into a cache laid out as it
-        # assumes, (layers, rows, positions, Hkv, D) contiguous; else torch's ops, which
-        # say what is wrong.
-        layout = (len(self.layers), 1, k_all.size(2), Hkv, D)
-        if native is not None and not all(
-            c.dtype == torch.float32 and c.is_contiguous() and tuple(c.shape) == layout
-            for c in (k_all, v_all)
-        ):
-            native = None
-        if native is not None:
-            # The layer's cache of row 0 starts a whole layer's stride further each layer.
-            layer_bytes = k_all.stride(0) * k_all.element_size()
-            k_at, v_at = k_all.data_ptr(), v_all.data_ptr()
-            y_buffer = torch.empty(H * D, dtype=self.dtype)  # each layer's proj reads it
-            c, s_ = cos.data_ptr(), sin.data_ptr()
-            t = 1.0 / self.qk_scale
-            norm_scale, norm_eps = t * t / D, eps * t * t
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
@@ -546,30 +595,20 @@ class DecodeStep:
                 ve = self._look_up(idx, layer.ve_table).view(Hkv, D)
                 v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
             start = max(0, pos - layer.window)
-            if native is not None:  # the rest of the attention in one call
-                failed = native.call(
-                    qk.data_ptr(), v.data_ptr(), c, s_, k_at + i * layer_bytes,
-                    v_at + i * layer_bytes, y_buffer.data_ptr(), H, Hkv, D, pos, start,
-                    norm_scale, norm_eps, D**-0.5,
-                )  # fmt: skip
-                if failed:
-                    raise RuntimeError("attend_one_row refused the model's shapes")
-                y = y_buffer
-            else:
-                qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
-                qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
-                k_all[i, 0, pos] = qk[H:]
-                v_all[i, 0, pos] = v
-                # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path
-                # (~6 ops: 290 against 190 us at d20's shapes over 300 positions).
-                y = _run_on(
-                    self.wide_threads,
-                    F.scaled_dot_product_attention,
-                    qk[:H].view(1, H, 1, D),
-                    k_all[i, :1, start : pos + 1].transpose(1, 2),
-                    v_all[i, :1, start : pos + 1].transpose(1, 2),
-                    enable_gqa=Hkv != H,
-                )
+            qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
+            qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
+            k_all[i, 0, pos] = qk[H:]
+            v_all[i, 0, pos] = v
+            # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path
+            # (~6 ops: 290 against 190 us at d20's shapes over 300 positions).
+            y = _run_on(
+                self.wide_threads,
+                F.scaled_dot_product_attention,
+                qk[:H].view(1, H, 1, D),
+                k_all[i, :1, start : pos + 1].transpose(1, 2),
+                v_all[i, :1, start : pos + 1].transpose(1, 2),
+                enable_gqa=Hkv != H,
+            )
             x = layer.proj.addmv(x, y.view(-1))
             s = _rms_scale(x, C, eps)
             u = layer.fc.mv(x).relu_()

@@ -5,8 +5,9 @@ this CPU (-march=native), caching the libraries, checking each against torch onc
 process, and calling them. Two kernels:
 - f16_matvec: one fp32 row times an fp16 matrix, which batch-1 decode of a big model spends
   ~90% of its time in (quantize.Fp16Weight). AVX-512 only, the CPU it was measured on.
-- attend_one_row: rotary, qk-norm, the cache write and the attention of one layer of a
-  small model's one-row decode step (decode_step), ~20 torch ops in one call. Plain C.
+- rows_step: a small model's whole decode step, one row or several (sample rows over a
+  shared prompt), every layer and the vocabulary's products (decode_step), where torch
+  spent ~150 ops of ~2-5 us each. Any CPU with a C compiler and OpenMP.
 
 Why compile at run time: the fastest loop depends on the CPU's vector width, and a wheel
 built elsewhere cannot know it; a C file with no torch headers compiles in under a second.
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -35,8 +37,8 @@ import torch
 KERNELS_DIR = Path(__file__).parent / "kernels"
 SOURCE = KERNELS_DIR / "f16_matvec.c"
 DECODE_OPS_SOURCE = KERNELS_DIR / "decode_ops.c"
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
-OPENMP = ("-fopenmp",)  # only for a source that runs OpenMP loops (f16_matvec)
+# OpenMP in the process's one libgomp: torch's, whose soname the libraries name.
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fopenmp")
 COMPILE_TIMEOUT_S = 60
 
 
@@ -68,49 +70,219 @@ class F16Matvec:
         return y
 
 
-class AttendOneRow:
-    """The loaded attend_one_row (kernels/decode_ops.c); called with data pointers, as a
-    decode step calls it ~6-30 times a token and a tensor argument costs a conversion."""
+class _Layer(ctypes.Structure):  # decode_ops.c's struct rows_layer
+    _fields_ = [
+        *((name, ctypes.c_void_p) for name in ("qkv", "proj", "fc", "fc_proj")),
+        *((name, ctypes.c_void_p) for name in ("ve_gate", "ve_table")),
+        ("window", ctypes.c_long),
+        ("resid_lambda", ctypes.c_float),
+        ("x0_lambda", ctypes.c_float),
+    ]
+
+
+class _Model(ctypes.Structure):  # struct rows_model
+    _fields_ = [
+        ("layers", ctypes.c_void_p),
+        ("n_layers", ctypes.c_long),
+        ("lm_head", ctypes.c_void_p),
+        *((name, ctypes.c_long) for name in ("C", "F", "H", "Hkv", "D", "ve_channels", "V")),
+        *(
+            (name, ctypes.c_float)
+            for name in ("ve_scale", "eps", "norm_scale", "norm_eps", "att_scale", "softcap")
+        ),
+        ("backout_layer", ctypes.c_long),
+        ("backout_lambda", ctypes.c_float),
+    ]
+
+
+class _Cache(ctypes.Structure):  # struct rows_cache
+    _fields_ = [
+        ("pk", ctypes.c_void_p),
+        ("pv", ctypes.c_void_p),
+        ("p_layer", ctypes.c_long),
+        ("prefix", ctypes.c_long),
+        ("sk", ctypes.c_void_p),
+        ("sv", ctypes.c_void_p),
+        *((name, ctypes.c_long) for name in ("s_layer", "s_row", "pos")),
+    ]
+
+
+@dataclass
+class RowsLayer:
+    """One layer as rows_step reads it: each matrix (in, out), contiguous fp32."""
+
+    qkv: torch.Tensor  # (C, (H + 2 Hkv) D): c_q, c_k and c_v stacked
+    proj: torch.Tensor  # (H D, C)
+    fc: torch.Tensor  # (C, F)
+    fc_proj: torch.Tensor  # (F, C)
+    ve_gate: torch.Tensor | None  # (Hkv, ve_channels)
+    ve_table: torch.Tensor | None  # (vocabulary, Hkv D)
+    window: int
+    resid_lambda: float = 1.0
+    x0_lambda: float = 0.0
+
+
+class RowsModel:
+    """A model's layers and constants as the kernel reads them, built once (RowsStep.model):
+    the structs hold pointers into `layers` and `lm_head`, which this keeps alive."""
+
+    def __init__(self, struct: _Model, layers: list[RowsLayer], lm_head: torch.Tensor) -> None:
+        self.struct, self.layers, self.lm_head = struct, layers, lm_head
+        self.n_kv_head, self.head_dim = struct.Hkv, struct.D
+
+
+class RowsStep:
+    """The loaded rows_step (kernels/decode_ops.c): every layer of a decode step of any
+    number of rows, and the vocabulary's products, in one call on `threads` cores."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        fn = library.attend_one_row
+        fn = library.rows_step
         fn.restype = ctypes.c_int  # 0, or -1 where it wrote nothing
-        fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_long] * 5 + [ctypes.c_float] * 3
-        self.call = fn
+        fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_void_p] * 5
+        fn.argtypes += [ctypes.c_int]
+        self._fn = fn
+
+    def model(
+        self,
+        layers: list[RowsLayer],
+        lm_head: torch.Tensor,
+        *,
+        n_head: int,
+        n_kv_head: int,
+        ve_scale: float,
+        eps: float,
+        norm_scale: float,
+        norm_eps: float,
+        softcap: float,
+        backout_layer: int = -1,
+        backout_lambda: float = 0.0,
+    ) -> RowsModel:
+        """The model as the kernel reads it; a ValueError for matrices it does not take.
+        lm_head: (C, V). norm_scale, norm_eps: the qk-norm multiplies each head by
+        1 / sqrt(norm_eps + norm_scale * sum(head^2)), which folds in the era's qk scale."""
+        tensors = [lm_head] + [
+            t
+            for la in layers
+            for t in (la.qkv, la.proj, la.fc, la.fc_proj, la.ve_gate, la.ve_table)
+            if t is not None
+        ]
+        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+            raise ValueError("rows_step reads contiguous fp32 matrices")
+        first = layers[0]
+        C, F = first.fc.shape
+        D = first.proj.size(0) // n_head
+        width = (n_head + 2 * n_kv_head) * D
+        for la in layers:
+            shapes = (la.qkv.shape, la.proj.shape, la.fc.shape, la.fc_proj.shape)
+            if shapes != ((C, width), (n_head * D, C), (C, F), (F, C)):
+                raise ValueError(f"rows_step: a layer's matrices of other shapes {shapes}")
+        if lm_head.size(0) != C or D % 2:
+            raise ValueError(f"rows_step: lm_head {tuple(lm_head.shape)}, head width {D}")
+        structs = (_Layer * len(layers))(
+            *(
+                _Layer(
+                    *(t.data_ptr() for t in (la.qkv, la.proj, la.fc, la.fc_proj)),
+                    *(None if t is None else t.data_ptr() for t in (la.ve_gate, la.ve_table)),
+                    la.window,
+                    la.resid_lambda,
+                    la.x0_lambda,
+                )
+                for la in layers
+            )
+        )
+        ve_channels = next((la.ve_gate.size(1) for la in layers if la.ve_gate is not None), 0)
+        struct = _Model(
+            ctypes.addressof(structs), len(layers), lm_head.data_ptr(),
+            C, F, n_head, n_kv_head, D, ve_channels, lm_head.size(1),
+            ve_scale, eps, norm_scale, norm_eps, D**-0.5, softcap,
+            backout_layer, backout_lambda,
+        )  # fmt: skip
+        struct.keep = structs
+        return RowsModel(struct, layers, lm_head)
 
     def __call__(
         self,
-        qk: torch.Tensor,
-        v: torch.Tensor,
+        model: RowsModel,
+        x: torch.Tensor,
+        ids: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        k_layer: torch.Tensor,
-        v_layer: torch.Tensor,
+        prefix: tuple[torch.Tensor, torch.Tensor] | None,
+        prefix_len: int,
+        suffix: tuple[torch.Tensor, torch.Tensor],
         pos: int,
-        start: int,
-        norm_scale: float,
-        norm_eps: float,
+        threads: int = 1,
+    ) -> torch.Tensor | None:
+        """One step: x (rows, C) the normalised embeddings (after the smear), overwritten;
+        ids (rows,) int64; cos/sin (D,); prefix: the shared (layers, 1, T, Hkv, D) keys and
+        values, their first prefix_len positions attended, or None; suffix: the rows' own
+        (layers, rows, Ts, Hkv, D), written at pos - prefix_len. Returns the logits
+        (rows, V) before the softcap's tanh (softcap * tanh(logits) completes them). A
+        ValueError for caches not laid out so (`takes`) or tensors of other types."""
+        if not self.takes(model, x.size(0), prefix, suffix):
+            raise ValueError("rows_step reads contiguous fp32 caches of the model's shape")
+        if x.dtype != torch.float32 or not x.is_contiguous() or x.size(1) != model.struct.C:
+            raise ValueError("rows_step takes contiguous fp32 rows of the model's width")
+        if ids.dtype != torch.long or ids.shape != (x.size(0),):
+            raise ValueError("rows_step takes one int64 id a row")
+        return self.run(
+            model, x, ids.contiguous(), cos, sin, prefix, prefix_len, suffix, pos, threads
+        )
+
+    @staticmethod
+    def takes(
+        model: RowsModel,
+        rows: int,
+        prefix: tuple[torch.Tensor, torch.Tensor] | None,
+        suffix: tuple[torch.Tensor, torch.Tensor],
+    ) -> bool:
+        """Whether the caches are laid out as the kernel reads them through raw pointers:
+        contiguous fp32 (layers, rows, positions, Hkv, D), the prefix's of one row."""
+        m = model.struct
+        for c in list(suffix) + (list(prefix) if prefix is not None else []):
+            if c.dtype != torch.float32 or not c.is_contiguous() or c.dim() != 5:
+                return False
+            if (c.size(0), c.size(3), c.size(4)) != (m.n_layers, m.Hkv, m.D):
+                return False
+        return suffix[0].size(1) == rows and (prefix is None or prefix[0].size(1) == 1)
+
+    def run(
+        self,
+        model: RowsModel,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        prefix: tuple[torch.Tensor, torch.Tensor] | None,
+        prefix_len: int,
+        suffix: tuple[torch.Tensor, torch.Tensor],
+        pos: int,
+        threads: int,
     ) -> torch.Tensor:
-        """Tensors in their shapes, for tests and the load check: qk (Hq+Hkv, D), v (Hkv,
-        D), cos/sin (D,), k_layer/v_layer (T, Hkv, D), all contiguous fp32 -> y (Hq, D)."""
-        n_kv, d = v.shape
-        n_q = qk.size(0) - n_kv
-        tensors = (qk, v, cos, sin, k_layer, v_layer)
-        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
-            raise ValueError("attend_one_row takes contiguous fp32 tensors")
-        y = torch.empty(n_q, d)
-        ptrs = [t.data_ptr() for t in tensors]
-        args = (n_q, n_kv, d, pos, start, norm_scale, norm_eps, d**-0.5)
-        if self.call(*ptrs, y.data_ptr(), *args) != 0:
-            raise ValueError(f"attend_one_row does not take these shapes: {args[:5]}")
-        return y
+        """__call__ without its checks, for a caller that made them (`takes`) once."""
+        m = model.struct
+        sk, sv = suffix
+        pk, pv = prefix if prefix is not None else (None, None)
+        cache = _Cache(
+            None if pk is None else pk.data_ptr(), None if pv is None else pv.data_ptr(),
+            0 if pk is None else pk.stride(0), prefix_len if pk is not None else 0,
+            sk.data_ptr(), sv.data_ptr(), sk.stride(0), sk.stride(1), pos,
+        )  # fmt: skip
+        logits = torch.empty(x.size(0), m.V)
+        ids = ids.contiguous()  # a column of a (rows, steps) tensor is strided
+        args = (x.data_ptr(), x.size(0), ids.data_ptr(), cos.data_ptr(), sin.data_ptr())
+        if self._fn(
+            ctypes.addressof(m), *args, ctypes.addressof(cache), logits.data_ptr(), threads
+        ):
+            raise ValueError(f"rows_step does not take {x.size(0)} rows at position {pos}")
+        return logits
 
 
 _reasons: dict[str, str] = {}
 
 
 def unavailable_reason(kernel: str = "f16_matvec") -> str | None:
-    """Why that kernel's function (f16_matvec(), attend_one_row()) gave None in this
+    """Why that kernel's function (f16_matvec(), rows_step()) gave None in this
     process (None when it loaded or was not asked for)."""
     return _reasons.get(kernel)
 
@@ -130,15 +302,11 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _flags(source: Path) -> tuple[str, ...]:
-    return FLAGS + OPENMP if source.name == SOURCE.name else FLAGS
-
-
 def library_path(source: Path = SOURCE, compiler: str = "cc") -> Path:
     """Where the library built from `source` for this CPU is cached: named by a hash of the
     source, the flags, the compiler and the CPU's features, so a change to any rebuilds."""
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(_flags(source)).encode(), compiler.encode()):
+    for part in (source.read_bytes(), " ".join(FLAGS).encode(), compiler.encode()):
         key.update(part)
     key.update(_cpu_flags().encode())
     return cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
@@ -158,7 +326,7 @@ def build(source: Path = SOURCE, compiler: str = "cc") -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *_flags(source), str(source), "-o", tmp],
+            [compiler, *FLAGS, str(source), "-o", tmp],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
@@ -204,7 +372,7 @@ def _load(kernel: str, source: Path, needs_avx512: bool) -> ctypes.CDLL | None:
     return None
 
 
-Kernel = TypeVar("Kernel", F16Matvec, AttendOneRow)
+Kernel = TypeVar("Kernel", F16Matvec, RowsStep)
 
 
 def _checked(
@@ -233,54 +401,132 @@ def f16_matvec() -> F16Matvec | None:
     return _checked("f16_matvec", SOURCE, F16Matvec, _check, needs_avx512=True)
 
 
-def _reference_attention(
-    qk: torch.Tensor,
-    v: torch.Tensor,
+def _rope_norm(
+    heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm_scale: float, norm_eps: float
+) -> torch.Tensor:
+    """Rotary embedding then the qk-norm of (..., D) heads, as the kernels compute them."""
+    half = heads.size(-1) // 2
+    x1, x2 = heads[..., :half], heads[..., half:]
+    rotated = torch.cat([x1 * cos[:half] + x2 * sin[:half], x2 * cos[half:] - x1 * sin[half:]], -1)
+    return rotated * torch.rsqrt(norm_eps + norm_scale * rotated.square().sum(-1, keepdim=True))
+
+
+def _reference_rows_step(
+    model: RowsModel,
+    x: torch.Tensor,
+    ids: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    k_layer: torch.Tensor,
-    v_layer: torch.Tensor,
+    prefix: tuple[torch.Tensor, torch.Tensor],
+    prefix_len: int,
+    suffix: tuple[torch.Tensor, torch.Tensor],
     pos: int,
-    start: int,
-    norm_scale: float,
-    norm_eps: float,
 ) -> torch.Tensor:
-    """attend_one_row in torch ops (the load check's answer; it writes the caches too)."""
-    half = qk.size(1) // 2
-    x1, x2 = qk[:, :half], qk[:, half:]
-    rotated = torch.cat([x1 * cos[:half] + x2 * sin[:half], x2 * cos[half:] - x1 * sin[half:]], 1)
-    normed = rotated * torch.rsqrt(norm_eps + norm_scale * rotated.square().sum(1, keepdim=True))
-    n_kv = v.size(0)
-    n_q = qk.size(0) - n_kv
-    k_layer[pos], v_layer[pos] = normed[n_q:], v
-    keys, values = k_layer[start : pos + 1], v_layer[start : pos + 1]  # (n, Hkv, D)
-    group = n_q // n_kv
-    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-    scores = torch.einsum("hd,thd->ht", normed[:n_q], keys) * qk.size(1) ** -0.5
-    return torch.einsum("ht,thd->hd", scores.softmax(-1), values)
+    """rows_step in torch ops, x and the suffix written in place (the load check's answer)."""
+    m = model.struct
+    N, H, Hkv, D = x.size(0), m.H, m.Hkv, m.D
+    at = pos - prefix_len
+
+    def scales(t: torch.Tensor) -> torch.Tensor:
+        return torch.rsqrt(t.square().mean(-1, keepdim=True) + m.eps)
+
+    x0, saved = x.clone(), None
+    for i, la in enumerate(model.layers):
+        x.mul_(la.resid_lambda).add_(x0, alpha=la.x0_lambda)
+        s = scales(x)
+        qkv = (x @ la.qkv) * s
+        q_k = qkv[:, : (H + Hkv) * D].view(N, H + Hkv, D)
+        heads = _rope_norm(q_k, cos, sin, m.norm_scale, m.norm_eps)
+        v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)
+        if la.ve_table is not None:
+            gate = torch.sigmoid((x[:, : m.ve_channels] @ la.ve_gate.t()) * s)
+            v = v + m.ve_scale * gate.unsqueeze(-1) * la.ve_table[ids].view(N, Hkv, D)
+        suffix[0][i, :, at], suffix[1][i, :, at] = heads[:, H:], v
+        start = max(0, pos - la.window)
+        keys = torch.cat(
+            [prefix[0][i, :, start:prefix_len].expand(N, -1, -1, -1),
+             suffix[0][i, :, max(0, start - prefix_len) : at + 1]], 1,
+        )  # fmt: skip
+        values = torch.cat(
+            [prefix[1][i, :, start:prefix_len].expand(N, -1, -1, -1),
+             suffix[1][i, :, max(0, start - prefix_len) : at + 1]], 1,
+        )  # fmt: skip
+        keys, values = keys.repeat_interleave(H // Hkv, 2), values.repeat_interleave(H // Hkv, 2)
+        scores = torch.einsum("nhd,nthd->nht", heads[:, :H], keys) * m.att_scale
+        y = torch.einsum("nht,nthd->nhd", scores.softmax(-1), values).reshape(N, H * D)
+        x += y @ la.proj
+        u = (torch.relu(x @ la.fc) * scales(x)).square()
+        x += u @ la.fc_proj
+        if i == m.backout_layer:
+            saved = x.clone()
+    if saved is not None:
+        x -= m.backout_lambda * saved
+    return (x @ model.lm_head) * scales(x) / m.softcap
 
 
-def _check_attention(kernel: AttendOneRow) -> None:
-    g = torch.Generator().manual_seed(0)
-    n_q, n_kv, d, length = 4, 2, 32, 40
-    qk, v = torch.randn(n_q + n_kv, d, generator=g), torch.randn(n_kv, d, generator=g)
-    cos, sin = torch.rand(d, generator=g), torch.rand(d, generator=g)
-    caches = [torch.randn(length, n_kv, d, generator=g) for _ in range(2)]
-    mine = [c.clone() for c in caches]
-    args = (30, 5, 1.0 / d, 1e-6)
-    want = _reference_attention(qk, v, cos, sin, *caches, *args)
-    got = kernel(qk, v, cos, sin, *mine, *args)
-    close = all(
-        torch.allclose(a, b, atol=1e-5, rtol=1e-5)
-        for a, b in ((got, want), (mine[0], caches[0]), (mine[1], caches[1]))
-    )
-    if not close:
-        raise RuntimeError("attend_one_row disagrees with torch on a test layer")
+def rows_step_errors(
+    kernel: RowsStep,
+    *,
+    rows: int = 3,
+    heads: tuple[int, int] = (4, 2),
+    head_dim: int = 16,
+    widths: tuple[int, int, int] = (64, 128, 100),
+    prompt: int | None = 7,
+    pos: int = 9,
+    windows: tuple[int, ...] = (100, 2),
+    threads: int = 2,
+    seed: int = 0,
+) -> list[float]:
+    """The largest differences between the kernel and _reference_rows_step on a random
+    model (the logits, then the keys and values written): the load check, and the tests'.
+
+    heads: (H, Hkv); widths: (model, MLP, vocabulary); prompt: the shared prefix's length,
+    or None for rows without one; windows: one layer each, the first with value embeddings,
+    a short one leaving the prompt. The defaults take both of the products' loops (whole
+    blocks of the widest vectors' 32 columns and a vocabulary of 100)."""
+    g = torch.Generator().manual_seed(seed)
+    (H, Hkv), D, (C, F, V), N = heads, head_dim, widths, rows
+    P, L = prompt or 0, len(windows)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * shape[0] ** -0.5
+
+    layers = [
+        RowsLayer(
+            rand(C, (H + 2 * Hkv) * D),
+            rand(H * D, C),
+            rand(C, F),
+            rand(F, C),
+            rand(Hkv, 8) if i == 0 else None,
+            rand(V, Hkv * D) if i == 0 else None,
+            window=window,
+            resid_lambda=0.9,
+            x0_lambda=0.2,
+        )
+        for i, window in enumerate(windows)
+    ]
+    model = kernel.model(
+        layers, rand(C, V), n_head=H, n_kv_head=Hkv, ve_scale=3.0, eps=1e-6,
+        norm_scale=1.44 / D, norm_eps=1e-6, softcap=15.0, backout_layer=0, backout_lambda=0.3,
+    )  # fmt: skip
+    x, ids = torch.randn(N, C, generator=g), torch.randint(0, V, (N,), generator=g)
+    cos, sin = torch.rand(D, generator=g), torch.rand(D, generator=g)
+    prefix = tuple(torch.randn(L, 1, P + 3, Hkv, D, generator=g) for _ in range(2))
+    suffix = tuple(torch.randn(L, N, pos - P + 2, Hkv, D, generator=g) for _ in range(2))
+    mine, my_suffix = x.clone(), tuple(t.clone() for t in suffix)
+    want = _reference_rows_step(model, x, ids, cos, sin, prefix, P, suffix, pos)
+    shared = prefix if prompt is not None else None
+    got = kernel(model, mine, ids, cos, sin, shared, P, my_suffix, pos, threads=threads)
+    pairs = ((got, want), (my_suffix[0], suffix[0]), (my_suffix[1], suffix[1]))
+    return [(a - b).abs().max().item() for a, b in pairs]
+
+
+def _check_rows_step(kernel: RowsStep) -> None:
+    if max(rows_step_errors(kernel)) > 1e-4:
+        raise RuntimeError("rows_step disagrees with torch on a test model")
 
 
 @functools.cache
-def attend_one_row() -> AttendOneRow | None:
+def rows_step() -> RowsStep | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
-    return _checked(
-        "attend_one_row", DECODE_OPS_SOURCE, AttendOneRow, _check_attention, needs_avx512=False
-    )
+    return _checked("rows_step", DECODE_OPS_SOURCE, RowsStep, _check_rows_step, needs_avx512=False)

@@ -10,7 +10,7 @@ from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, Wit
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model import ERAS
-from chatcli.native_kernels import attend_one_row, unavailable_reason
+from chatcli.native_kernels import rows_step, unavailable_reason
 from tests.fakes import ScriptedModel, reply
 from tests.test_model import _random_model
 
@@ -20,17 +20,23 @@ def _cache(model, seq_len: int = 256) -> KVCache:
     return KVCache(1, c.n_kv_head, seq_len, c.head_dim, c.n_layer)
 
 
-@pytest.mark.parametrize("attention", ["native", "torch"])
-@pytest.mark.parametrize("era", list(ERAS))
-def test_steps_equal_the_module_forward_across_the_windows(era, attention):
-    model = _random_model(era)
+def _step(model, kernel: str) -> DecodeStep:
+    """The model's step through our compiled whole-step kernel ("native") or torch's ops."""
     step = DecodeStep(model)
-    if attention == "native":  # our kernel's rotary, qk-norm, cache write and attention
-        if attend_one_row() is None:
-            pytest.skip(f"no native kernel: {unavailable_reason('attend_one_row')}")
-        assert step._native_attention is not None
+    if kernel == "native":
+        if rows_step() is None:
+            pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
+        assert step._rows_model is not None
     else:
-        step._native_attention = None
+        step._rows_model = None
+    return step
+
+
+@pytest.mark.parametrize("kernel", ["native", "torch"])
+@pytest.mark.parametrize("era", list(ERAS))
+def test_steps_equal_the_module_forward_across_the_windows(era, kernel):
+    model = _random_model(era)
+    step = _step(model, kernel)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 190, (1, 200), generator=g)
     ours, theirs = _cache(model), _cache(model)
@@ -46,13 +52,15 @@ def test_steps_equal_the_module_forward_across_the_windows(era, attention):
     assert ours.prev_token.tolist() == theirs.prev_token.tolist() == [int(ids[0, 199])]
 
 
+@pytest.mark.parametrize("kernel", ["native", "torch"])
 @pytest.mark.parametrize(
-    ("era", "prompt_len", "steps"), [("B", 100, 60), ("E", 100, 60), ("E", 20, 150)]
+    ("era", "prompt_len", "steps"),
+    [("A", 100, 30), ("B", 100, 60), ("D", 100, 30), ("E", 100, 60), ("E", 20, 150)],
 )
-def test_sample_rows_over_a_shared_prompt_equal_the_module_forward(era, prompt_len, steps):
+def test_sample_rows_over_a_shared_prompt_equal_the_module_forward(era, prompt_len, steps, kernel):
     # 100 + 60: the short window (128) cuts into the prompt; 20 + 150: it leaves the prompt.
     model = _random_model(era)
-    step = DecodeStep(model)
+    step = _step(model, kernel)
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, 190, (1, prompt_len), generator=g)
     rows = torch.randint(0, 190, (4, steps), generator=g)  # a different token per row, each step
@@ -69,28 +77,50 @@ def test_sample_rows_over_a_shared_prompt_equal_the_module_forward(era, prompt_l
     assert ours.get_pos() == theirs.get_pos() == prompt_len + steps
 
 
-def test_rows_of_a_plain_cache_equal_the_module_forward():
+@pytest.mark.parametrize("kernel", ["native", "torch"])
+def test_rows_of_a_plain_cache_equal_the_module_forward(kernel):
     model = _random_model("E")
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 190, (3, 40), generator=g)
     ours, theirs = KVCache(3, 2, 64, 16, 4), KVCache(3, 2, 64, 16, 4)
     model(ids[:, :20], kv_cache=ours)
     model(ids[:, :20], kv_cache=theirs)
-    step = DecodeStep(model)
+    step = _step(model, kernel)
     for t in range(20, 40):
         got = step(ids[:, t : t + 1], ours)
         want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
         torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kernel", ["native", "torch"])
 @pytest.mark.parametrize("era", ["A", "E"])
-def test_the_first_position_of_an_empty_cache(era):
+def test_the_first_position_of_an_empty_cache(era, kernel):
     model = _random_model(era)
     ours, theirs = _cache(model), _cache(model)
     ids = torch.tensor([[7]])
     torch.testing.assert_close(
-        DecodeStep(model)(ids, ours), model(ids, kv_cache=theirs)[:, -1, :], atol=2e-5, rtol=0
+        _step(model, kernel)(ids, ours), model(ids, kv_cache=theirs)[:, -1, :], atol=2e-5, rtol=0
     )
+
+
+def test_a_cache_the_kernel_does_not_read_takes_torchs_ops(monkeypatch):
+    model = _random_model("E")
+    step = _step(model, "native")
+    ran = []
+    monkeypatch.setattr(type(rows_step()), "run", lambda *a, **k: ran.append(1))
+    g = torch.Generator().manual_seed(13)
+    ids = torch.randint(0, 190, (1, 40), generator=g)
+    # a cache of two rows, of which each step's row is one: not (layers, rows, T, Hkv, D)
+    ours, theirs = _cache(model), _cache(model)
+    ours.k_cache = torch.zeros(4, 2, 256, 2, 16)[:, :1]
+    ours.v_cache = torch.zeros(4, 2, 256, 2, 16)[:, :1]
+    model(ids[:, :30], kv_cache=ours)
+    model(ids[:, :30], kv_cache=theirs)
+    for t in range(30, 40):
+        got = step(ids[:, t : t + 1], ours)
+        want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+    assert ran == [] and step._rows_cache is ours and not step._rows_takes
 
 
 def test_engine_greedy_output_is_the_module_forwards():
@@ -405,7 +435,7 @@ def test_a_big_models_products_follow_the_measured_thread_choice(monkeypatch):
     model = _random_model("E")
     model.add_decode_weights("int8")
     step = DecodeStep(model)
-    assert step._native_attention is None  # a big model's attention streams on two threads
+    assert step._rows_model is None  # a big model streams its weights through torch's kernels
     copy = step.layers[0].fc.copies[0]
     matvec, seen = copy.matvec, []
 
@@ -438,7 +468,7 @@ def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measu
     model = _random_model("E")
     step = DecodeStep(model)
     assert not step.split_threads  # a small model: the rest of its step stays on one thread
-    step._native_attention = None  # torch's attention, which runs on the products' threads
+    step._rows_model = None  # torch's ops, whose attention runs on the products' threads
     seen = []
     real_attention = torch.nn.functional.scaled_dot_product_attention
 

@@ -8,11 +8,12 @@ import torch
 from chatcli import native_kernels
 from chatcli.native_kernels import (
     F16Matvec,
-    _reference_attention,
-    attend_one_row,
+    RowsLayer,
     build,
     f16_matvec,
     library_path,
+    rows_step,
+    rows_step_errors,
 )
 from chatcli.quantize import Fp16Weight
 
@@ -25,13 +26,13 @@ needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C com
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """f16_matvec() decided again, with its library cache in a temporary folder."""
+    """f16_matvec() and rows_step() decided again, with its library cache in a temporary folder."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     f16_matvec.cache_clear()
-    attend_one_row.cache_clear()
+    rows_step.cache_clear()
     yield tmp_path
     f16_matvec.cache_clear()
-    attend_one_row.cache_clear()
+    rows_step.cache_clear()
 
 
 @needs_kernel
@@ -146,48 +147,99 @@ def test_a_library_that_answers_wrongly_is_not_used(fresh, monkeypatch):
     assert "disagrees" in native_kernels.unavailable_reason()
 
 
-_ATTEND = attend_one_row()
-needs_attend = pytest.mark.skipif(
-    _ATTEND is None,
-    reason=f"no native kernel: {native_kernels.unavailable_reason('attend_one_row')}",
+_ROWS = rows_step()
+needs_rows = pytest.mark.skipif(
+    _ROWS is None, reason=f"no native kernel: {native_kernels.unavailable_reason('rows_step')}"
 )
 
 
-@needs_attend
+@needs_rows
 @pytest.mark.parametrize(
-    ("n_q", "n_kv", "d", "pos", "start"),
-    [(3, 3, 64, 0, 0), (4, 2, 24, 9, 9), (6, 2, 20, 30, 3), (2, 1, 128, 200, 0)],
+    "case",
+    [
+        {},  # 3 rows over a prefix, a window leaving it; widths in whole blocks, vocab not
+        {"rows": 1, "prompt": None},  # one row of a plain cache (batch-1 decode)
+        {"rows": 8, "threads": 1},
+        # 9 rows: two passes of at most 8; no grouped heads; a head of 20 (no whole vectors)
+        # and widths of no whole blocks; three windows, one leaving the prompt
+        {
+            "rows": 9,
+            "heads": (3, 3),
+            "head_dim": 20,
+            "widths": (48, 96, 33),
+            "prompt": 30,
+            "pos": 40,
+            "windows": (8, 100, 3),
+        },
+        {"rows": 2, "prompt": 0, "pos": 0},  # the first position: one key, the row's own
+        {
+            "rows": 4,
+            "heads": (8, 1),
+            "head_dim": 128,
+            "widths": (64, 256, 64),
+            "prompt": 300,
+            "pos": 310,
+        },
+    ],
 )
-def test_attend_one_row_equals_torchs_rotary_norm_cache_write_and_attention(
-    n_q, n_kv, d, pos, start
-):
-    # pos == start: one key; n_q == n_kv and grouped heads; D not a multiple of the 8 lanes
-    g = torch.Generator().manual_seed(pos + d)
-    qk, v = torch.randn(n_q + n_kv, d, generator=g), torch.randn(n_kv, d, generator=g)
-    cos, sin = torch.rand(d, generator=g), torch.rand(d, generator=g)
-    caches = [torch.randn(pos + 4, n_kv, d, generator=g) for _ in range(2)]
-    mine = [c.clone() for c in caches]
-    args = (pos, start, 1.44 / d, 1e-7)
-    want = _reference_attention(qk, v, cos, sin, *caches, *args)
-    got = _ATTEND(qk, v, cos, sin, *mine, *args)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(mine[0], caches[0], atol=1e-6, rtol=1e-6)  # k at pos, normed
-    assert torch.equal(mine[1], caches[1])  # v at pos as given, the rest untouched
+def test_rows_step_equals_torchs_layers_and_writes_the_rows_keys_and_values(case):
+    logits, keys, values = rows_step_errors(_ROWS, **case)
+    assert logits < 1e-5 and keys < 1e-5 and values < 1e-5
 
 
-@needs_attend
-def test_attend_one_row_refuses_shapes_it_does_not_take():
-    qk, v = torch.zeros(4, 15), torch.zeros(2, 15)  # an odd head size has no rotary halves
-    cache = torch.zeros(8, 2, 15)
-    with pytest.raises(ValueError, match="does not take"):
-        _ATTEND(qk, v, torch.zeros(15), torch.zeros(15), cache, cache.clone(), 3, 0, 1.0, 0.0)
-    assert torch.equal(cache, torch.zeros(8, 2, 15))  # nothing written
+def _tiny_model():
+    g = torch.Generator().manual_seed(1)
+    layer = RowsLayer(*(torch.randn(*s, generator=g) for s in [(32, 64), (32, 32), (32, 64), (64, 32)]),
+                      None, None, window=10)  # fmt: skip
+    return _ROWS.model([layer], torch.randn(32, 50, generator=g), n_head=2, n_kv_head=1,
+                       ve_scale=0.0, eps=1e-6, norm_scale=1 / 16, norm_eps=1e-6, softcap=15.0)  # fmt: skip
 
 
-def test_a_decode_step_keeps_torchs_attention_when_the_kernels_are_off(fresh, monkeypatch):
+@needs_rows
+def test_rows_step_reads_only_caches_laid_out_as_it_assumes():
+    model = _tiny_model()  # 1 layer, 2 heads of 16, one K/V head
+    x, ids, cs = torch.randn(2, 32), torch.tensor([3, 4]), torch.rand(16)
+    suffix = (torch.zeros(1, 2, 8, 1, 16), torch.zeros(1, 2, 8, 1, 16))
+    prefix = (torch.randn(1, 1, 8, 1, 16), torch.randn(1, 1, 8, 1, 16))
+    assert _ROWS.takes(model, 2, prefix, suffix)
+    for wrong_prefix, wrong_suffix in [
+        (prefix, (suffix[0].bfloat16(), suffix[1])),  # another dtype
+        (prefix, (suffix[0].transpose(2, 3), suffix[1])),  # not contiguous
+        ((prefix[0].expand(1, 2, 8, 1, 16).contiguous(), prefix[1]), suffix),  # 2 prompt rows
+        (prefix, (torch.zeros(1, 3, 8, 1, 16), suffix[1])),  # 3 rows, not 2
+        (prefix, (torch.zeros(1, 2, 8, 2, 8), suffix[1])),  # another head layout
+    ]:
+        assert not _ROWS.takes(model, 2, wrong_prefix, wrong_suffix)
+        with pytest.raises(ValueError, match="caches"):
+            _ROWS(model, x.clone(), ids, cs, cs, wrong_prefix, 4, wrong_suffix, 5)
+    with pytest.raises(ValueError, match="does not take"):  # a position inside the prompt
+        _ROWS(model, x.clone(), ids, cs, cs, prefix, 4, suffix, 2)
+    assert torch.equal(suffix[0], torch.zeros(1, 2, 8, 1, 16))  # nothing written
+    with pytest.raises(ValueError, match="int64"):
+        _ROWS(model, x.clone(), ids.int(), cs, cs, prefix, 4, suffix, 5)
+
+
+@needs_rows
+def test_rows_step_refuses_matrices_it_does_not_read():
+    g = torch.Generator().manual_seed(2)
+    shapes = [(32, 64), (32, 32), (32, 64), (64, 32)]
+    layer = RowsLayer(*(torch.randn(*s, generator=g) for s in shapes), None, None, window=10)
+    kwargs = dict(n_kv_head=1, ve_scale=0.0, eps=1e-6, norm_scale=1.0, norm_eps=0.0, softcap=15.0)
+    odd = RowsLayer(*(torch.randn(*s) for s in [(32, 90), (30, 32), (32, 64), (64, 32)]),
+                    None, None, window=10)  # fmt: skip
+    with pytest.raises(ValueError, match="head width"):  # 2 heads of 15: no rotary halves
+        _ROWS.model([odd], torch.randn(32, 50), n_head=2, **{**kwargs, "n_kv_head": 2})
+    with pytest.raises(ValueError, match="other shapes"):  # a layer of another width
+        _ROWS.model([layer, odd], torch.randn(32, 50), n_head=2, **kwargs)
+    layer.fc = layer.fc.t()  # (64, 32) seen through a transpose: not contiguous
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        _ROWS.model([layer], torch.randn(32, 50), n_head=2, **kwargs)
+
+
+def test_a_decode_step_keeps_torchs_ops_when_the_kernels_are_off(fresh, monkeypatch):
     from chatcli.decode_step import DecodeStep
     from tests.test_model import _random_model
 
     monkeypatch.setenv("CHATCLI_NATIVE_KERNELS", "0")
-    assert DecodeStep(_random_model("E"))._native_attention is None
-    assert "CHATCLI_NATIVE_KERNELS=0" in native_kernels.unavailable_reason("attend_one_row")
+    assert DecodeStep(_random_model("E"))._rows_model is None
+    assert "CHATCLI_NATIVE_KERNELS=0" in native_kernels.unavailable_reason("rows_step")

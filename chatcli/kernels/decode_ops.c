@@ -29,48 +29,376 @@ static float dot(const float *a, const float *b, long n) {
     return s;
 }
 
-/* qk: (n_q + n_kv, d) heads before rotary; v: (n_kv, d); cos_, sin_: (d,) this position's.
- * k_layer, v_layer: this layer's cache of the row, (positions, n_kv, d), written at pos.
- * y: (n_q, d) the attention's output. norm_scale, norm_eps: each head is multiplied by
- * 1 / sqrt(norm_eps + norm_scale * sum(head^2)). att_scale: the scores' factor. */
-int attend_one_row(const float *qk, const float *v, const float *cos_, const float *sin_,
-                   float *k_layer, float *v_layer, float *y, long n_q, long n_kv, long d,
-                   long pos, long start, float norm_scale, float norm_eps, float att_scale) {
-    long half = d / 2, row = n_kv * d, group = n_q / n_kv, n = pos - start + 1;
-    if (d % 2 || n < 1 || start < 0 || n_kv < 1 || n_q % n_kv) return -1;
-    /* On the heap: a long window on a server's worker thread must not meet its stack. */
-    float *q = malloc(sizeof(float) * (n_q * d + n));
-    if (!q) return -1;
-    float *p = q + n_q * d;
-    float *k_out = k_layer + pos * row;
-    for (long h = 0; h < n_q + n_kv; h++) {
-        const float *x = qk + h * d;
-        float *o = h < n_q ? q + h * d : k_out + (h - n_q) * d;
-        for (long j = 0; j < half; j++) {
-            o[j] = x[j] * cos_[j] + x[j + half] * sin_[j];
-            o[j + half] = x[j + half] * cos_[j + half] - x[j] * sin_[j + half];
+/* ---- Several rows (sample rows, a batch): one whole layer per call. ----
+ *
+ * Why: the 8 sample rows' step of the embedded model spent ~3 ms in ~150 torch ops, ~60% of
+ * it in MKL's sgemm at 8 rows (~60 GFLOP/s on a Zen 4 core, which this loop beats at ~85)
+ * and two flash-attention calls a layer (~75 us each, mostly setup). Here the layer is one
+ * OpenMP region: each product split over both cores by columns, the attention by rows.
+ * Same arithmetic as decode_step.DecodeStep._step with its norms folded (fp32, sums in
+ * another order). Written with GCC's vector extension: 16 lanes where the CPU has AVX-512,
+ * 8 with AVX, 4 elsewhere. */
+
+#if defined(__AVX512F__)
+#define VW 16
+#elif defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+#define BLOCK (2 * VW) /* the columns one pass of a product accumulates */
+#define MAX_ROWS 8     /* the rows one pass accumulates: 16 of the 32 AVX-512 registers */
+
+typedef float vec __attribute__((vector_size(VW * sizeof(float))));
+typedef float vec_u __attribute__((vector_size(VW * sizeof(float)), aligned(sizeof(float))));
+typedef int mask __attribute__((vector_size(VW * sizeof(float))));
+
+static vec relu(vec a) { return (vec)((mask)a & (a > (vec){0})); }
+
+/* The lanes of a vector in pairs `width` apart swapped (width a power of 2 below VW). */
+#define L4(b, w) (b) ^ (w), ((b) + 1) ^ (w), ((b) + 2) ^ (w), ((b) + 3) ^ (w)
+#if VW == 16
+#define XOR_LANES(w) L4(0, w), L4(4, w), L4(8, w), L4(12, w)
+#elif VW == 8
+#define XOR_LANES(w) L4(0, w), L4(4, w)
+#else
+#define XOR_LANES(w) L4(0, w)
+#endif
+#ifdef __clang__
+#define SWAPPED(v, w) __builtin_shufflevector(v, v, XOR_LANES(w))
+#else
+#define SWAPPED(v, w) __builtin_shuffle(v, (mask){XOR_LANES(w)})
+#endif
+
+/* The sum of v's lanes: halves folded onto each other (log2 VW shuffles and adds, where a
+ * lane at a time took VW - 1 dependent adds; the scores spent most of their time there). */
+static float lane_sum(vec v) {
+#if VW == 16
+    v += SWAPPED(v, 8);
+#endif
+#if VW >= 8
+    v += SWAPPED(v, 4);
+#endif
+    v += SWAPPED(v, 2);
+    v += SWAPPED(v, 1);
+    return v[0];
+}
+
+/* One layer: each product's matrix as (in, out) row-major, and the layer's constants. */
+struct rows_layer {
+    const float *qkv;      /* (C, (H + 2 Hkv) D): c_q, c_k, c_v stacked */
+    const float *proj;     /* (H D, C) */
+    const float *fc;       /* (C, F) */
+    const float *fc_proj;  /* (F, C) */
+    const float *ve_gate;  /* (Hkv, ve_channels), or NULL in a layer without value embeddings */
+    const float *ve_table; /* (vocabulary, Hkv D) value embeddings, or NULL */
+    long window;           /* keys further back than this are not attended */
+    float resid_lambda, x0_lambda; /* x = resid_lambda x + x0_lambda x0 before the layer */
+};
+
+/* The model: its layers, the vocabulary's matrix and the constants every layer shares. */
+struct rows_model {
+    const struct rows_layer *layers;
+    long n_layers;
+    const float *lm_head; /* (C, V) */
+    long C, F, H, Hkv, D, ve_channels, V;
+    float ve_scale, eps, norm_scale, norm_eps, att_scale, softcap;
+    long backout_layer; /* x -= backout_lambda * (x after this layer) at the end; -1: none */
+    float backout_lambda;
+};
+
+enum epilogue { STORE_SCALED, ADD, RELU_SQUARED };
+
+/* Columns j..j+BLOCK of y[n] for n < rows (at most MAX_ROWS): acc = x[n] @ wt; then
+ * STORE_SCALED: y = scale[n] * acc; ADD: y += acc; RELU_SQUARED: y = (scale[n] * relu(acc))^2. */
+static void product_block(const float *x, long rows, long in, const float *wt, long out,
+                          long j, float *y, const float *scale, enum epilogue how) {
+    vec lo[MAX_ROWS], hi[MAX_ROWS];
+    for (int n = 0; n < MAX_ROWS; n++) lo[n] = hi[n] = (vec){0};
+    const float *w = wt + j;
+    for (long k = 0; k < in; k++, w += out) {
+        vec w0 = *(const vec_u *)w, w1 = *(const vec_u *)(w + VW);
+        for (int n = 0; n < MAX_ROWS; n++) {
+            if (n < rows) { /* a constant bound, so the loop unrolls into registers */
+                float xv = x[n * in + k];
+                lo[n] += xv * w0;
+                hi[n] += xv * w1;
+            }
         }
-        float s = 1.0f / sqrtf(norm_eps + norm_scale * dot(o, o, d));
-        for (long j = 0; j < d; j++) o[j] *= s;
     }
-    memcpy(v_layer + pos * row, v, sizeof(float) * row);
-    for (long h = 0; h < n_q; h++) {
-        const float *qh = q + h * d;
-        long g = h / group;
-        float top = -INFINITY, total = 0.0f;
-        for (long t = 0; t < n; t++) {
-            p[t] = att_scale * dot(qh, k_layer + (start + t) * row + g * d, d);
-            top = p[t] > top ? p[t] : top;
+    for (long n = 0; n < rows; n++) {
+        vec_u *a = (vec_u *)(y + n * out + j), *b = (vec_u *)(y + n * out + j + VW);
+        if (how == ADD) {
+            *a += lo[n];
+            *b += hi[n];
+        } else if (how == STORE_SCALED) {
+            *a = scale[n] * lo[n];
+            *b = scale[n] * hi[n];
+        } else {
+            vec l = scale[n] * relu(lo[n]), h = scale[n] * relu(hi[n]);
+            *a = l * l;
+            *b = h * h;
         }
-        for (long t = 0; t < n; t++) total += p[t] = expf(p[t] - top);
-        float *out = y + h * d;
-        memset(out, 0, sizeof(float) * d);
-        for (long t = 0; t < n; t++) {
-            const float *vt = v_layer + (start + t) * row + g * d;
-            for (long j = 0; j < d; j++) out[j] += p[t] * vt[j];
-        }
-        for (long j = 0; j < d; j++) out[j] /= total;
     }
-    free(q);
+}
+
+/* Columns j..out-1 (fewer than BLOCK) of the same product, a column at a time. */
+static void product_tail(const float *x, long rows, long in, const float *wt, long out, long j,
+                         float *y, const float *scale, enum epilogue how) {
+    for (long n = 0; n < rows; n++) {
+        for (long c = j; c < out; c++) {
+            float acc = 0.0f;
+            for (long k = 0; k < in; k++) acc += x[n * in + k] * wt[k * out + c];
+            float *to = y + n * out + c;
+            if (how == ADD) {
+                *to += acc;
+            } else {
+                float v = how == STORE_SCALED || acc > 0.0f ? scale[n] * acc : 0.0f;
+                *to = how == STORE_SCALED ? v : v * v;
+            }
+        }
+    }
+}
+
+/* y (rows, out) from x (rows, in) @ wt (in, out), the columns shared by the team's threads
+ * (called inside a parallel region: an orphaned `omp for`). */
+static void product(const float *x, long rows, long in, const float *wt, long out, float *y,
+                    const float *scale, enum epilogue how) {
+    long blocks = out / BLOCK;
+#pragma omp for schedule(static)
+    for (long b = 0; b <= blocks; b++) {
+        if (b == blocks) { /* what is left of a width not in whole blocks (a vocabulary) */
+            product_tail(x, rows, in, wt, out, blocks * BLOCK, y, scale, how);
+            continue;
+        }
+        for (long r = 0; r < rows; r += MAX_ROWS)
+            product_block(x + r * in, rows - r < MAX_ROWS ? rows - r : MAX_ROWS, in, wt, out,
+                          b * BLOCK, y + r * out, scale ? scale + r : NULL, how);
+    }
+}
+
+/* 1 / sqrt(mean(x^2) + eps) of each row of x (rows, C), as F.rms_norm computes it. */
+static void row_scales(const float *x, long rows, long C, float eps, float *s) {
+#pragma omp for schedule(static)
+    for (long n = 0; n < rows; n++) s[n] = 1.0f / sqrtf(dot(x + n * C, x + n * C, C) / C + eps);
+}
+
+/* Rotary embedding then the qk-norm of one head, from `in` into `out` (may not alias). */
+static void rope_norm(const float *in, float *out, const float *cos_, const float *sin_, long d,
+                      float norm_scale, float norm_eps) {
+    long half = d / 2;
+    for (long j = 0; j < half; j++) {
+        out[j] = in[j] * cos_[j] + in[j + half] * sin_[j];
+        out[j + half] = in[j + half] * cos_[j + half] - in[j] * sin_[j + half];
+    }
+    float s = 1.0f / sqrtf(norm_eps + norm_scale * dot(out, out, d));
+    for (long j = 0; j < d; j++) out[j] *= s;
+}
+
+static vec pick(mask m, vec a, vec b) { return (vec)(((mask)a & m) | ((mask)b & ~m)); }
+
+/* e^x on VW lanes for x <= 0 (scores less their maximum), where scalar expf cost more than
+ * the rest of the attention: x = n ln2 + r, e^r by Cephes' degree-6 polynomial (within
+ * ~2 ulp of expf), 2^n into the exponent bits. Below -87 it gives e^-87, not 0 or a
+ * denormal: ~1e-38 against a softmax whose largest term is 1. */
+static vec exp_nonpositive(vec x) {
+    const vec lowest = x - x - 87.0f, magic = x - x + 12582912.0f; /* 1.5 * 2^23 rounds */
+    x = pick(x < lowest, lowest, x);
+    vec n = (x * 1.44269504088896341f + magic) - magic; /* round(x / ln 2) */
+    vec r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* ln 2 in two parts, exactly */
+    vec p = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    mask e = (__builtin_convertvector(n, mask) + 127) << 23;
+    return p * (vec)e;
+}
+
+/* p[t] = e^(p[t] - m) for t < n; returns their sum. */
+static float exp_scores(float *p, long n, float m) {
+    vec sum = {0};
+    long t = 0;
+    for (; t + VW <= n; t += VW) {
+        vec e = exp_nonpositive(*(vec_u *)(p + t) - m);
+        *(vec_u *)(p + t) = e;
+        sum += e;
+    }
+    float total = lane_sum(sum);
+    if (t < n) { /* the tail through a padded vector, its padding's lanes not kept */
+        vec tail = {0};
+        for (long j = t; j < n; j++) tail[j - t] = p[j] - m;
+        tail = exp_nonpositive(tail);
+        for (long j = t; j < n; j++) total += p[j] = tail[j - t];
+    }
+    return total;
+}
+
+/* a . b for n a multiple of VW: one vector of partial sums. */
+static float dot_lanes(const float *a, const float *b, long n) {
+    vec acc = {0};
+    for (long j = 0; j < n; j += VW) acc += *(const vec_u *)(a + j) * *(const vec_u *)(b + j);
+    return lane_sum(acc);
+}
+
+/* One query head over keys/values at `keys`/`values` + t * stride, t < n, into the running
+ * softmax (top, total) and out: the prefix and then the suffix, one softmax over both. */
+static void attend_span(const float *q, const float *keys, const float *values, long stride,
+                        long n, long d, float att_scale, float *p, float *top, float *total,
+                        float *out) {
+    if (n <= 0) return;
+    float m = *top;
+    for (long t = 0; t < n; t++) {
+        const float *k = keys + t * stride;
+        p[t] = att_scale * (d % VW ? dot(q, k, d) : dot_lanes(q, k, d));
+        m = p[t] > m ? p[t] : m;
+    }
+    float rescale = *top == -INFINITY ? 0.0f : expf(*top - m); /* nothing yet on the first */
+    for (long j = 0; j < d; j++) out[j] *= rescale;
+    *total = *total * rescale + exp_scores(p, n, m);
+    *top = m;
+    if (d % (4 * VW)) {
+        for (long t = 0; t < n; t++)
+            for (long j = 0; j < d; j++) out[j] += p[t] * values[t * stride + j];
+        return;
+    }
+    /* Four vectors of out at a time, kept in registers over every t: through memory, each
+     * t's update waited on the store of the one before. */
+    for (long j = 0; j < d; j += 4 * VW) {
+        vec a0 = *(vec_u *)(out + j), a1 = *(vec_u *)(out + j + VW);
+        vec a2 = *(vec_u *)(out + j + 2 * VW), a3 = *(vec_u *)(out + j + 3 * VW);
+        for (long t = 0; t < n; t++) {
+            const float *vt = values + t * stride + j;
+            a0 += p[t] * *(const vec_u *)vt;
+            a1 += p[t] * *(const vec_u *)(vt + VW);
+            a2 += p[t] * *(const vec_u *)(vt + 2 * VW);
+            a3 += p[t] * *(const vec_u *)(vt + 3 * VW);
+        }
+        *(vec_u *)(out + j) = a0, *(vec_u *)(out + j + VW) = a1;
+        *(vec_u *)(out + j + 2 * VW) = a2, *(vec_u *)(out + j + 3 * VW) = a3;
+    }
+}
+
+/* Where a step's keys and values are: the shared prefix's (pk, pv: layer 0 of a
+ * (layers, 1, positions, Hkv, D) cache, its first `prefix` positions written; NULL when
+ * prefix is 0), then each row's own (sk, sv: layer 0 of a (layers, rows, Ts, Hkv, D) cache,
+ * this step's k and v written at pos - prefix). Strides in floats. */
+struct rows_cache {
+    const float *pk, *pv;
+    long p_layer, prefix;
+    float *sk, *sv;
+    long s_layer, s_row, pos;
+};
+
+/* Scratch of one step, on the heap: a long window on a server's worker thread must not meet
+ * its stack. */
+struct scratch {
+    float *x0, *s, *qkv, *y, *q, *scores, *u, *saved;
+};
+
+/* One layer of the step (inside the step's parallel region: every loop an orphaned omp for). */
+static void layer(const struct rows_model *m, const struct rows_layer *w, float *x, long rows,
+                  const long *ids, const float *cos_, const float *sin_, const float *pk,
+                  const float *pv, float *sk, float *sv, const struct rows_cache *c,
+                  const struct scratch *t, long span) {
+    long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D;
+    long width = (H + 2 * Hkv) * D, kv = Hkv * D, group = H / Hkv;
+    long start = c->pos - w->window > 0 ? c->pos - w->window : 0;
+    long p_from = start < c->prefix ? start : c->prefix, n_prefix = c->prefix - p_from;
+    long s_at = c->pos - c->prefix, s_from = start > c->prefix ? start - c->prefix : 0;
+    long n_suffix = s_at - s_from + 1;
+#pragma omp for schedule(static)
+    for (long n = 0; n < rows; n++) {
+        for (long j = 0; j < C; j++)
+            x[n * C + j] = w->resid_lambda * x[n * C + j] + w->x0_lambda * t->x0[n * C + j];
+        t->s[n] = 1.0f / sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps);
+    }
+    product(x, rows, C, w->qkv, width, t->qkv, t->s, STORE_SCALED);
+#pragma omp for schedule(static)
+    for (long n = 0; n < rows; n++) {
+        const float *r = t->qkv + n * width;
+        float *k_at = sk + n * c->s_row + s_at * kv, *v_at = sv + n * c->s_row + s_at * kv;
+        memcpy(v_at, r + (H + Hkv) * D, sizeof(float) * kv);
+        if (w->ve_table) { /* v += ve_scale * sigmoid(s * ve_gate @ x[:ve_channels]) * ve */
+            const float *ve = w->ve_table + ids[n] * kv;
+            for (long g = 0; g < Hkv; g++) {
+                float z = t->s[n] * dot(w->ve_gate + g * m->ve_channels, x + n * C,
+                                        m->ve_channels);
+                float gate = m->ve_scale / (1.0f + expf(-z));
+                for (long j = 0; j < D; j++) v_at[g * D + j] += gate * ve[g * D + j];
+            }
+        }
+        for (long h = 0; h < H + Hkv; h++)
+            rope_norm(r + h * D, h < H ? t->q + (n * H + h) * D : k_at + (h - H) * D, cos_, sin_,
+                      D, m->norm_scale, m->norm_eps);
+    }
+#pragma omp for schedule(static) collapse(2)
+    for (long n = 0; n < rows; n++) {
+        for (long h = 0; h < H; h++) {
+            long g = h / group;
+            float top = -INFINITY, total = 0.0f, *out = t->y + (n * H + h) * D;
+            const float *qh = t->q + (n * H + h) * D;
+            float *p = t->scores + (n * H + h) * span;
+            memset(out, 0, sizeof(float) * D);
+            if (n_prefix > 0)
+                attend_span(qh, pk + p_from * kv + g * D, pv + p_from * kv + g * D, kv, n_prefix,
+                            D, m->att_scale, p, &top, &total, out);
+            attend_span(qh, sk + n * c->s_row + s_from * kv + g * D,
+                        sv + n * c->s_row + s_from * kv + g * D, kv, n_suffix, D, m->att_scale, p,
+                        &top, &total, out);
+            for (long j = 0; j < D; j++) out[j] /= total;
+        }
+    }
+    product(t->y, rows, H * D, w->proj, C, x, NULL, ADD);
+    row_scales(x, rows, C, m->eps, t->s);
+    product(x, rows, C, w->fc, F, t->u, t->s, RELU_SQUARED);
+    product(t->u, rows, F, w->fc_proj, C, x, NULL, ADD);
+}
+
+/* Every layer of one decode step of `rows` rows, then the vocabulary's products.
+ * x (rows, C): the normalised embeddings of the rows' tokens (after the smear), the
+ * residual stream, in place. ids (rows,): the tokens (for the value embeddings).
+ * cos_, sin_: (D,) this position's rotary tables. logits (rows, V): softcap * (the last
+ * norm's x @ lm_head) / softcap, the tanh not taken (torch's is vectorised).
+ * threads: the OpenMP team's size. Returns 0, or -1 (nothing written) for shapes it does
+ * not take or without memory. */
+int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
+              const float *cos_, const float *sin_, const struct rows_cache *c, float *logits,
+              int threads) {
+    long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D;
+    long width = (H + 2 * Hkv) * D, span = c->pos + 1;
+    if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 || c->pos < c->prefix ||
+        (c->prefix > 0 && (!c->pk || !c->pv)))
+        return -1;
+    struct scratch t;
+    long size = rows * (2 * C + 1 + width + 2 * H * D + H * span + F);
+    t.x0 = malloc(sizeof(float) * size);
+    if (!t.x0) return -1;
+    t.saved = t.x0 + rows * C, t.s = t.saved + rows * C, t.qkv = t.s + rows;
+    t.y = t.qkv + rows * width, t.q = t.y + rows * H * D, t.scores = t.q + rows * H * D;
+    t.u = t.scores + rows * H * span;
+    memcpy(t.x0, x, sizeof(float) * rows * C);
+#pragma omp parallel num_threads(threads)
+    {
+        for (long i = 0; i < m->n_layers; i++) {
+            layer(m, m->layers + i, x, rows, ids, cos_, sin_,
+                  c->pk ? c->pk + i * c->p_layer : NULL, c->pv ? c->pv + i * c->p_layer : NULL,
+                  c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, &t, span);
+            if (i == m->backout_layer) {
+#pragma omp for schedule(static)
+                for (long j = 0; j < rows * C; j++) t.saved[j] = x[j];
+            }
+        }
+#pragma omp for schedule(static)
+        for (long n = 0; n < rows; n++) {
+            if (m->backout_layer >= 0)
+                for (long j = 0; j < C; j++) x[n * C + j] -= m->backout_lambda * t.saved[n * C + j];
+            /* the last norm and the softcap's division: one scale a row */
+            t.s[n] = 1.0f / (m->softcap * sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps));
+        }
+        product(x, rows, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
+    }
+    free(t.x0);
     return 0;
 }
