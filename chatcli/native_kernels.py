@@ -97,14 +97,20 @@ class _Model(ctypes.Structure):  # struct rows_model
 
 class _Cache(ctypes.Structure):  # struct rows_cache
     _fields_ = [
-        ("pk", ctypes.c_void_p),
+        ("pkt", ctypes.c_void_p),
         ("pv", ctypes.c_void_p),
-        ("p_layer", ctypes.c_long),
-        ("prefix", ctypes.c_long),
+        *((name, ctypes.c_long) for name in ("pkt_layer", "pkt_ld", "p_layer", "prefix")),
         ("sk", ctypes.c_void_p),
         ("sv", ctypes.c_void_p),
         *((name, ctypes.c_long) for name in ("s_layer", "s_row", "pos")),
     ]
+
+
+def keys_by_dimension(keys: torch.Tensor, length: int) -> torch.Tensor:
+    """A (layers, 1, T, Hkv, D) cache's first `length` keys as rows_step reads a shared
+    prefix's: (layers, Hkv, D, length), contiguous. Made once for many steps: the prefix
+    does not change while rows decode over it."""
+    return keys[:, 0, :length].permute(0, 2, 3, 1).contiguous()
 
 
 @dataclass
@@ -121,13 +127,34 @@ class RowsLayer:
     resid_lambda: float = 1.0
     x0_lambda: float = 0.0
 
+    @property
+    def matrices(self) -> tuple[torch.Tensor, ...]:
+        return self.qkv, self.proj, self.fc, self.fc_proj
+
+
+def pack_panels(matrix: torch.Tensor, block: int) -> torch.Tensor:
+    """An (in, out) matrix as rows_step's products read it: its columns in panels of
+    `block`, each panel's (in, block) contiguous, then the remaining out % block columns
+    as one (in, out % block) panel; flat."""
+    n_in, out = matrix.shape
+    whole = out // block * block
+    panels = matrix[:, :whole].reshape(n_in, out // block, block).transpose(0, 1)
+    return torch.cat([panels.reshape(-1), matrix[:, whole:].reshape(-1)])
+
 
 class RowsModel:
     """A model's layers and constants as the kernel reads them, built once (RowsStep.model):
     the structs hold pointers into `layers` and `lm_head`, which this keeps alive."""
 
-    def __init__(self, struct: _Model, layers: list[RowsLayer], lm_head: torch.Tensor) -> None:
+    def __init__(
+        self,
+        struct: _Model,
+        layers: list[RowsLayer],
+        lm_head: torch.Tensor,
+        packed: list[torch.Tensor],
+    ) -> None:
         self.struct, self.layers, self.lm_head = struct, layers, lm_head
+        self.packed = packed  # the matrices as the kernel reads them (pack_panels)
         self.n_kv_head, self.head_dim = struct.Hkv, struct.D
 
 
@@ -141,6 +168,7 @@ class RowsStep:
         fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_void_p] * 5
         fn.argtypes += [ctypes.c_int]
         self._fn = fn
+        self.block = int(library.rows_block())  # the columns of a panel (pack_panels)
 
     def model(
         self,
@@ -178,11 +206,18 @@ class RowsStep:
                 raise ValueError(f"rows_step: a layer's matrices of other shapes {shapes}")
         if lm_head.size(0) != C or D % 2:
             raise ValueError(f"rows_step: lm_head {tuple(lm_head.shape)}, head width {D}")
+        packed = {id(t): pack_panels(t, self.block) for la in layers for t in la.matrices}
+        packed[id(lm_head)] = pack_panels(lm_head, self.block)
+
+        def at(t: torch.Tensor | None) -> int | None:
+            return None if t is None else t.data_ptr()
+
         structs = (_Layer * len(layers))(
             *(
                 _Layer(
-                    *(t.data_ptr() for t in (la.qkv, la.proj, la.fc, la.fc_proj)),
-                    *(None if t is None else t.data_ptr() for t in (la.ve_gate, la.ve_table)),
+                    *(packed[id(t)].data_ptr() for t in la.matrices),
+                    at(la.ve_gate),
+                    at(la.ve_table),
                     la.window,
                     la.resid_lambda,
                     la.x0_lambda,
@@ -192,13 +227,13 @@ class RowsStep:
         )
         ve_channels = next((la.ve_gate.size(1) for la in layers if la.ve_gate is not None), 0)
         struct = _Model(
-            ctypes.addressof(structs), len(layers), lm_head.data_ptr(),
+            ctypes.addressof(structs), len(layers), packed[id(lm_head)].data_ptr(),
             C, F, n_head, n_kv_head, D, ve_channels, lm_head.size(1),
             ve_scale, eps, norm_scale, norm_eps, D**-0.5, softcap,
             backout_layer, backout_lambda,
         )  # fmt: skip
         struct.keep = structs
-        return RowsModel(struct, layers, lm_head)
+        return RowsModel(struct, layers, lm_head, list(packed.values()))
 
     def __call__(
         self,
@@ -212,7 +247,7 @@ class RowsStep:
         suffix: tuple[torch.Tensor, torch.Tensor],
         pos: int,
         threads: int = 1,
-    ) -> torch.Tensor | None:
+    ) -> torch.Tensor:
         """One step: x (rows, C) the normalised embeddings (after the smear), overwritten;
         ids (rows,) int64; cos/sin (D,); prefix: the shared (layers, 1, T, Hkv, D) keys and
         values, their first prefix_len positions attended, or None; suffix: the rows' own
@@ -225,9 +260,10 @@ class RowsStep:
             raise ValueError("rows_step takes contiguous fp32 rows of the model's width")
         if ids.dtype != torch.long or ids.shape != (x.size(0),):
             raise ValueError("rows_step takes one int64 id a row")
-        return self.run(
-            model, x, ids.contiguous(), cos, sin, prefix, prefix_len, suffix, pos, threads
-        )
+        shared = None
+        if prefix is not None and prefix_len > 0:
+            shared = (keys_by_dimension(prefix[0], prefix_len), prefix[1])
+        return self.run(model, x, ids, cos, sin, shared, prefix_len, suffix, pos, threads)
 
     @staticmethod
     def takes(
@@ -259,14 +295,19 @@ class RowsStep:
         pos: int,
         threads: int,
     ) -> torch.Tensor:
-        """__call__ without its checks, for a caller that made them (`takes`) once."""
+        """__call__ without its checks, for a caller that made them (`takes`) once; prefix
+        as (its keys_by_dimension, its values) or None."""
         m = model.struct
         sk, sv = suffix
-        pk, pv = prefix if prefix is not None else (None, None)
+        if prefix is None:
+            pkt = pv = None
+            strides = (0, 0, 0, 0)
+        else:
+            pkt, pv = prefix
+            strides = (pkt.stride(0), pkt.size(3), pv.stride(0), prefix_len)
         cache = _Cache(
-            None if pk is None else pk.data_ptr(), None if pv is None else pv.data_ptr(),
-            0 if pk is None else pk.stride(0), prefix_len if pk is not None else 0,
-            sk.data_ptr(), sv.data_ptr(), sk.stride(0), sk.stride(1), pos,
+            None if pkt is None else pkt.data_ptr(), None if pv is None else pv.data_ptr(),
+            *strides, sk.data_ptr(), sv.data_ptr(), sk.stride(0), sk.stride(1), pos,
         )  # fmt: skip
         logits = torch.empty(x.size(0), m.V)
         ids = ids.contiguous()  # a column of a (rows, steps) tensor is strided

@@ -103,6 +103,18 @@ def test_the_first_position_of_an_empty_cache(era, kernel):
     )
 
 
+def test_a_small_models_kernel_starts_on_every_core(monkeypatch):
+    # Our kernel shares each product among the cores; torch's ops paid a fork/join each.
+    monkeypatch.setattr("chatcli.decode_step.available_cores", lambda: 2)
+    model = _random_model("E")
+    for kernel, first in (("native", 2), ("torch", 1)):
+        step = _step(model, kernel)
+        cache = _cache(model)
+        model(torch.tensor([[3, 9, 27]]), kv_cache=cache)
+        step(torch.tensor([[5]]), cache)
+        assert step._thread_choices[(1, 2)].current == first
+
+
 def test_a_cache_the_kernel_does_not_read_takes_torchs_ops(monkeypatch):
     model = _random_model("E")
     step = _step(model, "native")

@@ -12,6 +12,7 @@ from chatcli.native_kernels import (
     build,
     f16_matvec,
     library_path,
+    pack_panels,
     rows_step,
     rows_step_errors,
 )
@@ -243,3 +244,13 @@ def test_a_decode_step_keeps_torchs_ops_when_the_kernels_are_off(fresh, monkeypa
     monkeypatch.setenv("CHATCLI_NATIVE_KERNELS", "0")
     assert DecodeStep(_random_model("E"))._rows_model is None
     assert "CHATCLI_NATIVE_KERNELS=0" in native_kernels.unavailable_reason("rows_step")
+
+
+def test_panels_hold_each_block_of_columns_contiguous_then_the_rest():
+    matrix = torch.arange(5 * 7, dtype=torch.float32).view(5, 7)  # (in, out)
+    flat = pack_panels(matrix, 3)  # panels of columns 0-2 and 3-5, then column 6
+    assert flat.shape == (35,)
+    assert torch.equal(flat[:15].view(5, 3), matrix[:, 0:3])
+    assert torch.equal(flat[15:30].view(5, 3), matrix[:, 3:6])
+    assert torch.equal(flat[30:].view(5, 1), matrix[:, 6:])
+    assert torch.equal(pack_panels(matrix, 7), matrix.reshape(-1))  # one whole panel

@@ -84,7 +84,8 @@ static float lane_sum(vec v) {
     return v[0];
 }
 
-/* One layer: each product's matrix as (in, out) row-major, and the layer's constants. */
+/* One layer: each product's matrix (in, out) packed in panels (product), and the layer's
+ * constants. */
 struct rows_layer {
     const float *qkv;      /* (C, (H + 2 Hkv) D): c_q, c_k, c_v stacked */
     const float *proj;     /* (H D, C) */
@@ -100,7 +101,7 @@ struct rows_layer {
 struct rows_model {
     const struct rows_layer *layers;
     long n_layers;
-    const float *lm_head; /* (C, V) */
+    const float *lm_head; /* (C, V), packed */
     long C, F, H, Hkv, D, ve_channels, V;
     float ve_scale, eps, norm_scale, norm_eps, att_scale, softcap;
     long backout_layer; /* x -= backout_lambda * (x after this layer) at the end; -1: none */
@@ -109,25 +110,67 @@ struct rows_model {
 
 enum epilogue { STORE_SCALED, ADD, RELU_SQUARED };
 
-/* Columns j..j+BLOCK of y[n] for n < rows (at most MAX_ROWS): acc = x[n] @ wt; then
- * STORE_SCALED: y = scale[n] * acc; ADD: y += acc; RELU_SQUARED: y = (scale[n] * relu(acc))^2. */
-static void product_block(const float *x, long rows, long in, const float *wt, long out,
-                          long j, float *y, const float *scale, enum epilogue how) {
-    vec lo[MAX_ROWS], hi[MAX_ROWS];
-    for (int n = 0; n < MAX_ROWS; n++) lo[n] = hi[n] = (vec){0};
-    const float *w = wt + j;
-    for (long k = 0; k < in; k++, w += out) {
-        vec w0 = *(const vec_u *)w, w1 = *(const vec_u *)(w + VW);
-        for (int n = 0; n < MAX_ROWS; n++) {
-            if (n < rows) { /* a constant bound, so the loop unrolls into registers */
-                float xv = x[n * in + k];
-                lo[n] += xv * w0;
-                hi[n] += xv * w1;
-            }
+/* A matrix in memory: element (i, j) at p[i * ld + j]. */
+struct view {
+    const float *p;
+    long ld;
+};
+
+/* The sums of x[n] @ w's columns j..j+BLOCK over the inputs k0..in-1, n < rows: inlined
+ * into each caller with `rows` a constant where it can be, so the loop over the rows
+ * unrolls into registers without a test per row. The weights' rows PREFETCH_ROWS ahead
+ * are asked for early: a step reads ~11 MB of them, more than a core's L2 holds. */
+#define PREFETCH_ROWS 24
+static inline __attribute__((always_inline)) void sum_rows(struct view x, long rows, long k0,
+                                                           long in, struct view w, long j,
+                                                           vec *lo, vec *hi) {
+    const float *wk = w.p + k0 * w.ld + j;
+    for (long k = k0; k < in; k++, wk += w.ld) {
+        __builtin_prefetch(wk + PREFETCH_ROWS * w.ld);
+        __builtin_prefetch(wk + PREFETCH_ROWS * w.ld + VW);
+        vec w0 = *(const vec_u *)wk, w1 = *(const vec_u *)(wk + VW);
+        for (int n = 0; n < rows; n++) {
+            float xv = x.p[n * x.ld + k];
+            lo[n] += xv * w0;
+            hi[n] += xv * w1;
         }
     }
+}
+
+/* Columns j..j+BLOCK of y[n] for n < rows (at most MAX_ROWS): acc = x[n] @ w over `in`
+ * inputs; then STORE_SCALED: y = scale[n] * acc; ADD: y += acc;
+ * RELU_SQUARED: y = (scale[n] * relu(acc))^2. */
+static void product_block(struct view x, long rows, long in, struct view w, long j, float *y,
+                          long ld_y, const float *scale, enum epilogue how) {
+    vec lo[MAX_ROWS], hi[MAX_ROWS];
+    for (int n = 0; n < MAX_ROWS; n++) lo[n] = hi[n] = (vec){0};
+    long k = 0;
+    if (rows == 1) { /* four inputs at a time into their own sums: one row's two sums would
+                        wait on each other's adds (the FMA's latency), not on the weights */
+        const float *wk = w.p + j;
+        vec l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
+        for (; k + 4 <= in; k += 4, wk += 4 * w.ld) {
+            const float *xk = x.p + k;
+            __builtin_prefetch(wk + PREFETCH_ROWS * w.ld);
+            __builtin_prefetch(wk + PREFETCH_ROWS * w.ld + VW);
+            __builtin_prefetch(wk + (PREFETCH_ROWS + 2) * w.ld);
+            __builtin_prefetch(wk + (PREFETCH_ROWS + 2) * w.ld + VW);
+            lo[0] += xk[0] * *(const vec_u *)wk, hi[0] += xk[0] * *(const vec_u *)(wk + VW);
+            l1 += xk[1] * *(const vec_u *)(wk + w.ld), h1 += xk[1] * *(const vec_u *)(wk + w.ld + VW);
+            l2 += xk[2] * *(const vec_u *)(wk + 2 * w.ld);
+            h2 += xk[2] * *(const vec_u *)(wk + 2 * w.ld + VW);
+            l3 += xk[3] * *(const vec_u *)(wk + 3 * w.ld);
+            h3 += xk[3] * *(const vec_u *)(wk + 3 * w.ld + VW);
+        }
+        lo[0] += (l1 + l2) + l3, hi[0] += (h1 + h2) + h3;
+        sum_rows(x, 1, k, in, w, j, lo, hi);
+    } else if (rows == MAX_ROWS) {
+        sum_rows(x, MAX_ROWS, 0, in, w, j, lo, hi);
+    } else {
+        sum_rows(x, rows, 0, in, w, j, lo, hi);
+    }
     for (long n = 0; n < rows; n++) {
-        vec_u *a = (vec_u *)(y + n * out + j), *b = (vec_u *)(y + n * out + j + VW);
+        vec_u *a = (vec_u *)(y + n * ld_y + j), *b = (vec_u *)(y + n * ld_y + j + VW);
         if (how == ADD) {
             *a += lo[n];
             *b += hi[n];
@@ -143,13 +186,13 @@ static void product_block(const float *x, long rows, long in, const float *wt, l
 }
 
 /* Columns j..out-1 (fewer than BLOCK) of the same product, a column at a time. */
-static void product_tail(const float *x, long rows, long in, const float *wt, long out, long j,
-                         float *y, const float *scale, enum epilogue how) {
+static void product_tail(struct view x, long rows, long in, struct view w, long j, long out,
+                         float *y, long ld_y, const float *scale, enum epilogue how) {
     for (long n = 0; n < rows; n++) {
         for (long c = j; c < out; c++) {
             float acc = 0.0f;
-            for (long k = 0; k < in; k++) acc += x[n * in + k] * wt[k * out + c];
-            float *to = y + n * out + c;
+            for (long k = 0; k < in; k++) acc += x.p[n * x.ld + k] * w.p[k * w.ld + c];
+            float *to = y + n * ld_y + c;
             if (how == ADD) {
                 *to += acc;
             } else {
@@ -160,20 +203,57 @@ static void product_tail(const float *x, long rows, long in, const float *wt, lo
     }
 }
 
-/* y (rows, out) from x (rows, in) @ wt (in, out), the columns shared by the team's threads
- * (called inside a parallel region: an orphaned `omp for`). */
-static void product(const float *x, long rows, long in, const float *wt, long out, float *y,
-                    const float *scale, enum epilogue how) {
-    long blocks = out / BLOCK;
+/* y (rows, out) from x (rows, in) @ w (in, out), for `items` such products at once (the
+ * heads of an attention): item i reads x + i x_step, w + (i / w_group) w_step (heads that
+ * share a K/V head share its matrix), scale + i scale_step, and writes y + i y_step. Every
+ * item's columns are shared by the team's threads, with one barrier for all (called inside
+ * a parallel region: an orphaned `omp for`). */
+static void products(long items, struct view x, long x_step, long rows, long in, struct view w,
+                     long w_step, long w_group, long out, float *y, long y_step, long ld_y,
+                     const float *scale, long scale_step, enum epilogue how) {
+    long blocks = out / BLOCK, last = blocks + (out % BLOCK != 0);
+#pragma omp for schedule(static) collapse(2)
+    for (long i = 0; i < items; i++) {
+        for (long b = 0; b < last; b++) {
+            struct view xi = {x.p + i * x_step, x.ld}, wi = {w.p + (i / w_group) * w_step, w.ld};
+            float *yi = y + i * y_step;
+            const float *si = scale ? scale + i * scale_step : NULL;
+            if (b == blocks) { /* what is left of a width not in whole blocks (a vocabulary) */
+                product_tail(xi, rows, in, wi, blocks * BLOCK, out, yi, ld_y, si, how);
+                continue;
+            }
+            for (long r = 0; r < rows; r += MAX_ROWS) {
+                struct view xr = {xi.p + r * xi.ld, xi.ld};
+                product_block(xr, rows - r < MAX_ROWS ? rows - r : MAX_ROWS, in, wi, b * BLOCK,
+                              yi + r * ld_y, ld_y, si ? si + r : NULL, how);
+            }
+        }
+    }
+}
+
+int rows_block(void) { return BLOCK; }
+
+/* y (rows, out) from x (rows, in) @ a model's matrix packed in panels (rows_block() columns
+ * each, every panel's (in, BLOCK) contiguous, then the last out % BLOCK columns as one
+ * (in, out % BLOCK) panel): each pass reads its weights in order, where the (in, out)
+ * matrix's columns were read a row apart, a stride the prefetchers and the TLB served
+ * worse. The panels are shared by the team's threads (an orphaned `omp for`). */
+static void product(const float *x, long rows, long in, const float *panels, long out,
+                    float *y, const float *scale, enum epilogue how) {
+    long blocks = out / BLOCK, last = blocks + (out % BLOCK != 0), rest = out - blocks * BLOCK;
+    struct view xv = {x, in};
 #pragma omp for schedule(static)
-    for (long b = 0; b <= blocks; b++) {
-        if (b == blocks) { /* what is left of a width not in whole blocks (a vocabulary) */
-            product_tail(x, rows, in, wt, out, blocks * BLOCK, y, scale, how);
+    for (long b = 0; b < last; b++) {
+        const float *panel = panels + b * in * BLOCK;
+        if (b == blocks) {
+            product_tail(xv, rows, in, (struct view){panel, rest}, 0, rest, y + b * BLOCK, out,
+                         scale, how);
             continue;
         }
         for (long r = 0; r < rows; r += MAX_ROWS)
-            product_block(x + r * in, rows - r < MAX_ROWS ? rows - r : MAX_ROWS, in, wt, out,
-                          b * BLOCK, y + r * out, scale ? scale + r : NULL, how);
+            product_block((struct view){x + r * in, in}, rows - r < MAX_ROWS ? rows - r : MAX_ROWS,
+                          in, (struct view){panel, BLOCK}, 0, y + r * out + b * BLOCK, out,
+                          scale ? scale + r : NULL, how);
     }
 }
 
@@ -242,32 +322,18 @@ static float dot_lanes(const float *a, const float *b, long n) {
     return lane_sum(acc);
 }
 
-/* One query head over keys/values at `keys`/`values` + t * stride, t < n, into the running
- * softmax (top, total) and out: the prefix and then the suffix, one softmax over both. */
-static void attend_span(const float *q, const float *keys, const float *values, long stride,
-                        long n, long d, float att_scale, float *p, float *top, float *total,
-                        float *out) {
-    if (n <= 0) return;
-    float m = *top;
-    for (long t = 0; t < n; t++) {
-        const float *k = keys + t * stride;
-        p[t] = att_scale * (d % VW ? dot(q, k, d) : dot_lanes(q, k, d));
-        m = p[t] > m ? p[t] : m;
-    }
-    float rescale = *top == -INFINITY ? 0.0f : expf(*top - m); /* nothing yet on the first */
-    for (long j = 0; j < d; j++) out[j] *= rescale;
-    *total = *total * rescale + exp_scores(p, n, m);
-    *top = m;
+/* out += scale * sum_t p[t] * values[t * stride], t < n, over d columns. */
+static void add_values(const float *p, long n, const float *values, long stride, long d,
+                       float scale, float *out) {
     if (d % (4 * VW)) {
         for (long t = 0; t < n; t++)
-            for (long j = 0; j < d; j++) out[j] += p[t] * values[t * stride + j];
+            for (long j = 0; j < d; j++) out[j] += scale * p[t] * values[t * stride + j];
         return;
     }
     /* Four vectors of out at a time, kept in registers over every t: through memory, each
      * t's update waited on the store of the one before. */
     for (long j = 0; j < d; j += 4 * VW) {
-        vec a0 = *(vec_u *)(out + j), a1 = *(vec_u *)(out + j + VW);
-        vec a2 = *(vec_u *)(out + j + 2 * VW), a3 = *(vec_u *)(out + j + 3 * VW);
+        vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         for (long t = 0; t < n; t++) {
             const float *vt = values + t * stride + j;
             a0 += p[t] * *(const vec_u *)vt;
@@ -275,48 +341,51 @@ static void attend_span(const float *q, const float *keys, const float *values, 
             a2 += p[t] * *(const vec_u *)(vt + 2 * VW);
             a3 += p[t] * *(const vec_u *)(vt + 3 * VW);
         }
-        *(vec_u *)(out + j) = a0, *(vec_u *)(out + j + VW) = a1;
-        *(vec_u *)(out + j + 2 * VW) = a2, *(vec_u *)(out + j + 3 * VW) = a3;
+        *(vec_u *)(out + j) += scale * a0, *(vec_u *)(out + j + VW) += scale * a1;
+        *(vec_u *)(out + j + 2 * VW) += scale * a2, *(vec_u *)(out + j + 3 * VW) += scale * a3;
     }
 }
 
-/* Where a step's keys and values are: the shared prefix's (pk, pv: layer 0 of a
- * (layers, 1, positions, Hkv, D) cache, its first `prefix` positions written; NULL when
- * prefix is 0), then each row's own (sk, sv: layer 0 of a (layers, rows, Ts, Hkv, D) cache,
- * this step's k and v written at pos - prefix). Strides in floats. */
+/* Where a step's keys and values are. The shared prefix (a prompt every row attends), its
+ * first `prefix` positions: its keys transposed (pkt: layer 0 of (layers, Hkv, D, pkt_ld),
+ * so that the rows' scores over it are one product per K/V head) and its values (pv: layer
+ * 0 of a (layers, 1, positions, Hkv, D) cache); NULL when prefix is 0. Then each row's own
+ * (sk, sv: layer 0 of a (layers, rows, Ts, Hkv, D) cache, this step's k and v written at
+ * pos - prefix). Strides in floats. */
 struct rows_cache {
-    const float *pk, *pv;
-    long p_layer, prefix;
+    const float *pkt, *pv;
+    long pkt_layer, pkt_ld, p_layer, prefix;
     float *sk, *sv;
     long s_layer, s_row, pos;
 };
 
 /* Scratch of one step, on the heap: a long window on a server's worker thread must not meet
- * its stack. */
+ * its stack. q and the scores are head-major, (H, rows, ...): a K/V head's queries are then
+ * one block of rows for the products over the prefix. */
 struct scratch {
-    float *x0, *s, *qkv, *y, *q, *scores, *u, *saved;
+    float *x0, *s, *qkv, *y, *q, *scores, *u, *saved, *inv_total, *att_scale;
 };
 
 /* One layer of the step (inside the step's parallel region: every loop an orphaned omp for). */
 static void layer(const struct rows_model *m, const struct rows_layer *w, float *x, long rows,
-                  const long *ids, const float *cos_, const float *sin_, const float *pk,
+                  const long *ids, const float *cos_, const float *sin_, const float *pkt,
                   const float *pv, float *sk, float *sv, const struct rows_cache *c,
                   const struct scratch *t, long span) {
-    long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D;
+    long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D, N = rows;
     long width = (H + 2 * Hkv) * D, kv = Hkv * D, group = H / Hkv;
     long start = c->pos - w->window > 0 ? c->pos - w->window : 0;
     long p_from = start < c->prefix ? start : c->prefix, n_prefix = c->prefix - p_from;
     long s_at = c->pos - c->prefix, s_from = start > c->prefix ? start - c->prefix : 0;
     long n_suffix = s_at - s_from + 1;
 #pragma omp for schedule(static)
-    for (long n = 0; n < rows; n++) {
+    for (long n = 0; n < N; n++) {
         for (long j = 0; j < C; j++)
             x[n * C + j] = w->resid_lambda * x[n * C + j] + w->x0_lambda * t->x0[n * C + j];
         t->s[n] = 1.0f / sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps);
     }
-    product(x, rows, C, w->qkv, width, t->qkv, t->s, STORE_SCALED);
+    product(x, N, C, w->qkv, width, t->qkv, t->s, STORE_SCALED);
 #pragma omp for schedule(static)
-    for (long n = 0; n < rows; n++) {
+    for (long n = 0; n < N; n++) {
         const float *r = t->qkv + n * width;
         float *k_at = sk + n * c->s_row + s_at * kv, *v_at = sv + n * c->s_row + s_at * kv;
         memcpy(v_at, r + (H + Hkv) * D, sizeof(float) * kv);
@@ -330,37 +399,56 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
             }
         }
         for (long h = 0; h < H + Hkv; h++)
-            rope_norm(r + h * D, h < H ? t->q + (n * H + h) * D : k_at + (h - H) * D, cos_, sin_,
+            rope_norm(r + h * D, h < H ? t->q + (h * N + n) * D : k_at + (h - H) * D, cos_, sin_,
                       D, m->norm_scale, m->norm_eps);
     }
+    /* Scores over the prefix: each K/V head's queries (its heads' rows) times its keys. */
+    if (n_prefix > 0)
+        products(Hkv, (struct view){t->q, D}, group * N * D, group * N, D,
+                 (struct view){pkt + p_from, c->pkt_ld}, D * c->pkt_ld, 1, n_prefix, t->scores,
+                 group * N * span, span, t->att_scale, 0, STORE_SCALED);
+    /* Each query's scores over its row's own keys, then the softmax over both. */
 #pragma omp for schedule(static) collapse(2)
-    for (long n = 0; n < rows; n++) {
-        for (long h = 0; h < H; h++) {
-            long g = h / group;
-            float top = -INFINITY, total = 0.0f, *out = t->y + (n * H + h) * D;
-            const float *qh = t->q + (n * H + h) * D;
-            float *p = t->scores + (n * H + h) * span;
-            memset(out, 0, sizeof(float) * D);
-            if (n_prefix > 0)
-                attend_span(qh, pk + p_from * kv + g * D, pv + p_from * kv + g * D, kv, n_prefix,
-                            D, m->att_scale, p, &top, &total, out);
-            attend_span(qh, sk + n * c->s_row + s_from * kv + g * D,
-                        sv + n * c->s_row + s_from * kv + g * D, kv, n_suffix, D, m->att_scale, p,
-                        &top, &total, out);
-            for (long j = 0; j < D; j++) out[j] /= total;
+    for (long h = 0; h < H; h++) {
+        for (long n = 0; n < N; n++) {
+            const float *qh = t->q + (h * N + n) * D;
+            const float *keys = sk + n * c->s_row + s_from * kv + (h / group) * D;
+            float *p = t->scores + (h * N + n) * span, top = -INFINITY;
+            for (long i = 0; i < n_suffix; i++) {
+                const float *k = keys + i * kv;
+                p[n_prefix + i] = m->att_scale * (D % VW ? dot(qh, k, D) : dot_lanes(qh, k, D));
+            }
+            for (long i = 0; i < n_prefix + n_suffix; i++) top = p[i] > top ? p[i] : top;
+            t->inv_total[h * N + n] = 1.0f / exp_scores(p, n_prefix + n_suffix, top);
         }
     }
-    product(t->y, rows, H * D, w->proj, C, x, NULL, ADD);
-    row_scales(x, rows, C, m->eps, t->s);
-    product(x, rows, C, w->fc, F, t->u, t->s, RELU_SQUARED);
-    product(t->u, rows, F, w->fc_proj, C, x, NULL, ADD);
+    /* The values: the prefix's through one product a head (which stores y), then each
+     * row's own. */
+    if (n_prefix > 0)
+        products(H, (struct view){t->scores, span}, N * span, N, n_prefix,
+                 (struct view){pv + p_from * kv, kv}, D, group, D, t->y, D, H * D, t->inv_total,
+                 N, STORE_SCALED);
+#pragma omp for schedule(static) collapse(2)
+    for (long n = 0; n < N; n++) {
+        for (long h = 0; h < H; h++) {
+            float *out = t->y + n * H * D + h * D;
+            if (n_prefix == 0) memset(out, 0, sizeof(float) * D);
+            add_values(t->scores + (h * N + n) * span + n_prefix, n_suffix,
+                       sv + n * c->s_row + s_from * kv + (h / group) * D, kv, D,
+                       t->inv_total[h * N + n], out);
+        }
+    }
+    product(t->y, N, H * D, w->proj, C, x, NULL, ADD);
+    row_scales(x, N, C, m->eps, t->s);
+    product(x, N, C, w->fc, F, t->u, t->s, RELU_SQUARED);
+    product(t->u, N, F, w->fc_proj, C, x, NULL, ADD);
 }
 
 /* Every layer of one decode step of `rows` rows, then the vocabulary's products.
  * x (rows, C): the normalised embeddings of the rows' tokens (after the smear), the
  * residual stream, in place. ids (rows,): the tokens (for the value embeddings).
- * cos_, sin_: (D,) this position's rotary tables. logits (rows, V): softcap * (the last
- * norm's x @ lm_head) / softcap, the tanh not taken (torch's is vectorised).
+ * cos_, sin_: (D,) this position's rotary tables. logits (rows, V): the last norm's
+ * x @ lm_head divided by the softcap, the tanh not taken (torch's is vectorised).
  * threads: the OpenMP team's size. Returns 0, or -1 (nothing written) for shapes it does
  * not take or without memory. */
 int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
@@ -369,21 +457,23 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D;
     long width = (H + 2 * Hkv) * D, span = c->pos + 1;
     if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 || c->pos < c->prefix ||
-        (c->prefix > 0 && (!c->pk || !c->pv)))
+        (c->prefix > 0 && (!c->pkt || !c->pv || c->pkt_ld < c->prefix)))
         return -1;
     struct scratch t;
-    long size = rows * (2 * C + 1 + width + 2 * H * D + H * span + F);
+    long size = rows * (2 * C + 1 + width + 2 * H * D + H * span + F + 2 * H);
     t.x0 = malloc(sizeof(float) * size);
     if (!t.x0) return -1;
     t.saved = t.x0 + rows * C, t.s = t.saved + rows * C, t.qkv = t.s + rows;
     t.y = t.qkv + rows * width, t.q = t.y + rows * H * D, t.scores = t.q + rows * H * D;
-    t.u = t.scores + rows * H * span;
+    t.u = t.scores + rows * H * span, t.inv_total = t.u + rows * F;
+    t.att_scale = t.inv_total + rows * H;
+    for (long i = 0; i < rows * H; i++) t.att_scale[i] = m->att_scale;
     memcpy(t.x0, x, sizeof(float) * rows * C);
 #pragma omp parallel num_threads(threads)
     {
         for (long i = 0; i < m->n_layers; i++) {
             layer(m, m->layers + i, x, rows, ids, cos_, sin_,
-                  c->pk ? c->pk + i * c->p_layer : NULL, c->pv ? c->pv + i * c->p_layer : NULL,
+                  c->pkt ? c->pkt + i * c->pkt_layer : NULL, c->pv ? c->pv + i * c->p_layer : NULL,
                   c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, &t, span);
             if (i == m->backout_layer) {
 #pragma omp for schedule(static)
