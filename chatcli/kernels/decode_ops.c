@@ -315,6 +315,59 @@ static float exp_scores(float *p, long n, float m) {
     return total;
 }
 
+/* q . k[i * stride] for i < 4 into out, n a multiple of VW: the four vectors of partial sums
+ * folded into one another's lanes (a 4-way transposition), where one key at a time paid a
+ * whole lane_sum each. Where the vector has 8 or 16 lanes; elsewhere one key at a time. */
+#ifdef __clang__
+#define MERGED(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define MERGED(a, b, ...) __builtin_shuffle(a, b, (mask){__VA_ARGS__})
+#endif
+#if VW == 16
+#define FOUR_AT_ONCE 1
+static void dot4(const float *q, const float *k, long stride, long n, float *out) {
+    vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (long j = 0; j < n; j += VW) {
+        vec qv = *(const vec_u *)(q + j);
+        a0 += qv * *(const vec_u *)(k + j), a1 += qv * *(const vec_u *)(k + stride + j);
+        a2 += qv * *(const vec_u *)(k + 2 * stride + j);
+        a3 += qv * *(const vec_u *)(k + 3 * stride + j);
+    }
+    /* halves of a0 | a1, of a2 | a3: lanes 0-7 one key's partial sums, 8-15 the next's */
+    vec t0 = MERGED(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+             MERGED(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    vec t1 = MERGED(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+             MERGED(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    /* then four lanes a key, in order */
+    vec u = MERGED(t0, t1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+            MERGED(t0, t1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    u += SWAPPED(u, 2);
+    u += SWAPPED(u, 1);
+    out[0] = u[0], out[1] = u[4], out[2] = u[8], out[3] = u[12];
+}
+#elif VW == 8
+#define FOUR_AT_ONCE 1
+static void dot4(const float *q, const float *k, long stride, long n, float *out) {
+    vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (long j = 0; j < n; j += VW) {
+        vec qv = *(const vec_u *)(q + j);
+        a0 += qv * *(const vec_u *)(k + j), a1 += qv * *(const vec_u *)(k + stride + j);
+        a2 += qv * *(const vec_u *)(k + 2 * stride + j);
+        a3 += qv * *(const vec_u *)(k + 3 * stride + j);
+    }
+    vec t0 = MERGED(a0, a1, 0, 1, 2, 3, 8, 9, 10, 11) + MERGED(a0, a1, 4, 5, 6, 7, 12, 13, 14, 15);
+    vec t1 = MERGED(a2, a3, 0, 1, 2, 3, 8, 9, 10, 11) + MERGED(a2, a3, 4, 5, 6, 7, 12, 13, 14, 15);
+    vec u = MERGED(t0, t1, 0, 1, 4, 5, 8, 9, 12, 13) + MERGED(t0, t1, 2, 3, 6, 7, 10, 11, 14, 15);
+    u += SWAPPED(u, 1);
+    out[0] = u[0], out[1] = u[2], out[2] = u[4], out[3] = u[6];
+}
+#else
+#define FOUR_AT_ONCE 0
+static void dot4(const float *q, const float *k, long stride, long n, float *out) {
+    for (int i = 0; i < 4; i++) out[i] = dot(q, k + i * stride, n);
+}
+#endif
+
 /* a . b for n a multiple of VW: one vector of partial sums. */
 static float dot_lanes(const float *a, const float *b, long n) {
     vec acc = {0};
@@ -414,7 +467,15 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
             const float *qh = t->q + (h * N + n) * D;
             const float *keys = sk + n * c->s_row + s_from * kv + (h / group) * D;
             float *p = t->scores + (h * N + n) * span, top = -INFINITY;
-            for (long i = 0; i < n_suffix; i++) {
+            long i = 0;
+            if (FOUR_AT_ONCE && D % VW == 0) {
+                for (; i + 4 <= n_suffix; i += 4) {
+                    float four[4];
+                    dot4(qh, keys + i * kv, kv, D, four);
+                    for (int j = 0; j < 4; j++) p[n_prefix + i + j] = m->att_scale * four[j];
+                }
+            }
+            for (; i < n_suffix; i++) {
                 const float *k = keys + i * kv;
                 p[n_prefix + i] = m->att_scale * (D % VW ? dot(qh, k, D) : dot_lanes(qh, k, D));
             }
