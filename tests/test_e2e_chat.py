@@ -74,13 +74,14 @@ def test_chat_session_in_a_real_terminal(tmp_path):
         ):
             type_line(child, line)
             child.expect_exact(echo)
-        for _ in range(5):
+        for _ in range(20):
             type_line(child, STORY)
             child.expect_exact(PROMPT_DONE)
-            time.sleep(0.05)  # until the terminal is back in cooked mode, Ctrl-C is a key
+            time.sleep(0.02)  # until the terminal is back in cooked mode, Ctrl-C is a key
             child.sendintr()
-            # The demo model's replies are short: Ctrl-C can come after this one ended (it
-            # then lands at the next prompt). Drop that turn and try again.
+            # The demo model's replies are short and its decode fast (~0.1 s for 400 tokens
+            # here): Ctrl-C can come after this one ended (it then lands at the next prompt).
+            # Drop that turn and try again.
             if child.expect([r"\[interrupted\]", r"\(Press Ctrl-D", r"Interrupted\."]) == 0:
                 break
             type_line(child, "/undo")
