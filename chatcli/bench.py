@@ -23,6 +23,7 @@ import torch
 from chatcli.baseline import baseline_generate
 from chatcli.checkpoint import LARGE_MODEL_MATRIX_PARAMS
 from chatcli.cpu_plan import apply_cpu_plan, torch_threads
+from chatcli.decode_step import DecodeStep
 from chatcli.engine import Engine, GenerationStats
 from chatcli.model import ERAS, GPT, GPTConfig, Linear
 from chatcli.quantize import QUANTIZE_KINDS, default_half_kind
@@ -408,6 +409,14 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
         "threads": {"baseline": default_threads, "ours": plan.threads if plan else default_threads},
         "plan": plan.reason if plan else "not a CPU model",
         "decode_path": "decode_step" if engine.decode_step is not None else "module forward",
+        "step_kernel": getattr(engine.decode_step, "kernel", None),
+        # The threads ours' decode settled on by row count: a small model's plan is one
+        # thread, yet its step through our kernel runs on every core where that is faster.
+        "decode_threads": (
+            engine.decode_step.threads_by_rows()
+            if isinstance(engine.decode_step, DecodeStep)
+            else {}
+        ),
         "one_row_kernels": sorted(
             {getattr(c, "one_row_kernel", type(c).__name__) for c in model.decode_weights()}
         ),

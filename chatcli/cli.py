@@ -480,6 +480,7 @@ def bench(
     console.print(
         f"{result['model']}: {result['params'] / 1e6:.1f}M params, {result['weights']} weights; "
         f"plan: {result['plan']}, decode via {result['decode_path']}"
+        + (f" through our {result['step_kernel']} kernel" if result["step_kernel"] else "")
         + (f" ({', '.join(result['one_row_kernels'])})" if result["one_row_kernels"] else "")
         + "; "
         f"memory bandwidth {result['bandwidth_gbs']} GB/s, "
@@ -488,7 +489,11 @@ def bench(
     )
     rows = []
     p, t = result["prefill_tps"], result["threads"]
-    rows.append(("threads", str(t["baseline"]), str(t["ours"]), ""))
+    by_rows = ", ".join(
+        f"{n} at {k} row{'s' if int(k) > 1 else ''}" for k, n in result["decode_threads"].items()
+    )
+    ours_threads = f"{t['ours']} (decode: {by_rows})" if by_rows else str(t["ours"])
+    rows.append(("threads", str(t["baseline"]), ours_threads, ""))
     rows.append(("prefill tok/s", str(p["baseline"]), str(p["ours"]), ""))
     for key, title in (
         ("decode_tps", "decode tok/s, batch 1"),

@@ -2,7 +2,8 @@
 
 Owns: the decision and applying it. Measured on 2-core machines (docs/performance.md and
 `chatcli bench`): a small model is dispatch-bound, and a second OpenMP thread only adds a
-fork/join to every tiny op, so it decodes faster on one thread; a large model is
+fork/join to every tiny op, so torch's ops decode it faster on one thread (our own
+kernel, a whole step in one call, picks its threads itself: decode_step); a large model is
 bandwidth-bound, so it gets both threads and a 16-bit copy of its matrices (half the bytes
 per token).
 A long prefill chunk is the exception for a small model: its ops are matrix products over
@@ -53,7 +54,7 @@ def plan_for(model: torch.nn.Module) -> CpuPlan:
     cores = available_cores()
     n = sum(p.numel() for p in model.parameters())
     if n < SMALL_MODEL_PARAMS:
-        return CpuPlan(1, f"{n / 1e6:.1f}M params: dispatch-bound, one thread")
+        return CpuPlan(1, f"{n / 1e6:.1f}M params: dispatch-bound, torch's ops on one thread")
     return CpuPlan(cores, f"{n / 1e6:.0f}M params: bandwidth-bound, {cores} threads")
 
 

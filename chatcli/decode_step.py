@@ -1,10 +1,14 @@
-"""One decode step of our GPT (one token per row) in as few tensor ops as the math allows.
+"""One decode step of our GPT (one token per row) in as few operations as the math allows.
 
 Owns: repacking a loaded GPT's weights for decode, the step itself in three forms, and the
 fallback that keeps a failed fast form from breaking a chat. A small model (the embedded one:
 3.6M parameters) fits in cache, so a decode step costs what its ops cost to dispatch (~2-15 us
 each on this CPU), not what they compute. The module-by-module forward spends ~300 ops per
-token; DecodeStep does the same arithmetic in about half as many:
+token. Where our C kernel compiles (native_kernels.rows_step), a small fp32 model's whole
+step, one row or many, is one call of it: every layer and the vocabulary's products, each
+product shared among the cores, the shared prompt's attention as products over its keys
+transposed once a generation. Elsewhere DecodeStep does the same arithmetic in torch ops,
+about half as many as the module forward:
 
 - q, k and v come from one product over the three matrices stacked;
 - the rotary embedding of q and k is one (rows*(H+Hkv), D) @ (D, D) product with a fixed
@@ -22,15 +26,16 @@ token; DecodeStep does the same arithmetic in about half as many:
 
 StaticDecodeStep is the same step with shapes fixed by the cache, which a CUDA graph needs
 (CudaGraphStep). Same weights, same math: every form equals model.forward to float rounding
-(the tests hold every era to 2e-5, and greedy output to identity).
+(the tests hold every era to 2e-5, both the kernel and torch's ops, and greedy output to
+identity).
 
 The Engine picks a form (engine._pick_decode_step): the fused step for an fp32 model on the
 CPU, the CUDA graph on a GPU. A big CPU model is bandwidth-bound, and its fused step reads
 the compact decode copies (quantize.py) its modules keep; halving its ops still matters
 there, as each op on two threads pays a fork/join. So its products and attention run on the
 caller's threads (or on one, where a second does not pay: cpu_plan.ThreadChoice) and the
-rest on one. A small model's run on one thread, or on every core where that measures faster
-(its weights stream from a cache level one core reads slowly on some CPUs).
+rest on one. A small model's kernel runs on every core, torch's ops on one, each moving to
+the other count where that measures faster.
 """
 
 from __future__ import annotations
@@ -283,12 +288,12 @@ class DecodeStep:
         # its products run on the caller's threads, and so does its attention, which
         # streams the cache (d20 over 512 positions: 14.1 against 9.7 ms a token on one
         # thread and two, with openmp_wait's spin); everything else runs on one.
-        # A small model's step runs on the caller's one thread (cpu_plan), but its products
-        # and attention read ~11 MB of weights and cache a token, more than a core's L2
-        # holds: on a Xeon with AVX-512 the embedded model's step took 0.98-1.0 ms with
-        # them on both cores (openmp_wait's spin) against 1.17-1.20 on one, 8 rows 1.94-2.02
-        # against 2.13-2.18. There one core streams its cache slower than two do; elsewhere
-        # (an AMD EPYC) one thread was the faster, so it starts on one and measures.
+        # A small model's step through torch's ops runs on the caller's one thread
+        # (cpu_plan), but its products and attention read ~11 MB of weights and cache a
+        # token, more than a core's L2 holds: on a Xeon with AVX-512 the embedded model's
+        # step took 0.98-1.0 ms with them on both cores (openmp_wait's spin) against
+        # 1.17-1.20 on one, 8 rows 1.94-2.02 against 2.13-2.18; on an AMD EPYC with AVX2
+        # one thread was the faster. Our kernel (rows_step) starts on every core (__call__).
         self.split_threads = model.num_params() >= SMALL_MODEL_PARAMS
         self._thread_choices: dict[tuple[int, int], ThreadChoice] = {}
         self.wide_threads = 1  # the products' and attention's count (__call__ sets it)
@@ -376,6 +381,16 @@ class DecodeStep:
             if self._rows_takes and prefix is not None and prefix_len > 0:
                 self._rows_prefix = (keys_by_dimension(prefix[0], prefix_len), prefix[1])
         return self._rows_takes
+
+    @property
+    def kernel(self) -> str | None:
+        """Our kernel that runs the whole step where it applies (reported by the bench)."""
+        return "rows_step" if self._rows_model is not None else None
+
+    def threads_by_rows(self) -> dict[int, int]:
+        """The thread count each row count's step has settled on so far (the bench
+        reports it: a small model's plan is one thread, yet its kernel may run on more)."""
+        return {rows: c.current for (rows, _), c in sorted(self._thread_choices.items())}
 
     @staticmethod
     def supports(model: object) -> bool:
@@ -480,7 +495,8 @@ class DecodeStep:
         caller = torch.get_num_threads()  # the caller's count may change between calls
         # The products' count: a big model's is the caller's, or one while a second thread
         # does not pay (another process busy on the cores; openmp_wait.py); a small model's
-        # is one, or every core where that was measured faster. Chosen per row count.
+        # every core (our kernel) or one (torch's ops), each moving to the other where that
+        # measured faster. Chosen per row count.
         wide = caller if self.split_threads else available_cores()
         if wide == 1:
             self._set_wide_threads(1)

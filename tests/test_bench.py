@@ -10,6 +10,8 @@ import torch
 from chatcli import bench
 from chatcli.bench import matrix_params, run_bench, synthetic_model, weight_bytes_per_token
 from chatcli.checkpoint import load_model
+from chatcli.cpu_plan import available_cores
+from chatcli.native_kernels import rows_step
 from tests.test_model import _random_model
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference" / "E"
@@ -31,6 +33,12 @@ def test_bench_reports_every_measure_and_identical_greedy_output():
     assert result["bf16_roofline_fraction"] == pytest.approx(
         result["roofline_fraction"] / 2, abs=0.002
     )
+    # A small fp32 model's step runs through our kernel wherever it compiles, and the bench
+    # says so, with the threads its step settled on for one row and for 8 sample rows.
+    assert result["step_kernel"] == ("rows_step" if rows_step() is not None else None)
+    if available_cores() > 1:
+        assert set(result["decode_threads"]) == {1, 8}
+        assert set(result["decode_threads"].values()) <= {1, available_cores()}
 
 
 def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():

@@ -170,3 +170,45 @@ def test_once_quantized_answers_and_a_bad_format_says_the_choices():
     bad = runner.invoke(app, ["once", "hi", "--quantize", "int3"])
     assert bad.exit_code != 0
     assert "none, int8, int4" in bad.output
+
+
+def test_bench_table_names_the_step_kernel_and_the_threads_decode_settled_on(monkeypatch):
+    import chatcli.bench
+
+    result = {
+        "model": "embedded default model",
+        "params": 3637394,
+        "weights": "float32",
+        "threads": {"baseline": 2, "ours": 1},
+        "plan": "3.6M params: dispatch-bound, torch's ops on one thread",
+        "decode_path": "decode_step",
+        "step_kernel": "rows_step",
+        "decode_threads": {1: 2, 8: 1},
+        "one_row_kernels": [],
+        "bandwidth_gbs": 33.9,
+        "weight_mb_per_token": 11.4,
+        "roofline_tps": 2973.5,
+        "prefill_tps": {"baseline": 13078.9, "ours": 13617.7},
+        "decode_tps": {"baseline": 278.4, "ours": 2407.9, "ratio": 8.65},
+        "decode8_tps": {"baseline": 1290.8, "ours": 7605.5, "ratio": 5.89},
+        "single_sampled_tps": 1914.4,
+        "samples8_vs_single": 3.97,
+        "ttft_s": {
+            "baseline": {1: 0.0049, 5: 0.0109, 10: 0.0193},
+            "ours": {1: 0.0056, 5: 0.0064, 10: 0.0065},
+            "ours_turn10_over_turn1": 1.17,
+            "baseline_turn10_over_turn1": 3.91,
+        },
+        "roofline_fraction": 0.81,
+        "bf16_roofline_tps": 5946.9,
+        "bf16_roofline_fraction": 0.405,
+        "greedy_identical_fp32": True,
+        "greedy_agreement": 1.0,
+        "peak_rss_mb": 847.2,
+    }
+    monkeypatch.setattr(chatcli.bench, "run_bench", lambda *args, **kwargs: result)
+    out = runner.invoke(app, ["bench"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "decode via decode_step through our rows_step kernel" in out.output
+    assert "1 (decode: 2 at 1 row, 1 at 8 rows)" in out.output
+    assert "8.65x" in out.output and "5.89x" in out.output
