@@ -3,6 +3,7 @@
     python scripts/bench_decode_paths.py steps    # one model: module forward, fused, compiled
     python scripts/bench_decode_paths.py kernels  # d20-shaped matrices: fp32/bf16/int8/int4/fp16
     python scripts/bench_decode_paths.py layouts  # one model's matrices: (out, in) or (in, out)
+    python scripts/bench_decode_paths.py parts    # a step's parts: kernel, rest, sampling
 
 `steps` decodes 48 greedy tokens from a fixed prompt through Engine.generate with each decode
 path of one model (default: the embedded one) and prints milliseconds per token, best of three,
@@ -16,6 +17,12 @@ ones and a plain fp16 torch.mv, and 8 sample rows through fp16 copies against fp
 stacked) for one row and for 8 rows, read as the (out, in) weight and as a transposed (in,
 out) copy, with the caches flushed before every pass so the weights come from memory as they
 do in a step: the measurements behind decode_step._Matrix's choice of layout.
+`parts` splits one model's decode (default: the embedded one) over a 256-token prompt, as
+`chatcli bench` runs it, into its parts: in generations of one row and of 8 sample rows
+(temperature 1, 200 tokens at most, three seeds) the time a step spends in our rows_step
+kernel, in the rest of the decode step and in sampling, in us per step; then the kernel
+alone, called again and again on the same arguments, on one thread and on two (best of five
+rounds of 300 calls), where the weights stay in the caches between calls.
 """
 
 # ruff: noqa: E402 (OpenMP's wait is chosen before torch is imported)
@@ -235,9 +242,81 @@ def layouts(model_path: str | None) -> None:
             print(f"{name:8s} {shape:9s} {cells}  (us per matrix)")
 
 
+def parts(model_path: str | None) -> None:
+    from chatcli import engine as engine_module
+    from chatcli.bench import _prompt
+    from chatcli.cpu_plan import apply_cpu_plan
+    from chatcli.decode_step import DecodeStep
+    from chatcli.native_kernels import RowsStep
+
+    model, tokenizer, _ = load_model(model_path, device="cpu")
+    apply_cpu_plan(model)
+    engine = Engine(model, tokenizer)
+    if not isinstance(engine.decode_step, DecodeStep) or engine.decode_step.kernel is None:
+        raise SystemExit("this model's step does not run through rows_step here")
+    prompt = _prompt(tokenizer, 256)
+    spent: dict[str, float] = {}
+    calls: dict[int, tuple] = {}  # rows -> the last kernel call's arguments
+
+    def timed(name: str, fn: Callable) -> Callable:
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+
+        return run
+
+    run_kernel = RowsStep.run
+    step_call = DecodeStep.__call__
+    sample = engine_module.sample_next_token
+
+    def kernel(self, *args):
+        calls[args[1].size(0)] = (self, args)
+        return run_kernel(self, *args)
+
+    RowsStep.run = timed("kernel", kernel)
+    DecodeStep.__call__ = timed("step", step_call)
+    engine_module.sample_next_token = timed("sampling", sample)
+    try:
+        for rows in (1, 8):
+            for seed in (1, 2, 3):
+                spent.clear()
+                columns = sum(
+                    1
+                    for _ in engine.generate(
+                        prompt, rows, max_tokens=200, temperature=1.0, seed=seed, use_tools=False
+                    )
+                )
+                us = {k: v / max(columns - 1, 1) * 1e6 for k, v in spent.items()}
+                print(
+                    f"{rows} row(s), {columns - 1} steps: kernel {us['kernel']:4.0f}  rest of "
+                    f"the step {us['step'] - us['kernel']:4.0f}  sampling {us['sampling']:4.0f} "
+                    "us per step"
+                )
+    finally:
+        RowsStep.run, DecodeStep.__call__ = run_kernel, step_call
+        engine_module.sample_next_token = sample
+    torch.set_num_threads(1)
+    for rows in (1, 8):
+        self, args = calls[rows]
+        for threads in (1, 2):
+            call = (*args[:-1], threads)  # the last argument: the kernel's thread count
+            best = float("inf")
+            for _ in range(5):
+                for _ in range(20):
+                    run_kernel(self, *call)
+                t0 = time.perf_counter()
+                for _ in range(300):
+                    run_kernel(self, *call)
+                best = min(best, (time.perf_counter() - t0) / 300)
+            print(f"kernel alone, {rows} row(s) on {threads} thread(s): {best * 1e6:4.0f} us")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["steps", "kernels", "layouts"])
+    parser.add_argument("what", choices=["steps", "kernels", "layouts", "parts"])
     parser.add_argument(
         "--model", default=None, help="checkpoint for `steps` and `layouts` (default: embedded)"
     )
@@ -245,7 +324,7 @@ def main() -> None:
     if args.what == "kernels":
         kernels()
     else:
-        (steps if args.what == "steps" else layouts)(args.model)
+        {"steps": steps, "layouts": layouts, "parts": parts}[args.what](args.model)
 
 
 if __name__ == "__main__":

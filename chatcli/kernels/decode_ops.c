@@ -323,16 +323,23 @@ static float exp_scores(float *p, long n, float m) {
 #else
 #define MERGED(a, b, ...) __builtin_shuffle(a, b, (mask){__VA_ARGS__})
 #endif
-#if VW == 16
+#if VW >= 8
 #define FOUR_AT_ONCE 1
-static void dot4(const float *q, const float *k, long stride, long n, float *out) {
-    vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+/* The four keys' vectors of partial sums: a[i] for k + i * stride. */
+static inline __attribute__((always_inline)) void dot4_sums(const float *q, const float *k,
+                                                            long stride, long n, vec a[4]) {
+    a[0] = a[1] = a[2] = a[3] = (vec){0};
     for (long j = 0; j < n; j += VW) {
         vec qv = *(const vec_u *)(q + j);
-        a0 += qv * *(const vec_u *)(k + j), a1 += qv * *(const vec_u *)(k + stride + j);
-        a2 += qv * *(const vec_u *)(k + 2 * stride + j);
-        a3 += qv * *(const vec_u *)(k + 3 * stride + j);
+        for (int i = 0; i < 4; i++) a[i] += qv * *(const vec_u *)(k + i * stride + j);
     }
+}
+#endif
+#if VW == 16
+static void dot4(const float *q, const float *k, long stride, long n, float *out) {
+    vec a[4];
+    dot4_sums(q, k, stride, n, a);
+    vec a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
     /* halves of a0 | a1, of a2 | a3: lanes 0-7 one key's partial sums, 8-15 the next's */
     vec t0 = MERGED(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
              MERGED(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
@@ -346,15 +353,10 @@ static void dot4(const float *q, const float *k, long stride, long n, float *out
     out[0] = u[0], out[1] = u[4], out[2] = u[8], out[3] = u[12];
 }
 #elif VW == 8
-#define FOUR_AT_ONCE 1
 static void dot4(const float *q, const float *k, long stride, long n, float *out) {
-    vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (long j = 0; j < n; j += VW) {
-        vec qv = *(const vec_u *)(q + j);
-        a0 += qv * *(const vec_u *)(k + j), a1 += qv * *(const vec_u *)(k + stride + j);
-        a2 += qv * *(const vec_u *)(k + 2 * stride + j);
-        a3 += qv * *(const vec_u *)(k + 3 * stride + j);
-    }
+    vec a[4];
+    dot4_sums(q, k, stride, n, a);
+    vec a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
     vec t0 = MERGED(a0, a1, 0, 1, 2, 3, 8, 9, 10, 11) + MERGED(a0, a1, 4, 5, 6, 7, 12, 13, 14, 15);
     vec t1 = MERGED(a2, a3, 0, 1, 2, 3, 8, 9, 10, 11) + MERGED(a2, a3, 4, 5, 6, 7, 12, 13, 14, 15);
     vec u = MERGED(t0, t1, 0, 1, 4, 5, 8, 9, 12, 13) + MERGED(t0, t1, 2, 3, 6, 7, 10, 11, 14, 15);
