@@ -420,6 +420,9 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
         "one_row_kernels": sorted(
             {getattr(c, "one_row_kernel", type(c).__name__) for c in model.decode_weights()}
         ),
+        "sample_rows_kernels": sorted(
+            {getattr(c, "rows_kernel", type(c).__name__) for c in model.decode_weights()}
+        ),
         "bandwidth_gbs": round(bandwidth, 1),
         "weight_mb_per_token": round(wbytes / 1e6, 1),
         "roofline_tps": round(roofline, 1),

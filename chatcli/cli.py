@@ -482,6 +482,11 @@ def bench(
         f"plan: {result['plan']}, decode via {result['decode_path']}"
         + (f" through our {result['step_kernel']} kernel" if result["step_kernel"] else "")
         + (f" ({', '.join(result['one_row_kernels'])})" if result["one_row_kernels"] else "")
+        + (
+            f" (2-8 rows: {', '.join(result['sample_rows_kernels'])})"
+            if result["sample_rows_kernels"]
+            else ""
+        )
         + "; "
         f"memory bandwidth {result['bandwidth_gbs']} GB/s, "
         f"{result['weight_mb_per_token']} MB of weights per token -> roofline "

@@ -2,9 +2,11 @@
 
 Owns: building the shipped C sources (chatcli/kernels/) with the system's C compiler for
 this CPU (-march=native), caching the libraries, checking each against torch once per
-process, and calling them. Two kernels:
+process, and calling them. Three kernels:
 - f16_matvec: one fp32 row times an fp16 matrix, which batch-1 decode of a big model spends
   ~90% of its time in (quantize.Fp16Weight). AVX-512 only, the CPU it was measured on.
+- f16_rows: up to 8 rows times an fp16 matrix packed in panels, a big model's sample rows
+  (quantize.Fp16Weight). x86 with AVX2, F16C and FMA, or AVX-512.
 - rows_step: a small model's whole decode step, one row or several (sample rows over a
   shared prompt), every layer and the vocabulary's products (decode_step), where torch
   spent ~150 ops of ~2-5 us each. Any CPU with a C compiler and OpenMP.
@@ -13,7 +15,7 @@ Why compile at run time: the fastest loop depends on the CPU's vector width, and
 built elsewhere cannot know it; a C file with no torch headers compiles in under a second.
 Why not always: it needs a C compiler, and any failure (no compiler, another CPU, a wrong
 answer at the check) leaves chatcli on torch's ops, with the reason in
-`unavailable_reason(kernel)`. CHATCLI_NATIVE_KERNELS=0 turns both off. Knows nothing about
+`unavailable_reason(kernel)`. CHATCLI_NATIVE_KERNELS=0 turns them all off. Knows nothing about
 models beyond the arithmetic each kernel is checked against.
 """
 
@@ -37,6 +39,7 @@ import torch
 KERNELS_DIR = Path(__file__).parent / "kernels"
 SOURCE = KERNELS_DIR / "f16_matvec.c"
 DECODE_OPS_SOURCE = KERNELS_DIR / "decode_ops.c"
+F16_ROWS_SOURCE = KERNELS_DIR / "f16_rows.c"
 # OpenMP in the process's one libgomp: torch's, whose soname the libraries name.
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fopenmp")
 COMPILE_TIMEOUT_S = 60
@@ -67,6 +70,42 @@ class F16Matvec:
             raise ValueError(f"f16_matvec: input of shape {tuple(x.shape)}, matrix {n}x{k}")
         y = torch.empty(n, dtype=torch.float32)
         self._fn(x.data_ptr(), weight.data_ptr(), y.data_ptr(), n, k)
+        return y
+
+
+class F16Rows:
+    """The loaded f16_rows: 1 to `max_rows` fp32 rows times an fp16 matrix packed once in
+    panels of `panel` columns (pack)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._fn = library.f16_rows
+        self._fn.restype = None
+        self._fn.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 2
+        self._fn.argtypes += [ctypes.c_long] * 2
+        self.panel = int(library.f16_rows_panel())
+        self.max_rows = int(library.f16_rows_max())
+
+    def fits(self, weight: torch.Tensor) -> bool:
+        """Whether this kernel takes `weight` (N, K): whole panels of columns."""
+        return weight.dim() == 2 and weight.size(0) % self.panel == 0 and weight.size(1) > 0
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """weight (N, K) -> its fp16 panels as the kernel reads them (N * K halves)."""
+        if not self.fits(weight):
+            raise ValueError(f"f16_rows takes (N, K) with N a multiple of {self.panel}")
+        return pack_panels(weight.detach().t().to(torch.float16), self.panel)
+
+    def __call__(self, panels: torch.Tensor, x: torch.Tensor, out: int) -> torch.Tensor:
+        """panels from pack() of an (out, K) matrix, x (M, K) -> fp32 (M, out), M <=
+        max_rows, on torch's current threads."""
+        rows, k = x.shape
+        if not 1 <= rows <= self.max_rows:
+            raise ValueError(f"f16_rows takes 1 to {self.max_rows} rows, not {rows}")
+        if panels.dtype != torch.float16 or panels.numel() != out * k or out % self.panel:
+            raise ValueError(f"f16_rows: panels of {panels.numel()} halves for {out}x{k}")
+        x = x.to(torch.float32).contiguous()
+        y = torch.empty(rows, out, dtype=torch.float32)
+        self._fn(x.data_ptr(), rows, panels.data_ptr(), y.data_ptr(), out, k)
         return y
 
 
@@ -323,7 +362,7 @@ _reasons: dict[str, str] = {}
 
 
 def unavailable_reason(kernel: str = "f16_matvec") -> str | None:
-    """Why that kernel's function (f16_matvec(), rows_step()) gave None in this
+    """Why that kernel's function (f16_matvec(), f16_rows(), rows_step()) gave None in this
     process (None when it loaded or was not asked for)."""
     return _reasons.get(kernel)
 
@@ -413,7 +452,19 @@ def _load(kernel: str, source: Path, needs_avx512: bool) -> ctypes.CDLL | None:
     return None
 
 
-Kernel = TypeVar("Kernel", F16Matvec, RowsStep)
+def _check_f16_rows(kernel: F16Rows) -> None:
+    """The kernel against torch for every row count it takes (RuntimeError if it differs)."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(kernel.panel * 6, 40, generator=g).half()
+    panels = kernel.pack(weight)
+    for rows in range(1, kernel.max_rows + 1):
+        x = torch.randn(rows, weight.size(1), generator=g)
+        if not torch.allclose(kernel(panels, x, weight.size(0)), x @ weight.float().t(),
+                              atol=1e-4, rtol=1e-4):  # fmt: skip
+            raise RuntimeError(f"f16_rows disagrees with torch for {rows} rows")
+
+
+Kernel = TypeVar("Kernel", F16Matvec, F16Rows, RowsStep)
 
 
 def _checked(
@@ -440,6 +491,13 @@ def _checked(
 def f16_matvec() -> F16Matvec | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
     return _checked("f16_matvec", SOURCE, F16Matvec, _check, needs_avx512=True)
+
+
+@functools.cache
+def f16_rows() -> F16Rows | None:
+    """The compiled, checked kernel, or None where it cannot run here (unavailable_reason):
+    x86 with AVX2, F16C and FMA, or AVX-512."""
+    return _checked("f16_rows", F16_ROWS_SOURCE, F16Rows, _check_f16_rows, needs_avx512=False)
 
 
 def _rope_norm(

@@ -36,6 +36,7 @@ def test_bench_reports_every_measure_and_identical_greedy_output():
     # A small fp32 model's step runs through our kernel wherever it compiles, and the bench
     # says so, with the threads its step settled on for one row and for 8 sample rows.
     assert result["step_kernel"] == ("rows_step" if rows_step() is not None else None)
+    assert result["one_row_kernels"] == result["sample_rows_kernels"] == []  # no 16-bit copies
     if available_cores() > 1:
         assert set(result["decode_threads"]) == {1, 8}
         assert set(result["decode_threads"].values()) <= {1, available_cores()}

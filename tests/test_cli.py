@@ -185,6 +185,7 @@ def test_bench_table_names_the_step_kernel_and_the_threads_decode_settled_on(mon
         "step_kernel": "rows_step",
         "decode_threads": {1: 2, 8: 1},
         "one_row_kernels": [],
+        "sample_rows_kernels": [],
         "bandwidth_gbs": 33.9,
         "weight_mb_per_token": 11.4,
         "roofline_tps": 2973.5,

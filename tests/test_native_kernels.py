@@ -8,9 +8,11 @@ import torch
 from chatcli import native_kernels
 from chatcli.native_kernels import (
     F16Matvec,
+    F16Rows,
     RowsLayer,
     build,
     f16_matvec,
+    f16_rows,
     library_path,
     pack_panels,
     rows_step,
@@ -22,6 +24,10 @@ _KERNEL = f16_matvec()
 needs_kernel = pytest.mark.skipif(
     _KERNEL is None, reason=f"no native kernel: {native_kernels.unavailable_reason()}"
 )
+_F16_ROWS = f16_rows()
+needs_rows_kernel = pytest.mark.skipif(
+    _F16_ROWS is None, reason=f"no f16_rows: {native_kernels.unavailable_reason('f16_rows')}"
+)
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 
 
@@ -29,11 +35,11 @@ needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C com
 def fresh(monkeypatch, tmp_path):
     """f16_matvec() and rows_step() decided again, with its library cache in a temporary folder."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    f16_matvec.cache_clear()
-    rows_step.cache_clear()
+    for kernel in (f16_matvec, f16_rows, rows_step):
+        kernel.cache_clear()
     yield tmp_path
-    f16_matvec.cache_clear()
-    rows_step.cache_clear()
+    for kernel in (f16_matvec, f16_rows, rows_step):
+        kernel.cache_clear()
 
 
 @needs_kernel
@@ -87,9 +93,70 @@ def test_an_fp16_copy_reads_one_row_through_the_kernel_and_several_through_fbgem
     assert odd._native is None
 
 
+@needs_rows_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("n", "k"), [(1280, 1280), (64, 40), (_F16_ROWS.panel if _F16_ROWS else 8, 3)]
+)
+def test_f16_rows_sums_every_row_times_the_fp16_weights_in_fp32(n, k, threads):
+    g = torch.Generator().manual_seed(n + k)
+    weight = (torch.randn(n, k, generator=g) * 0.02).half()
+    panels = _F16_ROWS.pack(weight)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)  # the panels are shared among torch's OpenMP threads
+        for rows in range(1, _F16_ROWS.max_rows + 1):  # each count has its own loop
+            x = torch.randn(rows, k, generator=g)
+            got = _F16_ROWS(panels, x, n)
+            assert got.dtype == torch.float32 and got.shape == (rows, n)
+            torch.testing.assert_close(got, x @ weight.float().t(), atol=1e-5, rtol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_rows_kernel
+def test_f16_rows_reads_the_transposed_weights_in_panels_and_refuses_other_shapes():
+    weight = torch.randn(2 * _F16_ROWS.panel, 5)
+    want = pack_panels(weight.t().half(), _F16_ROWS.panel)
+    assert torch.equal(_F16_ROWS.pack(weight), want) and want.dtype == torch.float16
+    assert not _F16_ROWS.fits(torch.zeros(_F16_ROWS.panel + 1, 5))  # whole panels of columns
+    with pytest.raises(ValueError, match="multiple of"):
+        _F16_ROWS.pack(torch.zeros(_F16_ROWS.panel + 1, 5))
+    panels = _F16_ROWS.pack(weight)
+    with pytest.raises(ValueError, match="1 to 8 rows"):
+        _F16_ROWS(panels, torch.zeros(_F16_ROWS.max_rows + 1, 5), 2 * _F16_ROWS.panel)
+    with pytest.raises(ValueError, match="panels of"):
+        _F16_ROWS(panels, torch.zeros(2, 6), 2 * _F16_ROWS.panel)
+
+
+@needs_rows_kernel
+def test_an_fp16_copy_reads_2_to_8_rows_through_f16_rows(monkeypatch):
+    w = torch.randn(512, 256, generator=torch.Generator().manual_seed(1)) * 0.05
+    copy = Fp16Weight(w)
+    assert copy.rows_kernel == "f16_rows (native)"
+    calls = []
+    real_call = F16Rows.__call__
+    monkeypatch.setattr(
+        F16Rows, "__call__", lambda self, *a: calls.append(a) or real_call(self, *a)
+    )
+    rounded = w.half().float()
+    x = torch.randn(12, 256, generator=torch.Generator().manual_seed(2))
+    for rows in (2, 8):
+        torch.testing.assert_close(copy.matmul(x[:rows]), x[:rows] @ rounded.t())
+    assert len(calls) == 2
+    # One row keeps f16_matvec or fbgemm, more than 8 fbgemm (a chat chunk, a prompt).
+    copy.matvec(x[0])
+    if copy.use_fbgemm:
+        torch.testing.assert_close(copy.matmul(x), x @ rounded.t(), atol=1e-5, rtol=1e-5)
+    assert len(calls) == 2
+    assert Fp16Weight(torch.randn(510, 256))._rows is None  # not whole panels
+    assert Fp16Weight(w, use_native=False).rows_kernel != "f16_rows (native)"
+
+
 def test_it_can_be_turned_off(fresh, monkeypatch):
     monkeypatch.setenv("CHATCLI_NATIVE_KERNELS", "0")
     assert f16_matvec() is None
+    assert f16_rows() is None
     assert "CHATCLI_NATIVE_KERNELS=0" in native_kernels.unavailable_reason()
     with pytest.raises(RuntimeError, match="no native fp16 kernel"):
         Fp16Weight(torch.randn(8, 64), use_native=True)
