@@ -47,7 +47,14 @@ static float dot(const float *a, const float *b, long n) {
 #define VW 4
 #endif
 #define BLOCK (2 * VW) /* the columns one pass of a product accumulates */
-#define MAX_ROWS 8     /* the rows one pass accumulates: 16 of the 32 AVX-512 registers */
+/* The rows one pass accumulates, two vectors of sums each: with AVX-512, 16 of its 32
+ * registers; with 16 registers (AVX2, SSE), 12, beside two weights and a broadcast input.
+ * 8 rows there spilled two sums to the stack, a store and a load in each input's chain. */
+#if VW == 16
+#define MAX_ROWS 8
+#else
+#define MAX_ROWS 6
+#endif
 
 typedef float vec __attribute__((vector_size(VW * sizeof(float))));
 typedef float vec_u __attribute__((vector_size(VW * sizeof(float)), aligned(sizeof(float))));
@@ -164,10 +171,18 @@ static void product_block(struct view x, long rows, long in, struct view w, long
         }
         lo[0] += (l1 + l2) + l3, hi[0] += (h1 + h2) + h3;
         sum_rows(x, 1, k, in, w, j, lo, hi);
-    } else if (rows == MAX_ROWS) {
-        sum_rows(x, MAX_ROWS, 0, in, w, j, lo, hi);
     } else {
-        sum_rows(x, rows, 0, in, w, j, lo, hi);
+        switch (rows) { /* each count its own unrolled loop, the sums in registers */
+        case 2: sum_rows(x, 2, 0, in, w, j, lo, hi); break;
+        case 3: sum_rows(x, 3, 0, in, w, j, lo, hi); break;
+        case 4: sum_rows(x, 4, 0, in, w, j, lo, hi); break;
+        case 5: sum_rows(x, 5, 0, in, w, j, lo, hi); break;
+        case 6: sum_rows(x, 6, 0, in, w, j, lo, hi); break;
+#if MAX_ROWS == 8
+        case 7: sum_rows(x, 7, 0, in, w, j, lo, hi); break;
+        case 8: sum_rows(x, 8, 0, in, w, j, lo, hi); break;
+#endif
+        }
     }
     for (long n = 0; n < rows; n++) {
         vec_u *a = (vec_u *)(y + n * ld_y + j), *b = (vec_u *)(y + n * ld_y + j + VW);
