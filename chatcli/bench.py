@@ -399,6 +399,7 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     def ratio(a: float, b: float) -> float:
         return round(a / b, 2) if b else 0.0
 
+    step = engine.decode_step if isinstance(engine.decode_step, DecodeStep) else None
     roofline = bandwidth * 1e9 / wbytes
     # The same matrices read as bf16, whatever ours reads: the issue's yardstick for big models.
     bf16_roofline = bandwidth * 1e9 / (2 * matrix_params(model))
@@ -409,14 +410,10 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
         "threads": {"baseline": default_threads, "ours": plan.threads if plan else default_threads},
         "plan": plan.reason if plan else "not a CPU model",
         "decode_path": "decode_step" if engine.decode_step is not None else "module forward",
-        "step_kernel": getattr(engine.decode_step, "kernel", None),
+        "step_kernel": step.kernel if step else None,
         # The threads ours' decode settled on by row count: a small model's plan is one
         # thread, yet its step through our kernel runs on every core where that is faster.
-        "decode_threads": (
-            engine.decode_step.threads_by_rows()
-            if isinstance(engine.decode_step, DecodeStep)
-            else {}
-        ),
+        "decode_threads": step.threads_by_rows() if step else {},
         "one_row_kernels": sorted(
             {getattr(c, "one_row_kernel", type(c).__name__) for c in model.decode_weights()}
         ),

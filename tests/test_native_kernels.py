@@ -33,7 +33,7 @@ needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C com
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """f16_matvec() and rows_step() decided again, with its library cache in a temporary folder."""
+    """Each kernel's loader decided again, with the library cache in a temporary folder."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     for kernel in (f16_matvec, f16_rows, rows_step):
         kernel.cache_clear()
