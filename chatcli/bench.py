@@ -403,6 +403,7 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     roofline = bandwidth * 1e9 / wbytes
     # The same matrices read as bf16, whatever ours reads: the issue's yardstick for big models.
     bf16_roofline = bandwidth * 1e9 / (2 * matrix_params(model))
+    copies_read = model.decode_weights() if not (step and step.kernel) else []
     return {
         "model": label,
         "params": sum(p.numel() for p in model.parameters()),
@@ -414,11 +415,13 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
         # The threads ours' decode settled on by row count: a small model's plan is one
         # thread, yet its step through our kernel runs on every core where that is faster.
         "decode_threads": step.threads_by_rows() if step else {},
+        # The copies' own kernels, where decode reads them: not where our step kernel
+        # reads their panels itself.
         "one_row_kernels": sorted(
-            {getattr(c, "one_row_kernel", type(c).__name__) for c in model.decode_weights()}
+            {getattr(c, "one_row_kernel", type(c).__name__) for c in copies_read}
         ),
         "sample_rows_kernels": sorted(
-            {getattr(c, "rows_kernel", type(c).__name__) for c in model.decode_weights()}
+            {getattr(c, "rows_kernel", type(c).__name__) for c in copies_read}
         ),
         "bandwidth_gbs": round(bandwidth, 1),
         "weight_mb_per_token": round(wbytes / 1e6, 1),

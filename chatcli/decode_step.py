@@ -62,7 +62,7 @@ from chatcli.model import (
     through_copy,
     weight_major,
 )
-from chatcli.native_kernels import RowsLayer, RowsModel, keys_by_dimension, rows_step
+from chatcli.native_kernels import Matrix, RowsLayer, RowsModel, keys_by_dimension, rows_step
 from chatcli.quantize import DecodeWeight
 
 # Elements of a stacked matrix (a copy of its parts): d20's q, k and v are 4.9M (20 MB).
@@ -304,10 +304,11 @@ class DecodeStep:
         # all its rows, which must see the rows normalised, as the module forward gives them.
         self.lean = self.dtype == torch.float32 and self.wte.device.type == "cpu"
         self.fold_norms = self.lean and all(c.float_activations for c in model.decode_weights())
-        # A small fp32 model's whole step, one row or many, in one call of our own kernel
-        # (native_kernels.rows_step) where it compiles here: ~150 ops of ~2-5 us each
-        # become one (a big model's step streams its weights through torch's kernels and
-        # the compact copies instead).
+        # The whole step, one row or many, in one call of our own kernel
+        # (native_kernels.rows_step) where it compiles here: a small fp32 model's ~150 ops
+        # of ~2-5 us each become one; a big model's fp16 copies are read from their own
+        # panels, and the ~300 ops and thread hand-offs between its products go (d20 on a
+        # 2-core Zen 3: 52 ms a token through fbgemm and torch's ops, see _native_rows).
         self._rows_model = self._native_rows()
         self._rows_cache: object | None = None  # the last cache checked for the kernel
         self._rows_takes = False  # and whether the kernel reads it
@@ -320,23 +321,32 @@ class DecodeStep:
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _native_rows(self) -> RowsModel | None:
-        """The model as rows_step reads it, or None where it does not apply: a big model,
-        compact copies, narrower tables, no compiler."""
-        if not (self.fold_norms and not self.split_threads and self.head_dim % 2 == 0):
+        """The model as rows_step reads it, or None where it does not apply: matrices
+        neither all fp32 and small (weight_t) nor all fp16 copies in half panels (int8,
+        int4, bf16 copies; fp16 where the CPU lacks F16C), tables other than fp32 or bf16,
+        no compiler."""
+        if not (self.fold_norms and self.head_dim % 2 == 0):
             return None
         kernel = rows_step()
-        matrices = [self.lm_head] + [
-            m for la in self.layers for m in (la.qkv, la.proj, la.fc, la.fc_proj)
-        ]
-        tables = [la.ve_table for la in self.layers if la.ve_table is not None]
-        if kernel is None or any(m.weight_t is None for m in matrices):
+        if kernel is None:
             return None
-        if any(t.dtype != torch.float32 for t in tables):
+        source: dict[int, Matrix] = {}
+        for m in self.matrices:
+            copies = m.copies
+            panels = getattr(copies[0], "half_panels", None) if len(copies) == 1 else None
+            if m.weight_t is not None:
+                source[id(m)] = m.weight_t
+            elif panels is not None:
+                source[id(m)] = panels
+            else:
+                return None
+        tables = {t.dtype for la in self.layers if (t := la.ve_table) is not None}
+        if not tables <= {torch.float32} and tables != {torch.bfloat16}:
             return None
         t = 1.0 / self.qk_scale
         layers = [
             RowsLayer(
-                *(m.weight_t for m in (la.qkv, la.proj, la.fc, la.fc_proj)),
+                *(source[id(m)] for m in (la.qkv, la.proj, la.fc, la.fc_proj)),
                 la.ve_gate,
                 la.ve_table,
                 window=la.window,
@@ -345,19 +355,22 @@ class DecodeStep:
             )
             for la in self.layers
         ]
-        return kernel.model(
-            layers,
-            self.lm_head.weight_t,
-            n_head=self.n_head,
-            n_kv_head=self.n_kv_head,
-            ve_scale=self.ve_scale,
-            eps=self._eps,
-            norm_scale=t * t / self.head_dim,
-            norm_eps=self._eps * t * t,
-            softcap=self.softcap,
-            backout_layer=self.backout_layer,
-            backout_lambda=self.backout_lambda,
-        )
+        try:
+            return kernel.model(
+                layers,
+                source[id(self.lm_head)],
+                n_head=self.n_head,
+                n_kv_head=self.n_kv_head,
+                ve_scale=self.ve_scale,
+                eps=self._eps,
+                norm_scale=t * t / self.head_dim,
+                norm_eps=self._eps * t * t,
+                softcap=self.softcap,
+                backout_layer=self.backout_layer,
+                backout_lambda=self.backout_lambda,
+            )
+        except ValueError:  # e.g. fp32 beside fp16, widths not in the kernel's blocks
+            return None
 
     def _rows_caches(
         self, cache: KVCache | SharedPrefixCache
@@ -385,7 +398,9 @@ class DecodeStep:
     @property
     def kernel(self) -> str | None:
         """Our kernel that runs the whole step where it applies (reported by the bench)."""
-        return "rows_step" if self._rows_model is not None else None
+        if self._rows_model is None:
+            return None
+        return "rows_step fp16" if self._rows_model.half else "rows_step"
 
     def threads_by_rows(self) -> dict[int, int]:
         """The thread count each row count's step has settled on so far (the bench

@@ -131,6 +131,8 @@ class _Model(ctypes.Structure):  # struct rows_model
         ),
         ("backout_layer", ctypes.c_long),
         ("backout_lambda", ctypes.c_float),
+        ("half", ctypes.c_long),
+        ("bf16_table", ctypes.c_long),
     ]
 
 
@@ -152,22 +154,53 @@ def keys_by_dimension(keys: torch.Tensor, length: int) -> torch.Tensor:
     return keys[:, 0, :length].permute(0, 2, 3, 1).contiguous()
 
 
+@dataclass(frozen=True)
+class HalfPanels:
+    """An fp16 (in, out) matrix packed in panels of `panel` columns (pack_panels), the
+    layout f16_rows reads (F16Rows.pack), so that rows_step reads a compact copy's own
+    panels and no second copy is made."""
+
+    panels: torch.Tensor  # flat fp16
+    n_in: int
+    n_out: int
+    panel: int
+
+    @classmethod
+    def of(cls, matrix: torch.Tensor, panel: int) -> HalfPanels:
+        """An (in, out) matrix's fp16 panels."""
+        half = matrix.detach().to(torch.float16)
+        return cls(pack_panels(half, panel), matrix.size(0), matrix.size(1), panel)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n_in, self.n_out
+
+    def matrix(self) -> torch.Tensor:
+        """The (in, out) matrix unpacked to fp32 (for references; whole panels only)."""
+        blocks = self.panels.view(self.n_out // self.panel, self.n_in, self.panel)
+        return blocks.transpose(0, 1).reshape(self.n_in, self.n_out).float()
+
+
+Matrix = torch.Tensor | HalfPanels  # what rows_step reads a layer's matrix as
+
+
 @dataclass
 class RowsLayer:
-    """One layer as rows_step reads it: each matrix (in, out), contiguous fp32."""
+    """One layer as rows_step reads it: each matrix (in, out), contiguous fp32, or fp16 in
+    half panels (every matrix of a model the same)."""
 
-    qkv: torch.Tensor  # (C, (H + 2 Hkv) D): c_q, c_k and c_v stacked
-    proj: torch.Tensor  # (H D, C)
-    fc: torch.Tensor  # (C, F)
-    fc_proj: torch.Tensor  # (F, C)
+    qkv: Matrix  # (C, (H + 2 Hkv) D): c_q, c_k and c_v stacked
+    proj: Matrix  # (H D, C)
+    fc: Matrix  # (C, F)
+    fc_proj: Matrix  # (F, C)
     ve_gate: torch.Tensor | None  # (Hkv, ve_channels)
-    ve_table: torch.Tensor | None  # (vocabulary, Hkv D)
+    ve_table: torch.Tensor | None  # (vocabulary, Hkv D), fp32 or bf16
     window: int
     resid_lambda: float = 1.0
     x0_lambda: float = 0.0
 
     @property
-    def matrices(self) -> tuple[torch.Tensor, ...]:
+    def matrices(self) -> tuple[Matrix, ...]:
         return self.qkv, self.proj, self.fc, self.fc_proj
 
 
@@ -195,6 +228,7 @@ class RowsModel:
         self.struct, self.layers, self.lm_head = struct, layers, lm_head
         self.packed = packed  # the matrices as the kernel reads them (pack_panels)
         self.n_kv_head, self.head_dim = struct.Hkv, struct.D
+        self.half = bool(struct.half)
 
 
 class RowsStep:
@@ -208,11 +242,14 @@ class RowsStep:
         fn.argtypes += [ctypes.c_int]
         self._fn = fn
         self.block = int(library.rows_block())  # the columns of a panel (pack_panels)
+        # fp16 matrices' panel width (HalfPanels), two a block; 0 where the CPU cannot
+        # widen fp16 (no F16C) and the kernel reads fp32 only.
+        self.half_panel = int(library.rows_half_panel())
 
     def model(
         self,
         layers: list[RowsLayer],
-        lm_head: torch.Tensor,
+        lm_head: Matrix,
         *,
         n_head: int,
         n_kv_head: int,
@@ -226,27 +263,47 @@ class RowsStep:
     ) -> RowsModel:
         """The model as the kernel reads it; a ValueError for matrices it does not take.
         lm_head: (C, V). norm_scale, norm_eps: the qk-norm multiplies each head by
-        1 / sqrt(norm_eps + norm_scale * sum(head^2)), which folds in the era's qk scale."""
-        tensors = [lm_head] + [
-            t
-            for la in layers
-            for t in (la.qkv, la.proj, la.fc, la.fc_proj, la.ve_gate, la.ve_table)
-            if t is not None
-        ]
-        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+        1 / sqrt(norm_eps + norm_scale * sum(head^2)), which folds in the era's qk scale.
+        The matrices: fp32 tensors, packed here; or all HalfPanels of `half_panel` columns
+        and widths in whole blocks, read where they are."""
+        matrices = [lm_head] + [t for la in layers for t in la.matrices]
+        half = isinstance(lm_head, HalfPanels)
+        tables = [la.ve_table for la in layers if la.ve_table is not None]
+        gates = [la.ve_gate for la in layers if la.ve_gate is not None]
+        if half:
+            if not self.half_panel:
+                raise ValueError("rows_step reads no fp16 here (the CPU lacks F16C)")
+            if not all(isinstance(t, HalfPanels) for t in matrices):
+                raise ValueError("rows_step reads every matrix fp16 or every one fp32")
+            if any(t.panel != self.half_panel or t.n_out % t.panel for t in matrices):
+                raise ValueError(
+                    f"rows_step reads fp16 in whole panels of {self.half_panel} columns"
+                )
+        elif any(
+            not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or not t.is_contiguous()
+            for t in matrices
+        ):
             raise ValueError("rows_step reads contiguous fp32 matrices")
+        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in gates):
+            raise ValueError("rows_step reads contiguous fp32 value-embedding gates")
+        bf16_table = bool(tables) and tables[0].dtype == torch.bfloat16
+        want = torch.bfloat16 if bf16_table else torch.float32
+        if any(t.dtype != want or not t.is_contiguous() for t in tables):
+            raise ValueError("rows_step reads contiguous value embeddings, all fp32 or all bf16")
         first = layers[0]
         C, F = first.fc.shape
-        D = first.proj.size(0) // n_head
+        D = first.proj.shape[0] // n_head
         width = (n_head + 2 * n_kv_head) * D
         for la in layers:
-            shapes = (la.qkv.shape, la.proj.shape, la.fc.shape, la.fc_proj.shape)
+            shapes = tuple(tuple(t.shape) for t in la.matrices)
             if shapes != ((C, width), (n_head * D, C), (C, F), (F, C)):
                 raise ValueError(f"rows_step: a layer's matrices of other shapes {shapes}")
-        if lm_head.size(0) != C or D % 2:
+        if lm_head.shape[0] != C or D % 2:
             raise ValueError(f"rows_step: lm_head {tuple(lm_head.shape)}, head width {D}")
-        packed = {id(t): pack_panels(t, self.block) for la in layers for t in la.matrices}
-        packed[id(lm_head)] = pack_panels(lm_head, self.block)
+        if half:  # the copies' own panels
+            packed = {id(t): t.panels for t in matrices}
+        else:
+            packed = {id(t): pack_panels(t, self.block) for t in matrices}
 
         def at(t: torch.Tensor | None) -> int | None:
             return None if t is None else t.data_ptr()
@@ -267,9 +324,9 @@ class RowsStep:
         ve_channels = next((la.ve_gate.size(1) for la in layers if la.ve_gate is not None), 0)
         struct = _Model(
             ctypes.addressof(structs), len(layers), packed[id(lm_head)].data_ptr(),
-            C, F, n_head, n_kv_head, D, ve_channels, lm_head.size(1),
+            C, F, n_head, n_kv_head, D, ve_channels, lm_head.shape[1],
             ve_scale, eps, norm_scale, norm_eps, D**-0.5, softcap,
-            backout_layer, backout_lambda,
+            backout_layer, backout_lambda, int(half), int(bf16_table),
         )  # fmt: skip
         struct.keep = structs
         return RowsModel(struct, layers, lm_head, list(packed.values()))
@@ -529,17 +586,20 @@ def _reference_rows_step(
     def scales(t: torch.Tensor) -> torch.Tensor:
         return torch.rsqrt(t.square().mean(-1, keepdim=True) + m.eps)
 
+    def dense(t: Matrix) -> torch.Tensor:
+        return t.matrix() if isinstance(t, HalfPanels) else t
+
     x0, saved = x.clone(), None
     for i, la in enumerate(model.layers):
         x.mul_(la.resid_lambda).add_(x0, alpha=la.x0_lambda)
         s = scales(x)
-        qkv = (x @ la.qkv) * s
+        qkv = (x @ dense(la.qkv)) * s
         q_k = qkv[:, : (H + Hkv) * D].view(N, H + Hkv, D)
         heads = _rope_norm(q_k, cos, sin, m.norm_scale, m.norm_eps)
         v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)
         if la.ve_table is not None:
             gate = torch.sigmoid((x[:, : m.ve_channels] @ la.ve_gate.t()) * s)
-            v = v + m.ve_scale * gate.unsqueeze(-1) * la.ve_table[ids].view(N, Hkv, D)
+            v = v + m.ve_scale * gate.unsqueeze(-1) * la.ve_table[ids].float().view(N, Hkv, D)
         suffix[0][i, :, at], suffix[1][i, :, at] = heads[:, H:], v
         start = max(0, pos - la.window)
         keys = torch.cat(
@@ -553,14 +613,14 @@ def _reference_rows_step(
         keys, values = keys.repeat_interleave(H // Hkv, 2), values.repeat_interleave(H // Hkv, 2)
         scores = torch.einsum("nhd,nthd->nht", heads[:, :H], keys) * m.att_scale
         y = torch.einsum("nht,nthd->nhd", scores.softmax(-1), values).reshape(N, H * D)
-        x += y @ la.proj
-        u = (torch.relu(x @ la.fc) * scales(x)).square()
-        x += u @ la.fc_proj
+        x += y @ dense(la.proj)
+        u = (torch.relu(x @ dense(la.fc)) * scales(x)).square()
+        x += u @ dense(la.fc_proj)
         if i == m.backout_layer:
             saved = x.clone()
     if saved is not None:
         x -= m.backout_lambda * saved
-    return (x @ model.lm_head) * scales(x) / m.softcap
+    return (x @ dense(model.lm_head)) * scales(x) / m.softcap
 
 
 def rows_step_errors(
@@ -575,6 +635,8 @@ def rows_step_errors(
     windows: tuple[int, ...] = (100, 2),
     threads: int = 2,
     seed: int = 0,
+    half: bool = False,
+    bf16_table: bool = False,
 ) -> list[float]:
     """The largest differences between the kernel and _reference_rows_step on a random
     model (the logits, then the keys and values written): the load check, and the tests'.
@@ -582,22 +644,32 @@ def rows_step_errors(
     heads: (H, Hkv); widths: (model, MLP, vocabulary); prompt: the shared prefix's length,
     or None for rows without one; windows: one layer each, the first with value embeddings,
     a short one leaving the prompt. The defaults take both of the products' loops (whole
-    blocks of the widest vectors' 32 columns and a vocabulary of 100)."""
+    blocks of the widest vectors' 32 columns and a vocabulary of 100). half: the matrices
+    fp16 in half panels, the vocabulary rounded up to whole panels (104 with 8 lanes: 6
+    blocks and a panel without a pair);
+    bf16_table: the value embeddings bf16."""
     g = torch.Generator().manual_seed(seed)
     (H, Hkv), D, (C, F, V), N = heads, head_dim, widths, rows
+    if half:
+        V = -(-V // kernel.half_panel) * kernel.half_panel
     P, L = prompt or 0, len(windows)
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * shape[0] ** -0.5
 
+    def weights(*shape: int) -> Matrix:
+        w = rand(*shape)
+        return HalfPanels.of(w, kernel.half_panel) if half else w
+
+    table_dtype = torch.bfloat16 if bf16_table else torch.float32
     layers = [
         RowsLayer(
-            rand(C, (H + 2 * Hkv) * D),
-            rand(H * D, C),
-            rand(C, F),
-            rand(F, C),
+            weights(C, (H + 2 * Hkv) * D),
+            weights(H * D, C),
+            weights(C, F),
+            weights(F, C),
             rand(Hkv, 8) if i == 0 else None,
-            rand(V, Hkv * D) if i == 0 else None,
+            rand(V, Hkv * D).to(table_dtype) if i == 0 else None,
             window=window,
             resid_lambda=0.9,
             x0_lambda=0.2,
@@ -605,7 +677,7 @@ def rows_step_errors(
         for i, window in enumerate(windows)
     ]
     model = kernel.model(
-        layers, rand(C, V), n_head=H, n_kv_head=Hkv, ve_scale=3.0, eps=1e-6,
+        layers, weights(C, V), n_head=H, n_kv_head=Hkv, ve_scale=3.0, eps=1e-6,
         norm_scale=1.44 / D, norm_eps=1e-6, softcap=15.0, backout_layer=0, backout_lambda=0.3,
     )  # fmt: skip
     x, ids = torch.randn(N, C, generator=g), torch.randint(0, V, (N,), generator=g)

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import torch
 
-from chatcli.native_kernels import f16_matvec, f16_rows, unavailable_reason
+from chatcli.native_kernels import HalfPanels, f16_matvec, f16_rows, unavailable_reason
 
 # From the most bits to the fewest.
 QUANTIZE_KINDS = ("float16", "bfloat16", "int8", "int4")
@@ -97,7 +97,7 @@ class Fp16Weight:
         rows = f16_rows() if use_native is None or use_native else None
         self._rows = rows if rows is not None and rows.fits(weight) else None
         self._panels = self._rows.pack(weight) if self._rows is not None else None
-        self.out_features = weight.size(0)
+        self.out_features, self.in_features = weight.shape
         if self._native is not None or not self.use_fbgemm:
             self.weight = weight.detach().to(torch.float16).contiguous()
         if self.use_fbgemm:
@@ -128,6 +128,15 @@ class Fp16Weight:
         top = torch.linalg.vector_norm(x, float("inf")).clamp_min_(_TINY)
         y = torch.mv(self.weight, torch.div(x, top).to(torch.float16))
         return y.to(x.dtype).mul_(top)
+
+    @property
+    def half_panels(self) -> HalfPanels | None:
+        """The f16_rows panels as a whole decode step reads them (native_kernels.rows_step
+        of a big model: its products with no copy of their own), or None without them."""
+        if self._panels is None:
+            return None
+        n_in, n_out, panel = self.in_features, self.out_features, self._rows.panel
+        return HalfPanels(self._panels, n_in, n_out, panel)
 
     @property
     def rows_kernel(self) -> str:

@@ -169,6 +169,7 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
     model = _random_model("E")
     model.add_decode_weights(kind)
     step = DecodeStep(model)
+    step._rows_model = None  # torch's ops over the copies (fp16 through our kernel: below)
     matrices = [m for layer in step.layers for m in (layer.qkv, layer.fc, layer.fc_proj)]
     assert any(m.weight is None and m.copies[0] is not None for m in matrices)
     # int4 needs whole groups of 128 inputs, so only the 16-bit copies and int8 stack q, k, v.
@@ -207,6 +208,44 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
         got = stepped(column, rows[0])
         want = model(column, kv_cache=rows[1])[:, -1, :]
         torch.testing.assert_close(got, want, atol=0.02, rtol=0)
+
+
+@pytest.mark.parametrize("era", ["A", "D", "E"])
+def test_fp16_copies_run_through_the_kernel_from_their_own_panels(era):
+    # rows_step reads each fp16 copy's f16_rows panels where they are (no memory added) and
+    # sums in fp32 as fbgemm and f16_rows do, in another order: torch's ops over the same
+    # copies within rounding, one row and sample rows over a shared prompt.
+    model = _random_model(era)  # widths of whole panels; a vocabulary of 200 ends in a half
+    model.add_decode_weights("float16")
+    step = DecodeStep(model)
+    if step._rows_model is None:
+        pytest.skip(f"no fp16 kernel here: {unavailable_reason('rows_step') or 'no F16C'}")
+    assert step.kernel == "rows_step fp16"
+    copies = {c._panels.data_ptr() for c in model.decode_weights()}
+    assert {p.data_ptr() for p in step._rows_model.packed} == copies
+    reference = DecodeStep(model)
+    reference._rows_model = None
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 190, (1, 170), generator=g)
+    ours, theirs = _cache(model), _cache(model)
+    model(ids[:, :20], kv_cache=ours)
+    model(ids[:, :20], kv_cache=theirs)
+    for t in range(20, 170):  # past the short windows
+        got = step(ids[:, t : t + 1], ours)
+        torch.testing.assert_close(got, reference(ids[:, t : t + 1], theirs), atol=1e-4, rtol=0)
+    torch.testing.assert_close(ours.k_cache, theirs.k_cache, atol=1e-4, rtol=0)
+    rows = SharedPrefixCache(ours, 8, 10), SharedPrefixCache(theirs, 8, 10)
+    for _ in range(10):
+        column = torch.randint(0, 190, (8, 1), generator=g)
+        torch.testing.assert_close(step(column, rows[0]), reference(column, rows[1]),
+                                   atol=1e-4, rtol=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "int8", "int4"])
+def test_other_copies_keep_torchs_ops(kind):
+    model = _random_model("E")
+    model.add_decode_weights(kind)
+    assert DecodeStep(model).kernel is None
 
 
 @pytest.mark.parametrize(

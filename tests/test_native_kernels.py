@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import platform
 import shutil
 
 import pytest
@@ -9,7 +10,9 @@ from chatcli import native_kernels
 from chatcli.native_kernels import (
     F16Matvec,
     F16Rows,
+    HalfPanels,
     RowsLayer,
+    RowsStep,
     build,
     f16_matvec,
     f16_rows,
@@ -254,6 +257,100 @@ needs_rows = pytest.mark.skipif(
 def test_rows_step_equals_torchs_layers_and_writes_the_rows_keys_and_values(case):
     logits, keys, values = rows_step_errors(_ROWS, **case)
     assert logits < 1e-5 and keys < 1e-5 and values < 1e-5
+
+
+needs_half_rows = pytest.mark.skipif(
+    _ROWS is None or not _ROWS.half_panel, reason="rows_step reads no fp16 here (no F16C)"
+)
+
+
+@needs_half_rows
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"rows": 1, "prompt": None},  # batch-1 decode of a big model: 1 row, 4 inputs a pass
+        {"rows": 1, "threads": 1},
+        {},  # 3 rows over a prompt; a vocabulary ending in a panel without a pair (8 lanes)
+        {"rows": 2, "bf16_table": True},  # a checkpoint's value embeddings, kept bf16
+        {"rows": 8, "threads": 1},
+        {"rows": 7},
+        {
+            "rows": 9,
+            "heads": (8, 1),
+            "head_dim": 128,
+            "widths": (64, 256, 64),
+            "prompt": 40,
+            "pos": 50,
+        },
+    ],
+)
+def test_rows_step_reads_fp16_matrices_from_half_panels_as_torch_sums_them_widened(case):
+    logits, keys, values = rows_step_errors(_ROWS, half=True, **case)
+    assert logits < 1e-5 and keys < 1e-5 and values < 1e-5
+
+
+@needs_rows
+def test_rows_step_reads_bf16_value_embeddings_of_fp32_models():
+    assert max(rows_step_errors(_ROWS, bf16_table=True)) < 1e-5
+
+
+def test_half_panels_are_the_fp16_matrix_in_f16_rows_layout():
+    matrix = torch.randn(5, 24)  # (in, out)
+    panels = HalfPanels.of(matrix, 8)
+    assert panels.shape == (5, 24) and panels.panels.dtype == torch.float16
+    assert torch.equal(panels.panels, pack_panels(matrix.half(), 8))
+    assert torch.equal(panels.matrix(), matrix.half().float())
+    if _F16_ROWS is not None:  # the layout of an fp16 copy's own panels
+        packed = _F16_ROWS.pack(matrix.t())
+        assert torch.equal(HalfPanels.of(matrix, _F16_ROWS.panel).panels, packed)
+
+
+@needs_half_rows
+def test_rows_step_refuses_fp16_it_does_not_read():
+    g = torch.Generator().manual_seed(4)
+    p = _ROWS.half_panel
+    shapes = [(32, 4 * p), (2 * p, 32), (32, 4 * p), (4 * p, 32)]
+
+    def layer(half: bool = True, panel: int = p, table: torch.Tensor | None = None) -> RowsLayer:
+        ws = [torch.randn(*s, generator=g) for s in shapes]
+        ms = [HalfPanels.of(w, panel) if half else w for w in ws]
+        gate = torch.randn(1, 8) if table is not None else None
+        return RowsLayer(*ms, gate, table, window=10)
+
+    kwargs = dict(n_head=2, n_kv_head=1, ve_scale=1.0, eps=1e-6, norm_scale=1.0, norm_eps=0.0,
+                  softcap=15.0)  # fmt: skip
+    head = HalfPanels.of(torch.randn(32, 2 * p), p)
+    assert _ROWS.model([layer()], head, **kwargs).half
+    with pytest.raises(ValueError, match="every matrix fp16 or every one fp32"):
+        _ROWS.model([layer(half=False)], head, **kwargs)
+    with pytest.raises(ValueError, match="whole panels"):
+        _ROWS.model([layer(panel=2 * p)], HalfPanels.of(torch.randn(32, 4 * p), 2 * p), **kwargs)
+    with pytest.raises(ValueError, match="all fp32 or all bf16"):
+        _ROWS.model([layer(table=torch.randn(50, p).half())], head, **kwargs)
+
+
+@pytest.mark.skipif(
+    shutil.which("cc") is None or platform.machine() not in ("x86_64", "AMD64"),
+    reason="needs cc on x86-64",
+)
+def test_rows_step_built_without_f16c_reads_fp32_only(tmp_path):
+    # The oldest x86-64 (SSE2, 4 lanes): no instruction widens fp16, so the library says so
+    # and a model of fp16 matrices is refused before a call, the fp32 step still exact.
+    import ctypes
+    import subprocess
+
+    lib = tmp_path / "decode_ops.so"
+    flags = [f if f != "-march=native" else "-march=x86-64" for f in native_kernels.FLAGS]
+    subprocess.run(["cc", *flags, str(native_kernels.DECODE_OPS_SOURCE), "-o", str(lib)],
+                   check=True)  # fmt: skip
+    oldest = RowsStep(ctypes.CDLL(str(lib)))
+    assert oldest.half_panel == 0 and oldest.block == 8
+    assert max(rows_step_errors(oldest, rows=7)) < 1e-5
+    ws = [HalfPanels.of(torch.randn(*s), 8) for s in [(32, 64), (32, 32), (32, 64), (64, 32)]]
+    with pytest.raises(ValueError, match="no fp16 here"):
+        oldest.model([RowsLayer(*ws, None, None, window=10)], HalfPanels.of(torch.randn(32, 16), 8),
+                     n_head=2, n_kv_head=1, ve_scale=1.0, eps=1e-6, norm_scale=1.0,
+                     norm_eps=0.0, softcap=15.0)  # fmt: skip
 
 
 def _tiny_model():

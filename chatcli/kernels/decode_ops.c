@@ -104,12 +104,12 @@ static float lane_sum(vec v) {
 /* One layer: each product's matrix (in, out) packed in panels (product), and the layer's
  * constants. */
 struct rows_layer {
-    const float *qkv;      /* (C, (H + 2 Hkv) D): c_q, c_k, c_v stacked */
-    const float *proj;     /* (H D, C) */
-    const float *fc;       /* (C, F) */
-    const float *fc_proj;  /* (F, C) */
-    const float *ve_gate;  /* (Hkv, ve_channels), or NULL in a layer without value embeddings */
-    const float *ve_table; /* (vocabulary, Hkv D) value embeddings, or NULL */
+    const void *qkv;      /* (C, (H + 2 Hkv) D): c_q, c_k, c_v stacked */
+    const void *proj;     /* (H D, C) */
+    const void *fc;       /* (C, F) */
+    const void *fc_proj;  /* (F, C) */
+    const float *ve_gate; /* (Hkv, ve_channels), or NULL in a layer without value embeddings */
+    const void *ve_table; /* (vocabulary, Hkv D) value embeddings (fp32 or bf16), or NULL */
     long window;           /* keys further back than this are not attended */
     float resid_lambda, x0_lambda; /* x = resid_lambda x + x0_lambda x0 before the layer */
 };
@@ -118,11 +118,13 @@ struct rows_layer {
 struct rows_model {
     const struct rows_layer *layers;
     long n_layers;
-    const float *lm_head; /* (C, V), packed */
+    const void *lm_head; /* (C, V), packed */
     long C, F, H, Hkv, D, ve_channels, V;
     float ve_scale, eps, norm_scale, norm_eps, att_scale, softcap;
     long backout_layer; /* x -= backout_lambda * (x after this layer) at the end; -1: none */
     float backout_lambda;
+    long half;       /* 1: every matrix fp16, in half panels (product_half); 0: fp32 panels */
+    long bf16_table; /* 1: the value embeddings bf16 (a checkpoint's, kept so); 0: fp32 */
 };
 
 enum epilogue { STORE_SCALED, ADD, RELU_SQUARED };
@@ -189,6 +191,11 @@ static inline __attribute__((always_inline)) void sum_two_rows(struct view x, lo
     sum_rows(x, 2, k, in, w, j, lo, hi);
 }
 
+static inline __attribute__((always_inline)) void store_block(long rows, const vec *lo,
+                                                              const vec *hi, float *y,
+                                                              long ld_y, const float *scale,
+                                                              enum epilogue how, int both);
+
 /* Columns j..j+BLOCK of y[n] for n < rows (at most MAX_ROWS): acc = x[n] @ w over `in`
  * inputs; then STORE_SCALED: y = scale[n] * acc; ADD: y += acc;
  * RELU_SQUARED: y = (scale[n] * relu(acc))^2. */
@@ -229,18 +236,27 @@ static void product_block(struct view x, long rows, long in, struct view w, long
 #endif
         }
     }
+    store_block(rows, lo, hi, y + j, ld_y, scale, how, 1);
+}
+
+/* The epilogue of a block of sums lo, hi (rows, BLOCK) into y's first BLOCK columns, or
+ * of lo alone into its first VW (`both` 0). */
+static inline __attribute__((always_inline)) void store_block(long rows, const vec *lo,
+                                                              const vec *hi, float *y,
+                                                              long ld_y, const float *scale,
+                                                              enum epilogue how, int both) {
     for (long n = 0; n < rows; n++) {
-        vec_u *a = (vec_u *)(y + n * ld_y + j), *b = (vec_u *)(y + n * ld_y + j + VW);
+        vec_u *a = (vec_u *)(y + n * ld_y), *b = (vec_u *)(y + n * ld_y + VW);
         if (how == ADD) {
             *a += lo[n];
-            *b += hi[n];
+            if (both) *b += hi[n];
         } else if (how == STORE_SCALED) {
             *a = scale[n] * lo[n];
-            *b = scale[n] * hi[n];
+            if (both) *b = scale[n] * hi[n];
         } else {
             vec l = scale[n] * relu(lo[n]), h = scale[n] * relu(hi[n]);
             *a = l * l;
-            *b = h * h;
+            if (both) *b = h * h;
         }
     }
 }
@@ -315,6 +331,139 @@ static void product(const float *x, long rows, long in, const float *panels, lon
                           in, (struct view){panel, BLOCK}, 0, y + r * out + b * BLOCK, out,
                           scale ? scale + r : NULL, how);
     }
+}
+
+/* ---- fp16 weights: a big model's compact copies (quantize.Fp16Weight). ----
+ *
+ * Why: a big model's batch-1 step streams its weights, and between torch's ~300 ops a
+ * token d20's fp16 products (fbgemm's, at the memory's speed) left ~15 of 52 ms to
+ * dispatch, small ops and threads waiting for each other. Here the whole step is one call.
+ * Read from f16_rows.c's panels (native_kernels.pack_panels of the (in, out) matrix in VW
+ * columns: (out / VW, in, VW), the copy's own, so no memory is added): a block of BLOCK
+ * columns is two panels side by side, each input's 2 VW weights widened to fp32 once (F16C)
+ * for every row. Where the CPU cannot widen fp16 (no F16C) a model with fp16 matrices is
+ * refused (rows_half_panel() is 0) and chatcli keeps torch's ops. */
+#if defined(__F16C__) && VW >= 8
+#include <immintrin.h>
+#define HALF_WEIGHTS 1
+#define HALF_ROWS 8 /* the rows of a pass: 8 where 16 registers take them a panel at a time */
+static inline vec widen(const unsigned short *p) {
+#if VW == 16
+    return (vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+    return (vec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#endif
+}
+
+/* The sums of x[n] @ a block's columns over its panels p0 and p1 (in, VW) each, n < rows:
+ * one row four inputs at a time into their own sums (the FMA's latency, as for fp32),
+ * several rows an input at a time (their sums are the independent chains). The panels'
+ * next PREFETCH_ROWS rows are asked for early: what lets two cores stream d20's matrices at
+ * 26-27 GB/s on a Zen 3 whose measured streaming read is 26.7. */
+static inline __attribute__((always_inline)) void sum_half(struct view x, long rows, long in,
+                                                           const unsigned short *p0,
+                                                           const unsigned short *p1, vec *lo,
+                                                           vec *hi) {
+    long k = 0;
+    if (rows == 1) {
+        vec l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
+        for (; k + 4 <= in; k += 4) {
+            const float *xk = x.p + k;
+            const unsigned short *a = p0 + k * VW, *b = p1 + k * VW;
+            __builtin_prefetch(a + PREFETCH_ROWS * VW);
+            __builtin_prefetch(b + PREFETCH_ROWS * VW);
+            lo[0] += xk[0] * widen(a), hi[0] += xk[0] * widen(b);
+            l1 += xk[1] * widen(a + VW), h1 += xk[1] * widen(b + VW);
+            l2 += xk[2] * widen(a + 2 * VW), h2 += xk[2] * widen(b + 2 * VW);
+            l3 += xk[3] * widen(a + 3 * VW), h3 += xk[3] * widen(b + 3 * VW);
+        }
+        lo[0] += (l1 + l2) + l3, hi[0] += (h1 + h2) + h3;
+    }
+    for (; k < in; k++) {
+        __builtin_prefetch(p0 + (k + PREFETCH_ROWS) * VW);
+        __builtin_prefetch(p1 + (k + PREFETCH_ROWS) * VW);
+        vec w0 = widen(p0 + k * VW), w1 = widen(p1 + k * VW);
+        for (int n = 0; n < rows; n++) {
+            float xv = x.p[n * x.ld + k];
+            lo[n] += xv * w0;
+            hi[n] += xv * w1;
+        }
+    }
+}
+
+/* The sums of x[n] @ one panel's VW columns, n < rows, one vector a row: for 7 or 8 rows
+ * with 16 vector registers, where a block's two panels at once would spill sums (and a
+ * pass of 6 then one of 2 widened each weight twice): 8 rows of d20's matrices ~1.2x faster
+ * so (our f16_rows' loop, which measured its way there). */
+static inline __attribute__((always_inline)) void sum_half_panel(struct view x, long rows,
+                                                                 long in,
+                                                                 const unsigned short *p,
+                                                                 vec *acc) {
+    for (long k = 0; k < in; k++) {
+        __builtin_prefetch(p + (k + 2 * PREFETCH_ROWS) * VW);
+        vec w = widen(p + k * VW);
+        for (int n = 0; n < rows; n++) acc[n] += x.p[n * x.ld + k] * w;
+    }
+}
+
+/* y (rows, out) from x (rows, in) @ an fp16 matrix in half panels, out a multiple of VW
+ * (the caller checks): a last panel without a pair (out % BLOCK == VW, a vocabulary of 200
+ * with 8 lanes) is summed twice and stored once. An orphaned `omp for` over the blocks, as
+ * product(). */
+static void product_half(const float *x, long rows, long in, const unsigned short *panels,
+                         long out, float *y, const float *scale, enum epilogue how) {
+    long blocks = out / BLOCK, last = blocks + (out % BLOCK != 0);
+#pragma omp for schedule(static)
+    for (long b = 0; b < last; b++) {
+        const unsigned short *p0 = panels + 2 * b * in * VW;
+        const unsigned short *p1 = b < blocks ? p0 + in * VW : p0;
+        for (long r = 0; r < rows; r += HALF_ROWS) {
+            long n = rows - r < HALF_ROWS ? rows - r : HALF_ROWS;
+            struct view xr = {x + r * in, in};
+            vec lo[HALF_ROWS], hi[HALF_ROWS];
+            for (int i = 0; i < HALF_ROWS; i++) lo[i] = hi[i] = (vec){0};
+            switch (n) { /* each count its own unrolled loop, the sums in registers */
+            case 1: sum_half(xr, 1, in, p0, p1, lo, hi); break;
+            case 2: sum_half(xr, 2, in, p0, p1, lo, hi); break;
+            case 3: sum_half(xr, 3, in, p0, p1, lo, hi); break;
+            case 4: sum_half(xr, 4, in, p0, p1, lo, hi); break;
+            case 5: sum_half(xr, 5, in, p0, p1, lo, hi); break;
+            case 6: sum_half(xr, 6, in, p0, p1, lo, hi); break;
+#if MAX_ROWS == 8
+            case 7: sum_half(xr, 7, in, p0, p1, lo, hi); break;
+            case 8: sum_half(xr, 8, in, p0, p1, lo, hi); break;
+#else
+            case 7:
+                sum_half_panel(xr, 7, in, p0, lo);
+                if (p1 != p0) sum_half_panel(xr, 7, in, p1, hi);
+                break;
+            case 8:
+                sum_half_panel(xr, 8, in, p0, lo);
+                if (p1 != p0) sum_half_panel(xr, 8, in, p1, hi);
+                break;
+#endif
+            }
+            store_block(n, lo, hi, y + r * out + b * BLOCK, out, scale ? scale + r : NULL, how,
+                        b < blocks);
+        }
+    }
+}
+#else
+#define HALF_WEIGHTS 0
+#endif
+
+int rows_half_panel(void) { return HALF_WEIGHTS ? VW : 0; }
+
+/* A model's matrix times x: its fp32 panels (product) or its fp16 ones (product_half). */
+static void matrix(const struct rows_model *m, const float *x, long rows, long in,
+                   const void *w, long out, float *y, const float *scale, enum epilogue how) {
+#if HALF_WEIGHTS
+    if (m->half) {
+        product_half(x, rows, in, w, out, y, scale, how);
+        return;
+    }
+#endif
+    product(x, rows, in, w, out, y, scale, how);
 }
 
 /* 1 / sqrt(mean(x^2) + eps) of each row of x (rows, C), as F.rms_norm computes it. */
@@ -481,6 +630,15 @@ struct scratch {
     float *x0, *s, *qkv, *y, *q, *scores, *u, *saved, *inv_total, *att_scale;
 };
 
+/* Element i of a table of fp32, or of bf16 (its bits the top half of an fp32's). */
+static inline float table_at(const void *table, long i, long bf16) {
+    if (!bf16) return ((const float *)table)[i];
+    unsigned int bits = (unsigned int)((const unsigned short *)table)[i] << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 /* One layer of the step (inside the step's parallel region: every loop an orphaned omp for). */
 static void layer(const struct rows_model *m, const struct rows_layer *w, float *x, long rows,
                   const long *ids, const float *cos_, const float *sin_, const float *pkt,
@@ -498,19 +656,21 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
             x[n * C + j] = w->resid_lambda * x[n * C + j] + w->x0_lambda * t->x0[n * C + j];
         t->s[n] = 1.0f / sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps);
     }
-    product(x, N, C, w->qkv, width, t->qkv, t->s, STORE_SCALED);
+    matrix(m, x, N, C, w->qkv, width, t->qkv, t->s, STORE_SCALED);
 #pragma omp for schedule(static)
     for (long n = 0; n < N; n++) {
         const float *r = t->qkv + n * width;
         float *k_at = sk + n * c->s_row + s_at * kv, *v_at = sv + n * c->s_row + s_at * kv;
         memcpy(v_at, r + (H + Hkv) * D, sizeof(float) * kv);
         if (w->ve_table) { /* v += ve_scale * sigmoid(s * ve_gate @ x[:ve_channels]) * ve */
-            const float *ve = w->ve_table + ids[n] * kv;
+            long row = ids[n] * kv;
             for (long g = 0; g < Hkv; g++) {
                 float z = t->s[n] * dot(w->ve_gate + g * m->ve_channels, x + n * C,
                                         m->ve_channels);
                 float gate = m->ve_scale / (1.0f + expf(-z));
-                for (long j = 0; j < D; j++) v_at[g * D + j] += gate * ve[g * D + j];
+                for (long j = 0; j < D; j++)
+                    v_at[g * D + j] += gate * table_at(w->ve_table, row + g * D + j,
+                                                       m->bf16_table);
             }
         }
         for (long h = 0; h < H + Hkv; h++)
@@ -561,10 +721,10 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
                        t->inv_total[h * N + n], out);
         }
     }
-    product(t->y, N, H * D, w->proj, C, x, NULL, ADD);
+    matrix(m, t->y, N, H * D, w->proj, C, x, NULL, ADD);
     row_scales(x, N, C, m->eps, t->s);
-    product(x, N, C, w->fc, F, t->u, t->s, RELU_SQUARED);
-    product(t->u, N, F, w->fc_proj, C, x, NULL, ADD);
+    matrix(m, x, N, C, w->fc, F, t->u, t->s, RELU_SQUARED);
+    matrix(m, t->u, N, F, w->fc_proj, C, x, NULL, ADD);
 }
 
 /* Every layer of one decode step of `rows` rows, then the vocabulary's products.
@@ -579,6 +739,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
               int threads) {
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D;
     long width = (H + 2 * Hkv) * D, span = c->pos + 1;
+    if (m->half && (!HALF_WEIGHTS || (width | C | F | m->V) % VW)) return -1;
     if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 || c->pos < c->prefix ||
         (c->prefix > 0 && (!c->pkt || !c->pv || c->pkt_ld < c->prefix)))
         return -1;
@@ -610,7 +771,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
             /* the last norm and the softcap's division: one scale a row */
             t.s[n] = 1.0f / (m->softcap * sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps));
         }
-        product(x, rows, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
+        matrix(m, x, rows, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
     }
     free(t.x0);
     return 0;
