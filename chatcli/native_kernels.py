@@ -5,11 +5,13 @@ this CPU (-march=native), caching the libraries, checking each against torch onc
 process, and calling them. Three kernels:
 - f16_matvec: one fp32 row times an fp16 matrix, which batch-1 decode of a big model spends
   ~90% of its time in (quantize.Fp16Weight). AVX-512 only, the CPU it was measured on.
-- f16_rows: up to 8 rows times an fp16 matrix packed in panels, a big model's sample rows
-  (quantize.Fp16Weight). x86 with AVX2, F16C and FMA, or AVX-512.
-- rows_step: a small model's whole decode step, one row or several (sample rows over a
-  shared prompt), every layer and the vocabulary's products (decode_step), where torch
-  spent ~150 ops of ~2-5 us each. Any CPU with a C compiler and OpenMP.
+- f16_rows: up to 8 rows times an fp16 matrix packed in panels (quantize.Fp16Weight: a few
+  rows outside a decode step). x86 with AVX2, F16C and FMA, or AVX-512.
+- rows_step: a model's whole decode step, one row or several (sample rows over a shared
+  prompt), every layer and the vocabulary's products (decode_step): a small model's fp32
+  matrices, where torch spent ~150 ops of ~2-5 us each, or a big one's fp16 copies read from
+  their f16_rows panels (HalfPanels), where ~300 ops and their threads' hand-offs took ~15
+  of d20's 52 ms a token. Any CPU with a C compiler and OpenMP; fp16 where it has F16C.
 
 Why compile at run time: the fastest loop depends on the CPU's vector width, and a wheel
 built elsewhere cannot know it; a C file with no torch headers compiles in under a second.

@@ -81,7 +81,9 @@ class Fp16Weight:
     with F16C, or AVX-512), over the copy packed in its panels: d20's matrices for 8 rows
     in 52-54 ms on a 2-core Zen 3 where fbgemm's took 75-82 (two threads, ABBA rounds,
     one-off script), as its loop widens each weight once for all the rows. Another fp16
-    copy, kept beside fbgemm's, which still serves 9 rows and more (chat chunks, prompts)."""
+    copy, kept beside fbgemm's, which still serves 9 rows and more (chat chunks, prompts).
+    A decode step through our whole-step kernel (native_kernels.rows_step) reads those
+    panels itself (half_panels) and calls none of these products."""
 
     float_activations = True
 

@@ -1,16 +1,19 @@
-/* The middle of a small model's one-row decode step, per layer, in one call: rotary
- * embedding and RMS norm of every q and k head, k and v written into the layer's cache at
- * `pos`, and softmax attention of each q head over positions start..pos.
+/* rows_step: a model's whole decode step of one or more rows in one call: every layer
+ * (lambdas, norms as per-row scales, q/k/v, value embeddings, rotary, qk-norm, the K/V
+ * written at `pos`, attention over a shared prompt plus each row's own keys, the MLP),
+ * then the vocabulary's products. fp32 matrices (a small model's), or fp16 ones (a big
+ * model's compact copies) where the CPU widens fp16 (F16C).
  *
- * Why: for a model of a few million weights each of these ~20 torch ops costs ~2-3 us to
- * dispatch and next to nothing to compute (docs/performance.md); on a 2-core Xeon the
- * embedded model's step spent more in them than in its products. Same arithmetic as
- * decode_step.DecodeStep._one_row, fp32, in another order of the sums (within 1e-6).
+ * Why: a small model's ~150 torch ops a step cost ~2-5 us each to dispatch and next to
+ * nothing to compute (docs/performance.md); a big model's ~300 ops and their threads'
+ * hand-offs took ~15 of d20's 52 ms a token around products that stream at the memory's
+ * speed. Same arithmetic as decode_step.DecodeStep._step with its norms folded, fp32 sums
+ * in another order (within 1e-6 of torch's).
  *
- * Plain C for any CPU with a C compiler: -O3 -march=native vectorizes the loops written
- * with eight partial sums (no -ffast-math: the order of the sums is the one written here).
- * Compiled at first use by chatcli/native_kernels.py. Returns 0, or -1 (nothing written)
- * for shapes it does not take or when its scratch cannot be allocated.
+ * Plain C for any CPU with a C compiler and OpenMP: -O3 -march=native vectorizes the loops
+ * (no -ffast-math: the order of the sums is the one written here). Compiled at first use by
+ * chatcli/native_kernels.py. Returns 0, or -1 (nothing written) for shapes it does not take
+ * or when its scratch cannot be allocated.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -29,15 +32,13 @@ static float dot(const float *a, const float *b, long n) {
     return s;
 }
 
-/* ---- Several rows (sample rows, a batch): one whole layer per call. ----
+/* ---- The products and the attention, for any number of rows. ----
  *
- * Why: the 8 sample rows' step of the embedded model spent ~3 ms in ~150 torch ops, ~60% of
- * it in MKL's sgemm at 8 rows (~60 GFLOP/s on a Zen 4 core, which this loop beats at ~85)
- * and two flash-attention calls a layer (~75 us each, mostly setup). Here the layer is one
- * OpenMP region: each product split over both cores by columns, the attention by rows.
- * Same arithmetic as decode_step.DecodeStep._step with its norms folded (fp32, sums in
- * another order). Written with GCC's vector extension: 16 lanes where the CPU has AVX-512,
- * 8 with AVX, 4 elsewhere. */
+ * Why our own: the 8 sample rows' step of the embedded model spent ~60% of its ~3 ms in
+ * MKL's sgemm at 8 rows (~60 GFLOP/s on a Zen 4 core, which this loop beats at ~85) and two
+ * flash-attention calls a layer (~75 us each, mostly setup). The step is one OpenMP region:
+ * each product split over the cores by columns, the attention by rows and heads. Written
+ * with GCC's vector extension: 16 lanes where the CPU has AVX-512, 8 with AVX, 4 elsewhere. */
 
 #if defined(__AVX512F__)
 #define VW 16
