@@ -184,3 +184,21 @@ def test_each_measured_turn_is_timed_again_from_the_state_before_it(monkeypatch,
         tries = [next(turns) for _ in range(samples if turn in bench.TURNS else 1)]
         assert all(t == ("interrupted", 1) for t in tries[:-1]), (turn, tries)
         assert tries[-1][0] != "interrupted" and tries[-1][1] > 1, (turn, tries)
+
+
+@pytest.mark.skipif(not FIXTURE.is_dir(), reason="shared fixtures not present")
+def test_fp16_copies_read_by_our_step_kernel_are_reported_as_its_own(monkeypatch):
+    # Where rows_step reads the fp16 copies' panels itself, the copies' own product kernels
+    # (fbgemm, f16_rows) serve no decode step, and the bench does not name them.
+    monkeypatch.setattr(bench, "REPEATS", 1)
+    monkeypatch.setattr(bench, "MEASURE_SECONDS", 0.0)
+    monkeypatch.setattr(bench, "DECODE_TOKENS", 8)
+    model, tokenizer, _ = load_model(FIXTURE, device="cpu")
+    result = run_bench(model, tokenizer, "fixture E", precision="float16")
+    assert result["weights"] == "float16"
+    kernel = rows_step()
+    if kernel is not None and kernel.half_panel:
+        assert result["step_kernel"] == "rows_step fp16"
+        assert result["one_row_kernels"] == result["sample_rows_kernels"] == []
+    else:
+        assert result["step_kernel"] is None and result["one_row_kernels"] != []

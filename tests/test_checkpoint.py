@@ -21,6 +21,7 @@ from chatcli.checkpoint import (
 from chatcli.decode_step import DecodeStep
 from chatcli.engine import Engine
 from chatcli.errors import CheckpointError
+from chatcli.native_kernels import rows_step
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
 pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures not present")
@@ -160,6 +161,8 @@ def test_bf16_embedding_tables_stay_as_saved_and_answer_as_widened_ones(
     assert torch.equal(model(PROMPT), ref(PROMPT))
     ours, theirs = Engine(model, tokenizer), Engine(ref, tokenizer)
     assert type(ours.decode_step) is DecodeStep  # the fused step still applies
+    if dtype == torch.bfloat16 and rows_step() is not None:  # our kernel reads bf16 tables
+        assert ours.decode_step.kernel == "rows_step"
     prompt = PROMPT[0].tolist()
 
     def run(engine: Engine, n: int) -> list:  # one row, or sample rows over a shared prompt
