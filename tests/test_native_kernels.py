@@ -224,6 +224,10 @@ needs_rows = pytest.mark.skipif(
 )
 
 
+# Eight query heads of 128 on one K/V head (a big model's head width, grouped heads).
+_WIDE_HEADS = {"heads": (8, 1), "head_dim": 128, "widths": (64, 256, 64)}
+
+
 @needs_rows
 @pytest.mark.parametrize(
     "case",
@@ -244,14 +248,7 @@ needs_rows = pytest.mark.skipif(
             "windows": (8, 100, 3),
         },
         {"rows": 2, "prompt": 0, "pos": 0},  # the first position: one key, the row's own
-        {
-            "rows": 4,
-            "heads": (8, 1),
-            "head_dim": 128,
-            "widths": (64, 256, 64),
-            "prompt": 300,
-            "pos": 310,
-        },
+        {**_WIDE_HEADS, "rows": 4, "prompt": 300, "pos": 310},
     ],
 )
 def test_rows_step_equals_torchs_layers_and_writes_the_rows_keys_and_values(case):
@@ -274,14 +271,7 @@ needs_half_rows = pytest.mark.skipif(
         {"rows": 2, "bf16_table": True},  # a checkpoint's value embeddings, kept bf16
         {"rows": 8, "threads": 1},
         {"rows": 7},
-        {
-            "rows": 9,
-            "heads": (8, 1),
-            "head_dim": 128,
-            "widths": (64, 256, 64),
-            "prompt": 40,
-            "pos": 50,
-        },
+        {**_WIDE_HEADS, "rows": 9, "prompt": 40, "pos": 50},
     ],
 )
 def test_rows_step_reads_fp16_matrices_from_half_panels_as_torch_sums_them_widened(case):
