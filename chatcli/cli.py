@@ -76,7 +76,7 @@ CompileOpt = Annotated[
     bool,
     typer.Option(
         "--compile",
-        help="torch.compile a large model (slow first start, cached; eager fallback).",
+        help="torch.compile a large model where our kernels do not run its decode (slow first start, cached; eager fallback).",
     ),
 ]
 SoftcapOpt = Annotated[

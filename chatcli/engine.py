@@ -108,16 +108,19 @@ def _pick_decode_step(
       512-position cache) it decodes the embedded model in 1.75 ms per token, where its
       static twin through torch.compile took 5.5 ms (scripts/bench_decode_paths.py; the
       compiled module forward took 4.3 ms against an older step's 2.0). A big model with
-      --compile compiles its forward instead, as asked.
+      --compile compiles its forward instead, as asked, unless its step runs through our
+      kernel (its fp16 copies read in one call per token, at the memory's speed: d20 at
+      26-33 tok/s on a 2-core Zen 3), which a compiled fp32 forward cannot approach.
     """
     device = model.get_device().type if hasattr(model, "get_device") else "cpu"
     if device == "cuda" and StaticDecodeStep.supports(model):
         step = StaticDecodeStep(model)
         return WithFallback(CudaGraphStep(step), step, "CUDA graph capture")
     if device == "cpu" and DecodeStep.supports(model):
-        if compile and model.num_params() >= SMALL_MODEL_PARAMS:
+        step = DecodeStep(model)
+        if compile and model.num_params() >= SMALL_MODEL_PARAMS and step.kernel is None:
             return None
-        return DecodeStep(model)
+        return step
     return None
 
 

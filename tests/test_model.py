@@ -20,6 +20,7 @@ from chatcli.model import (
     infer_era,
     window_sizes,
 )
+from chatcli.native_kernels import rows_step
 from chatcli.special_tokens import ASSISTANT_END
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
@@ -234,10 +235,14 @@ def test_compiled_engine_gives_the_eager_greedy_output(monkeypatch):
         case["prompt"], max_tokens=n, temperature=0.0
     )
     # A small fp32 model keeps the fused step even with compile=True (it is faster); a big
-    # one (pretend this one is) compiles its forward.
+    # one (pretend this one is) keeps it where our kernel runs its step, and else compiles
+    # its forward.
     assert Engine(model, tokenizer, compile=True).decode_step is not None
     assert Engine(model, tokenizer).decode_step is not None
     monkeypatch.setattr("chatcli.engine.SMALL_MODEL_PARAMS", 0)
+    kernel = Engine(model, tokenizer, compile=True).decode_step
+    assert (kernel is not None) == (rows_step() is not None)
+    monkeypatch.setattr("chatcli.decode_step.rows_step", lambda: None)  # no kernel here
     compiled_engine = Engine(model, tokenizer, compile=True)
     assert compiled_engine.decode_step is None
     with _no_fallback_warning():  # the compiled path really ran
