@@ -695,8 +695,12 @@ def rows_step_errors(
 
 
 def _check_rows_step(kernel: RowsStep) -> None:
+    """The kernel against torch on a random model, with fp16 matrices too where it reads
+    them: a library that answers wrongly either way is not used (RuntimeError)."""
     if max(rows_step_errors(kernel)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model")
+    if kernel.half_panel and max(rows_step_errors(kernel, rows=1, half=True)) > 1e-4:
+        raise RuntimeError("rows_step disagrees with torch on a test model of fp16 matrices")
 
 
 @functools.cache

@@ -296,6 +296,18 @@ def test_half_panels_are_the_fp16_matrix_in_f16_rows_layout():
 
 
 @needs_half_rows
+def test_a_rows_step_that_answers_fp16_wrongly_is_not_used(fresh, monkeypatch):
+    errors = native_kernels.rows_step_errors
+
+    def fp16_wrong(kernel: RowsStep, **case: object) -> list[float]:
+        return [1.0, 0.0, 0.0] if case.get("half") else errors(kernel, **case)
+
+    monkeypatch.setattr(native_kernels, "rows_step_errors", fp16_wrong)
+    assert rows_step() is None
+    assert "fp16" in native_kernels.unavailable_reason("rows_step")
+
+
+@needs_half_rows
 def test_rows_step_refuses_fp16_it_does_not_read():
     g = torch.Generator().manual_seed(4)
     p = _ROWS.half_panel
