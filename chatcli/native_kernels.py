@@ -267,7 +267,7 @@ class RowsStep:
         lm_head: (C, V). norm_scale, norm_eps: the qk-norm multiplies each head by
         1 / sqrt(norm_eps + norm_scale * sum(head^2)), which folds in the era's qk scale.
         The matrices: fp32 tensors, packed here; or all HalfPanels of `half_panel` columns
-        and widths in whole blocks, read where they are."""
+        (their widths whole panels), read where they are."""
         matrices = [lm_head] + [t for la in layers for t in la.matrices]
         half = isinstance(lm_head, HalfPanels)
         tables = [la.ve_table for la in layers if la.ve_table is not None]
