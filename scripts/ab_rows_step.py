@@ -1,0 +1,128 @@
+"""A/B the working tree's rows_step kernel against an earlier revision's (a benchmark, not a
+test).
+
+    python scripts/ab_rows_step.py --against d05e391 [--rounds 12] [--synthetic d20]
+
+On a shared host a slow spell can outlast a whole benchmark run, so two runs compare the
+host more than the code. This builds chatcli/kernels/decode_ops.c as it was at the other
+revision and as it is now (the flags native_kernels uses), loads both into one process, and
+calls both on the same captured calls: the embedded model's step (or a synthetic model's,
+with its fp16 copies) of one row and of 8 sample rows over one shared prompt (256 tokens;
+512 for a synthetic model), as a generation at temperature 1 last made them. Each round
+times both builds, in ABBA order (old, new, then new, old), on 1 and on 2 threads; it prints
+the median and quartiles of the rounds' new/old ratios. The two builds share the model as
+packed now, so the revision must read the same structs and panels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("GOMP_SPINCOUNT", "100000")  # as the CLI runs (openmp_wait.py)
+
+import torch
+
+from chatcli.bench import _prompt, synthetic_model
+from chatcli.checkpoint import load_model
+from chatcli.cpu_plan import apply_cpu_plan
+from chatcli.engine import Engine
+from chatcli.native_kernels import DECODE_OPS_SOURCE, FLAGS, RowsStep
+from chatcli.quantize import default_half_kind
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _build(source: str, folder: Path, name: str) -> RowsStep:
+    """decode_ops.c's text compiled into `folder` and loaded."""
+    c_file, library = folder / f"{name}.c", folder / f"{name}.so"
+    c_file.write_text(source)
+    subprocess.run(["cc", *FLAGS, str(c_file), "-o", str(library)], check=True)
+    return RowsStep(ctypes.CDLL(str(library)))
+
+
+def _captured_calls(engine: Engine, prompt: list[int]) -> dict[int, tuple]:
+    """The last rows_step call's arguments of a generation of 1 row and one of 8."""
+    calls: dict[int, tuple] = {}
+    run = RowsStep.run
+
+    def keep(self: RowsStep, *args: object) -> torch.Tensor:
+        calls[args[1].size(0)] = args
+        return run(self, *args)
+
+    RowsStep.run = keep
+    try:
+        for rows in (1, 8):
+            kwargs = dict(max_tokens=40, temperature=1.0, seed=3, use_tools=False)
+            for _ in engine.generate(prompt, rows, **kwargs):
+                pass
+    finally:
+        RowsStep.run = run
+    return calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--against", required=True, help="git revision to compare with")
+    parser.add_argument("--rounds", type=int, default=12, help="at least 2 (for quartiles)")
+    parser.add_argument("--synthetic", default=None, help="d4, d12 or d20 (fp16 copies)")
+    args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2")
+    relative = DECODE_OPS_SOURCE.relative_to(ROOT)
+    then = subprocess.run(
+        ["git", "show", f"{args.against}:{relative}"],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    if args.synthetic:
+        torch.manual_seed(0)
+        model, tokenizer = synthetic_model(args.synthetic)
+        apply_cpu_plan(model)
+        model.add_decode_weights(default_half_kind())
+        prompt_len, calls_per_round = 512, 3
+    else:
+        model, tokenizer, _ = load_model(None, device="cpu")
+        apply_cpu_plan(model)
+        prompt_len, calls_per_round = 256, 200
+    engine = Engine(model, tokenizer)
+    calls = _captured_calls(engine, _prompt(tokenizer, prompt_len))
+    if not calls:
+        raise SystemExit("this model's step does not run through rows_step here")
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as folder:
+        old = _build(then, Path(folder), "old")
+        new = _build(DECODE_OPS_SOURCE.read_text(), Path(folder), "new")
+        for rows, captured in sorted(calls.items()):
+            x, x0 = captured[1], captured[1].clone()  # the residual stream, updated in place
+            for threads in (1, 2):
+                call = (*captured[:-1], threads)
+                ratios = []
+                with torch.inference_mode():
+                    for r in range(args.rounds):
+                        spent = {}
+                        for name, kernel in [("old", old), ("new", new)][
+                            :: 1 if r % 2 == 0 else -1
+                        ]:
+                            for i in range(calls_per_round + 2):
+                                if i == 2:  # after a warm-up
+                                    t0 = time.perf_counter()
+                                x.copy_(x0)
+                                kernel.run(*call)
+                            spent[name] = time.perf_counter() - t0
+                        ratios.append(spent["new"] / spent["old"])
+                low, _, high = statistics.quantiles(ratios, n=4)
+                print(
+                    f"{rows} row(s), {threads} thread(s): new / old {statistics.median(ratios):.3f}"
+                    f" (quartiles {low:.3f}-{high:.3f}, {args.rounds} rounds)",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
