@@ -13,18 +13,16 @@ best time per step and the median and quartiles of the rounds' new/old ratios.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 from types import ModuleType
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its threads
 
 import torch
+from ab_rounds import comparison_parser, rounds, source_at
 
 from chatcli import decode_step
 from chatcli.bench import _prompt
@@ -33,18 +31,11 @@ from chatcli.engine import Engine
 from chatcli.kv_cache import SharedPrefixCache
 
 STEPS = 48
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module_at(revision: str) -> ModuleType:
     """chatcli/decode_step.py as it was at `revision`, imported under another name."""
-    source = subprocess.run(
-        ["git", "show", f"{revision}:chatcli/decode_step.py"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    source = source_at(revision, "chatcli/decode_step.py")
     module = ModuleType("decode_step_then")
     sys.modules[module.__name__] = module  # its dataclasses look their module up there
     exec(compile(source, f"{revision}:chatcli/decode_step.py", "exec"), module.__dict__)
@@ -52,13 +43,10 @@ def _module_at(revision: str) -> ModuleType:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--against", required=True, help="git revision to compare with")
-    parser.add_argument("--rounds", type=int, default=12, help="at least 2 (for quartiles)")
+    parser = comparison_parser(__doc__)
     parser.add_argument("--model", default=None, help="checkpoint (default: the embedded one)")
     args = parser.parse_args()
-    if args.rounds < 2:
-        parser.error("--rounds must be at least 2: the quartiles need two ratios")
+    rounds(parser, args)
     torch.set_num_threads(1)
     model, tokenizer, _ = load_model(args.model, device="cpu")
     engine = Engine(model, tokenizer)

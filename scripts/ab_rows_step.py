@@ -16,7 +16,6 @@ packed now, so the revision must read the same structs and panels.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import statistics
@@ -28,6 +27,7 @@ from pathlib import Path
 os.environ.setdefault("GOMP_SPINCOUNT", "100000")  # as the CLI runs (openmp_wait.py)
 
 import torch
+from ab_rounds import ROOT, comparison_parser, rounds, source_at
 
 from chatcli.bench import _prompt, synthetic_model
 from chatcli.checkpoint import load_model
@@ -35,8 +35,6 @@ from chatcli.cpu_plan import apply_cpu_plan
 from chatcli.engine import Engine
 from chatcli.native_kernels import DECODE_OPS_SOURCE, FLAGS, RowsStep
 from chatcli.quantize import default_half_kind
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _build(source: str, folder: Path, name: str) -> RowsStep:
@@ -68,18 +66,11 @@ def _captured_calls(engine: Engine, prompt: list[int]) -> dict[int, tuple]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--against", required=True, help="git revision to compare with")
-    parser.add_argument("--rounds", type=int, default=12, help="at least 2 (for quartiles)")
+    parser = comparison_parser(__doc__)
     parser.add_argument("--synthetic", default=None, help="d4, d12 or d20 (fp16 copies)")
     args = parser.parse_args()
-    if args.rounds < 2:
-        parser.error("--rounds must be at least 2")
-    relative = DECODE_OPS_SOURCE.relative_to(ROOT)
-    then = subprocess.run(
-        ["git", "show", f"{args.against}:{relative}"],
-        cwd=ROOT, check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+    n_rounds = rounds(parser, args)
+    then = source_at(args.against, str(DECODE_OPS_SOURCE.relative_to(ROOT)))
     if args.synthetic:
         torch.manual_seed(0)
         model, tokenizer = synthetic_model(args.synthetic)
@@ -104,7 +95,7 @@ def main() -> None:
                 call = (*captured[:-1], threads)
                 ratios = []
                 with torch.inference_mode():
-                    for r in range(args.rounds):
+                    for r in range(n_rounds):
                         spent = {}
                         for name, kernel in [("old", old), ("new", new)][
                             :: 1 if r % 2 == 0 else -1
@@ -119,7 +110,7 @@ def main() -> None:
                 low, _, high = statistics.quantiles(ratios, n=4)
                 print(
                     f"{rows} row(s), {threads} thread(s): new / old {statistics.median(ratios):.3f}"
-                    f" (quartiles {low:.3f}-{high:.3f}, {args.rounds} rounds)",
+                    f" (quartiles {low:.3f}-{high:.3f}, {n_rounds} rounds)",
                     flush=True,
                 )
 
