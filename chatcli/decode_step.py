@@ -332,14 +332,14 @@ class DecodeStep:
             return None
         source: dict[int, Matrix] = {}
         for m in self.matrices:
-            copies = m.copies
-            panels = getattr(copies[0], "half_panels", None) if len(copies) == 1 else None
             if m.weight_t is not None:
                 source[id(m)] = m.weight_t
-            elif panels is not None:
-                source[id(m)] = panels
-            else:
+                continue
+            copies = m.copies  # one fp16 copy (a stacked one for q, k and v) keeps panels
+            panels = getattr(copies[0], "half_panels", None) if len(copies) == 1 else None
+            if panels is None:
                 return None
+            source[id(m)] = panels
         tables = {t.dtype for la in self.layers if (t := la.ve_table) is not None}
         if not tables <= {torch.float32} and tables != {torch.bfloat16}:
             return None

@@ -95,7 +95,7 @@ class F16Rows:
         """weight (N, K) -> its fp16 panels as the kernel reads them (N * K halves)."""
         if not self.fits(weight):
             raise ValueError(f"f16_rows takes (N, K) with N a multiple of {self.panel}")
-        return pack_panels(weight.detach().t().to(torch.float16), self.panel)
+        return HalfPanels.of(weight.t(), self.panel).panels
 
     def __call__(self, panels: torch.Tensor, x: torch.Tensor, out: int) -> torch.Tensor:
         """panels from pack() of an (out, K) matrix, x (M, K) -> fp32 (M, out), M <=
