@@ -571,7 +571,7 @@ class DecodeStep:
             )  # fmt: skip
             cache.prev_token = idx
             cache.advance(1)
-            return logits[:, : self.vocab_size].tanh_().mul_(self.softcap)
+            return logits[:, : self.vocab_size]  # the softcap taken in the kernel
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)

@@ -247,6 +247,21 @@ class RowsStep:
         # fp16 matrices' panel width (HalfPanels), two a block; 0 where the CPU cannot
         # widen fp16 (no F16C) and the kernel reads fp32 only.
         self.half_panel = int(library.rows_half_panel())
+        # The softcap the step applies to its logits, alone (tests); an earlier revision's
+        # library (scripts/ab_rows_step.py builds them) may not have it.
+        self._softcap = getattr(library, "rows_softcap", None)
+        if self._softcap is not None:
+            self._softcap.restype = None
+            self._softcap.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_float]
+
+    def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
+        """x = cap * tanh(x) in place, as rows_step finishes its logits (contiguous fp32)."""
+        if self._softcap is None:
+            raise ValueError("this rows_step library has no softcap of its own")
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            raise ValueError("the softcap takes contiguous fp32")
+        self._softcap(x.data_ptr(), x.numel(), cap)
+        return x
 
     def model(
         self,
@@ -350,7 +365,7 @@ class RowsStep:
         ids (rows,) int64; cos/sin (D,); prefix: the shared (layers, 1, T, Hkv, D) keys and
         values, their first prefix_len positions attended, or None; suffix: the rows' own
         (layers, rows, Ts, Hkv, D), written at pos - prefix_len. Returns the logits
-        (rows, V) before the softcap's tanh (softcap * tanh(logits) completes them). A
+        (rows, V), the softcap applied (softcap * tanh(logits / softcap)). A
         ValueError for caches not laid out so (`takes`) or tensors of other types."""
         if not self.takes(model, x.size(0), prefix, suffix):
             raise ValueError("rows_step reads contiguous fp32 caches of the model's shape")
@@ -622,7 +637,7 @@ def _reference_rows_step(
             saved = x.clone()
     if saved is not None:
         x -= m.backout_lambda * saved
-    return (x @ dense(model.lm_head)) * scales(x) / m.softcap
+    return m.softcap * torch.tanh((x @ dense(model.lm_head)) * scales(x) / m.softcap)
 
 
 def rows_step_errors(

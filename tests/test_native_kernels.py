@@ -284,6 +284,28 @@ def test_rows_step_reads_bf16_value_embeddings_of_fp32_models():
     assert max(rows_step_errors(_ROWS, bf16_table=True)) < 1e-5
 
 
+@needs_rows
+@pytest.mark.parametrize("length", [200_003, 5])  # whole vectors and a tail; a tail alone
+def test_the_steps_softcap_is_cap_times_tanh_within_a_few_float_roundings(length):
+    cap = 15.0
+    z = torch.cat(
+        [
+            torch.linspace(-40, 40, 100_001),  # the series' side of 0.25 and the other's
+            torch.linspace(-0.3, 0.3, 100_001),
+            torch.logspace(-30, 1, 1000) * torch.tensor([1.0, -1.0]).repeat(500),
+            torch.tensor([float("inf"), float("-inf"), float("nan")]),
+        ]
+    )[-length:]
+    got = _ROWS.softcap(z.clone(), cap).double()
+    want = cap * torch.tanh(z.double())
+    finite = torch.isfinite(z) & (z != 0)
+    # torch's own fp32 tanh is within 1.1e-7 of the exact value here
+    assert ((got - want).abs() / want.abs())[finite].max() < 3e-7
+    assert torch.equal(got.isnan(), z.isnan())
+    far = z.abs() >= 9  # tanh rounds to 1 there: exactly +-cap, infinities too
+    assert torch.equal(got[far], cap * z[far].sign().double())
+
+
 def test_half_panels_are_the_fp16_matrix_in_f16_rows_layout():
     matrix = torch.randn(5, 24)  # (in, out)
     panels = HalfPanels.of(matrix, 8)
