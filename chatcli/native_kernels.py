@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 
 KERNELS_DIR = Path(__file__).parent / "kernels"
 SOURCE = KERNELS_DIR / "f16_matvec.c"
@@ -140,20 +141,35 @@ class _Model(ctypes.Structure):  # struct rows_model
 
 class _Cache(ctypes.Structure):  # struct rows_cache
     _fields_ = [
-        ("pkt", ctypes.c_void_p),
+        ("pk", ctypes.c_void_p),
         ("pv", ctypes.c_void_p),
-        *((name, ctypes.c_long) for name in ("pkt_layer", "pkt_ld", "p_layer", "prefix")),
+        ("prefix", ctypes.c_long),
         ("sk", ctypes.c_void_p),
         ("sv", ctypes.c_void_p),
         *((name, ctypes.c_long) for name in ("s_layer", "s_row", "pos")),
     ]
 
 
-def keys_by_dimension(keys: torch.Tensor, length: int) -> torch.Tensor:
-    """A (layers, 1, T, Hkv, D) cache's first `length` keys as rows_step reads a shared
-    prefix's: (layers, Hkv, D, length), contiguous. Made once for many steps: the prefix
-    does not change while rows decode over it."""
-    return keys[:, 0, :length].permute(0, 2, 3, 1).contiguous()
+def prefix_panels(
+    prefix: tuple[torch.Tensor, torch.Tensor], length: int, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A shared prefix's first `length` keys and values ((layers, 1, T, Hkv, D) caches) as
+    rows_step reads them, in panels of `block` columns (RowsStep.block): the keys
+    (layers, Hkv, P / block, D, block) for P the length rounded up to whole panels, the
+    values (layers, Hkv, Dp / block, length, block) for Dp the head width rounded up, zeros
+    in the padding. Made once for many steps: the prefix does not change while rows decode
+    over it."""
+    keys, values = (c[:, 0, :length] for c in prefix)  # (layers, T, Hkv, D)
+    layers, _, kv_heads, head_dim = keys.shape
+    padded = -(-length // block) * block
+    keys = F.pad(keys, (0, 0, 0, 0, 0, padded - length))  # pads T
+    keys = keys.view(layers, padded // block, block, kv_heads, head_dim)
+    wide = -(-head_dim // block) * block
+    values = F.pad(values, (0, wide - head_dim)).view(layers, length, kv_heads, -1, block)
+    return (
+        keys.permute(0, 3, 1, 4, 2).contiguous(),
+        values.permute(0, 2, 3, 1, 4).contiguous(),
+    )
 
 
 @dataclass(frozen=True)
@@ -375,7 +391,7 @@ class RowsStep:
             raise ValueError("rows_step takes one int64 id a row")
         shared = None
         if prefix is not None and prefix_len > 0:
-            shared = (keys_by_dimension(prefix[0], prefix_len), prefix[1])
+            shared = prefix_panels(prefix, prefix_len, self.block)
         return self.run(model, x, ids, cos, sin, shared, prefix_len, suffix, pos, threads)
 
     @staticmethod
@@ -409,18 +425,13 @@ class RowsStep:
         threads: int,
     ) -> torch.Tensor:
         """__call__ without its checks, for a caller that made them (`takes`) once; prefix
-        as (its keys_by_dimension, its values) or None."""
+        as its prefix_panels (of prefix_len positions and this kernel's block) or None."""
         m = model.struct
         sk, sv = suffix
-        if prefix is None:
-            pkt = pv = None
-            strides = (0, 0, 0, 0)
-        else:
-            pkt, pv = prefix
-            strides = (pkt.stride(0), pkt.size(3), pv.stride(0), prefix_len)
+        pk, pv = (None, None) if prefix is None else (prefix[0].data_ptr(), prefix[1].data_ptr())
         cache = _Cache(
-            None if pkt is None else pkt.data_ptr(), None if pv is None else pv.data_ptr(),
-            *strides, sk.data_ptr(), sv.data_ptr(), sk.stride(0), sk.stride(1), pos,
+            pk, pv, prefix_len if prefix is not None else 0,
+            sk.data_ptr(), sv.data_ptr(), sk.stride(0), sk.stride(1), pos,
         )  # fmt: skip
         logits = torch.empty(x.size(0), m.V)
         ids = ids.contiguous()  # a column of a (rows, steps) tensor is strided

@@ -248,6 +248,8 @@ _WIDE_HEADS = {"heads": (8, 1), "head_dim": 128, "widths": (64, 256, 64)}
             "windows": (8, 100, 3),
         },
         {"rows": 2, "prompt": 0, "pos": 0},  # the first position: one key, the row's own
+        # a window that starts inside the prompt, between two of its panels' first columns
+        {"rows": 8, "prompt": 40, "pos": 45, "windows": (100, 20), "head_dim": 24},
         {**_WIDE_HEADS, "rows": 4, "prompt": 300, "pos": 310},
     ],
 )
@@ -272,6 +274,7 @@ needs_half_rows = pytest.mark.skipif(
         {"rows": 8, "threads": 1},
         {"rows": 7},
         {**_WIDE_HEADS, "rows": 9, "prompt": 40, "pos": 50},
+        {"rows": 8, "prompt": 40, "pos": 45, "windows": (100, 20)},  # starts mid-prompt
     ],
 )
 def test_rows_step_reads_fp16_matrices_from_half_panels_as_torch_sums_them_widened(case):

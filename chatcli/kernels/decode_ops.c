@@ -307,29 +307,42 @@ static void product_tail(struct view x, long rows, long in, struct view w, long 
     }
 }
 
-/* y (rows, out) from x (rows, in) @ w (in, out), for `items` such products at once (the
- * heads of an attention): item i reads x + i x_step, w + (i / w_group) w_step (heads that
- * share a K/V head share its matrix), scale + i scale_step, and writes y + i y_step. Every
- * item's columns are shared by the team's threads, with one barrier for all (called inside
- * a parallel region: an orphaned `omp for`). */
-static void products(long items, struct view x, long x_step, long rows, long in, struct view w,
-                     long w_step, long w_group, long out, float *y, long y_step, long ld_y,
-                     const float *scale, long scale_step, enum epilogue how) {
-    long blocks = out / BLOCK, last = blocks + (out % BLOCK != 0);
+/* y (rows, width) from x (rows, in) @ w (in, width), for `items` such products at once
+ * (the heads of an attention), w in panels of BLOCK columns (a shared prefix's keys or
+ * values, packed once for all its steps: native_kernels.prefix_panels): item i reads
+ * x + i x_step, the panels from w + (i / w_group) w_step (heads that share a K/V head share
+ * them), panel_step apart, scale + i scale_step, and writes y + i y_step. The last panel's
+ * columns past `width` (zeros) are summed, not stored. Every item's blocks are shared by
+ * the team's threads, with one barrier for all (an orphaned `omp for`).
+ * Why panels: the cache's layout put a block's 16 columns of each input a whole position
+ * (Hkv D floats) apart, one cache line per input from all over memory; d20's 8 rows spent
+ * ~11 ms a step on a 512-token prefix's K/V that stream in ~4. */
+static void panel_products(long items, struct view x, long x_step, long rows, long in,
+                           const float *w, long w_step, long w_group, long panel_step,
+                           long width, float *y, long y_step, long ld_y, const float *scale,
+                           long scale_step, enum epilogue how) {
+    long blocks = (width + BLOCK - 1) / BLOCK;
 #pragma omp for schedule(static) collapse(2)
     for (long i = 0; i < items; i++) {
-        for (long b = 0; b < last; b++) {
-            struct view xi = {x.p + i * x_step, x.ld}, wi = {w.p + (i / w_group) * w_step, w.ld};
-            float *yi = y + i * y_step;
+        for (long b = 0; b < blocks; b++) {
+            struct view panel = {w + (i / w_group) * w_step + b * panel_step, BLOCK};
+            float *yi = y + i * y_step + b * BLOCK;
             const float *si = scale ? scale + i * scale_step : NULL;
-            if (b == blocks) { /* what is left of a width not in whole blocks (a vocabulary) */
-                product_tail(xi, rows, in, wi, blocks * BLOCK, out, yi, ld_y, si, how);
-                continue;
-            }
+            long cols = width - b * BLOCK < BLOCK ? width - b * BLOCK : BLOCK;
             for (long r = 0; r < rows; r += MAX_ROWS) {
-                struct view xr = {xi.p + r * xi.ld, xi.ld};
-                product_block(xr, rows - r < MAX_ROWS ? rows - r : MAX_ROWS, in, wi, b * BLOCK,
-                              yi + r * ld_y, ld_y, si ? si + r : NULL, how);
+                long n = rows - r < MAX_ROWS ? rows - r : MAX_ROWS;
+                struct view xr = {x.p + i * x_step + r * x.ld, x.ld};
+                if (cols == BLOCK) {
+                    product_block(xr, n, in, panel, 0, yi + r * ld_y, ld_y, si ? si + r : NULL,
+                                  how);
+                    continue;
+                }
+                float sums[MAX_ROWS * BLOCK] = {0}; /* a row's next columns are another's */
+                product_block(xr, n, in, panel, 0, sums, BLOCK, NULL, ADD);
+                for (long k = 0; k < n; k++)
+                    for (long c = 0; c < cols; c++)
+                        store_one(yi + (r + k) * ld_y + c, sums[k * BLOCK + c],
+                                  si ? si[r + k] : 1.0f, how);
             }
         }
     }
@@ -670,17 +683,21 @@ static void add_values(const float *p, long n, const float *values, long stride,
 }
 
 /* Where a step's keys and values are. The shared prefix (a prompt every row attends), its
- * first `prefix` positions: its keys transposed (pkt: layer 0 of (layers, Hkv, D, pkt_ld),
- * so that the rows' scores over it are one product per K/V head) and its values (pv: layer
- * 0 of a (layers, 1, positions, Hkv, D) cache); NULL when prefix is 0. Then each row's own
- * (sk, sv: layer 0 of a (layers, rows, Ts, Hkv, D) cache, this step's k and v written at
+ * first `prefix` positions, packed in panels of BLOCK columns (native_kernels.prefix_panels):
+ * pk the keys, layer 0 of (layers, Hkv, P / BLOCK, D, BLOCK) for P the prefix rounded up
+ * to whole panels (zeros past it), so that the rows' scores over it are one product per
+ * K/V head; pv the values, layer 0 of (layers, Hkv, Dp / BLOCK, prefix, BLOCK) for Dp the
+ * head's width rounded up (zeros past it); NULL when prefix is 0. Then each row's own (sk,
+ * sv: layer 0 of a (layers, rows, Ts, Hkv, D) cache, this step's k and v written at
  * pos - prefix). Strides in floats. */
 struct rows_cache {
-    const float *pkt, *pv;
-    long pkt_layer, pkt_ld, p_layer, prefix;
+    const float *pk, *pv;
+    long prefix;
     float *sk, *sv;
     long s_layer, s_row, pos;
 };
+
+static long whole_blocks(long n) { return (n + BLOCK - 1) / BLOCK * BLOCK; }
 
 /* Scratch of one step, on the heap: a long window on a server's worker thread must not meet
  * its stack. q and the scores are head-major, (H, rows, ...): a K/V head's queries are then
@@ -700,13 +717,18 @@ static inline float table_at(const void *table, long i, long bf16) {
 
 /* One layer of the step (inside the step's parallel region: every loop an orphaned omp for). */
 static void layer(const struct rows_model *m, const struct rows_layer *w, float *x, long rows,
-                  const long *ids, const float *cos_, const float *sin_, const float *pkt,
+                  const long *ids, const float *cos_, const float *sin_, const float *pk,
                   const float *pv, float *sk, float *sv, const struct rows_cache *c,
                   const struct scratch *t, long span) {
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D, N = rows;
     long width = (H + 2 * Hkv) * D, kv = Hkv * D, group = H / Hkv;
     long start = c->pos - w->window > 0 ? c->pos - w->window : 0;
     long p_from = start < c->prefix ? start : c->prefix, n_prefix = c->prefix - p_from;
+    /* The prefix's scores start at a panel's first column: the `skip` before the window's
+     * start are computed, then left out of the softmax (zeros, which the values' product
+     * then adds). n_cols: the prefix's columns of a row's scores. */
+    long p_at = n_prefix > 0 ? p_from - p_from % BLOCK : c->prefix, skip = p_from - p_at;
+    long n_cols = c->prefix - p_at, Dp = whole_blocks(D);
     long s_at = c->pos - c->prefix, s_from = start > c->prefix ? start - c->prefix : 0;
     long n_suffix = s_at - s_from + 1;
 #pragma omp for schedule(static)
@@ -737,10 +759,10 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
                       D, m->norm_scale, m->norm_eps);
     }
     /* Scores over the prefix: each K/V head's queries (its heads' rows) times its keys. */
-    if (n_prefix > 0)
-        products(Hkv, (struct view){t->q, D}, group * N * D, group * N, D,
-                 (struct view){pkt + p_from, c->pkt_ld}, D * c->pkt_ld, 1, n_prefix, t->scores,
-                 group * N * span, span, t->att_scale, 0, STORE_SCALED);
+    if (n_cols > 0)
+        panel_products(Hkv, (struct view){t->q, D}, group * N * D, group * N, D,
+                       pk + p_at / BLOCK * D * BLOCK, whole_blocks(c->prefix) * D, 1, D * BLOCK,
+                       n_cols, t->scores, group * N * span, span, t->att_scale, 0, STORE_SCALED);
     /* Each query's scores over its row's own keys, then the softmax over both. */
 #pragma omp for schedule(static) collapse(2)
     for (long h = 0; h < H; h++) {
@@ -753,29 +775,30 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
                 for (; i + 4 <= n_suffix; i += 4) {
                     float four[4];
                     dot4(qh, keys + i * kv, kv, D, four);
-                    for (int j = 0; j < 4; j++) p[n_prefix + i + j] = m->att_scale * four[j];
+                    for (int j = 0; j < 4; j++) p[n_cols + i + j] = m->att_scale * four[j];
                 }
             }
             for (; i < n_suffix; i++) {
                 const float *k = keys + i * kv;
-                p[n_prefix + i] = m->att_scale * (D % VW ? dot(qh, k, D) : dot_lanes(qh, k, D));
+                p[n_cols + i] = m->att_scale * (D % VW ? dot(qh, k, D) : dot_lanes(qh, k, D));
             }
-            for (long i = 0; i < n_prefix + n_suffix; i++) top = p[i] > top ? p[i] : top;
-            t->inv_total[h * N + n] = 1.0f / exp_scores(p, n_prefix + n_suffix, top);
+            for (long i = skip; i < n_cols + n_suffix; i++) top = p[i] > top ? p[i] : top;
+            t->inv_total[h * N + n] = 1.0f / exp_scores(p + skip, n_cols - skip + n_suffix, top);
+            memset(p, 0, sizeof(float) * skip);
         }
     }
     /* The values: the prefix's through one product a head (which stores y), then each
      * row's own. */
-    if (n_prefix > 0)
-        products(H, (struct view){t->scores, span}, N * span, N, n_prefix,
-                 (struct view){pv + p_from * kv, kv}, D, group, D, t->y, D, H * D, t->inv_total,
-                 N, STORE_SCALED);
+    if (n_cols > 0)
+        panel_products(H, (struct view){t->scores, span}, N * span, N, n_cols,
+                       pv + p_at * BLOCK, Dp * c->prefix, group, c->prefix * BLOCK, D, t->y, D,
+                       H * D, t->inv_total, N, STORE_SCALED);
 #pragma omp for schedule(static) collapse(2)
     for (long n = 0; n < N; n++) {
         for (long h = 0; h < H; h++) {
             float *out = t->y + n * H * D + h * D;
-            if (n_prefix == 0) memset(out, 0, sizeof(float) * D);
-            add_values(t->scores + (h * N + n) * span + n_prefix, n_suffix,
+            if (n_cols == 0) memset(out, 0, sizeof(float) * D);
+            add_values(t->scores + (h * N + n) * span + n_cols, n_suffix,
                        sv + n * c->s_row + s_from * kv + (h / group) * D, kv, D,
                        t->inv_total[h * N + n], out);
         }
@@ -801,7 +824,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
     /* fp16 widths in whole panels (VW a power of two: one test for all four) */
     if (m->half && (!HALF_WEIGHTS || (width | C | F | m->V) % VW)) return -1;
     if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 || c->pos < c->prefix ||
-        (c->prefix > 0 && (!c->pkt || !c->pv || c->pkt_ld < c->prefix)))
+        (c->prefix > 0 && (!c->pk || !c->pv)))
         return -1;
     struct scratch t;
     long size = rows * (2 * C + 1 + width + 2 * H * D + H * span + F + 2 * H);
@@ -817,7 +840,8 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
     {
         for (long i = 0; i < m->n_layers; i++) {
             layer(m, m->layers + i, x, rows, ids, cos_, sin_,
-                  c->pkt ? c->pkt + i * c->pkt_layer : NULL, c->pv ? c->pv + i * c->p_layer : NULL,
+                  c->pk ? c->pk + i * Hkv * whole_blocks(c->prefix) * D : NULL,
+                  c->pv ? c->pv + i * Hkv * whole_blocks(D) * c->prefix : NULL,
                   c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, &t, span);
             if (i == m->backout_layer) {
 #pragma omp for schedule(static)
