@@ -62,7 +62,7 @@ from chatcli.model import (
     through_copy,
     weight_major,
 )
-from chatcli.native_kernels import Matrix, RowsLayer, RowsModel, prefix_panels, rows_step
+from chatcli.native_kernels import Matrix, RowsLayer, RowsModel, rows_step
 from chatcli.quantize import DecodeWeight
 
 # Elements of a stacked matrix (a copy of its parts): d20's q, k and v are 4.9M (20 MB).
@@ -383,7 +383,7 @@ class DecodeStep:
 
     def _kernel_takes(self, cache: KVCache | SharedPrefixCache, rows: int) -> bool:
         """Whether rows_step reads this cache, checked once a cache (a layout is for life),
-        and its shared prefix's keys and values as the kernel reads them (prefix_panels),
+        and its shared prefix's keys and values as the kernel reads them (pack_prefix),
         made once: the prefix does not change while sample rows decode over it."""
         if self._rows_model is None:
             return False
@@ -392,7 +392,7 @@ class DecodeStep:
             self._rows_takes = rows_step().takes(self._rows_model, rows, prefix, suffix)
             self._rows_cache, self._rows_prefix = cache, None
             if self._rows_takes and prefix is not None and prefix_len > 0:
-                self._rows_prefix = prefix_panels(prefix, prefix_len, rows_step().block)
+                self._rows_prefix = rows_step().pack_prefix(prefix, prefix_len, available_cores())
         return self._rows_takes
 
     @property

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 
 KERNELS_DIR = Path(__file__).parent / "kernels"
 SOURCE = KERNELS_DIR / "f16_matvec.c"
@@ -150,28 +149,6 @@ class _Cache(ctypes.Structure):  # struct rows_cache
     ]
 
 
-def prefix_panels(
-    prefix: tuple[torch.Tensor, torch.Tensor], length: int, block: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A shared prefix's first `length` keys and values ((layers, 1, T, Hkv, D) caches) as
-    rows_step reads them, in panels of `block` columns (RowsStep.block): the keys
-    (layers, Hkv, P / block, D, block) for P the length rounded up to whole panels, the
-    values (layers, Hkv, Dp / block, length, block) for Dp the head width rounded up, zeros
-    in the padding. Made once for many steps: the prefix does not change while rows decode
-    over it."""
-    keys, values = (c[:, 0, :length] for c in prefix)  # (layers, T, Hkv, D)
-    layers, _, kv_heads, head_dim = keys.shape
-    padded = -(-length // block) * block
-    keys = F.pad(keys, (0, 0, 0, 0, 0, padded - length))  # pads T
-    keys = keys.view(layers, padded // block, block, kv_heads, head_dim)
-    wide = -(-head_dim // block) * block
-    values = F.pad(values, (0, wide - head_dim)).view(layers, length, kv_heads, -1, block)
-    return (
-        keys.permute(0, 3, 1, 4, 2).contiguous(),
-        values.permute(0, 2, 3, 1, 4).contiguous(),
-    )
-
-
 @dataclass(frozen=True)
 class HalfPanels:
     """An fp16 (in, out) matrix packed in panels of `panel` columns (pack_panels), the
@@ -265,10 +242,35 @@ class RowsStep:
         self.half_panel = int(library.rows_half_panel())
         # The softcap the step applies to its logits, alone (tests); an earlier revision's
         # library (scripts/ab_rows_step.py builds them) may not have it.
+        self._pack = library.rows_pack_prefix
+        self._pack.restype = None
+        self._pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 5
+        self._pack.argtypes += [ctypes.c_void_p] * 2 + [ctypes.c_int]
         self._softcap = getattr(library, "rows_softcap", None)
         if self._softcap is not None:
             self._softcap.restype = None
             self._softcap.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_float]
+
+    def pack_prefix(
+        self, prefix: tuple[torch.Tensor, torch.Tensor], length: int, threads: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A shared prefix's first `length` keys and values ((layers, 1, T, Hkv, D) caches,
+        contiguous fp32: `takes`) as the step reads them, in panels of `block` columns: the
+        keys (layers, Hkv, P / block, D, block) for P the length rounded up to whole
+        panels, the values (layers, Hkv, Dp / block, length, block) for Dp the head width
+        rounded up, zeros in the padding. Made once for many steps: the prefix does not
+        change while rows decode over it."""
+        keys, values = prefix
+        layers, _, _, kv_heads, head_dim = keys.shape
+        b = self.block
+        padded, wide = -(-length // b) * b, -(-head_dim // b) * b
+        pk = torch.empty(layers, kv_heads, padded // b, head_dim, b)
+        pv = torch.empty(layers, kv_heads, wide // b, length, b)
+        self._pack(
+            keys.data_ptr(), values.data_ptr(), layers, keys.stride(0), kv_heads, head_dim,
+            length, pk.data_ptr(), pv.data_ptr(), threads,
+        )  # fmt: skip
+        return pk, pv
 
     def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
         """x = cap * tanh(x) in place, as rows_step finishes its logits (contiguous fp32)."""
@@ -391,7 +393,7 @@ class RowsStep:
             raise ValueError("rows_step takes one int64 id a row")
         shared = None
         if prefix is not None and prefix_len > 0:
-            shared = prefix_panels(prefix, prefix_len, self.block)
+            shared = self.pack_prefix(prefix, prefix_len, threads)
         return self.run(model, x, ids, cos, sin, shared, prefix_len, suffix, pos, threads)
 
     @staticmethod
@@ -425,7 +427,7 @@ class RowsStep:
         threads: int,
     ) -> torch.Tensor:
         """__call__ without its checks, for a caller that made them (`takes`) once; prefix
-        as its prefix_panels (of prefix_len positions and this kernel's block) or None."""
+        as its pack_prefix (of prefix_len positions) or None."""
         m = model.struct
         sk, sv = suffix
         pk, pv = (None, None) if prefix is None else (prefix[0].data_ptr(), prefix[1].data_ptr())

@@ -309,6 +309,29 @@ def test_the_steps_softcap_is_cap_times_tanh_within_a_few_float_roundings(length
     assert torch.equal(got[far], cap * z[far].sign().double())
 
 
+def _panels(prefix: tuple[torch.Tensor, torch.Tensor], length: int, block: int):
+    """RowsStep.pack_prefix's layout in torch: keys (layers, Hkv, P / block, D, block),
+    values (layers, Hkv, Dp / block, length, block), zero-padded to whole panels."""
+    keys, values = (c[:, 0, :length] for c in prefix)  # (layers, T, Hkv, D)
+    layers, _, kv_heads, head_dim = keys.shape
+    padded, wide = -(-length // block) * block, -(-head_dim // block) * block
+    keys = torch.nn.functional.pad(keys, (0, 0, 0, 0, 0, padded - length))
+    keys = keys.view(layers, padded // block, block, kv_heads, head_dim).permute(0, 3, 1, 4, 2)
+    values = torch.nn.functional.pad(values, (0, wide - head_dim))
+    values = values.view(layers, length, kv_heads, wide // block, block).permute(0, 2, 3, 1, 4)
+    return keys.contiguous(), values.contiguous()
+
+
+@needs_rows
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("length", "head_dim"), [(40, 24), (32, 64), (1, 16), (300, 20)])
+def test_the_prefix_is_packed_in_panels_of_a_block_padded_with_zeros(length, head_dim, threads):
+    prefix = tuple(torch.randn(3, 1, length + 5, 2, head_dim) for _ in range(2))
+    keys, values = _ROWS.pack_prefix(prefix, length, threads)
+    want_keys, want_values = _panels(prefix, length, _ROWS.block)
+    assert torch.equal(keys, want_keys) and torch.equal(values, want_values)
+
+
 def test_half_panels_are_the_fp16_matrix_in_f16_rows_layout():
     matrix = torch.randn(5, 24)  # (in, out)
     panels = HalfPanels.of(matrix, 8)
