@@ -240,12 +240,14 @@ class RowsStep:
         # fp16 matrices' panel width (HalfPanels), two a block; 0 where the CPU cannot
         # widen fp16 (no F16C) and the kernel reads fp32 only.
         self.half_panel = int(library.rows_half_panel())
-        # The softcap the step applies to its logits, alone (tests); an earlier revision's
-        # library (scripts/ab_rows_step.py builds them) may not have it.
-        self._pack = library.rows_pack_prefix
-        self._pack.restype = None
-        self._pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 5
-        self._pack.argtypes += [ctypes.c_void_p] * 2 + [ctypes.c_int]
+        # The prefix's packing and the softcap alone: an earlier revision's library
+        # (scripts/ab_rows_step.py builds them to time `run` on calls packed by this one)
+        # may have neither.
+        self._pack = getattr(library, "rows_pack_prefix", None)
+        if self._pack is not None:
+            self._pack.restype = None
+            self._pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 6
+            self._pack.argtypes += [ctypes.c_void_p] * 2 + [ctypes.c_int]
         self._softcap = getattr(library, "rows_softcap", None)
         if self._softcap is not None:
             self._softcap.restype = None
@@ -260,15 +262,23 @@ class RowsStep:
         panels, the values (layers, Hkv, Dp / block, length, block) for Dp the head width
         rounded up, zeros in the padding. Made once for many steps: the prefix does not
         change while rows decode over it."""
+        if self._pack is None:
+            raise ValueError("this rows_step library packs no prefix")
         keys, values = prefix
-        layers, _, _, kv_heads, head_dim = keys.shape
+        layers, _, positions, kv_heads, head_dim = keys.shape
+        rows = (kv_heads * head_dim, head_dim, 1)  # each position's heads contiguous
+        for c in prefix:
+            if c.dtype != torch.float32 or c.dim() != 5 or c.stride()[2:] != rows:
+                raise ValueError("the prefix's keys and values: (layers, 1, T, Hkv, D) fp32")
+        if values.shape != keys.shape or not 0 < length <= positions:
+            raise ValueError(f"a prefix of {length} positions from caches of {positions}")
         b = self.block
         padded, wide = -(-length // b) * b, -(-head_dim // b) * b
-        pk = torch.empty(layers, kv_heads, padded // b, head_dim, b)
-        pv = torch.empty(layers, kv_heads, wide // b, length, b)
+        pk = torch.empty(layers, kv_heads, padded // b, head_dim, b, dtype=torch.float32)
+        pv = torch.empty(layers, kv_heads, wide // b, length, b, dtype=torch.float32)
         self._pack(
-            keys.data_ptr(), values.data_ptr(), layers, keys.stride(0), kv_heads, head_dim,
-            length, pk.data_ptr(), pv.data_ptr(), threads,
+            keys.data_ptr(), values.data_ptr(), layers, keys.stride(0), values.stride(0),
+            kv_heads, head_dim, length, pk.data_ptr(), pv.data_ptr(), threads,
         )  # fmt: skip
         return pk, pv
 

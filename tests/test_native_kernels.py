@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 
@@ -256,6 +257,56 @@ _WIDE_HEADS = {"heads": (8, 1), "head_dim": 128, "widths": (64, 256, 64)}
 def test_rows_step_equals_torchs_layers_and_writes_the_rows_keys_and_values(case):
     logits, keys, values = rows_step_errors(_ROWS, **case)
     assert logits < 1e-5 and keys < 1e-5 and values < 1e-5
+
+
+@needs_compiler
+@pytest.mark.skipif(os.environ.get("CHATCLI_NATIVE_KERNELS") == "0", reason="turned off")
+@pytest.mark.skipif(platform.system() != "Linux", reason="OpenMP is cc's own only on Linux")
+def test_the_step_kernel_loads_wherever_a_compiler_does():
+    # A library that fails its load check leaves rows_step() None, which skips every test
+    # of it above and below: that must fail here instead.
+    assert _ROWS is not None, native_kernels.unavailable_reason("rows_step")
+
+
+def _panel_case(where: str, block: int) -> dict:
+    """A step over a prompt whose attention window starts where a panel of the packed
+    prompt (RowsStep.pack_prefix, `block` columns) makes it a case of its own."""
+    if where == "inside the last, partial panel":  # fewer than a panel of columns, 3 skipped
+        prompt, start = 2 * block + block // 2, 2 * block + 3
+    elif where == "on a panel's first column":  # nothing skipped, panels before it unread
+        prompt, start = 2 * block + 5, block
+    else:  # "in a prompt of whole panels"
+        prompt, start = 2 * block, block + 1
+    pos = prompt + 5
+    return {"rows": 8, "prompt": prompt, "pos": pos, "windows": (100, pos - start)}
+
+
+@needs_rows
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("head_dim", [16, 40])  # 40: values padded past a whole panel
+@pytest.mark.parametrize(
+    "where",
+    ["inside the last, partial panel", "on a panel's first column", "in a prompt of whole panels"],
+)
+def test_rows_step_reads_the_packed_prompt_wherever_a_window_starts(where, head_dim, threads):
+    case = _panel_case(where, _ROWS.block)
+    errors = rows_step_errors(_ROWS, head_dim=head_dim, threads=threads, **case)
+    assert max(errors) < 1e-5
+
+
+@needs_rows
+def test_rows_step_takes_the_softcap_of_many_rows_of_a_long_vocabulary_on_both_cores():
+    # 5 x 1000 logits: chunks of the softcap end mid-row, and the last is a partial one
+    assert max(rows_step_errors(_ROWS, rows=5, widths=(64, 128, 1000))) < 1e-5
+
+
+@needs_rows
+def test_a_prefix_longer_than_its_cache_is_refused():
+    prefix = tuple(torch.randn(2, 1, 10, 2, 16) for _ in range(2))
+    with pytest.raises(ValueError, match="11 positions"):
+        _ROWS.pack_prefix(prefix, 11)
+    with pytest.raises(ValueError, match="fp32"):
+        _ROWS.pack_prefix((prefix[0], prefix[1].transpose(3, 4).contiguous()), 4)
 
 
 needs_half_rows = pytest.mark.skipif(

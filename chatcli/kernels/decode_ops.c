@@ -716,18 +716,18 @@ struct rows_cache {
 static long whole_blocks(long n) { return (n + BLOCK - 1) / BLOCK * BLOCK; }
 
 /* A shared prefix's first `length` positions of keys k and values v (layer 0 of
- * (layers, 1, T, Hkv, D) caches, `layer` floats a layer) packed as struct rows_cache reads
- * them into pk and pv (whole_blocks(length) * Hkv * D and length * Hkv * whole_blocks(D)
+ * (layers, 1, T, Hkv, D) caches, k_layer and v_layer floats a layer) packed as struct
+ * rows_cache reads them into pk and pv (whole_blocks(length) * Hkv * D and length * Hkv * whole_blocks(D)
  * floats a layer), on `threads` cores. Once a generation of sample rows; torch's strided
  * copies of the same layout took 4.4 ms for the embedded model's 256-token prompt, 167 for
  * d20's 512, most of a 48-step bench's gain. */
-void rows_pack_prefix(const float *k, const float *v, long layers, long layer, long Hkv, long D,
-                      long length, float *pk, float *pv, int threads) {
+void rows_pack_prefix(const float *k, const float *v, long layers, long k_layer, long v_layer,
+                      long Hkv, long D, long length, float *pk, float *pv, int threads) {
     long P = whole_blocks(length), Dp = whole_blocks(D), kv = Hkv * D;
 #pragma omp parallel for schedule(static) collapse(2) num_threads(threads)
     for (long l = 0; l < layers; l++) {
         for (long h = 0; h < Hkv; h++) {
-            const float *kh = k + l * layer + h * D, *vh = v + l * layer + h * D;
+            const float *kh = k + l * k_layer + h * D, *vh = v + l * v_layer + h * D;
             float *keys = pk + (l * Hkv + h) * P * D, *values = pv + (l * Hkv + h) * Dp * length;
             for (long t = 0; t < P; t++) { /* panel t / BLOCK: (D, BLOCK), column t % BLOCK */
                 float *col = keys + (t / BLOCK) * D * BLOCK + t % BLOCK;
