@@ -19,6 +19,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Built with -DROWS_STEP_PHASES (scripts/rows_step_phases.py, never chatcli), the first
+ * thread adds each phase's time, its barrier included, to rows_step_phases()[phase]. */
+#ifdef ROWS_STEP_PHASES
+#include <omp.h>
+static double phase_seconds[16], phase_start;
+double *rows_step_phases(void) { return phase_seconds; }
+#define PHASE(i)                                                                               \
+    do {                                                                                       \
+        if (omp_get_thread_num() == 0) {                                                       \
+            double now_ = omp_get_wtime();                                                     \
+            if ((i) >= 0) phase_seconds[i] += now_ - phase_start;                              \
+            phase_start = now_;                                                                \
+        }                                                                                      \
+    } while (0)
+#else
+#define PHASE(i) (void)0
+#endif
+
 #define LANES 8
 
 static float dot(const float *a, const float *b, long n) {
@@ -779,7 +797,9 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
             x[n * C + j] = w->resid_lambda * x[n * C + j] + w->x0_lambda * t->x0[n * C + j];
         t->s[n] = 1.0f / sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps);
     }
+    PHASE(0);
     matrix(m, x, N, C, w->qkv, width, t->qkv, t->s, STORE_SCALED);
+    PHASE(1);
 #pragma omp for schedule(static)
     for (long n = 0; n < N; n++) {
         const float *r = t->qkv + n * width;
@@ -800,11 +820,13 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
             rope_norm(r + h * D, h < H ? t->q + (h * N + n) * D : k_at + (h - H) * D, cos_, sin_,
                       D, m->norm_scale, m->norm_eps);
     }
+    PHASE(2);
     /* Scores over the prefix: each K/V head's queries (its heads' rows) times its keys. */
     if (n_cols > 0)
         panel_products(Hkv, (struct view){t->q, D}, group * N * D, group * N, D,
                        pk + p_at / BLOCK * D * BLOCK, whole_blocks(c->prefix) * D, 1, D * BLOCK,
                        n_cols, t->scores, group * N * span, span, t->att_scale, 0, STORE_SCALED);
+    PHASE(3);
     /* Each query's scores over its row's own keys, then the softmax over both. */
 #pragma omp for schedule(static) collapse(2)
     for (long h = 0; h < H; h++) {
@@ -829,12 +851,14 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
             memset(p, 0, sizeof(float) * skip);
         }
     }
+    PHASE(4);
     /* The values: the prefix's through one product a head (which stores y), then each
      * row's own. */
     if (n_cols > 0)
         panel_products(H, (struct view){t->scores, span}, N * span, N, n_cols,
                        pv + p_at * BLOCK, Dp * c->prefix, group, c->prefix * BLOCK, D, t->y, D,
                        H * D, t->inv_total, N, STORE_SCALED);
+    PHASE(5);
 #pragma omp for schedule(static) collapse(2)
     for (long n = 0; n < N; n++) {
         for (long h = 0; h < H; h++) {
@@ -845,10 +869,15 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
                        t->inv_total[h * N + n], out);
         }
     }
+    PHASE(6);
     matrix(m, t->y, N, H * D, w->proj, C, x, NULL, ADD);
+    PHASE(7);
     row_scales(x, N, C, m->eps, t->s);
+    PHASE(8);
     matrix(m, x, N, C, w->fc, F, t->u, t->s, RELU_SQUARED);
+    PHASE(9);
     matrix(m, t->u, N, F, w->fc_proj, C, x, NULL, ADD);
+    PHASE(10);
 }
 
 /* Every layer of one decode step of `rows` rows, then the vocabulary's products.
@@ -880,6 +909,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
     memcpy(t.x0, x, sizeof(float) * rows * C);
 #pragma omp parallel num_threads(threads)
     {
+        PHASE(-1);
         for (long i = 0; i < m->n_layers; i++) {
             layer(m, m->layers + i, x, rows, ids, cos_, sin_,
                   c->pk ? c->pk + i * Hkv * whole_blocks(c->prefix) * D : NULL,
@@ -897,6 +927,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
             /* the last norm and the softcap's division: one scale a row */
             t.s[n] = 1.0f / (m->softcap * sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps));
         }
+        PHASE(11);
         matrix(m, x, rows, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
         /* the softcap on both cores, in chunks: one row of a 65536 vocabulary is ~60 us */
         long total = rows * m->V, chunks = (total + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK;
@@ -906,6 +937,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
             rows_softcap(logits + from, total - from < SOFTCAP_CHUNK ? total - from : SOFTCAP_CHUNK,
                          m->softcap);
         }
+        PHASE(12);
     }
     free(t.x0);
     return 0;
