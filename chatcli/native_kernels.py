@@ -438,6 +438,8 @@ class RowsStep:
     ) -> torch.Tensor:
         """__call__ without its checks, for a caller that made them (`takes`) once; prefix
         as its pack_prefix (of prefix_len positions) or None."""
+        if prefix is not None and prefix[1].size(3) != prefix_len:  # the kernel trusts it
+            raise ValueError(f"a prefix packed for {prefix[1].size(3)} positions, not {prefix_len}")
         m = model.struct
         sk, sv = suffix
         pk, pv = (None, None) if prefix is None else (prefix[0].data_ptr(), prefix[1].data_ptr())

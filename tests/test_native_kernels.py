@@ -307,6 +307,10 @@ def test_a_prefix_longer_than_its_cache_is_refused():
         _ROWS.pack_prefix(prefix, 11)
     with pytest.raises(ValueError, match="fp32"):
         _ROWS.pack_prefix((prefix[0], prefix[1].transpose(3, 4).contiguous()), 4)
+    packed = _ROWS.pack_prefix(prefix, 6)
+    x = torch.randn(1, 8)
+    with pytest.raises(ValueError, match="packed for 6 positions, not 7"):
+        _ROWS.run(None, x, None, None, None, packed, 7, (x, x), 7, 1)  # type: ignore[arg-type]
 
 
 needs_half_rows = pytest.mark.skipif(

@@ -290,11 +290,12 @@ static inline void store_one(float *y, float acc, float scale, enum epilogue how
     }
 }
 
-/* Columns j..out-1 (fewer than BLOCK) of the same product: copied into a block of zeros
- * and summed as a whole block, the epilogue on the columns that exist. Why: a shared
- * prompt's length is rarely whole blocks, and its scores' last columns a column at a time
- * (one chain of scalar adds each) took ~6% of the embedded model's 8-row step, all on
- * one thread while the other waited. A column at a time where the copy cannot be made. */
+/* Columns j..out-1 (fewer than BLOCK) of the same product, a matrix whose width is not
+ * whole blocks (a vocabulary's): copied into a block of zeros and summed as a whole block,
+ * the epilogue on the columns that exist. Summed a column at a time (one chain of scalar
+ * adds each), a shared prompt's last scores, which took this path before they were read
+ * from panels, took ~6% of the embedded model's 8-row step, all on one thread while the
+ * other waited. A column at a time where the copy cannot be made. */
 static void product_tail(struct view x, long rows, long in, struct view w, long j, long out,
                          float *y, long ld_y, const float *scale, enum epilogue how) {
     long width = out - j;
@@ -735,10 +736,11 @@ static long whole_blocks(long n) { return (n + BLOCK - 1) / BLOCK * BLOCK; }
 
 /* A shared prefix's first `length` positions of keys k and values v (layer 0 of
  * (layers, 1, T, Hkv, D) caches, k_layer and v_layer floats a layer) packed as struct
- * rows_cache reads them into pk and pv (whole_blocks(length) * Hkv * D and length * Hkv * whole_blocks(D)
- * floats a layer), on `threads` cores. Once a generation of sample rows; torch's strided
- * copies of the same layout took 4.4 ms for the embedded model's 256-token prompt, 167 for
- * d20's 512, most of a 48-step bench's gain. */
+ * rows_cache reads them, into pk (whole_blocks(length) Hkv D floats a layer) and pv
+ * (length Hkv whole_blocks(D)), on `threads` cores. Once a generation of sample rows, in C
+ * because torch's strided copies of the same layout took 4.4 ms for the embedded model's
+ * 256-token prompt and 167 for d20's 512 (0.7 and 59 here): more, over a 48-step
+ * generation of d20, than the panels save. */
 void rows_pack_prefix(const float *k, const float *v, long layers, long k_layer, long v_layer,
                       long Hkv, long D, long length, float *pk, float *pv, int threads) {
     long P = whole_blocks(length), Dp = whole_blocks(D), kv = Hkv * D;
@@ -929,7 +931,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
         }
         PHASE(11);
         matrix(m, x, rows, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
-        /* the softcap on both cores, in chunks: one row of a 65536 vocabulary is ~60 us */
+        /* the softcap on both cores, in chunks: a row of a 65536 vocabulary is ~65 us */
         long total = rows * m->V, chunks = (total + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK;
 #pragma omp for schedule(static)
         for (long i = 0; i < chunks; i++) {
