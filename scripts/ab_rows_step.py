@@ -37,12 +37,35 @@ from chatcli.native_kernels import DECODE_OPS_SOURCE, FLAGS, RowsStep
 from chatcli.quantize import default_half_kind
 
 
-def _build(source: str, folder: Path, name: str) -> RowsStep:
-    """decode_ops.c's text compiled into `folder` and loaded."""
+def build_rows_step(
+    source: str, folder: Path, name: str, extra: tuple[str, ...] = ()
+) -> tuple[RowsStep, ctypes.CDLL]:
+    """decode_ops.c's text compiled into `folder` (the flags native_kernels uses, then
+    `extra`) and loaded: the kernel, and the library for what else it exports."""
     c_file, library = folder / f"{name}.c", folder / f"{name}.so"
     c_file.write_text(source)
-    subprocess.run(["cc", *FLAGS, str(c_file), "-o", str(library)], check=True)
-    return RowsStep(ctypes.CDLL(str(library)))
+    subprocess.run(["cc", *FLAGS, *extra, str(c_file), "-o", str(library)], check=True)
+    loaded = ctypes.CDLL(str(library))
+    return RowsStep(loaded), loaded
+
+
+def captured_calls(synthetic: str | None) -> dict[int, tuple]:
+    """The embedded model's captured calls (_captured_calls) over a 256-token prompt, or a
+    synthetic model's with its fp16 copies over 512 tokens."""
+    if synthetic:
+        torch.manual_seed(0)
+        model, tokenizer = synthetic_model(synthetic)
+        apply_cpu_plan(model)
+        model.add_decode_weights(default_half_kind())
+        prompt_len = 512
+    else:
+        model, tokenizer, _ = load_model(None, device="cpu")
+        apply_cpu_plan(model)
+        prompt_len = 256
+    calls = _captured_calls(Engine(model, tokenizer), _prompt(tokenizer, prompt_len))
+    if not calls:
+        raise SystemExit("this model's step does not run through rows_step here")
+    return calls
 
 
 def _captured_calls(engine: Engine, prompt: list[int]) -> dict[int, tuple]:
@@ -71,24 +94,12 @@ def main() -> None:
     args = parser.parse_args()
     n_rounds = rounds(parser, args)
     then = source_at(args.against, str(DECODE_OPS_SOURCE.relative_to(ROOT)))
-    if args.synthetic:
-        torch.manual_seed(0)
-        model, tokenizer = synthetic_model(args.synthetic)
-        apply_cpu_plan(model)
-        model.add_decode_weights(default_half_kind())
-        prompt_len, calls_per_round = 512, 3
-    else:
-        model, tokenizer, _ = load_model(None, device="cpu")
-        apply_cpu_plan(model)
-        prompt_len, calls_per_round = 256, 200
-    engine = Engine(model, tokenizer)
-    calls = _captured_calls(engine, _prompt(tokenizer, prompt_len))
-    if not calls:
-        raise SystemExit("this model's step does not run through rows_step here")
+    calls = captured_calls(args.synthetic)
+    calls_per_round = 3 if args.synthetic else 200
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
-        old = _build(then, Path(folder), "old")
-        new = _build(DECODE_OPS_SOURCE.read_text(), Path(folder), "new")
+        old, _ = build_rows_step(then, Path(folder), "old")
+        new, _ = build_rows_step(DECODE_OPS_SOURCE.read_text(), Path(folder), "new")
         for rows, captured in sorted(calls.items()):
             x, x0 = captured[1], captured[1].clone()  # the residual stream, updated in place
             for threads in (1, 2):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -26,14 +25,9 @@ from pathlib import Path
 os.environ.setdefault("GOMP_SPINCOUNT", "100000")  # as the CLI runs (openmp_wait.py)
 
 import torch
-from ab_rows_step import _captured_calls
+from ab_rows_step import build_rows_step, captured_calls
 
-from chatcli.bench import _prompt, synthetic_model
-from chatcli.checkpoint import load_model
-from chatcli.cpu_plan import apply_cpu_plan
-from chatcli.engine import Engine
-from chatcli.native_kernels import DECODE_OPS_SOURCE, FLAGS, RowsStep
-from chatcli.quantize import default_half_kind
+from chatcli.native_kernels import DECODE_OPS_SOURCE
 
 PHASES = (
     "lambdas and norm",
@@ -57,26 +51,14 @@ def main() -> None:
     parser.add_argument("--synthetic", default=None, help="d4, d12 or d20 (fp16 copies)")
     parser.add_argument("--calls", type=int, default=None, help="calls timed per row count")
     args = parser.parse_args()
-    if args.synthetic:
-        torch.manual_seed(0)
-        model, tokenizer = synthetic_model(args.synthetic)
-        apply_cpu_plan(model)
-        model.add_decode_weights(default_half_kind())
-        prompt_len, calls, unit, scale = 512, args.calls or 20, "ms", 1e3
-    else:
-        model, tokenizer, _ = load_model(None, device="cpu")
-        apply_cpu_plan(model)
-        prompt_len, calls, unit, scale = 256, args.calls or 2000, "us", 1e6
-    captured = _captured_calls(Engine(model, tokenizer), _prompt(tokenizer, prompt_len))
-    if not captured:
-        raise SystemExit("this model's step does not run through rows_step here")
+    captured = captured_calls(args.synthetic)
+    big = bool(args.synthetic)
+    calls = args.calls or (20 if big else 2000)
+    unit, scale = ("ms", 1e3) if big else ("us", 1e6)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
-        library = Path(folder) / "phases.so"
-        build = ["cc", *FLAGS, "-DROWS_STEP_PHASES", str(DECODE_OPS_SOURCE), "-o", str(library)]
-        subprocess.run(build, check=True)
-        loaded = ctypes.CDLL(str(library))
-        kernel = RowsStep(loaded)
+        source = DECODE_OPS_SOURCE.read_text()
+        kernel, loaded = build_rows_step(source, Path(folder), "phases", ("-DROWS_STEP_PHASES",))
         loaded.rows_step_phases.restype = ctypes.POINTER(ctypes.c_double)
         table = loaded.rows_step_phases()
         for rows, call in sorted(captured.items()):
