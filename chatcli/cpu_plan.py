@@ -17,7 +17,6 @@ nothing about generation itself.
 from __future__ import annotations
 
 import os
-import statistics
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -87,13 +86,17 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _lower_quartile(times: deque[float]) -> float:
+    return sorted(times)[len(times) // 4]
+
+
 class ThreadChoice:
     """Which of two thread counts a repeated piece of work (a decode step) runs on, chosen
     by its measured time.
 
     Runs on `preferred` and, after `first_probe` runs and then every `probe_every`, on
-    `other` for `probe_len` runs; switches when the best of those beats the median of the
-    last `window` runs on the current count by `margin`. So it settles within a few steps,
+    `other` for `probe_len` runs; switches when the best of those beats the lower quartile
+    of the last `window` runs on the current count by `margin`. So it settles within a few steps,
     follows a change of load (another process taking a core, or leaving it) within
     `probe_every`, and a probe of the slower count costs at most probe_len/probe_every of
     the time. Call `threads()` before each run and `record()` with its time after.
@@ -136,8 +139,13 @@ class ThreadChoice:
         self._probe.append(seconds)
         if len(self._probe) < self.probe_len:
             return
-        # The best of the probe: its first run may pay for waking the other count's threads.
-        if min(self._probe) < statistics.median(self._recent) * (1.0 - self.margin):
+        # The best of the probe (its first run may pay for waking the other count's threads)
+        # against the lower quartile of the current count's runs, not their median: a shared
+        # host's noise only adds time, and in a slow spell the median of the embedded model's
+        # one-row steps on two threads (~400 us) rose past a lucky single probe on one
+        # (~335), which then held 11-20% of a generation's steps on a count whose median step
+        # was 2-2.4x slower. A count that another process really slows is slow in every run.
+        if min(self._probe) < _lower_quartile(self._recent) * (1.0 - self.margin):
             self.current, self.other = self.other, self.current
             self._recent.clear()
             self._recent.append(min(self._probe))

@@ -107,3 +107,18 @@ def test_torch_threads_sets_the_count_inside_and_restores_it_after_an_error():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_thread_choice_is_not_moved_by_a_noisy_spell_of_the_faster_count():
+    # Two threads take 1.0 at best, and half their runs are slowed to 3.0 by other work on
+    # the host (median 2.0); one thread takes 1.5 every run. A lucky-looking probe of one
+    # thread beats the median, but not the two threads' best runs: stay on two.
+    choice = ThreadChoice(2, 1, first_probe=8, probe_every=8)
+    noisy = iter([1.0, 3.0] * 100)
+    used = []
+    for _ in range(60):
+        threads = choice.threads()
+        used.append(threads)
+        choice.record(next(noisy) if threads == 2 else 1.5)
+    assert choice.current == 2
+    assert used.count(1) == 60 // 9  # only the probes
