@@ -253,6 +253,10 @@ _WIDE_HEADS = {"heads": (8, 1), "head_dim": 128, "widths": (64, 256, 64)}
         # a window that starts inside the prompt, between two of its panels' first columns
         {"rows": 8, "prompt": 40, "pos": 45, "windows": (100, 20), "head_dim": 24},
         {**_WIDE_HEADS, "rows": 4, "prompt": 300, "pos": 310},
+        # a row's own keys eight, then four, then one at a time (22 and 23 of them); the
+        # values eight vectors at a time (a head of 64 with 8 lanes), or four (32)
+        {"rows": 1, "prompt": None, "pos": 21, "head_dim": 64},
+        {"rows": 8, "prompt": 30, "pos": 52, "head_dim": 32, "windows": (100, 40)},
     ],
 )
 def test_rows_step_equals_torchs_layers_and_writes_the_rows_keys_and_values(case):

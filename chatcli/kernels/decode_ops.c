@@ -631,9 +631,6 @@ static float exp_scores(float *p, long n, float m) {
     return total;
 }
 
-/* q . k[i * stride] for i < 4 into out, n a multiple of VW: the four vectors of partial sums
- * folded into one another's lanes (a 4-way transposition), where one key at a time paid a
- * whole lane_sum each. Where the vector has 8 or 16 lanes; elsewhere one key at a time. */
 #ifdef __clang__
 #define MERGED(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
@@ -641,20 +638,21 @@ static float exp_scores(float *p, long n, float m) {
 #endif
 #if VW >= 8
 #define FOUR_AT_ONCE 1
-/* The four keys' vectors of partial sums: a[i] for k + i * stride. */
-static inline __attribute__((always_inline)) void dot4_sums(const float *q, const float *k,
-                                                            long stride, long n, vec a[4]) {
-    a[0] = a[1] = a[2] = a[3] = (vec){0};
+/* The keys' vectors of partial sums: a[i] for k + i * stride, i < keys (4 or 8: eight
+ * chains of FMAs where the two ports and their 4-cycle latency want eight, not four). */
+static inline __attribute__((always_inline)) void dot_sums(const float *q, const float *k,
+                                                           long stride, long n, vec *a,
+                                                           int keys) {
+    for (int i = 0; i < keys; i++) a[i] = (vec){0};
     for (long j = 0; j < n; j += VW) {
         vec qv = *(const vec_u *)(q + j);
-        for (int i = 0; i < 4; i++) a[i] += qv * *(const vec_u *)(k + i * stride + j);
+        for (int i = 0; i < keys; i++) a[i] += qv * *(const vec_u *)(k + i * stride + j);
     }
 }
 #endif
 #if VW == 16
-static void dot4(const float *q, const float *k, long stride, long n, float *out) {
-    vec a[4];
-    dot4_sums(q, k, stride, n, a);
+/* Four keys' vectors of partial sums a[0..3] reduced to their four dot products. */
+static inline __attribute__((always_inline)) void fold4(const vec *a, float *out) {
     vec a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
     /* halves of a0 | a1, of a2 | a3: lanes 0-7 one key's partial sums, 8-15 the next's */
     vec t0 = MERGED(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
@@ -669,9 +667,7 @@ static void dot4(const float *q, const float *k, long stride, long n, float *out
     out[0] = u[0], out[1] = u[4], out[2] = u[8], out[3] = u[12];
 }
 #elif VW == 8
-static void dot4(const float *q, const float *k, long stride, long n, float *out) {
-    vec a[4];
-    dot4_sums(q, k, stride, n, a);
+static inline __attribute__((always_inline)) void fold4(const vec *a, float *out) {
     vec a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
     vec t0 = MERGED(a0, a1, 0, 1, 2, 3, 8, 9, 10, 11) + MERGED(a0, a1, 4, 5, 6, 7, 12, 13, 14, 15);
     vec t1 = MERGED(a2, a3, 0, 1, 2, 3, 8, 9, 10, 11) + MERGED(a2, a3, 4, 5, 6, 7, 12, 13, 14, 15);
@@ -679,10 +675,33 @@ static void dot4(const float *q, const float *k, long stride, long n, float *out
     u += SWAPPED(u, 1);
     out[0] = u[0], out[1] = u[2], out[2] = u[4], out[3] = u[6];
 }
+#endif
+#if VW >= 8
+/* q . k[i * stride] for i < 4 (dot4) or 8 (dot8) into out, n a multiple of VW: the vectors
+ * of partial sums folded into one another's lanes (a 4-way transposition), where one key at
+ * a time paid a whole lane_sum each. Where the vector has 8 or 16 lanes; elsewhere one key
+ * at a time. */
+static void dot4(const float *q, const float *k, long stride, long n, float *out) {
+    vec a[4];
+    dot_sums(q, k, stride, n, a, 4);
+    fold4(a, out);
+}
+
+static void dot8(const float *q, const float *k, long stride, long n, float *out) {
+    vec a[8];
+    dot_sums(q, k, stride, n, a, 8);
+    fold4(a, out);
+    fold4(a + 4, out + 4);
+}
 #else
 #define FOUR_AT_ONCE 0
 static void dot4(const float *q, const float *k, long stride, long n, float *out) {
     for (int i = 0; i < 4; i++) out[i] = dot(q, k + i * stride, n);
+}
+
+static void dot8(const float *q, const float *k, long stride, long n, float *out) {
+    dot4(q, k, stride, n, out);
+    dot4(q, k + 4 * stride, stride, n, out + 4);
 }
 #endif
 
@@ -701,19 +720,26 @@ static void add_values(const float *p, long n, const float *values, long stride,
             for (long j = 0; j < d; j++) out[j] += scale * p[t] * values[t * stride + j];
         return;
     }
-    /* Four vectors of out at a time, kept in registers over every t: through memory, each
-     * t's update waited on the store of the one before. */
-    for (long j = 0; j < d; j += 4 * VW) {
-        vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    /* Eight vectors of out at a time where the width has them (a head of 64 with 8 lanes),
+     * else four, kept in registers over every t: through memory, each t's update waited on
+     * the store of the one before; with four, on the FMA's latency (four chains where two
+     * ports and 4 cycles want eight: the 8 sample rows' own values took ~6 us a layer). */
+    long j = 0;
+    for (; j + 8 * VW <= d; j += 8 * VW) {
+        vec a[8] = {{0}};
         for (long t = 0; t < n; t++) {
             const float *vt = values + t * stride + j;
-            a0 += p[t] * *(const vec_u *)vt;
-            a1 += p[t] * *(const vec_u *)(vt + VW);
-            a2 += p[t] * *(const vec_u *)(vt + 2 * VW);
-            a3 += p[t] * *(const vec_u *)(vt + 3 * VW);
+            for (int i = 0; i < 8; i++) a[i] += p[t] * *(const vec_u *)(vt + i * VW);
         }
-        *(vec_u *)(out + j) += scale * a0, *(vec_u *)(out + j + VW) += scale * a1;
-        *(vec_u *)(out + j + 2 * VW) += scale * a2, *(vec_u *)(out + j + 3 * VW) += scale * a3;
+        for (int i = 0; i < 8; i++) *(vec_u *)(out + j + i * VW) += scale * a[i];
+    }
+    for (; j < d; j += 4 * VW) {
+        vec a[4] = {{0}};
+        for (long t = 0; t < n; t++) {
+            const float *vt = values + t * stride + j;
+            for (int i = 0; i < 4; i++) a[i] += p[t] * *(const vec_u *)(vt + i * VW);
+        }
+        for (int i = 0; i < 4; i++) *(vec_u *)(out + j + i * VW) += scale * a[i];
     }
 }
 
@@ -838,6 +864,11 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
             float *p = t->scores + (h * N + n) * span;
             long i = 0;
             if (FOUR_AT_ONCE && D % VW == 0) {
+                for (; i + 8 <= n_suffix; i += 8) {
+                    float eight[8];
+                    dot8(qh, keys + i * kv, kv, D, eight);
+                    for (int j = 0; j < 8; j++) p[n_cols + i + j] = m->att_scale * eight[j];
+                }
                 for (; i + 4 <= n_suffix; i += 4) {
                     float four[4];
                     dot4(qh, keys + i * kv, kv, D, four);
