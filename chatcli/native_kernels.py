@@ -2,7 +2,7 @@
 
 Owns: building the shipped C sources (chatcli/kernels/) with the system's C compiler for
 this CPU (-march=native), caching the libraries, checking each against torch once per
-process, and calling them. Three kernels:
+process, and calling them. Four kernels:
 - f16_matvec: one fp32 row times an fp16 matrix, which batch-1 decode of a big model spends
   ~90% of its time in (quantize.Fp16Weight). AVX-512 only, the CPU it was measured on.
 - f16_rows: up to 8 rows times an fp16 matrix packed in panels (quantize.Fp16Weight: a few
@@ -12,6 +12,9 @@ process, and calling them. Three kernels:
   matrices, where torch spent ~150 ops of ~2-5 us each, or a big one's fp16 copies read from
   their f16_rows panels (HalfPanels), where ~300 ops and their threads' hand-offs took ~15
   of d20's 52 ms a token. Any CPU with a C compiler and OpenMP; fp16 where it has F16C.
+- sample_rows: the next token of each row from its logits, temperature, top-k and a
+  uniform draw (sampling.sample_next_token), where ~10 torch ops took ~105 us of the
+  embedded model's ~550 us token. Built with rows_step, from the same source.
 
 Why compile at run time: the fastest loop depends on the CPU's vector width, and a wheel
 built elsewhere cannot know it; a C file with no torch headers compiles in under a second.
@@ -109,6 +112,77 @@ class F16Rows:
         y = torch.empty(rows, out, dtype=torch.float32)
         self._fn(x.data_ptr(), rows, panels.data_ptr(), y.data_ptr(), out, k)
         return y
+
+
+class SampleRows:
+    """The loaded sample_rows (kernels/decode_ops.c): every row's next token in one call."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        fn = library.sample_rows
+        fn.restype = ctypes.c_int  # 0, or -1 where it decided nothing
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_float]
+        fn.argtypes += [ctypes.c_long, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p]
+        self._fn = fn
+
+    @staticmethod
+    def takes(
+        logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None
+    ) -> bool:
+        """Whether the kernel decides these: fp32 rows on the CPU, a temperature above 0,
+        and top-p only inside a top-k (the kernel sorts no more than top-k's candidates)."""
+        nucleus = top_p is not None and 0.0 < top_p < 1.0
+        restricted = top_k is not None and 0 < top_k < logits.size(-1)
+        return (
+            logits.device.type == "cpu"
+            and logits.dtype == torch.float32
+            and logits.dim() == 2
+            and temperature > 0.0
+            and (restricted or not nucleus)
+        )
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        u: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """logits (B, V) fp32 and the rows' draws u (B, 1) in [0, 1) -> token ids (B, 1), or
+        None where a row's logits hold NaN or no finite value (torch's ops decide those)."""
+        if not self.takes(logits, temperature, top_k, top_p):
+            raise ValueError("sample_rows takes fp32 CPU rows, temperature > 0, top-p in top-k")
+        logits = logits.contiguous()
+        u = u.to(torch.float32).contiguous()
+        out = torch.empty(logits.size(0), 1, dtype=torch.long)
+        status = self._fn(
+            logits.data_ptr(), logits.size(0), logits.size(1), temperature, top_k or 0,
+            top_p if top_p is not None else 1.0, u.data_ptr(), out.data_ptr(),
+        )  # fmt: skip
+        return out if status == 0 else None
+
+
+def reference_sample(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    u: torch.Tensor,
+) -> torch.Tensor:
+    """sample_rows' choice in float64 torch ops: the candidates in the same order (top-k's
+    strongest first, else the vocabulary's), the first whose running sum exceeds u times
+    their total (the load check's answer)."""
+    x = logits.double()
+    idx = None
+    if top_k is not None and 0 < top_k < x.size(-1):
+        x, idx = torch.topk(x, top_k, dim=-1)
+    probs = torch.softmax(x / temperature, dim=-1)
+    if top_p is not None and 0.0 < top_p < 1.0:
+        probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)
+    cdf = probs.cumsum(-1)
+    choice = torch.searchsorted(cdf, u.double() * cdf[:, -1:], right=True)
+    choice = choice.clamp_(max=probs.size(-1) - 1)
+    return idx.gather(1, choice) if idx is not None else choice
 
 
 class _Layer(ctypes.Structure):  # decode_ops.c's struct rows_layer
@@ -461,7 +535,7 @@ _reasons: dict[str, str] = {}
 
 
 def unavailable_reason(kernel: str = "f16_matvec") -> str | None:
-    """Why that kernel's function (f16_matvec(), f16_rows(), rows_step()) gave None in this
+    """Why that kernel's function (f16_matvec(), f16_rows(), rows_step(), sample_rows()) gave None in this
     process (None when it loaded or was not asked for)."""
     return _reasons.get(kernel)
 
@@ -563,7 +637,7 @@ def _check_f16_rows(kernel: F16Rows) -> None:
             raise RuntimeError(f"f16_rows disagrees with torch for {rows} rows")
 
 
-Kernel = TypeVar("Kernel", F16Matvec, F16Rows, RowsStep)
+Kernel = TypeVar("Kernel", F16Matvec, F16Rows, RowsStep, SampleRows)
 
 
 def _checked(
@@ -747,3 +821,28 @@ def _check_rows_step(kernel: RowsStep) -> None:
 def rows_step() -> RowsStep | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
     return _checked("rows_step", DECODE_OPS_SOURCE, RowsStep, _check_rows_step, needs_avx512=False)
+
+
+def _check_sample_rows(kernel: SampleRows) -> None:
+    """The kernel against reference_sample on random rows, for each kind of restriction: a
+    library that chooses otherwise is not used (RuntimeError)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(32, 1000, generator=g) * 3
+    u = torch.rand(32, 1, generator=g)
+    for temperature, top_k, top_p in [(1.0, None, None), (0.6, 50, None), (0.8, 40, 0.9)]:
+        got = kernel(logits, temperature, top_k, top_p, u)
+        if got is None or not torch.equal(
+            got, reference_sample(logits, temperature, top_k, top_p, u)
+        ):
+            raise RuntimeError(
+                f"sample_rows disagrees with torch at temperature {temperature}, top-k {top_k}, "
+                f"top-p {top_p}"
+            )
+
+
+@functools.cache
+def sample_rows() -> SampleRows | None:
+    """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
+    return _checked(
+        "sample_rows", DECODE_OPS_SOURCE, SampleRows, _check_sample_rows, needs_avx512=False
+    )

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from chatcli import native_kernels
+from chatcli import native_kernels, sampling
 from chatcli.native_kernels import (
     F16Matvec,
     F16Rows,
@@ -282,6 +282,50 @@ def test_the_step_kernel_loads_wherever_a_compiler_does():
     if _ROWS is None and reason and reason.startswith("could not build") and not _cc_is_gcc():
         pytest.skip(reason)
     assert _ROWS is not None, reason
+
+
+@needs_rows
+def test_the_sampler_loads_wherever_the_step_kernel_does():
+    # Built from the same source: a sampler that fails its load check (a wrong choice) would
+    # otherwise only skip tests/test_sampling.py's native half.
+    assert native_kernels.sample_rows() is not None, native_kernels.unavailable_reason(
+        "sample_rows"
+    )
+
+
+needs_sampler = pytest.mark.skipif(
+    native_kernels.sample_rows() is None,
+    reason=f"no native kernel: {native_kernels.unavailable_reason('sample_rows')}",
+)
+
+
+def _both_paths(monkeypatch, logits, seed, **kwargs):
+    native = sampling.sample_next_token(logits, torch.Generator().manual_seed(seed), **kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(sampling, "sample_rows", lambda: None)
+        plain = sampling.sample_next_token(logits, torch.Generator().manual_seed(seed), **kwargs)
+    return native, plain
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": 1.0},
+        {"temperature": 0.6, "top_k": 50},
+        {"temperature": 0.8, "top_k": 40, "top_p": 0.9},
+        {"temperature": 1.3, "top_k": 1000},  # none over 7 words; a long heap over more
+    ],
+)
+@pytest.mark.parametrize("vocab", [7, 1024, 3000])  # no whole vector; whole chunks; neither
+@needs_sampler
+def test_the_sampler_draws_the_tokens_torchs_ops_draw_from_the_same_seed(
+    monkeypatch, kwargs, vocab
+):
+    # The same draws invert the same distribution: the same tokens, but for a draw within
+    # rounding of a boundary between two, which 64 random rows a case do not meet.
+    logits = torch.randn(64, vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+    native, plain = _both_paths(monkeypatch, logits, seed=vocab, **kwargs)
+    assert torch.equal(native, plain)
 
 
 def _panel_case(where: str, block: int) -> dict:

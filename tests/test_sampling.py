@@ -1,4 +1,5 @@
-"""Tests for chatcli.sampling: greedy, temperature, top-k, top-p and seeding."""
+"""Tests for chatcli.sampling: greedy, temperature, top-k, top-p and seeding, each through
+the native sample_rows kernel (where it compiled) and through torch's ops."""
 
 from __future__ import annotations
 
@@ -7,7 +8,20 @@ import math
 import pytest
 import torch
 
+from chatcli import native_kernels, sampling
 from chatcli.sampling import sample_next_token
+
+_KERNEL = native_kernels.sample_rows()
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def path(request, monkeypatch) -> str:
+    """Every test twice: through the kernel, and with it unavailable (torch's ops)."""
+    if request.param == "native" and _KERNEL is None:
+        pytest.skip(f"no native kernel: {native_kernels.unavailable_reason('sample_rows')}")
+    if request.param == "torch":
+        monkeypatch.setattr(sampling, "sample_rows", lambda: None)
+    return request.param
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -160,3 +174,17 @@ def test_rows_are_sampled_independently():
 def test_negative_temperature_raises(temperature):
     with pytest.raises(ValueError, match="temperature"):
         sample_next_token(torch.zeros(1, 4), gen(), temperature=temperature)
+
+
+def test_a_row_with_nan_logits_is_left_to_torchs_ops_with_the_same_draws(path, monkeypatch):
+    # The kernel decides nothing for a batch with a NaN row; torch's ops decide it with the
+    # draws the kernel took, so the generator moves on as on torch's path.
+    logits = torch.randn(3, 100, generator=gen(1))
+    logits[1, 5] = float("nan")
+    g_native, g_plain = gen(5), gen(5)
+    native = sample_next_token(logits, g_native, temperature=0.7)
+    with monkeypatch.context() as m:
+        m.setattr(sampling, "sample_rows", lambda: None)
+        plain = sample_next_token(logits, g_plain, temperature=0.7)
+    assert torch.equal(native, plain)
+    assert torch.equal(g_native.get_state(), g_plain.get_state())

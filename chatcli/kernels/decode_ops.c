@@ -552,7 +552,8 @@ static vec pick(mask m, vec a, vec b) { return (vec)(((mask)a & m) | ((mask)b & 
  * ~2 ulp of expf), 2^n into the exponent bits. Below -87 it gives e^-87, not 0 or a
  * denormal: ~1e-38 against a softmax whose largest term is 1. */
 static vec exp_nonpositive(vec x) {
-    const vec lowest = x - x - 87.0f, magic = x - x + 12582912.0f; /* 1.5 * 2^23 rounds */
+    /* (vec){0} + c, not x - x + c: the latter is NaN for x = -inf (a forbidden token) */
+    const vec lowest = (vec){0} - 87.0f, magic = (vec){0} + 12582912.0f; /* 1.5 * 2^23 rounds */
     x = pick(x < lowest, lowest, x);
     vec n = (x * 1.44269504088896341f + magic) - magic; /* round(x / ln 2) */
     vec r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* ln 2 in two parts, exactly */
@@ -974,4 +975,180 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
     }
     free(t.x0);
     return 0;
+}
+
+/* ---- Sampling: each row's next token from the step's logits. ----
+ *
+ * sampling.sample_next_token's arithmetic in one call, given each row's uniform draw u:
+ * softmax(logits / temperature), kept to the top_k strongest where 0 < top_k < V, inside
+ * those to the shortest prefix whose mass reaches top_p where 0 < top_p < 1; the token is
+ * the first candidate (top-k's strongest first, else the vocabulary's order) whose running
+ * sum exceeds u times the total. Why: that is ~10 torch ops of a few microseconds each to
+ * dispatch; with chat's defaults (temperature 0.6, top-k 50) they took ~105 us of the
+ * embedded model's ~550 us token here, and ~1 ms a step of d20's 8 rows of 65536.
+ * The same draw picks torch's token except where it falls within rounding of a boundary
+ * between two (exp and the sums round differently); the draws stay torch's seeded ones. */
+
+/* One candidate: a logit and its token. */
+struct candidate {
+    float logit;
+    long token;
+};
+
+/* Whether a ranks below b: the smaller logit, then (equal logits) the later token. */
+static int below(struct candidate a, struct candidate b) {
+    return a.logit < b.logit || (a.logit == b.logit && a.token > b.token);
+}
+
+/* Restores the min-heap h[0..n) (its weakest candidate at h[0]) below position i. */
+static void sift_down(struct candidate *h, long n, long i) {
+    for (;;) {
+        long low = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && below(h[l], h[low])) low = l;
+        if (r < n && below(h[r], h[low])) low = r;
+        if (low == i) return;
+        struct candidate t = h[i];
+        h[i] = h[low], h[low] = t;
+        i = low;
+    }
+}
+
+/* The largest lane of v. */
+static float lane_max(vec v) {
+#if VW == 16
+    v = pick(v > SWAPPED(v, 8), v, SWAPPED(v, 8));
+#endif
+#if VW >= 8
+    v = pick(v > SWAPPED(v, 4), v, SWAPPED(v, 4));
+#endif
+    v = pick(v > SWAPPED(v, 2), v, SWAPPED(v, 2));
+    v = pick(v > SWAPPED(v, 1), v, SWAPPED(v, 1));
+    return v[0];
+}
+
+/* The k strongest of x[0..V) (no NaN) into out, strongest first: a min-heap of the best k
+ * so far, which most of a vocabulary fails to enter: 4 VW logits at a time are passed over
+ * when their largest does not beat the heap's weakest (a later token never displaces an
+ * equal logit: ties keep the earlier token, as below() ranks them). */
+static void strongest(const float *x, long V, long k, struct candidate *out) {
+    for (long i = 0; i < k; i++) out[i] = (struct candidate){x[i], i};
+    for (long i = k / 2 - 1; i >= 0; i--) sift_down(out, k, i);
+    long i = k;
+    while (i < V) {
+        if (i % VW == 0 && i + 4 * VW <= V) {
+            const float *c = x + i;
+            vec a = *(const vec_u *)c, b = *(const vec_u *)(c + VW);
+            vec d = *(const vec_u *)(c + 2 * VW), e = *(const vec_u *)(c + 3 * VW);
+            a = pick(a > b, a, b), d = pick(d > e, d, e);
+            if (!(lane_max(pick(a > d, a, d)) > out[0].logit)) {
+                i += 4 * VW;
+                continue;
+            }
+        }
+        long end = i % VW ? i + VW - i % VW : i + 4 * VW; /* up to the next vector's start */
+        for (end = end < V ? end : V; i < end; i++) {
+            if (x[i] > out[0].logit) {
+                out[0] = (struct candidate){x[i], i};
+                sift_down(out, k, 0);
+            }
+        }
+    }
+    for (long n = k - 1; n > 0; n--) { /* heap sort: the weakest to the back */
+        struct candidate t = out[0];
+        out[0] = out[n], out[n] = t;
+        sift_down(out, n, 0);
+    }
+}
+
+/* Index of the first of p[0..n) whose running sum exceeds target (the last if the draw
+ * rounded up to the total), in chunks of 4 VW summed at once until the one it falls in; the
+ * first largest p where that token's p is 0. */
+static long invert(const float *p, long n, double target) {
+    double running = 0.0;
+    long i = 0;
+    for (; i + 4 * VW <= n; i += 4 * VW) {
+        const float *c = p + i;
+        vec s = (*(const vec_u *)c + *(const vec_u *)(c + VW)) +
+                (*(const vec_u *)(c + 2 * VW) + *(const vec_u *)(c + 3 * VW));
+        double chunk = lane_sum(s);
+        if (running + chunk > target) break;
+        running += chunk;
+    }
+    for (; i < n - 1; i++) {
+        running += p[i];
+        if (running > target) break;
+    }
+    if (i >= n) i = n - 1;
+    if (p[i] > 0.0f) return i;
+    long best = 0;
+    for (long j = 1; j < n; j++)
+        if (p[j] > p[best]) best = j;
+    return best;
+}
+
+/* Whether x[0..n) holds a NaN. */
+static int has_nan(const float *x, long n) {
+    mask seen = {0};
+    long i = 0;
+    for (; i + VW <= n; i += VW) {
+        vec v = *(const vec_u *)(x + i);
+        seen |= v != v;
+    }
+    int any = 0;
+    for (int l = 0; l < VW; l++) any |= seen[l];
+    for (; i < n; i++) any |= x[i] != x[i];
+    return any;
+}
+
+/* For each row r < rows of logits (rows, V): out[r] = the token u[r] in [0, 1) draws, as
+ * above (temperature > 0; top_p only with a top_k: unsorted, the caller leaves it to
+ * torch). Returns 0, or -1 (nothing decided) where a row's logits hold a NaN or no finite
+ * maximum, which torch's ops decide, or without memory. */
+int sample_rows(const float *logits, long rows, long V, float temperature, long top_k,
+                float top_p, const float *u, long *out) {
+    long k = top_k > 0 && top_k < V ? top_k : V;
+    int nucleus = top_p > 0.0f && top_p < 1.0f;
+    if (rows < 1 || V < 1 || !(temperature > 0.0f) || (nucleus && k == V)) return -1;
+    struct candidate *kept = k < V ? malloc(sizeof(struct candidate) * k) : NULL;
+    float *p = malloc(sizeof(float) * k);
+    int status = (k < V && !kept) || !p ? -1 : 0;
+    for (long r = 0; r < rows && status == 0; r++) {
+        const float *x = logits + r * V;
+        if (has_nan(x, V)) {
+            status = -1;
+            break;
+        }
+        if (kept) {
+            strongest(x, V, k, kept);
+            for (long i = 0; i < k; i++) p[i] = kept[i].logit;
+        } else {
+            memcpy(p, x, sizeof(float) * V);
+        }
+        if (temperature != 1.0f) /* as torch: x / 1.0 is x, else the same division */
+            for (long i = 0; i < k; i++) p[i] /= temperature;
+        float top = kept ? p[0] : largest(p, k);
+        if (!isfinite(top)) { /* every logit -inf, or one +inf: torch decides */
+            status = -1;
+            break;
+        }
+        double total = exp_scores(p, k, top);
+        /* exp_nonpositive gives e^-87, not 0, below -87: a forbidden (-inf) token's 0 kept */
+        for (long i = 0; i < k; i++)
+            if ((kept ? kept[i].logit : x[i]) == -INFINITY) p[i] = 0.0f;
+        if (nucleus) { /* zero each candidate whose mass before it reaches top_p */
+            double before = 0.0, kept_mass = 0.0;
+            for (long i = 0; i < k; i++) {
+                float q = p[i];
+                if (before / total >= top_p) p[i] = 0.0f;
+                before += q;
+                kept_mass += p[i];
+            }
+            total = kept_mass;
+        }
+        long i = invert(p, k, (double)u[r] * total);
+        out[r] = kept ? kept[i].token : i;
+    }
+    free(kept);
+    free(p);
+    return status;
 }
