@@ -13,8 +13,8 @@ process, and calling them. Four kernels:
   their f16_rows panels (HalfPanels), where ~300 ops and their threads' hand-offs took ~15
   of d20's 52 ms a token. Any CPU with a C compiler and OpenMP; fp16 where it has F16C.
 - sample_rows: the next token of each row from its logits, temperature, top-k and a
-  uniform draw (sampling.sample_next_token), where ~10 torch ops took ~105 us of the
-  embedded model's ~550 us token. Built with rows_step, from the same source.
+  uniform draw (sampling.sample_next_token), where ~10 torch ops took 84-114 us of the
+  embedded model's ~550 us token at chat's defaults. Built with rows_step, from the same source.
 
 Why compile at run time: the fastest loop depends on the CPU's vector width, and a wheel
 built elsewhere cannot know it; a C file with no torch headers compiles in under a second.
@@ -535,8 +535,8 @@ _reasons: dict[str, str] = {}
 
 
 def unavailable_reason(kernel: str = "f16_matvec") -> str | None:
-    """Why that kernel's function (f16_matvec(), f16_rows(), rows_step(), sample_rows()) gave None in this
-    process (None when it loaded or was not asked for)."""
+    """Why that kernel's function (f16_matvec(), f16_rows(), rows_step(), sample_rows())
+    gave None in this process (None when it loaded or was not asked for)."""
     return _reasons.get(kernel)
 
 
