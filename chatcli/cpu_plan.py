@@ -96,8 +96,8 @@ class ThreadChoice:
 
     Runs on `preferred` and, after `first_probe` runs and then every `probe_every`, on
     `other` for `probe_len` runs; switches when the best of those beats the lower quartile
-    of the last `window` runs on the current count by `margin`. So it settles within a few steps,
-    follows a change of load (another process taking a core, or leaving it) within
+    of the last `window` runs on the current count by `margin`. So it settles within a few
+    steps, follows a change of load (another process taking a core, or leaving it) within
     `probe_every`, and a probe of the slower count costs at most probe_len/probe_every of
     the time. Call `threads()` before each run and `record()` with its time after.
     """

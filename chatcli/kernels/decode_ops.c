@@ -984,8 +984,9 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
  * those to the shortest prefix whose mass reaches top_p where 0 < top_p < 1; the token is
  * the first candidate (top-k's strongest first, else the vocabulary's order) whose running
  * sum exceeds u times the total. Why: that is ~10 torch ops of a few microseconds each to
- * dispatch; with chat's defaults (temperature 0.6, top-k 50) they took ~105 us of the
- * embedded model's ~550 us token here, and ~1 ms a step of d20's 8 rows of 65536.
+ * dispatch; with chat's defaults (temperature 0.6, top-k 50) they took 84-114 us of the
+ * embedded model's ~550 us token here (27-28 in this loop), and ~1 ms a step of d20's 8
+ * rows of 65536 (0.33-0.57).
  * The same draw picks torch's token except where it falls within rounding of a boundary
  * between two (exp and the sums round differently); the draws stay torch's seeded ones. */
 
