@@ -157,8 +157,12 @@ struct view {
 /* The sums of x[n] @ w's columns j..j+BLOCK over the inputs k0..in-1, n < rows: inlined
  * into each caller with `rows` a constant where it can be, so the loop over the rows
  * unrolls into registers without a test per row. The weights' rows PREFETCH_ROWS ahead
- * are asked for early: a step reads ~11 MB of them, more than a core's L2 holds. */
-#define PREFETCH_ROWS 24
+ * are asked for early: a step reads ~11 MB of them, more than a core's L2 holds, and a
+ * neighbour on a shared host can leave little of them in L3. 128 rows (8 KB, into the
+ * next panel) where 24 left 8 rows' passes, 6 cycles an input, waiting on their loads:
+ * the embedded model's 8-row step 0.88x the time, one row 0.98x on two Zen 3 cores
+ * (scripts/ab_rows_step.py --rounds 24). */
+#define PREFETCH_ROWS 128
 static inline __attribute__((always_inline)) void sum_rows(struct view x, long rows, long k0,
                                                            long in, struct view w, long j,
                                                            vec *lo, vec *hi) {
@@ -418,8 +422,10 @@ static inline vec widen(const unsigned short *p) {
 /* The sums of x[n] @ a block's columns over its panels p0 and p1 (in, VW) each, n < rows:
  * one row four inputs at a time into their own sums (the FMA's latency, as for fp32),
  * several rows an input at a time (their sums are the independent chains). The panels'
- * next PREFETCH_ROWS rows are asked for early: what lets two cores stream d20's matrices at
- * 26-27 GB/s on a Zen 3 whose measured streaming read is 26.7. */
+ * next HALF_PREFETCH_ROWS rows are asked for early: what lets two cores stream d20's matrices
+ * at 26-27 GB/s on a Zen 3 whose measured streaming read is 26.7 (fp32's 128 rows took
+ * 1.08x the time of a d20 row). */
+#define HALF_PREFETCH_ROWS 24
 static inline __attribute__((always_inline)) void sum_half(struct view x, long rows, long in,
                                                            const unsigned short *p0,
                                                            const unsigned short *p1, vec *lo,
@@ -430,8 +436,8 @@ static inline __attribute__((always_inline)) void sum_half(struct view x, long r
         for (; k + 4 <= in; k += 4) {
             const float *xk = x.p + k;
             const unsigned short *a = p0 + k * VW, *b = p1 + k * VW;
-            __builtin_prefetch(a + PREFETCH_ROWS * VW);
-            __builtin_prefetch(b + PREFETCH_ROWS * VW);
+            __builtin_prefetch(a + HALF_PREFETCH_ROWS * VW);
+            __builtin_prefetch(b + HALF_PREFETCH_ROWS * VW);
             lo[0] += xk[0] * widen(a), hi[0] += xk[0] * widen(b);
             l1 += xk[1] * widen(a + VW), h1 += xk[1] * widen(b + VW);
             l2 += xk[2] * widen(a + 2 * VW), h2 += xk[2] * widen(b + 2 * VW);
@@ -440,8 +446,8 @@ static inline __attribute__((always_inline)) void sum_half(struct view x, long r
         lo[0] += (l1 + l2) + l3, hi[0] += (h1 + h2) + h3;
     }
     for (; k < in; k++) {
-        __builtin_prefetch(p0 + (k + PREFETCH_ROWS) * VW);
-        __builtin_prefetch(p1 + (k + PREFETCH_ROWS) * VW);
+        __builtin_prefetch(p0 + (k + HALF_PREFETCH_ROWS) * VW);
+        __builtin_prefetch(p1 + (k + HALF_PREFETCH_ROWS) * VW);
         vec w0 = widen(p0 + k * VW), w1 = widen(p1 + k * VW);
         for (int n = 0; n < rows; n++) {
             float xv = x.p[n * x.ld + k];
@@ -461,7 +467,7 @@ static inline __attribute__((always_inline)) void sum_half_panel(struct view x, 
                                                                  const unsigned short *p,
                                                                  vec *acc) {
     for (long k = 0; k < in; k++) {
-        __builtin_prefetch(p + (k + 2 * PREFETCH_ROWS) * VW);
+        __builtin_prefetch(p + (k + 2 * HALF_PREFETCH_ROWS) * VW);
         vec w = widen(p + k * VW);
         for (int n = 0; n < rows; n++) acc[n] += x.p[n * x.ld + k] * w;
     }
