@@ -310,6 +310,9 @@ class DecodeStep:
         # panels, and the ~300 ops and thread hand-offs between its products go (d20 on a
         # 2-core Zen 3: 52 ms a token through fbgemm and torch's ops, see _native_rows).
         self._rows_model = self._native_rows()
+        # ... and the rows it starts from (look-ups, norms, the smear) in one more call,
+        # where they were ~10 torch ops (~150 us of the embedded model's ~600 us token).
+        self._embed_native = self._rows_model is not None and rows_step().embeds(self.wte)
         self._rows_cache: object | None = None  # the last cache checked for the kernel
         self._rows_takes = False  # and whether the kernel reads it
         self._rows_prefix: tuple[torch.Tensor, torch.Tensor] | None = None  # its shared prompt
@@ -419,6 +422,19 @@ class DecodeStep:
             for name, p in model.named_parameters()
             if not is_embedding_table(name)
         )
+
+    def _embed(
+        self, idx: torch.Tensor, cache: KVCache | SharedPrefixCache, smear: bool, fold: bool
+    ) -> torch.Tensor:
+        """The rows (N, C) the layers start from, through torch's ops: the tokens'
+        normalised embeddings, plus the smear of the previous tokens' where `smear`."""
+        x = self._look_up(idx, self.wte)
+        x = x.mul_(self._row_scales(x)) if fold else F.rms_norm(x, (x.size(1),))
+        if smear:
+            prev = F.rms_norm(self._look_up(cache.prev_token, self.wte), (x.size(1),))
+            gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
+            x = torch.addcmul(x, prev, gate.mul_(self.smear_lambda).unsqueeze(1))
+        return x
 
     def _look_up(self, idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         rows = F.embedding(idx, table)
@@ -553,25 +569,28 @@ class DecodeStep:
             return self._one_row(idx, cache, pos, cos, sin)
         C = self.wte.size(1)
         fold = self.fold_norms
-
-        x = self._look_up(idx, self.wte)
-        x = x.mul_(self._row_scales(x)) if fold else F.rms_norm(x, (C,))  # (N, C)
-        if self.smear and pos > 0 and cache.prev_token is not None:
-            prev = F.rms_norm(self._look_up(cache.prev_token, self.wte), (C,))
-            gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
-            x = torch.addcmul(x, prev, gate.mul_(self.smear_lambda).unsqueeze(1))
-        x0 = x
-        saved = None
-        shared = isinstance(cache, SharedPrefixCache)
+        smear = self.smear and pos > 0 and cache.prev_token is not None
         if native:  # every layer and the vocabulary's products in one call
+            kernel = rows_step()
+            if self._embed_native:
+                x = kernel.embed(
+                    self.wte, idx, self._eps, cache.prev_token if smear else None,
+                    self.smear_gate if smear else None, self.smear_lambda if smear else 0.0,
+                )  # fmt: skip
+            else:
+                x = self._embed(idx, cache, smear, fold=True)
             _, prefix_len, suffix = self._rows_caches(cache)
-            logits = rows_step().run(
+            logits = kernel.run(
                 self._rows_model, x, idx, cos, sin, self._rows_prefix, prefix_len, suffix,
                 pos, self.wide_threads,
             )  # fmt: skip
             cache.prev_token = idx
             cache.advance(1)
             return logits[:, : self.vocab_size]  # the softcap taken in the kernel
+        x = self._embed(idx, cache, smear, fold)
+        x0 = x
+        saved = None
+        shared = isinstance(cache, SharedPrefixCache)
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 
 KERNELS_DIR = Path(__file__).parent / "kernels"
 SOURCE = KERNELS_DIR / "f16_matvec.c"
@@ -326,6 +327,55 @@ class RowsStep:
         if self._softcap is not None:
             self._softcap.restype = None
             self._softcap.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_float]
+        self._embed = getattr(library, "rows_embed", None)
+        if self._embed is not None:
+            self._embed.restype = None
+            self._embed.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 2 + [ctypes.c_void_p] * 2
+            self._embed.argtypes += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long]
+            self._embed.argtypes += [ctypes.c_float] * 2 + [ctypes.c_void_p]
+
+    def embeds(self, table: torch.Tensor) -> bool:
+        """Whether `embed` reads this token embedding table: contiguous (V, C) fp32 or bf16
+        on the CPU (an fp16 table's rows widen through torch's ops)."""
+        return (
+            self._embed is not None
+            and table.device.type == "cpu"
+            and table.dim() == 2
+            and table.dtype in (torch.float32, torch.bfloat16)
+            and table.is_contiguous()
+        )
+
+    def embed(
+        self,
+        table: torch.Tensor,
+        ids: torch.Tensor,
+        eps: float,
+        prev: torch.Tensor | None = None,
+        gate: torch.Tensor | None = None,
+        smear_lambda: float = 0.0,
+    ) -> torch.Tensor:
+        """The rows a step starts from (rows, C) fp32: rms_norm(table[ids]), plus, where
+        prev (the previous tokens) is given, smear_lambda * sigmoid(x[:, :len(gate)] @ gate)
+        * rms_norm(table[prev]) (era E's smear). ids, prev: (rows,) int64; gate fp32.
+        The table as `embeds` takes it (checked once by the caller, not here)."""
+        rows = ids.size(0)
+        if ids.dtype != torch.long or ids.dim() != 1:
+            raise ValueError("embed takes one int64 id a row")
+        ids = ids.contiguous()
+        channels = 0
+        if prev is not None:
+            if gate is None or gate.dtype != torch.float32 or prev.dtype != torch.long:
+                raise ValueError("the smear takes int64 previous tokens and an fp32 gate")
+            prev = prev.expand(rows).contiguous()  # one previous token may stand for every row
+            gate = gate.contiguous()
+            channels = gate.numel()
+        x = torch.empty(rows, table.size(1))
+        self._embed(
+            table.data_ptr(), int(table.dtype == torch.bfloat16), table.size(1), ids.data_ptr(),
+            None if prev is None else prev.data_ptr(), rows,
+            None if gate is None else gate.data_ptr(), channels, smear_lambda, eps, x.data_ptr(),
+        )  # fmt: skip
+        return x
 
     def pack_prefix(
         self, prefix: tuple[torch.Tensor, torch.Tensor], length: int, threads: int = 1
@@ -808,11 +858,46 @@ def rows_step_errors(
     return [(a - b).abs().max().item() for a, b in pairs]
 
 
+def reference_embed(
+    table: torch.Tensor,
+    ids: torch.Tensor,
+    eps: float,
+    prev: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
+    smear_lambda: float = 0.0,
+) -> torch.Tensor:
+    """RowsStep.embed in torch's ops, as the model's forward embeds a continuing token."""
+    x = F.rms_norm(table[ids].float(), (table.size(1),), eps=eps)
+    if prev is None or gate is None:
+        return x
+    before = F.rms_norm(table[prev].float(), (table.size(1),), eps=eps)
+    weight = smear_lambda * torch.sigmoid(x[:, : gate.numel()] @ gate)
+    return x + weight.unsqueeze(1) * before
+
+
+def embed_errors(kernel: RowsStep, *, bf16: bool = False, rows: int = 5, seed: int = 0) -> float:
+    """The largest difference between RowsStep.embed and reference_embed on a random table,
+    with and without the smear (a previous token for every row, and one for all)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(50, 40, generator=g).to(torch.bfloat16 if bf16 else torch.float32)
+    ids = torch.randint(0, 50, (rows,), generator=g)
+    prev = torch.randint(0, 50, (rows,), generator=g)
+    gate = torch.randn(24, generator=g) * 0.3
+    worst = 0.0
+    for p in (None, prev, prev[:1]):
+        got = kernel.embed(table, ids, 1e-6, p, gate if p is not None else None, 0.7)
+        want = reference_embed(table, ids, 1e-6, p, gate if p is not None else None, 0.7)
+        worst = max(worst, (got - want).abs().max().item())
+    return worst
+
+
 def _check_rows_step(kernel: RowsStep) -> None:
     """The kernel against torch on a random model, with fp16 matrices too where it reads
     them: a library that answers wrongly either way is not used (RuntimeError)."""
     if max(rows_step_errors(kernel)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model")
+    if kernel.embeds(torch.empty(1, 1)) and embed_errors(kernel) > 1e-5:
+        raise RuntimeError("rows_step's embed disagrees with torch")
     if kernel.half_panel and max(rows_step_errors(kernel, rows=1, half=True)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model of fp16 matrices")
 

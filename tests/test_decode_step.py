@@ -77,6 +77,28 @@ def test_sample_rows_over_a_shared_prompt_equal_the_module_forward(era, prompt_l
     assert ours.get_pos() == theirs.get_pos() == prompt_len + steps
 
 
+@pytest.mark.parametrize("table", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_kernel_embeds_fp32_and_bf16_tables_and_leaves_fp16_to_torch(table):
+    model = _random_model("E")  # the smear reads the previous token's embedding too
+    wte = model.transformer.wte
+    wte.weight.data = wte.weight.data.to(table)
+    step = _step(model, "native")
+    assert step._embed_native == (table != torch.float16)
+    g = torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, 190, (1, 30), generator=g)
+    rows = torch.randint(0, 190, (3, 10), generator=g)
+    caches = []
+    for _ in range(2):
+        prefix = _cache(model)
+        model(prompt, kv_cache=prefix)
+        caches.append(SharedPrefixCache(prefix, 3, 10))
+    ours, theirs = caches
+    for t in range(10):  # the first step smears the prompt's last token into every row
+        got = step(rows[:, t : t + 1], ours)
+        want = model(rows[:, t : t + 1], kv_cache=theirs)[:, -1, :]
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+
+
 @pytest.mark.parametrize("kernel", ["native", "torch"])
 def test_rows_of_a_plain_cache_equal_the_module_forward(kernel):
     model = _random_model("E")

@@ -16,6 +16,7 @@ from chatcli.native_kernels import (
     RowsLayer,
     RowsStep,
     build,
+    embed_errors,
     f16_matvec,
     f16_rows,
     library_path,
@@ -400,6 +401,36 @@ def test_rows_step_reads_fp16_matrices_from_half_panels_as_torch_sums_them_widen
 @needs_rows
 def test_rows_step_reads_bf16_value_embeddings_of_fp32_models():
     assert max(rows_step_errors(_ROWS, bf16_table=True)) < 1e-5
+
+
+@needs_rows
+@pytest.mark.parametrize("bf16", [False, True])
+def test_rows_embed_is_the_normalised_look_up_plus_the_smear(bf16):
+    # without the smear, with each row's previous token, with one previous token for all
+    assert embed_errors(_ROWS, bf16=bf16) < 1e-5
+
+
+@needs_rows
+def test_rows_embed_takes_fp32_and_bf16_tables_and_int64_ids():
+    assert _ROWS.embeds(torch.zeros(4, 8)) and _ROWS.embeds(torch.zeros(4, 8, dtype=torch.bfloat16))
+    assert not _ROWS.embeds(torch.zeros(4, 8, dtype=torch.float16))
+    assert not _ROWS.embeds(torch.zeros(8, 4).t())  # not contiguous
+    with pytest.raises(ValueError, match="int64"):
+        _ROWS.embed(torch.zeros(4, 8), torch.zeros(2, dtype=torch.int32), 1e-6)
+    with pytest.raises(ValueError, match="gate"):
+        _ROWS.embed(
+            torch.zeros(4, 8), torch.zeros(2, dtype=torch.long), 1e-6, torch.zeros(2).long()
+        )
+
+
+@needs_rows
+def test_a_rows_step_whose_embed_answers_wrongly_is_not_used(fresh, monkeypatch):
+    def wrong(self, table, ids, eps, prev=None, gate=None, smear_lambda=0.0):
+        return torch.zeros(ids.size(0), table.size(1))
+
+    monkeypatch.setattr(RowsStep, "embed", wrong)
+    assert rows_step() is None
+    assert "embed disagrees" in native_kernels.unavailable_reason("rows_step")
 
 
 @needs_rows
