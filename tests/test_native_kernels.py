@@ -479,9 +479,9 @@ def test_the_prefix_is_packed_in_panels_of_a_block_padded_with_zeros(length, hea
 
 
 def test_half_panels_are_the_fp16_matrix_in_f16_rows_layout():
-    matrix = torch.randn(5, 24)  # (in, out)
+    matrix = torch.randn(5, 48)  # (in, out): whole panels of 8 and of 16 (AVX-512's)
     panels = HalfPanels.of(matrix, 8)
-    assert panels.shape == (5, 24) and panels.panels.dtype == torch.float16
+    assert panels.shape == (5, 48) and panels.panels.dtype == torch.float16
     assert torch.equal(panels.panels, pack_panels(matrix.half(), 8))
     assert torch.equal(panels.matrix(), matrix.half().float())
     if _F16_ROWS is not None:  # the layout of an fp16 copy's own panels
