@@ -438,6 +438,10 @@ static inline __attribute__((always_inline)) void sum_half(struct view x, long r
             const unsigned short *a = p0 + k * VW, *b = p1 + k * VW;
             __builtin_prefetch(a + HALF_PREFETCH_ROWS * VW);
             __builtin_prefetch(b + HALF_PREFETCH_ROWS * VW);
+#if VW == 16
+            __builtin_prefetch(a + HALF_PREFETCH_ROWS * VW + 2 * VW);
+            __builtin_prefetch(b + HALF_PREFETCH_ROWS * VW + 2 * VW);
+#endif
             lo[0] += xk[0] * widen(a), hi[0] += xk[0] * widen(b);
             l1 += xk[1] * widen(a + VW), h1 += xk[1] * widen(b + VW);
             l2 += xk[2] * widen(a + 2 * VW), h2 += xk[2] * widen(b + 2 * VW);
