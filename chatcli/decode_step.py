@@ -238,8 +238,10 @@ class DecodeStep:
         self.backout_layer = cfg.n_layer // 2 if arch.backout else -1
         self.backout_lambda = model.backout_lambda.item() if arch.backout else 0.0
         self.smear = arch.smear
+        self.smear_gate: torch.Tensor | None = None
+        self.smear_lambda = 0.0
         if arch.smear:
-            self.smear_gate = model.smear_gate.weight.detach().reshape(-1)  # (24,)
+            self.smear_gate = model.smear_gate.weight.detach().reshape(-1).contiguous()  # (24,)
             self.smear_lambda = model.smear_lambda.item()
         self.wte = model.transformer.wte.weight.detach()
         # The activations' dtype; the embedding tables may be narrower (model.look_up), and
@@ -573,12 +575,10 @@ class DecodeStep:
         if native:  # every layer and the vocabulary's products in one call
             kernel = rows_step()
             if self._embed_native:
-                x = kernel.embed(
-                    self.wte, idx, self._eps, cache.prev_token if smear else None,
-                    self.smear_gate if smear else None, self.smear_lambda if smear else 0.0,
-                )  # fmt: skip
+                prev = cache.prev_token if smear else None  # no smear: gate, lambda unread
+                x = kernel.embed(self.wte, idx, self._eps, prev, self.smear_gate, self.smear_lambda)
             else:
-                x = self._embed(idx, cache, smear, fold=True)
+                x = self._embed(idx, cache, smear, fold)
             _, prefix_len, suffix = self._rows_caches(cache)
             logits = kernel.run(
                 self._rows_model, x, idx, cos, sin, self._rows_prefix, prefix_len, suffix,

@@ -329,8 +329,8 @@ class RowsStep:
             self._softcap.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_float]
         self._embed = getattr(library, "rows_embed", None)
         if self._embed is not None:
-            self._embed.restype = None
-            self._embed.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 2 + [ctypes.c_void_p] * 2
+            self._embed.restype = ctypes.c_int
+            self._embed.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 3 + [ctypes.c_void_p] * 2
             self._embed.argtypes += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long]
             self._embed.argtypes += [ctypes.c_float] * 2 + [ctypes.c_void_p]
 
@@ -369,12 +369,17 @@ class RowsStep:
             prev = prev.expand(rows).contiguous()  # one previous token may stand for every row
             gate = gate.contiguous()
             channels = gate.numel()
-        x = torch.empty(rows, table.size(1))
-        self._embed(
-            table.data_ptr(), int(table.dtype == torch.bfloat16), table.size(1), ids.data_ptr(),
+            if channels > table.size(1):
+                raise ValueError("the smear's gate reads more channels than the table has")
+        V, C = table.shape
+        x = torch.empty(rows, C, dtype=torch.float32)
+        failed = self._embed(
+            table.data_ptr(), int(table.dtype == torch.bfloat16), V, C, ids.data_ptr(),
             None if prev is None else prev.data_ptr(), rows,
             None if gate is None else gate.data_ptr(), channels, smear_lambda, eps, x.data_ptr(),
         )  # fmt: skip
+        if failed:
+            raise IndexError(f"a token id outside the embedding table's {V} rows")
         return x
 
     def pack_prefix(
@@ -896,7 +901,8 @@ def _check_rows_step(kernel: RowsStep) -> None:
     them: a library that answers wrongly either way is not used (RuntimeError)."""
     if max(rows_step_errors(kernel)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model")
-    if kernel.embeds(torch.empty(1, 1)) and embed_errors(kernel) > 1e-5:
+    has_embed = kernel.embeds(torch.empty(1, 1))  # an earlier revision's build may not
+    if has_embed and max(embed_errors(kernel), embed_errors(kernel, bf16=True)) > 1e-5:
         raise RuntimeError("rows_step's embed disagrees with torch")
     if kernel.half_panel and max(rows_step_errors(kernel, rows=1, half=True)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model of fp16 matrices")

@@ -100,6 +100,28 @@ def test_the_kernel_embeds_fp32_and_bf16_tables_and_leaves_fp16_to_torch(table):
 
 
 @pytest.mark.parametrize("kernel", ["native", "torch"])
+@pytest.mark.parametrize("era", ["A", "E"])  # E smears the token before the rewind point
+def test_a_step_after_a_rewind_equals_a_fresh_forward_of_the_kept_history(era, kernel):
+    model = _random_model(era)
+    step = _step(model, kernel)
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(0, 190, (1, 60), generator=g)
+    retry = torch.randint(0, 190, (1, 8), generator=g)
+    ours = _cache(model)
+    model(ids[:, :40], kv_cache=ours)
+    for t in range(40, 60):
+        step(ids[:, t : t + 1], ours)
+    ours.rewind(30, int(ids[0, 29]))  # as /undo and /retry do: the token at 29 comes back
+    theirs = _cache(model)
+    model(ids[:, :30], kv_cache=theirs)
+    for t in range(8):
+        got = step(retry[:, t : t + 1], ours)
+        want = model(retry[:, t : t + 1], kv_cache=theirs)[:, -1, :]
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+    assert ours.get_pos() == theirs.get_pos() == 38
+
+
+@pytest.mark.parametrize("kernel", ["native", "torch"])
 def test_rows_of_a_plain_cache_equal_the_module_forward(kernel):
     model = _random_model("E")
     g = torch.Generator().manual_seed(5)

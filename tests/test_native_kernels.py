@@ -421,6 +421,22 @@ def test_rows_embed_takes_fp32_and_bf16_tables_and_int64_ids():
         _ROWS.embed(
             torch.zeros(4, 8), torch.zeros(2, dtype=torch.long), 1e-6, torch.zeros(2).long()
         )
+    with pytest.raises(ValueError, match="channels"):
+        _ROWS.embed(torch.zeros(4, 8), torch.zeros(2).long(), 1e-6, torch.zeros(2).long(),
+                    torch.zeros(9), 0.5)  # fmt: skip
+
+
+@needs_rows
+@pytest.mark.parametrize("bad", [-1, 4])
+def test_rows_embed_refuses_ids_outside_the_table_as_torchs_look_up_does(bad):
+    table, gate = torch.randn(4, 8), torch.zeros(3)
+    ids = torch.tensor([1, bad])
+    with pytest.raises(IndexError, match="4 rows"):
+        _ROWS.embed(table, ids, 1e-6)
+    with pytest.raises(IndexError, match="4 rows"):  # a previous token out of range too
+        _ROWS.embed(table, torch.tensor([1, 2]), 1e-6, ids, gate, 0.5)
+    with pytest.raises(IndexError):  # the model's nn.Embedding
+        torch.nn.functional.embedding(ids, table)
 
 
 @needs_rows

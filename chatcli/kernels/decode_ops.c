@@ -989,18 +989,20 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
 }
 
 /* The residual streams a step starts from, x (rows, C): each row's token's embedding (a
- * table of fp32 or bf16 rows of C) times its RMSNorm scale; where prev is given (era E's
+ * table of V fp32 or bf16 rows of C) times its RMSNorm scale; where prev is given (era E's
  * smear: the previous token of each row), plus lambda * sigmoid(gate . x[:channels]) times
- * the previous token's normalised embedding. Why here: as torch's ~10 ops (the look-ups,
- * norms, a product, sigmoid, addcmul) it took ~150 us of the embedded model's ~600 us
- * token on a Zen 3, for ~2 us of arithmetic. */
-void rows_embed(const void *table, long bf16, long C, const long *ids, const long *prev,
-                long rows, const float *gate, long channels, float lambda, float eps,
-                float *x) {
+ * the previous token's normalised embedding. Returns 1, x unfinished, where an id is not
+ * in [0, V): torch's look-up raised there, and a read past the table must not happen.
+ * Why here: as torch's ~10 ops (the look-ups, norms, a product, sigmoid, addcmul) it took
+ * ~150 us of the embedded model's ~600 us token on a Zen 3, for ~2 us of arithmetic. */
+int rows_embed(const void *table, long bf16, long V, long C, const long *ids, const long *prev,
+               long rows, const float *gate, long channels, float lambda, float eps, float *x) {
+    for (long n = 0; n < rows; n++)
+        if (ids[n] < 0 || ids[n] >= V || (prev && (prev[n] < 0 || prev[n] >= V))) return 1;
     for (long n = 0; n < rows; n++) {
-        float *xn = x + n * C;
+        float *xn = x + n * C, s;
         for (long j = 0; j < C; j++) xn[j] = table_at(table, ids[n] * C + j, bf16);
-        float s = 1.0f / sqrtf(dot(xn, xn, C) / C + eps);
+        row_scales(xn, 1, C, eps, &s);
         for (long j = 0; j < C; j++) xn[j] *= s;
         if (!prev) continue;
         float g = lambda / (1.0f + expf(-dot(gate, xn, channels))), squares = 0.0f;
@@ -1011,6 +1013,7 @@ void rows_embed(const void *table, long bf16, long C, const long *ids, const lon
         float sp = g / sqrtf(squares / C + eps);
         for (long j = 0; j < C; j++) xn[j] += sp * table_at(table, prev[n] * C + j, bf16);
     }
+    return 0;
 }
 
 /* ---- Sampling: each row's next token from the step's logits. ----
