@@ -69,11 +69,13 @@ def test_reference_greedy_continuations_identical(era):
         assert results[0][len(case["prompt"]) :] == want
 
 
-def _random_model(era: str, seed: int = 0, sequence_len: int = 256, n_embd: int = 64) -> GPT:
+def _random_model(
+    era: str, seed: int = 0, sequence_len: int = 256, n_embd: int = 64, vocab_size: int = 200
+) -> GPT:
     # Every parameter randomised (lambdas and gates included) so every component matters.
     config = GPTConfig(
         sequence_len=sequence_len,
-        vocab_size=200,
+        vocab_size=vocab_size,
         n_layer=4,
         n_head=4,
         n_kv_head=2,
