@@ -106,12 +106,42 @@ def synthetic_model(name: str) -> tuple[GPT, SyntheticTokenizer]:
     return model, SyntheticTokenizer(config.vocab_size)
 
 
-def measure_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
-    """Streaming read bandwidth in GB/s (a sum over a buffer much larger than the caches)."""
-    x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
-    x.sum()
-    best = min(_timed(lambda: x.sum()) for _ in range(repeats))
-    return x.numel() * 4 / best / 1e9
+def bandwidth_probe(megabytes: int = 512) -> torch.Tensor:
+    """A buffer much larger than the caches, for bandwidth_of."""
+    return torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+
+
+def bandwidth_of(buffer: torch.Tensor, repeats: int = 5) -> float:
+    """Streaming read bandwidth in GB/s: the fastest of `repeats` sums over buffer (after
+    one that is not timed)."""
+    buffer.sum()
+    best = min(_timed(lambda: buffer.sum()) for _ in range(repeats))
+    return buffer.numel() * buffer.element_size() / best / 1e9
+
+
+def roofline_fractions(
+    decode: Callable[[], float],
+    probe: torch.Tensor,
+    threads: int,
+    weight_bytes: int,
+    bf16_bytes: int,
+) -> dict[str, float]:
+    """One batch-1 decode run (its tok/s) between two bandwidth probes over `probe` on
+    `threads` threads, as fractions of the rooflines the faster probe implies for
+    weight_bytes and bf16_bytes a token. Why beside the run: this host's memory read 31-36
+    GB/s in most spells and 45-65 in others, which can start and end within one bench run,
+    so the rounds' best decode and best probe could come from different spells (d20: 0.50
+    of a 64.7 GB/s roofline while the decode read its weights at 32). The faster probe
+    keeps it conservative where a spell turns during the run."""
+    with torch_threads(threads):
+        before = bandwidth_of(probe, repeats=3)
+    tps = decode()
+    with torch_threads(threads):
+        gbs = max(before, bandwidth_of(probe, repeats=3)) * 1e9
+    return {
+        "roofline_paired": tps * weight_bytes / gbs,
+        "bf16_roofline_paired": tps * bf16_bytes / gbs,
+    }
 
 
 def _timed(fn) -> float:
@@ -359,6 +389,8 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     agreement = _agreement(_greedy_tokens(ours_greedy, tokenizer), reference)
     wbytes = weight_bytes_per_token(model)
 
+    bf16_bytes = 2 * matrix_params(model)
+    probe = bandwidth_probe()  # one buffer for every probe: no 512 MB allocated each time
     baseline = _Mode(model, default_threads, copies=False)
     ours = _Mode(model, plan.threads if plan else default_threads, copies=True)
     base, mine = _rounds(
@@ -366,7 +398,7 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
             (
                 baseline,
                 {
-                    "bandwidth": measure_bandwidth,
+                    "bandwidth": lambda: bandwidth_of(probe),
                     "prefill": lambda: _prefill_tps(model, prompt),
                     "decode1": lambda: _baseline_decode(model, short, 1),
                     "decode8": lambda: _baseline_decode(model, prompt, SAMPLES),
@@ -381,6 +413,13 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
                     "decode8": lambda: _ours_decode(engine, prompt, SAMPLES),
                     # What 8 samples gain over one of the same request: same prompt, sampling.
                     "sampled1": lambda: _ours_decode(engine, prompt, 1, temperature=1.0),
+                    "paired": lambda: roofline_fractions(
+                        lambda: _ours_decode(engine, short, 1),
+                        probe,
+                        default_threads,
+                        wbytes,
+                        bf16_bytes,
+                    ),
                     "ttft": lambda: _chat_ttft(model, tokenizer, plain=False),
                 },
             ),
@@ -402,7 +441,7 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     step = engine.decode_step if isinstance(engine.decode_step, DecodeStep) else None
     roofline = bandwidth * 1e9 / wbytes
     # The same matrices read as bf16, whatever ours reads: the issue's yardstick for big models.
-    bf16_roofline = bandwidth * 1e9 / (2 * matrix_params(model))
+    bf16_roofline = bandwidth * 1e9 / bf16_bytes
     copies_read = model.decode_weights() if not (step and step.kernel) else []
     return {
         "model": label,
@@ -448,6 +487,9 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
         "roofline_fraction": round(ours_1 / roofline, 3),
         "bf16_roofline_tps": round(bf16_roofline, 1),
         "bf16_roofline_fraction": round(ours_1 / bf16_roofline, 3),
+        # The same fractions against the bandwidth probed beside a decode run (best run).
+        "roofline_fraction_paired": round(mine["roofline_paired"], 3),
+        "bf16_roofline_fraction_paired": round(mine["bf16_roofline_paired"], 3),
         "greedy_identical_fp32": fp32_identical,
         "greedy_agreement": agreement,
         "peak_rss_mb": round(peak_mb, 1),

@@ -523,7 +523,9 @@ def bench(
         f"TTFT turn 10 / turn 1: ours {ttft['ours_turn10_over_turn1']}, baseline "
         f"{ttft['baseline_turn10_over_turn1']}; roofline fraction {result['roofline_fraction']} "
         f"(of the bf16 roofline, {result['bf16_roofline_tps']} tok/s: "
-        f"{result['bf16_roofline_fraction']}); "
+        f"{result['bf16_roofline_fraction']}; against the bandwidth probed beside a decode "
+        f"run: {result['roofline_fraction_paired']}, bf16 "
+        f"{result['bf16_roofline_fraction_paired']}); "
         f"fp32 greedy identical: {result['greedy_identical_fp32']}; greedy agreement of the "
         f"fast path with fp32: {result['greedy_agreement']}; peak RSS {result['peak_rss_mb']} MB"
     )

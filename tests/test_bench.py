@@ -33,6 +33,11 @@ def test_bench_reports_every_measure_and_identical_greedy_output():
     assert result["bf16_roofline_fraction"] == pytest.approx(
         result["roofline_fraction"] / 2, abs=0.002
     )
+    # Against the bandwidth probed beside a decode run: a fraction of the same rooflines
+    assert result["roofline_fraction_paired"] > 0
+    assert result["bf16_roofline_fraction_paired"] == pytest.approx(
+        result["roofline_fraction_paired"] / 2, abs=0.002
+    )
     # A small fp32 model's step runs through our kernel wherever it compiles, and the bench
     # says so, with the threads its step settled on for one row and for 8 sample rows.
     assert result["step_kernel"] == ("rows_step" if rows_step() is not None else None)
@@ -40,6 +45,35 @@ def test_bench_reports_every_measure_and_identical_greedy_output():
     if available_cores() > 1:
         assert set(result["decode_threads"]) == {1, 8}
         assert set(result["decode_threads"].values()) <= {1, available_cores()}
+
+
+def test_roofline_fractions_take_the_decode_against_the_faster_probe_beside_it(monkeypatch):
+    probes = iter([30.0, 40.0])  # GB/s before the run, after it
+    order: list[str] = []
+    threads: list[int] = []
+
+    def bandwidth_of(buffer: torch.Tensor, repeats: int = 5) -> float:
+        order.append("probe")
+        threads.append(torch.get_num_threads())
+        return next(probes)
+
+    def decode() -> float:
+        order.append("decode")
+        return 10.0  # tok/s
+
+    monkeypatch.setattr(bench, "bandwidth_of", bandwidth_of)
+    caller = torch.get_num_threads()
+    got = bench.roofline_fractions(decode, torch.ones(4), 1, int(2e9), int(1e9))
+    assert order == ["probe", "decode", "probe"]
+    assert threads == [1, 1] and torch.get_num_threads() == caller
+    # 10 tok/s of 2 GB is 20 GB/s: half the 40 GB/s roofline (not two thirds of 30)
+    assert got == pytest.approx({"roofline_paired": 0.5, "bf16_roofline_paired": 0.25})
+
+
+def test_bandwidth_of_a_buffer_is_its_bytes_over_the_fastest_sum(monkeypatch):
+    times = iter([0.5, 0.25, 1.0])
+    monkeypatch.setattr(bench, "_timed", lambda fn: next(times))
+    assert bench.bandwidth_of(torch.ones(1000), repeats=3) == pytest.approx(4000 / 0.25 / 1e9)
 
 
 def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():

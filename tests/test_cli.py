@@ -203,6 +203,8 @@ def test_bench_table_names_the_step_kernel_and_the_threads_decode_settled_on(mon
         "roofline_fraction": 0.81,
         "bf16_roofline_tps": 5946.9,
         "bf16_roofline_fraction": 0.405,
+        "roofline_fraction_paired": 0.93,
+        "bf16_roofline_fraction_paired": 0.465,
         "greedy_identical_fp32": True,
         "greedy_agreement": 1.0,
         "peak_rss_mb": 847.2,
@@ -213,3 +215,4 @@ def test_bench_table_names_the_step_kernel_and_the_threads_decode_settled_on(mon
     assert "decode via decode_step through our rows_step kernel" in out.output
     assert "1 (decode: 2 at 1 row, 1 at 8 rows)" in out.output
     assert "8.65x" in out.output and "5.89x" in out.output
+    assert "beside a decode run: 0.93, bf16 0.465" in " ".join(out.output.split())
