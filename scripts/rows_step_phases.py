@@ -9,8 +9,8 @@ steps (or a synthetic model's, with its fp16 copies) of one row and of 8 sample 
 shared prompt (256 tokens; 512 for a synthetic model), as a generation at temperature 1
 last made them (scripts/ab_rows_step.py's calls). Prints each phase's time per call, on
 two threads: the products (qkv, proj, fc, fc_proj, the vocabulary's with the softcap), the
-attention's parts (rotary and the K/V writes, the scores over the prompt, the rows' own
-scores with the softmax, the values over the prompt, the rows' own values) and the rest.
+attention (its units: rotary and the K/V writes, the scores, the softmax and the values,
+each unit on one thread) and the rest.
 """
 
 from __future__ import annotations
@@ -32,11 +32,7 @@ from chatcli.native_kernels import DECODE_OPS_SOURCE
 PHASES = (
     "lambdas and norm",
     "qkv",
-    "rotary, K/V writes",
-    "prompt's scores",
-    "own scores, softmax",
-    "prompt's values",
-    "own values",
+    "attention",
     "proj",
     "norm",
     "fc",

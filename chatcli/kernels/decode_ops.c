@@ -330,43 +330,33 @@ static void product_tail(struct view x, long rows, long in, struct view w, long 
     }
 }
 
-/* y (rows, width) from x (rows, in) @ w (in, width), for `items` such products at once
- * (the heads of an attention), w in panels of BLOCK columns (a shared prefix's keys or
- * values, packed once for all its steps: RowsStep.pack_prefix): item i reads
- * x + i x_step, the panels from w + (i / w_group) w_step (heads that share a K/V head share
- * them), panel_step apart, scale + i scale_step, and writes y + i y_step. The last panel's
- * columns past `width` (zeros) are summed, not stored. Every item's blocks are shared by
- * the team's threads, with one barrier for all (an orphaned `omp for`).
+/* y (rows, width) from x (rows, in) @ w (in, width), w in panels of BLOCK columns,
+ * panel_step floats apart (a shared prefix's keys or values, packed once for all its steps:
+ * RowsStep.pack_prefix); the last panel's columns past `width` (zeros) are summed, not
+ * stored. Called by one thread: an attention unit's product (attend).
  * Why panels: the cache's layout put a block's 16 columns of each input a whole position
  * (Hkv D floats) apart, one cache line per input from all over memory; d20's 8 rows spent
  * ~11 ms a step on a 512-token prefix's K/V that stream in ~4. */
-static void panel_products(long items, struct view x, long x_step, long rows, long in,
-                           const float *w, long w_step, long w_group, long panel_step,
-                           long width, float *y, long y_step, long ld_y, const float *scale,
-                           long scale_step, enum epilogue how) {
-    long blocks = (width + BLOCK - 1) / BLOCK;
-#pragma omp for schedule(static) collapse(2)
-    for (long i = 0; i < items; i++) {
-        for (long b = 0; b < blocks; b++) {
-            struct view panel = {w + (i / w_group) * w_step + b * panel_step, BLOCK};
-            float *yi = y + i * y_step + b * BLOCK;
-            const float *si = scale ? scale + i * scale_step : NULL;
-            long cols = width - b * BLOCK < BLOCK ? width - b * BLOCK : BLOCK;
-            for (long r = 0; r < rows; r += MAX_ROWS) {
-                long n = rows - r < MAX_ROWS ? rows - r : MAX_ROWS;
-                struct view xr = {x.p + i * x_step + r * x.ld, x.ld};
-                if (cols == BLOCK) {
-                    product_block(xr, n, in, panel, 0, yi + r * ld_y, ld_y, si ? si + r : NULL,
-                                  how);
-                    continue;
-                }
-                float sums[MAX_ROWS * BLOCK] = {0}; /* a row's next columns are another's */
-                product_block(xr, n, in, panel, 0, sums, BLOCK, NULL, ADD);
-                for (long k = 0; k < n; k++)
-                    for (long c = 0; c < cols; c++)
-                        store_one(yi + (r + k) * ld_y + c, sums[k * BLOCK + c],
-                                  si ? si[r + k] : 1.0f, how);
+static void panel_rows(struct view x, long rows, long in, const float *w, long panel_step,
+                       long width, float *y, long ld_y, const float *scale, enum epilogue how) {
+    for (long b = 0; b * BLOCK < width; b++) {
+        struct view panel = {w + b * panel_step, BLOCK};
+        float *yb = y + b * BLOCK;
+        long cols = width - b * BLOCK < BLOCK ? width - b * BLOCK : BLOCK;
+        for (long r = 0; r < rows; r += MAX_ROWS) {
+            long n = rows - r < MAX_ROWS ? rows - r : MAX_ROWS;
+            struct view xr = {x.p + r * x.ld, x.ld};
+            if (cols == BLOCK) {
+                product_block(xr, n, in, panel, 0, yb + r * ld_y, ld_y, scale ? scale + r : NULL,
+                              how);
+                continue;
             }
+            float sums[MAX_ROWS * BLOCK] = {0}; /* a row's next columns are another's */
+            product_block(xr, n, in, panel, 0, sums, BLOCK, NULL, ADD);
+            for (long k = 0; k < n; k++)
+                for (long c = 0; c < cols; c++)
+                    store_one(yb + (r + k) * ld_y + c, sums[k * BLOCK + c],
+                              scale ? scale[r + k] : 1.0f, how);
         }
     }
 }
@@ -815,22 +805,144 @@ static inline float table_at(const void *table, long i, long bf16) {
     return f;
 }
 
-/* One layer of the step (inside the step's parallel region: every loop an orphaned omp for). */
-static void layer(const struct rows_model *m, const struct rows_layer *w, float *x, long rows,
-                  const long *ids, const float *cos_, const float *sin_, const float *pk,
-                  const float *pv, float *sk, float *sv, const struct rows_cache *c,
-                  const struct scratch *t, long span) {
-    long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D, N = rows;
-    long width = (H + 2 * Hkv) * D, kv = Hkv * D, group = H / Hkv;
-    long start = c->pos - w->window > 0 ? c->pos - w->window : 0;
+/* The positions a layer's queries attend, in the caches' terms (window_of). */
+struct window {
+    long p_at;     /* the prefix's first position read: a panel's first column */
+    long skip;     /* of those, the ones before the window's start (left out of the softmax) */
+    long n_cols;   /* the prefix's columns of a row's scores (prefix - p_at) */
+    long s_at;     /* this step's position in the rows' own caches */
+    long s_from;   /* the first of the rows' own positions in the window */
+    long n_suffix; /* the rows' own positions attended, this step's included */
+};
+
+static struct window window_of(const struct rows_cache *c, long window) {
+    long start = c->pos - window > 0 ? c->pos - window : 0;
     long p_from = start < c->prefix ? start : c->prefix, n_prefix = c->prefix - p_from;
     /* The prefix's scores start at a panel's first column: the `skip` before the window's
      * start are computed, then left out of the softmax (zeros, which the values' product
-     * then adds). n_cols: the prefix's columns of a row's scores. */
-    long p_at = n_prefix > 0 ? p_from - p_from % BLOCK : c->prefix, skip = p_from - p_at;
-    long n_cols = c->prefix - p_at, Dp = whole_blocks(D);
+     * then adds). */
+    long p_at = n_prefix > 0 ? p_from - p_from % BLOCK : c->prefix;
     long s_at = c->pos - c->prefix, s_from = start > c->prefix ? start - c->prefix : 0;
-    long n_suffix = s_at - s_from + 1;
+    return (struct window){p_at, p_from - p_at, c->prefix - p_at, s_at, s_from, s_at - s_from + 1};
+}
+
+/* Row n's K/V head g and its queries from the row's q/k/v: v (plus the value embedding's
+ * gated share) and the rotated, normalised k written to the row's own cache at this
+ * step's position, the group's queries rotated and normalised into q. */
+static void head_inputs(const struct rows_model *m, const struct rows_layer *w, const float *x,
+                        long N, long n, long g, long id, const float *cos_, const float *sin_,
+                        float *sk, float *sv, const struct rows_cache *c, long s_at,
+                        const struct scratch *t) {
+    long H = m->H, Hkv = m->Hkv, D = m->D, C = m->C, kv = Hkv * D, group = H / Hkv;
+    const float *r = t->qkv + n * (H + 2 * Hkv) * D;
+    float *k_at = sk + n * c->s_row + s_at * kv + g * D, *v_at = sv + n * c->s_row + s_at * kv + g * D;
+    memcpy(v_at, r + (H + Hkv + g) * D, sizeof(float) * D);
+    if (w->ve_table) { /* v += ve_scale * sigmoid(s * ve_gate @ x[:ve_channels]) * ve */
+        float z = t->s[n] * dot(w->ve_gate + g * m->ve_channels, x + n * C, m->ve_channels);
+        float gate = m->ve_scale / (1.0f + expf(-z));
+        long row = id * kv + g * D;
+        if (m->bf16_table)
+            for (long j = 0; j < D; j++) v_at[j] += gate * table_at(w->ve_table, row + j, 1);
+        else
+            for (long j = 0; j < D; j++) v_at[j] += gate * ((const float *)w->ve_table)[row + j];
+    }
+    for (long h = g * group; h < (g + 1) * group; h++)
+        rope_norm(r + h * D, t->q + (h * N + n) * D, cos_, sin_, D, m->norm_scale, m->norm_eps);
+    rope_norm(r + (H + g) * D, k_at, cos_, sin_, D, m->norm_scale, m->norm_eps);
+}
+
+/* Query head h of row n: its scores over the row's own keys (after the prefix's, which
+ * are in place), then the softmax over both, its 1 / total kept for the values. */
+static void own_scores(const struct rows_model *m, long N, long n, long h, const float *sk,
+                       const struct rows_cache *c, const struct window *a, long span,
+                       const struct scratch *t) {
+    long D = m->D, kv = m->Hkv * D, group = m->H / m->Hkv, n_cols = a->n_cols;
+    const float *qh = t->q + (h * N + n) * D;
+    const float *keys = sk + n * c->s_row + a->s_from * kv + (h / group) * D;
+    float *p = t->scores + (h * N + n) * span;
+    long i = 0;
+    if (FOUR_AT_ONCE && D % VW == 0) {
+        for (; i + 8 <= a->n_suffix; i += 8) {
+            float eight[8];
+            dot8(qh, keys + i * kv, kv, D, eight);
+            for (int j = 0; j < 8; j++) p[n_cols + i + j] = m->att_scale * eight[j];
+        }
+        for (; i + 4 <= a->n_suffix; i += 4) {
+            float four[4];
+            dot4(qh, keys + i * kv, kv, D, four);
+            for (int j = 0; j < 4; j++) p[n_cols + i + j] = m->att_scale * four[j];
+        }
+    }
+    for (; i < a->n_suffix; i++) {
+        const float *k = keys + i * kv;
+        p[n_cols + i] = m->att_scale * (D % VW ? dot(qh, k, D) : dot_lanes(qh, k, D));
+    }
+    long n_scores = n_cols - a->skip + a->n_suffix;
+    float top = largest(p + a->skip, n_scores);
+    t->inv_total[h * N + n] = 1.0f / exp_scores(p + a->skip, n_scores, top);
+    memset(p, 0, sizeof(float) * a->skip);
+}
+
+/* The attention of K/V head g for rows r0..r0+nr: their inputs (head_inputs), then for
+ * each of the group's query heads the scores over the prefix (one product of the rows'
+ * queries and the head's key panels), each row's own scores and softmax, the values over
+ * the prefix (a product, which stores y) and each row's own. One thread does a unit from
+ * the K/V written to the scores' last use: where the attention's five parts were each
+ * split over the cores on its own, a part read what the other core had just written (the
+ * embedded model's 8 rows: a scores row's second half, or a row's keys), with a barrier
+ * between parts; the 8 rows' attention took ~110 us of a ~380 us step. */
+static void attend(const struct rows_model *m, const struct rows_layer *w, const float *x,
+                   long N, long r0, long nr, long g, const long *ids, const float *cos_,
+                   const float *sin_, const float *pk, const float *pv, float *sk, float *sv,
+                   const struct rows_cache *c, const struct window *a, long span,
+                   const struct scratch *t) {
+    long H = m->H, D = m->D, group = H / m->Hkv, Dp = whole_blocks(D), n_cols = a->n_cols;
+    for (long n = r0; n < r0 + nr; n++)
+        head_inputs(m, w, x, N, n, g, ids[n], cos_, sin_, sk, sv, c, a->s_at, t);
+    for (long h = g * group; h < (g + 1) * group; h++) {
+        float *p = t->scores + (h * N + r0) * span, *inv_total = t->inv_total + h * N + r0;
+        if (n_cols > 0)
+            panel_rows((struct view){t->q + (h * N + r0) * D, D}, nr, D,
+                       pk + g * whole_blocks(c->prefix) * D + a->p_at / BLOCK * D * BLOCK,
+                       D * BLOCK, n_cols, p, span, t->att_scale, STORE_SCALED);
+        for (long n = r0; n < r0 + nr; n++) own_scores(m, N, n, h, sk, c, a, span, t);
+        if (n_cols > 0)
+            panel_rows((struct view){p, span}, nr, n_cols, pv + g * Dp * c->prefix + a->p_at * BLOCK,
+                       c->prefix * BLOCK, D, t->y + r0 * H * D + h * D, H * D, inv_total,
+                       STORE_SCALED);
+        for (long n = r0; n < r0 + nr; n++) {
+            float *out = t->y + n * H * D + h * D;
+            if (n_cols == 0) memset(out, 0, sizeof(float) * D);
+            add_values(t->scores + (h * N + n) * span + n_cols, a->n_suffix,
+                       sv + n * c->s_row + a->s_from * m->Hkv * D + g * D, m->Hkv * D, D,
+                       t->inv_total[h * N + n], out);
+        }
+    }
+}
+
+/* The rows of one attention unit (attend): as many as leave the threads' shares of the
+ * Hkv * ceil(N / rows) units most even, counting a unit as its rows plus one for its own
+ * work (the embedded model's 8 rows on two cores: 4, six units of 3 K/V heads; d20's 10
+ * heads: 8). At most MAX_ROWS, the most one product's pass takes. */
+static long unit_rows(long N, long Hkv, long threads) {
+    long best = 1, best_cost = -1;
+    for (long rows = N < MAX_ROWS ? N : MAX_ROWS; rows >= 1; rows--) {
+        long units = Hkv * ((N + rows - 1) / rows);
+        long cost = (units + threads - 1) / threads * (rows + 1);
+        if (best_cost < 0 || cost < best_cost) best = rows, best_cost = cost;
+    }
+    return best;
+}
+
+/* One layer of the step (inside the step's parallel region: every loop an orphaned omp for).
+ * unit: the rows of an attention unit (unit_rows). */
+static void layer(const struct rows_model *m, const struct rows_layer *w, float *x, long rows,
+                  const long *ids, const float *cos_, const float *sin_, const float *pk,
+                  const float *pv, float *sk, float *sv, const struct rows_cache *c,
+                  const struct scratch *t, long span, long unit) {
+    long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D, N = rows;
+    long width = (H + 2 * Hkv) * D, blocks = (N + unit - 1) / unit;
+    struct window a = window_of(c, w->window);
 #pragma omp for schedule(static)
     for (long n = 0; n < N; n++) {
         for (long j = 0; j < C; j++)
@@ -841,88 +953,20 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
     matrix(m, x, N, C, w->qkv, width, t->qkv, t->s, STORE_SCALED);
     PHASE(1);
 #pragma omp for schedule(static)
-    for (long n = 0; n < N; n++) {
-        const float *r = t->qkv + n * width;
-        float *k_at = sk + n * c->s_row + s_at * kv, *v_at = sv + n * c->s_row + s_at * kv;
-        memcpy(v_at, r + (H + Hkv) * D, sizeof(float) * kv);
-        if (w->ve_table) { /* v += ve_scale * sigmoid(s * ve_gate @ x[:ve_channels]) * ve */
-            long row = ids[n] * kv;
-            for (long g = 0; g < Hkv; g++) {
-                float z = t->s[n] * dot(w->ve_gate + g * m->ve_channels, x + n * C,
-                                        m->ve_channels);
-                float gate = m->ve_scale / (1.0f + expf(-z));
-                for (long j = 0; j < D; j++)
-                    v_at[g * D + j] += gate * table_at(w->ve_table, row + g * D + j,
-                                                       m->bf16_table);
-            }
-        }
-        for (long h = 0; h < H + Hkv; h++)
-            rope_norm(r + h * D, h < H ? t->q + (h * N + n) * D : k_at + (h - H) * D, cos_, sin_,
-                      D, m->norm_scale, m->norm_eps);
+    for (long u = 0; u < Hkv * blocks; u++) {
+        long r0 = u % blocks * unit;
+        attend(m, w, x, N, r0, N - r0 < unit ? N - r0 : unit, u / blocks, ids, cos_, sin_, pk, pv,
+               sk, sv, c, &a, span, t);
     }
     PHASE(2);
-    /* Scores over the prefix: each K/V head's queries (its heads' rows) times its keys. */
-    if (n_cols > 0)
-        panel_products(Hkv, (struct view){t->q, D}, group * N * D, group * N, D,
-                       pk + p_at / BLOCK * D * BLOCK, whole_blocks(c->prefix) * D, 1, D * BLOCK,
-                       n_cols, t->scores, group * N * span, span, t->att_scale, 0, STORE_SCALED);
-    PHASE(3);
-    /* Each query's scores over its row's own keys, then the softmax over both. */
-#pragma omp for schedule(static) collapse(2)
-    for (long h = 0; h < H; h++) {
-        for (long n = 0; n < N; n++) {
-            const float *qh = t->q + (h * N + n) * D;
-            const float *keys = sk + n * c->s_row + s_from * kv + (h / group) * D;
-            float *p = t->scores + (h * N + n) * span;
-            long i = 0;
-            if (FOUR_AT_ONCE && D % VW == 0) {
-                for (; i + 8 <= n_suffix; i += 8) {
-                    float eight[8];
-                    dot8(qh, keys + i * kv, kv, D, eight);
-                    for (int j = 0; j < 8; j++) p[n_cols + i + j] = m->att_scale * eight[j];
-                }
-                for (; i + 4 <= n_suffix; i += 4) {
-                    float four[4];
-                    dot4(qh, keys + i * kv, kv, D, four);
-                    for (int j = 0; j < 4; j++) p[n_cols + i + j] = m->att_scale * four[j];
-                }
-            }
-            for (; i < n_suffix; i++) {
-                const float *k = keys + i * kv;
-                p[n_cols + i] = m->att_scale * (D % VW ? dot(qh, k, D) : dot_lanes(qh, k, D));
-            }
-            float top = largest(p + skip, n_cols - skip + n_suffix);
-            t->inv_total[h * N + n] = 1.0f / exp_scores(p + skip, n_cols - skip + n_suffix, top);
-            memset(p, 0, sizeof(float) * skip);
-        }
-    }
-    PHASE(4);
-    /* The values: the prefix's through one product a head (which stores y), then each
-     * row's own. */
-    if (n_cols > 0)
-        panel_products(H, (struct view){t->scores, span}, N * span, N, n_cols,
-                       pv + p_at * BLOCK, Dp * c->prefix, group, c->prefix * BLOCK, D, t->y, D,
-                       H * D, t->inv_total, N, STORE_SCALED);
-    PHASE(5);
-#pragma omp for schedule(static) collapse(2)
-    for (long n = 0; n < N; n++) {
-        for (long h = 0; h < H; h++) {
-            float *out = t->y + n * H * D + h * D;
-            if (n_cols == 0) memset(out, 0, sizeof(float) * D);
-            add_values(t->scores + (h * N + n) * span + n_cols, n_suffix,
-                       sv + n * c->s_row + s_from * kv + (h / group) * D, kv, D,
-                       t->inv_total[h * N + n], out);
-        }
-    }
-    PHASE(6);
     matrix(m, t->y, N, H * D, w->proj, C, x, NULL, ADD);
-    PHASE(7);
+    PHASE(3);
     row_scales(x, N, C, m->eps, t->s);
-    PHASE(8);
+    PHASE(4);
     matrix(m, x, N, C, w->fc, F, t->u, t->s, RELU_SQUARED);
-    PHASE(9);
+    PHASE(5);
     matrix(m, t->u, N, F, w->fc_proj, C, x, NULL, ADD);
-    PHASE(10);
+    PHASE(6);
 }
 
 /* Every layer of one decode step of `rows` rows, then the vocabulary's products.
@@ -936,7 +980,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
               const float *cos_, const float *sin_, const struct rows_cache *c, float *logits,
               int threads) {
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D;
-    long width = (H + 2 * Hkv) * D, span = c->pos + 1;
+    long width = (H + 2 * Hkv) * D, span = c->pos + 1, unit = unit_rows(rows, Hkv, threads);
     /* fp16 widths in whole panels (VW a power of two: one test for all four) */
     if (m->half && (!HALF_WEIGHTS || (width | C | F | m->V) % VW)) return -1;
     if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 || c->pos < c->prefix ||
@@ -959,7 +1003,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
             layer(m, m->layers + i, x, rows, ids, cos_, sin_,
                   c->pk ? c->pk + i * Hkv * whole_blocks(c->prefix) * D : NULL,
                   c->pv ? c->pv + i * Hkv * whole_blocks(D) * c->prefix : NULL,
-                  c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, &t, span);
+                  c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, &t, span, unit);
             if (i == m->backout_layer) {
 #pragma omp for schedule(static)
                 for (long j = 0; j < rows * C; j++) t.saved[j] = x[j];
@@ -972,7 +1016,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
             /* the last norm and the softcap's division: one scale a row */
             t.s[n] = 1.0f / (m->softcap * sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps));
         }
-        PHASE(11);
+        PHASE(7);
         matrix(m, x, rows, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
         /* the softcap on both cores, in chunks: a row of a 65536 vocabulary is ~65 us */
         long total = rows * m->V, chunks = (total + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK;
@@ -982,7 +1026,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
             rows_softcap(logits + from, total - from < SOFTCAP_CHUNK ? total - from : SOFTCAP_CHUNK,
                          m->softcap);
         }
-        PHASE(12);
+        PHASE(8);
     }
     free(t.x0);
     return 0;
