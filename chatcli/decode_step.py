@@ -327,9 +327,9 @@ class DecodeStep:
 
     def _native_rows(self) -> RowsModel | None:
         """The model as rows_step reads it, or None where it does not apply: matrices
-        neither all fp32 and small (weight_t) nor all fp16 copies in half panels (int8,
-        int4, bf16 copies; fp16 where the CPU lacks F16C), tables other than fp32 or bf16,
-        no compiler."""
+        neither all fp32 and small (weight_t) nor all fp16 copies in half panels nor all
+        int8 copies in int8 panels (int4, bf16 copies; fp16 where the CPU lacks F16C, int8
+        where it lacks AVX2), tables other than fp32 or bf16, no compiler."""
         if not (self.fold_norms and self.head_dim % 2 == 0):
             return None
         kernel = rows_step()
@@ -340,8 +340,9 @@ class DecodeStep:
             if m.weight_t is not None:
                 source[id(m)] = m.weight_t
                 continue
-            copies = m.copies  # one fp16 copy (a stacked one for q, k and v) keeps panels
-            panels = getattr(copies[0], "half_panels", None) if len(copies) == 1 else None
+            copies = m.copies  # one fp16 or int8 copy (a stacked one for q, k, v) keeps panels
+            one = copies[0] if len(copies) == 1 else None
+            panels = getattr(one, "half_panels", None) or getattr(one, "int8_panels", None)
             if panels is None:
                 return None
             source[id(m)] = panels
@@ -405,7 +406,8 @@ class DecodeStep:
         """Our kernel that runs the whole step where it applies (reported by the bench)."""
         if self._rows_model is None:
             return None
-        return "rows_step fp16" if self._rows_model.half else "rows_step"
+        narrow = {"float16": " fp16", "int8": " int8"}
+        return "rows_step" + narrow.get(self._rows_model.weights, "")
 
     def threads_by_rows(self) -> dict[int, int]:
         """The thread count each row count's step has settled on so far (the bench

@@ -251,7 +251,50 @@ class HalfPanels:
         return blocks.transpose(0, 1).reshape(self.n_in, self.n_out).float()
 
 
-Matrix = torch.Tensor | HalfPanels  # what rows_step reads a layer's matrix as
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 codes (N, K) and fp32 scales (N,): row i is codes[i] * scales[i]."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return codes, scales
+
+
+@dataclass(frozen=True)
+class Int8Panels:
+    """An int8 (in, out) matrix as rows_step and rows_int8_product read it: one flat int8
+    buffer of the `out` fp32 column scales (their bytes) then the codes packed in panels of
+    `panel` columns (pack_panels); column j is codes[:, j] * scales[j] (int8_rows of the
+    (out, in) weight). One buffer, so the step's structs keep one pointer a matrix."""
+
+    buffer: torch.Tensor  # flat int8
+    n_in: int
+    n_out: int
+    panel: int
+
+    @classmethod
+    def of(cls, codes: torch.Tensor, scales: torch.Tensor, panel: int) -> Int8Panels:
+        """From int8_rows' codes (out, in) and scales (out,); out whole panels."""
+        n_out, n_in = codes.shape
+        if n_out % panel:
+            raise ValueError(f"int8 panels need whole panels of {panel} columns, not {n_out}")
+        scale_bytes = scales.float().contiguous().view(torch.int8)
+        return cls(torch.cat([scale_bytes, pack_panels(codes.t(), panel)]), n_in, n_out, panel)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n_in, self.n_out
+
+    @property
+    def scales(self) -> torch.Tensor:
+        return self.buffer[: 4 * self.n_out].view(torch.float32)
+
+    def matrix(self) -> torch.Tensor:
+        """The (in, out) matrix the codes and scales stand for, fp32 (for references)."""
+        codes = self.buffer[4 * self.n_out :].view(self.n_out // self.panel, self.n_in, self.panel)
+        return codes.transpose(0, 1).reshape(self.n_in, self.n_out).float() * self.scales
+
+
+Matrix = torch.Tensor | HalfPanels | Int8Panels  # what rows_step reads a layer's matrix as
 
 
 @dataclass
@@ -298,7 +341,12 @@ class RowsModel:
         self.struct, self.layers, self.lm_head = struct, layers, lm_head
         self.packed = packed  # the matrices as the kernel reads them (pack_panels)
         self.n_kv_head, self.head_dim = struct.Hkv, struct.D
-        self.half = bool(struct.half)
+        self.half = bool(struct.half)  # narrow matrices: fp16 or int8
+        self.weights = WEIGHT_KINDS[struct.half]
+
+
+# What rows_model.half says the matrices are (decode_ops.c's enum narrow).
+WEIGHT_KINDS = ("float32", "float16", "int8")
 
 
 class RowsStep:
@@ -313,8 +361,17 @@ class RowsStep:
         self._fn = fn
         self.block = int(library.rows_block())  # the columns of a panel (pack_panels)
         # fp16 matrices' panel width (HalfPanels), two a block; 0 where the CPU cannot
-        # widen fp16 (no F16C) and the kernel reads fp32 only.
+        # widen fp16 (no F16C) and the kernel reads fp32 only. int8's (Int8Panels) the
+        # same where it reads int8 (AVX2); an earlier revision's library reads none.
         self.half_panel = int(library.rows_half_panel())
+        int8_panel = getattr(library, "rows_int8_panel", None)
+        self.int8_panel = int(int8_panel()) if int8_panel is not None else 0
+        self._int8_product = getattr(library, "rows_int8_product", None)
+        if self._int8_product is not None:
+            self._int8_product.restype = ctypes.c_int
+            self._int8_product.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+            self._int8_product.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+            self._int8_product.argtypes += [ctypes.c_int]
         # The prefix's packing and the softcap alone: an earlier revision's library
         # (scripts/ab_rows_step.py builds them to time `run` on calls packed by this one)
         # may have neither.
@@ -411,6 +468,22 @@ class RowsStep:
         )  # fmt: skip
         return pk, pv
 
+    def int8_product(self, w: Int8Panels, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
+        """x (rows, in) fp32 @ an int8 matrix (in, out), its products summed in fp32 on
+        `threads` cores: an int8 copy's own products outside a whole step."""
+        if not self.int8_panel or self._int8_product is None or w.panel != self.int8_panel:
+            raise ValueError(f"rows_step reads no int8 panels of {w.panel} columns here")
+        if x.dim() != 2 or x.size(1) != w.n_in:
+            raise ValueError(f"an int8 product takes (rows, {w.n_in}), not {tuple(x.shape)}")
+        x = x.float().contiguous()
+        y = torch.empty(x.size(0), w.n_out, dtype=torch.float32)
+        failed = self._int8_product(
+            x.data_ptr(), x.size(0), w.n_in, w.buffer.data_ptr(), w.n_out, y.data_ptr(), threads
+        )
+        if failed:
+            raise ValueError(f"rows_int8_product does not take {tuple(x.shape)} @ {w.shape}")
+        return y
+
     def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
         """x = cap * tanh(x) in place, as rows_step finishes its logits (contiguous fp32)."""
         if self._softcap is None:
@@ -438,21 +511,21 @@ class RowsStep:
         """The model as the kernel reads it; a ValueError for matrices it does not take.
         lm_head: (C, V). norm_scale, norm_eps: the qk-norm multiplies each head by
         1 / sqrt(norm_eps + norm_scale * sum(head^2)), which folds in the era's qk scale.
-        The matrices: fp32 tensors, packed here; or all HalfPanels of `half_panel` columns
-        (their widths whole panels), read where they are."""
+        The matrices: fp32 tensors, packed here; or all HalfPanels of `half_panel` columns,
+        or all Int8Panels of `int8_panel` (their widths whole panels), read where they are."""
         matrices = [lm_head] + [t for la in layers for t in la.matrices]
-        half = isinstance(lm_head, HalfPanels)
+        kind = 2 if isinstance(lm_head, Int8Panels) else int(isinstance(lm_head, HalfPanels))
+        name, narrow = ("fp32", "fp16", "int8")[kind], (None, HalfPanels, Int8Panels)[kind]
+        panel = (0, self.half_panel, self.int8_panel)[kind]
         tables = [la.ve_table for la in layers if la.ve_table is not None]
         gates = [la.ve_gate for la in layers if la.ve_gate is not None]
-        if half:
-            if not self.half_panel:
-                raise ValueError("rows_step reads no fp16 here (the CPU lacks F16C)")
-            if not all(isinstance(t, HalfPanels) for t in matrices):
-                raise ValueError("rows_step reads every matrix fp16 or every one fp32")
-            if any(t.panel != self.half_panel or t.n_out % t.panel for t in matrices):
-                raise ValueError(
-                    f"rows_step reads fp16 in whole panels of {self.half_panel} columns"
-                )
+        if narrow is not None:
+            if not panel:
+                raise ValueError(f"rows_step reads no {name} here (the CPU lacks F16C or AVX2)")
+            if not all(isinstance(t, narrow) for t in matrices):
+                raise ValueError(f"rows_step reads every matrix {name} or every one fp32")
+            if any(t.panel != panel or t.n_out % t.panel for t in matrices):
+                raise ValueError(f"rows_step reads {name} in whole panels of {panel} columns")
         elif any(
             not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or not t.is_contiguous()
             for t in matrices
@@ -474,8 +547,10 @@ class RowsStep:
                 raise ValueError(f"rows_step: a layer's matrices of other shapes {shapes}")
         if lm_head.shape[0] != C or D % 2:
             raise ValueError(f"rows_step: lm_head {tuple(lm_head.shape)}, head width {D}")
-        if half:  # the copies' own panels
+        if narrow is HalfPanels:  # the copies' own panels
             packed = {id(t): t.panels for t in matrices}
+        elif narrow is Int8Panels:
+            packed = {id(t): t.buffer for t in matrices}
         else:
             packed = {id(t): pack_panels(t, self.block) for t in matrices}
 
@@ -500,7 +575,7 @@ class RowsStep:
             ctypes.addressof(structs), len(layers), packed[id(lm_head)].data_ptr(),
             C, F, n_head, n_kv_head, D, ve_channels, lm_head.shape[1],
             ve_scale, eps, norm_scale, norm_eps, D**-0.5, softcap,
-            backout_layer, backout_lambda, int(half), int(bf16_table),
+            backout_layer, backout_lambda, kind, int(bf16_table),
         )  # fmt: skip
         struct.keep = structs
         return RowsModel(struct, layers, lm_head, list(packed.values()))
@@ -758,7 +833,7 @@ def _reference_rows_step(
         return torch.rsqrt(t.square().mean(-1, keepdim=True) + m.eps)
 
     def dense(t: Matrix) -> torch.Tensor:
-        return t.matrix() if isinstance(t, HalfPanels) else t
+        return t.matrix() if isinstance(t, HalfPanels | Int8Panels) else t
 
     x0, saved = x.clone(), None
     for i, la in enumerate(model.layers):
@@ -807,6 +882,7 @@ def rows_step_errors(
     threads: int = 2,
     seed: int = 0,
     half: bool = False,
+    int8: bool = False,
     bf16_table: bool = False,
 ) -> list[float]:
     """The largest differences between the kernel and _reference_rows_step on a random
@@ -817,12 +893,14 @@ def rows_step_errors(
     a short one leaving the prompt. The defaults take both of the products' loops (whole
     blocks of the widest vectors' 32 columns and a vocabulary of 100). half: the matrices
     fp16 in half panels, the vocabulary rounded up to whole panels (104 with 8 lanes: 6
-    blocks and a panel without a pair);
+    blocks and a panel without a pair); int8: the matrices int8 (Int8Panels), the
+    vocabulary rounded up so too, the reference reading the matrices they stand for;
     bf16_table: the value embeddings bf16."""
     g = torch.Generator().manual_seed(seed)
     (H, Hkv), D, (C, F, V), N = heads, head_dim, widths, rows
-    if half:
-        V = -(-V // kernel.half_panel) * kernel.half_panel
+    panel = kernel.int8_panel if int8 else kernel.half_panel
+    if half or int8:
+        V = -(-V // panel) * panel
     P, L = prompt or 0, len(windows)
 
     def rand(*shape: int) -> torch.Tensor:
@@ -830,7 +908,9 @@ def rows_step_errors(
 
     def weights(*shape: int) -> Matrix:
         w = rand(*shape)
-        return HalfPanels.of(w, kernel.half_panel) if half else w
+        if int8:
+            return Int8Panels.of(*int8_rows(w.t()), panel)
+        return HalfPanels.of(w, panel) if half else w
 
     table_dtype = torch.bfloat16 if bf16_table else torch.float32
     layers = [
@@ -897,8 +977,8 @@ def embed_errors(kernel: RowsStep, *, bf16: bool = False, rows: int = 5, seed: i
 
 
 def _check_rows_step(kernel: RowsStep) -> None:
-    """The kernel against torch on a random model, with fp16 matrices too where it reads
-    them: a library that answers wrongly either way is not used (RuntimeError)."""
+    """The kernel against torch on a random model, with fp16 and int8 matrices too where it
+    reads them: a library that answers wrongly any way is not used (RuntimeError)."""
     if max(rows_step_errors(kernel)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model")
     has_embed = kernel.embeds(torch.empty(1, 1))  # an earlier revision's build may not
@@ -906,6 +986,8 @@ def _check_rows_step(kernel: RowsStep) -> None:
         raise RuntimeError("rows_step's embed disagrees with torch")
     if kernel.half_panel and max(rows_step_errors(kernel, rows=1, half=True)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model of fp16 matrices")
+    if kernel.int8_panel and max(rows_step_errors(kernel, rows=1, int8=True)) > 1e-4:
+        raise RuntimeError("rows_step disagrees with torch on a test model of int8 matrices")
 
 
 @functools.cache

@@ -15,11 +15,14 @@ that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
   fbgemm is missing, torch.mv over fp16, one row, its input scaled into fp16's range. On
   AVX-512 one row goes through our own kernel instead (native_kernels.f16_matvec).
 - bfloat16: half the bytes; exact products of rounded weights (torch.mv).
-- int8: a quarter; one symmetric scale per output row. On x86 the product is fbgemm's dynamic
-  int8 linear: each call also rounds its activations to 7-bit integers (one scale and offset
-  per call), and multiplies in integers: d20's matrices in 36 ms per token (one row runs on
-  one thread; scripts/bench_decode_paths.py kernels) against 40 for the weight-only kernel
-  and 62 for bf16 torch.mv on two threads. Where fbgemm is missing (ARM) it is weight-only:
+- int8: a quarter; one symmetric scale per output row. Where our kernels run (a C compiler,
+  AVX2) it is weight-only in them: the codes widened to fp32 in registers, fp32 activations
+  and sums, each row's scale applied to its sum; the whole decode step (rows_step) reads
+  the copy's panels itself. Else, on x86, fbgemm's dynamic int8 linear: each call also
+  rounds its activations to 7-bit integers (one scale and offset per call), and multiplies
+  in integers: d20's matrices in 36 ms per token (one row runs on one thread;
+  scripts/bench_decode_paths.py kernels) against 40 for torch's weight-only kernel and 62
+  for bf16 torch.mv on two threads. Where fbgemm is missing (ARM) it is weight-only:
   torch._weight_int8pack_mm, activations in bf16.
 - int4: an eighth; asymmetric, a scale and offset per group of GROUP_SIZE inputs
   (torch._weight_int4pack_mm_for_cpu, activations in bf16).
@@ -34,7 +37,15 @@ from typing import Protocol
 
 import torch
 
-from chatcli.native_kernels import HalfPanels, f16_matvec, f16_rows, unavailable_reason
+from chatcli.native_kernels import (
+    HalfPanels,
+    Int8Panels,
+    f16_matvec,
+    f16_rows,
+    int8_rows,
+    rows_step,
+    unavailable_reason,
+)
 
 # From the most bits to the fewest.
 QUANTIZE_KINDS = ("float16", "bfloat16", "int8", "int4")
@@ -171,14 +182,6 @@ class Bf16Weight:
         return self.matvec(x.view(-1)).view(1, -1)
 
 
-def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 codes (N, K) and fp32 scales (N,): row i is codes[i] * scales[i]."""
-    w = weight.detach().float()
-    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-    codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-    return codes, scales
-
-
 def fbgemm_available() -> bool:
     """Whether fbgemm's dynamic int8 linear runs here (x86 builds; its engine is the default)."""
     return torch.backends.quantized.engine in ("x86", "fbgemm") and hasattr(
@@ -192,11 +195,35 @@ def fbgemm_fp16_available() -> bool:
 
 
 class Int8Weight:
+    """int8, one scale per output row (int8_rows). Where our step kernel reads int8 (a C
+    compiler, AVX2) and the rows are whole panels: weight-only in our own kernels, the
+    codes in panels beside their scales (Int8Panels), which the whole decode step
+    (native_kernels.rows_step) and this copy's own products (rows_int8_product: a chat
+    turn's few tokens) read, fp32 activations and sums, a byte a weight. Else fbgemm's
+    dynamic int8 linear, which also rounds the activations to 7-bit integers, or, where
+    fbgemm is missing, torch's weight-only kernel with bf16 activations.
+    use_native: None, ours where it runs unless use_fbgemm says which of the others; False,
+    never; True, ours or a RuntimeError."""
+
     max_rows = 16
 
-    def __init__(self, weight: torch.Tensor, use_fbgemm: bool | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, use_fbgemm: bool | None = None, use_native: bool | None = None
+    ) -> None:
         codes, scales = int8_rows(weight)
         N, K = codes.shape
+        native = use_native if use_native is not None else use_fbgemm is None
+        kernel = rows_step() if native else None
+        panel = kernel.int8_panel if kernel is not None else 0
+        if use_native and not (panel and N % panel == 0):
+            why = unavailable_reason("rows_step") or "no AVX2, or rows not whole panels"
+            raise RuntimeError(f"no native int8 kernel for {N} rows here: {why}")
+        self._kernel, self.int8_panels = None, None
+        if panel and N % panel == 0:
+            self._kernel, self.int8_panels = kernel, Int8Panels.of(codes, scales, panel)
+            self.use_fbgemm, self.float_activations = False, True
+            self.nbytes = N * K + N * 4  # + an fp32 scale a row
+            return
         self.use_fbgemm = fbgemm_available() if use_fbgemm is None else use_fbgemm
         self.float_activations = not self.use_fbgemm  # the weight-only kernel takes bf16
         if self.use_fbgemm:
@@ -212,10 +239,22 @@ class Int8Weight:
             self.scales = scales.to(torch.bfloat16)  # the kernel takes the activations' dtype
             self.nbytes = N * K + N * 2
 
+    @property
+    def one_row_kernel(self) -> str:
+        """What a product of one row runs (reported by `chatcli bench`)."""
+        if self._kernel is not None:
+            return "rows_int8_product (native)"
+        return "fbgemm int8" if self.use_fbgemm else "torch int8 weight-only"
+
+    rows_kernel = one_row_kernel  # what 2 to max_rows rows run: the same kernel
+
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x.view(1, -1)).view(-1)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self._kernel is not None:
+            y = self._kernel.int8_product(self.int8_panels, x, torch.get_num_threads())
+            return y.to(x.dtype)
         if self.use_fbgemm:
             # reduce_range: 7-bit activations, so AVX2's u8 x s8 pair sums cannot saturate.
             y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self._packed, True)

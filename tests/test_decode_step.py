@@ -6,7 +6,12 @@ import torch
 from chatcli import decode_step
 from chatcli.checkpoint import load_model
 from chatcli.cpu_plan import ThreadChoice
-from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, WithFallback
+from chatcli.decode_step import (
+    CudaGraphStep,
+    DecodeStep,
+    StaticDecodeStep,
+    WithFallback,
+)
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model import ERAS
@@ -254,23 +259,28 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
         torch.testing.assert_close(got, want, atol=0.02, rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["float16", "int8"])
 @pytest.mark.parametrize("era", ["A", "D", "E"])
-def test_fp16_copies_run_through_the_kernel_from_their_own_panels(era):
-    # rows_step reads each fp16 copy's f16_rows panels where they are (no memory added) and
-    # sums in fp32 as fbgemm and f16_rows do, in another order: torch's ops over the same
-    # copies within rounding, one row and sample rows over a shared prompt.
+def test_narrow_copies_run_through_the_kernel_from_their_own_panels(era, kind):
+    # rows_step reads each fp16 copy's f16_rows panels, or each int8 copy's codes and
+    # scales, where they are (no memory added), and sums in fp32 as the copies' own
+    # products do, in another order: torch's ops over the same copies within rounding, one
+    # row and sample rows over a shared prompt.
     kernel = rows_step()
-    if kernel is None or not kernel.half_panel:
-        pytest.skip(f"no fp16 kernel here: {unavailable_reason('rows_step') or 'no F16C'}")
+    panel = 0 if kernel is None else kernel.half_panel if kind == "float16" else kernel.int8_panel
+    if not panel:
+        pytest.skip(f"no {kind} kernel here: {unavailable_reason('rows_step') or 'no F16C/AVX2'}")
     # Widths of whole panels, and a vocabulary of an odd count of them, which ends in a block
     # of one panel: 200 with AVX2's 8 columns, 208 with AVX-512's 16.
-    panels = -(-190 // kernel.half_panel) | 1
-    model = _random_model(era, vocab_size=panels * kernel.half_panel)
-    model.add_decode_weights("float16")
+    model = _random_model(era, vocab_size=(-(-190 // panel) | 1) * panel)
+    model.add_decode_weights(kind)
     step = DecodeStep(model)
     assert step._rows_model is not None
-    assert step.kernel == "rows_step fp16"
-    copies = {c._panels.data_ptr() for c in model.decode_weights()}
+    assert step.kernel == ("rows_step fp16" if kind == "float16" else "rows_step int8")
+    if kind == "float16":
+        copies = {c._panels.data_ptr() for c in model.decode_weights()}
+    else:
+        copies = {c.int8_panels.buffer.data_ptr() for c in model.decode_weights()}
     assert {p.data_ptr() for p in step._rows_model.packed} == copies
     reference = DecodeStep(model)
     reference._rows_model = None
@@ -290,7 +300,16 @@ def test_fp16_copies_run_through_the_kernel_from_their_own_panels(era):
                                    atol=1e-4, rtol=0)  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["bfloat16", "int8", "int4"])
+def test_int8_copies_of_a_vocabulary_not_in_whole_panels_keep_torchs_ops():
+    # An int8 copy our kernels cannot read (the lm_head of 190 rows) goes through fbgemm or
+    # torch's weight-only kernel, and the step with it through torch's ops.
+    model = _random_model("E", vocab_size=190)
+    model.add_decode_weights("int8")
+    assert DecodeStep(model).kernel is None
+    assert model.lm_head.decode_weight.int8_panels is None
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "int4"])
 def test_other_copies_keep_torchs_ops(kind):
     model = _random_model("E")
     model.add_decode_weights(kind)

@@ -13,12 +13,14 @@ from chatcli.native_kernels import (
     F16Matvec,
     F16Rows,
     HalfPanels,
+    Int8Panels,
     RowsLayer,
     RowsStep,
     build,
     embed_errors,
     f16_matvec,
     f16_rows,
+    int8_rows,
     library_path,
     pack_panels,
     rows_step,
@@ -541,6 +543,112 @@ def test_rows_step_refuses_fp16_it_does_not_read():
         _ROWS.model([layer(table=torch.randn(50, p).half())], head, **kwargs)
 
 
+needs_int8_rows = pytest.mark.skipif(
+    _ROWS is None or not _ROWS.int8_panel, reason="rows_step reads no int8 here (no AVX2)"
+)
+
+
+@needs_int8_rows
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"rows": 1, "prompt": None},  # batch-1 decode: one row, 4 inputs a pass
+        {"rows": 1, "threads": 1},
+        {},  # 3 rows over a prompt; a vocabulary ending in a panel without a pair (8 lanes)
+        {"rows": 2, "bf16_table": True},
+        {"rows": 8, "threads": 1},
+        {"rows": 7},
+        {**_WIDE_HEADS, "rows": 9, "prompt": 40, "pos": 50},
+    ],
+)
+def test_rows_step_reads_int8_matrices_as_their_codes_times_their_scales(case):
+    logits, keys, values = rows_step_errors(_ROWS, int8=True, **case)
+    assert logits < 1e-5 and keys < 1e-5 and values < 1e-5
+
+
+def test_int8_panels_are_the_scales_then_the_codes_in_panels():
+    weight = torch.randn(48, 5)  # (out, in): whole panels of 8 and of 16
+    codes, scales = int8_rows(weight)
+    panels = Int8Panels.of(codes, scales, 8)
+    assert panels.shape == (5, 48) and panels.buffer.dtype == torch.int8
+    assert torch.equal(panels.scales, scales)
+    assert torch.equal(panels.buffer[4 * 48 :], pack_panels(codes.t(), 8))
+    assert torch.equal(panels.matrix(), codes.t().float() * scales)
+    with pytest.raises(ValueError, match="whole panels of 16"):
+        Int8Panels.of(*int8_rows(torch.randn(40, 5)), 16)
+
+
+@needs_int8_rows
+@pytest.mark.parametrize("rows", [1, 2, 8, 9, 16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_int8_product_is_each_row_times_the_codes_then_the_scales(rows, threads):
+    # Any row count (a chat turn's few tokens): passes of 8, each weight widened once a pass.
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(6 * _ROWS.int8_panel, 40, generator=g)
+    panels = Int8Panels.of(*int8_rows(weight), _ROWS.int8_panel)
+    x = torch.randn(rows, 40, generator=g)
+    got = _ROWS.int8_product(panels, x, threads)
+    torch.testing.assert_close(got, x @ panels.matrix(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"takes \(rows, 40\)"):
+        _ROWS.int8_product(panels, torch.randn(2, 41), threads)
+
+
+@needs_int8_rows
+def test_a_rows_step_that_answers_int8_wrongly_is_not_used(fresh, monkeypatch):
+    errors = native_kernels.rows_step_errors
+
+    def int8_wrong(kernel: RowsStep, **case: object) -> list[float]:
+        return [1.0, 0.0, 0.0] if case.get("int8") else errors(kernel, **case)
+
+    monkeypatch.setattr(native_kernels, "rows_step_errors", int8_wrong)
+    assert rows_step() is None
+    assert "int8" in native_kernels.unavailable_reason("rows_step")
+
+
+@needs_int8_rows
+def test_rows_step_refuses_int8_it_does_not_read():
+    g = torch.Generator().manual_seed(4)
+    p = _ROWS.int8_panel
+    shapes = [(32, 4 * p), (2 * p, 32), (32, 4 * p), (4 * p, 32)]
+
+    def int8(matrix: torch.Tensor, panel: int = p) -> Int8Panels:
+        return Int8Panels.of(*int8_rows(matrix.t()), panel)
+
+    def layer(kind: str = "int8", panel: int = p) -> RowsLayer:
+        ws = [torch.randn(*s, generator=g) for s in shapes]
+        ms = [int8(w, panel) if kind == "int8" else HalfPanels.of(w, p) if kind else w for w in ws]
+        return RowsLayer(*ms, None, None, window=10)
+
+    kwargs = dict(n_head=2, n_kv_head=1, ve_scale=1.0, eps=1e-6, norm_scale=1.0, norm_eps=0.0,
+                  softcap=15.0)  # fmt: skip
+    head = int8(torch.randn(32, 2 * p))
+    assert _ROWS.model([layer()], head, **kwargs).weights == "int8"
+    for other in ("", "fp16"):
+        with pytest.raises(ValueError, match="every matrix int8 or every one fp32"):
+            _ROWS.model([layer(other)], head, **kwargs)
+    with pytest.raises(ValueError, match="whole panels"):
+        _ROWS.model([layer(panel=2 * p)], int8(torch.randn(32, 4 * p), 2 * p), **kwargs)
+
+
+@pytest.mark.skipif(
+    shutil.which("cc") is None or platform.machine() not in ("x86_64", "AMD64"),
+    reason="needs cc on x86-64",
+)
+def test_rows_step_built_for_a_cpu_with_f16c_but_not_avx2_reads_no_int8(tmp_path):
+    # An Ivy Bridge: AVX and F16C widen fp16, but sign-extending 8 bytes to 8 ints is AVX2's.
+    import ctypes
+
+    lib = tmp_path / "decode_ops.so"
+    flags = [f if f != "-march=native" else "-march=ivybridge" for f in native_kernels.FLAGS]
+    subprocess.run(["cc", *flags, str(native_kernels.DECODE_OPS_SOURCE), "-o", str(lib)],
+                   check=True)  # fmt: skip
+    ivy = RowsStep(ctypes.CDLL(str(lib)))
+    assert ivy.half_panel == 8 and ivy.int8_panel == 0
+    weight = Int8Panels.of(*int8_rows(torch.randn(16, 32)), 8)
+    with pytest.raises(ValueError, match="no int8 panels"):
+        ivy.int8_product(weight, torch.randn(1, 32))
+
+
 @pytest.mark.skipif(
     shutil.which("cc") is None or platform.machine() not in ("x86_64", "AMD64"),
     reason="needs cc on x86-64",
@@ -556,7 +664,7 @@ def test_rows_step_built_without_f16c_reads_fp32_only(tmp_path):
     subprocess.run(["cc", *flags, str(native_kernels.DECODE_OPS_SOURCE), "-o", str(lib)],
                    check=True)  # fmt: skip
     oldest = RowsStep(ctypes.CDLL(str(lib)))
-    assert oldest.half_panel == 0 and oldest.block == 8
+    assert oldest.half_panel == oldest.int8_panel == 0 and oldest.block == 8
     assert max(rows_step_errors(oldest, rows=7)) < 1e-5
     ws = [HalfPanels.of(torch.randn(*s), 8) for s in [(32, 64), (32, 32), (32, 64), (64, 32)]]
     with pytest.raises(ValueError, match="no fp16 here"):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatcli.native_kernels import f16_matvec, unavailable_reason
+from chatcli.native_kernels import f16_matvec, rows_step, unavailable_reason
 from chatcli.quantize import (
     INT4_GROUP_SIZE,
     QUANTIZE_KINDS,
@@ -82,6 +82,40 @@ def test_both_int8_kernels_compute_the_same_product(rows):
     for got in (fbgemm, weight_only):
         assert 0 < float((got - want).norm() / want.norm()) < 0.02
     assert not torch.equal(fbgemm, weight_only)
+
+
+_INT8_PANEL = rows_step().int8_panel if rows_step() is not None else 0
+needs_native_int8 = pytest.mark.skipif(
+    not _INT8_PANEL, reason=f"no native int8 kernel: {unavailable_reason('rows_step')}"
+)
+
+
+@needs_native_int8
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_an_int8_copy_reads_its_own_panels_in_fp32_where_our_kernel_runs(rows):
+    # Weight-only: the same codes and scales as the other kernels, fp32 activations, so a
+    # row's product is x @ (codes * scales) within fp32 rounding, and nothing rounds x.
+    w = _matrix(seed=7)
+    copy = Int8Weight(w)
+    assert copy.int8_panels is not None and copy.float_activations
+    assert copy.one_row_kernel == copy.rows_kernel == "rows_int8_product (native)"
+    assert copy.nbytes == 384 * 256 + 384 * 4  # a byte a weight, an fp32 scale a row
+    codes, scales = int8_rows(w)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(8))
+    want = x @ (codes.float() * scales[:, None]).t()
+    torch.testing.assert_close(copy.matmul(x), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(copy.matvec(x[0]), want[0], atol=1e-5, rtol=1e-5)
+
+
+def test_an_int8_copy_our_kernel_cannot_read_takes_the_others():
+    # 100 output rows are not whole panels: fbgemm (or torch's weight-only kernel) instead,
+    # as with use_native=False or a kernel asked for by name.
+    for copy in (Int8Weight(_matrix(100, 256)), Int8Weight(_matrix(), use_native=False)):
+        assert copy.int8_panels is None
+        assert copy.one_row_kernel in ("fbgemm int8", "torch int8 weight-only")
+    if _INT8_PANEL:
+        with pytest.raises(RuntimeError, match="no native int8 kernel for 100 rows"):
+            Int8Weight(_matrix(100, 256), use_native=True)
 
 
 def test_a_constant_group_is_exact_in_int4():

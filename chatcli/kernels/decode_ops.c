@@ -142,11 +142,11 @@ struct rows_model {
     float ve_scale, eps, norm_scale, norm_eps, att_scale, softcap;
     long backout_layer; /* x -= backout_lambda * (x after this layer) at the end; -1: none */
     float backout_lambda;
-    long half;       /* 1: every matrix fp16, in half panels (product_half); 0: fp32 panels */
+    long half;       /* 0: fp32 panels; every matrix narrow (product_narrow): 1 fp16, 2 int8 */
     long bf16_table; /* 1: the value embeddings bf16 (a checkpoint's, kept so); 0: fp32 */
 };
 
-enum epilogue { STORE_SCALED, ADD, RELU_SQUARED };
+enum epilogue { STORE_SCALED, ADD, RELU_SQUARED, STORE };
 
 /* A matrix in memory: element (i, j) at p[i * ld + j]. */
 struct view {
@@ -221,7 +221,7 @@ static inline __attribute__((always_inline)) void store_block(long rows, const v
 
 /* Columns j..j+BLOCK of y[n] for n < rows (at most MAX_ROWS): acc = x[n] @ w over `in`
  * inputs; then STORE_SCALED: y = scale[n] * acc; ADD: y += acc;
- * RELU_SQUARED: y = (scale[n] * relu(acc))^2. */
+ * RELU_SQUARED: y = (scale[n] * relu(acc))^2; STORE: y = acc. */
 static void product_block(struct view x, long rows, long in, struct view w, long j, float *y,
                           long ld_y, const float *scale, enum epilogue how) {
     vec lo[MAX_ROWS], hi[MAX_ROWS];
@@ -273,6 +273,9 @@ static inline __attribute__((always_inline)) void store_block(long rows, const v
         if (how == ADD) {
             *a += lo[n];
             if (both) *b += hi[n];
+        } else if (how == STORE) {
+            *a = lo[n];
+            if (both) *b = hi[n];
         } else if (how == STORE_SCALED) {
             *a = scale[n] * lo[n];
             if (both) *b = scale[n] * hi[n];
@@ -288,6 +291,8 @@ static inline __attribute__((always_inline)) void store_block(long rows, const v
 static inline void store_one(float *y, float acc, float scale, enum epilogue how) {
     if (how == ADD) {
         *y += acc;
+    } else if (how == STORE) {
+        *y = acc;
     } else {
         float v = how == STORE_SCALED || acc > 0.0f ? scale * acc : 0.0f;
         *y = how == STORE_SCALED ? v : v * v;
@@ -387,20 +392,32 @@ static void product(const float *x, long rows, long in, const float *panels, lon
     }
 }
 
-/* ---- fp16 weights: a big model's compact copies (quantize.Fp16Weight). ----
+/* ---- Narrow weights: a big model's compact copies, fp16 (quantize.Fp16Weight) or int8
+ * (quantize.Int8Weight). ----
  *
  * Why: a big model's batch-1 step streams its weights, and between torch's ~300 ops a
  * token d20's fp16 products (fbgemm's, at the memory's speed) left ~15 of 52 ms to
  * dispatch, small ops and threads waiting for each other. Here the whole step is one call.
  * Read from f16_rows.c's panels (native_kernels.pack_panels of the (in, out) matrix in VW
  * columns: (out / VW, in, VW), the copy's own, so no memory is added): a block of BLOCK
- * columns is two panels side by side, each input's 2 VW weights widened to fp32 once (F16C)
- * for every row. Where the CPU cannot widen fp16 (no F16C) a model with fp16 matrices is
- * refused (rows_half_panel() is 0) and chatcli keeps torch's ops. */
+ * columns is two panels side by side, each input's 2 VW weights widened to fp32 once for
+ * every row (F16C's conversion; int8's sign extension and conversion, exact). int8's
+ * buffer is its `out` fp32 scales (one an output column) then its panels of codes
+ * (native_kernels.Int8Panels): the sums are of x times the codes, each column's scale
+ * applied once at the end, so int8 reads a byte a weight where fp16 reads two. Where the
+ * CPU cannot widen them (no F16C; no AVX2 for int8) a model of such matrices is refused
+ * (rows_half_panel(), rows_int8_panel() 0) and chatcli keeps torch's ops. */
 #if defined(__F16C__) && VW >= 8
 #include <immintrin.h>
 #define HALF_WEIGHTS 1
+#if defined(__AVX2__)
+#define INT8_WEIGHTS 1
+#else
+#define INT8_WEIGHTS 0
+#endif
 #define HALF_ROWS 8 /* the rows of a pass: 8 where 16 registers take them a panel at a time */
+enum narrow { FP16 = 1, INT8 = 2 }; /* rows_model.half */
+
 static inline vec widen(const unsigned short *p) {
 #if VW == 16
     return (vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -409,41 +426,64 @@ static inline vec widen(const unsigned short *p) {
 #endif
 }
 
+static inline vec widen_int8(const signed char *p) {
+#if INT8_WEIGHTS && VW == 16
+    return (vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif INT8_WEIGHTS
+    return (vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    (void)p;
+    return (vec){0};
+#endif
+}
+
+/* Weight vector i (VW weights, i VW elements in) of a narrow panel, widened to fp32. */
+static inline __attribute__((always_inline)) vec narrow_at(const void *p, long i,
+                                                           enum narrow kind) {
+    if (kind == FP16) return widen((const unsigned short *)p + i * VW);
+    return widen_int8((const signed char *)p + i * VW);
+}
+
+/* The panels' bytes ahead asked for early: 24 fp16 rows of a panel, what lets two cores
+ * stream d20's matrices at 26-27 GB/s on a Zen 3 whose measured streaming read is 26.7
+ * (fp32's 128 rows took 1.08x the time of a d20 row); int8 asks for the same bytes, 48
+ * of its rows. */
+#define HALF_PREFETCH_BYTES (24 * VW * 2)
+
 /* The sums of x[n] @ a block's columns over its panels p0 and p1 (in, VW) each, n < rows:
  * one row four inputs at a time into their own sums (the FMA's latency, as for fp32),
- * several rows an input at a time (their sums are the independent chains). The panels'
- * next HALF_PREFETCH_ROWS rows are asked for early: what lets two cores stream d20's matrices
- * at 26-27 GB/s on a Zen 3 whose measured streaming read is 26.7 (fp32's 128 rows took
- * 1.08x the time of a d20 row). */
-#define HALF_PREFETCH_ROWS 24
+ * several rows an input at a time (their sums are the independent chains). */
 static inline __attribute__((always_inline)) void sum_half(struct view x, long rows, long in,
-                                                           const unsigned short *p0,
-                                                           const unsigned short *p1, vec *lo,
+                                                           const void *p0, const void *p1,
+                                                           enum narrow kind, vec *lo,
                                                            vec *hi) {
+    const long size = kind == FP16 ? 2 : 1, row = VW * size; /* bytes of a panel's row */
+    const char *a0 = p0, *b0 = p1;
     long k = 0;
     if (rows == 1) {
         vec l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
         for (; k + 4 <= in; k += 4) {
             const float *xk = x.p + k;
-            const unsigned short *a = p0 + k * VW, *b = p1 + k * VW;
-            __builtin_prefetch(a + HALF_PREFETCH_ROWS * VW);
-            __builtin_prefetch(b + HALF_PREFETCH_ROWS * VW);
-#if VW == 16 /* 4 rows of a 16-wide panel are two cache lines: asking for one left d20's
-                one-row step 1.45x the time on a Zen 4 */
-            __builtin_prefetch(a + HALF_PREFETCH_ROWS * VW + 2 * VW);
-            __builtin_prefetch(b + HALF_PREFETCH_ROWS * VW + 2 * VW);
-#endif
-            lo[0] += xk[0] * widen(a), hi[0] += xk[0] * widen(b);
-            l1 += xk[1] * widen(a + VW), h1 += xk[1] * widen(b + VW);
-            l2 += xk[2] * widen(a + 2 * VW), h2 += xk[2] * widen(b + 2 * VW);
-            l3 += xk[3] * widen(a + 3 * VW), h3 += xk[3] * widen(b + 3 * VW);
+            const char *a = a0 + k * row, *b = b0 + k * row;
+            __builtin_prefetch(a + HALF_PREFETCH_BYTES);
+            __builtin_prefetch(b + HALF_PREFETCH_BYTES);
+            if (4 * row > 64) { /* 4 rows of a 16-wide fp16 panel are two cache lines:
+                                   asking for one left d20's one-row step 1.45x the time
+                                   on a Zen 4 */
+                __builtin_prefetch(a + HALF_PREFETCH_BYTES + 64);
+                __builtin_prefetch(b + HALF_PREFETCH_BYTES + 64);
+            }
+            lo[0] += xk[0] * narrow_at(a, 0, kind), hi[0] += xk[0] * narrow_at(b, 0, kind);
+            l1 += xk[1] * narrow_at(a, 1, kind), h1 += xk[1] * narrow_at(b, 1, kind);
+            l2 += xk[2] * narrow_at(a, 2, kind), h2 += xk[2] * narrow_at(b, 2, kind);
+            l3 += xk[3] * narrow_at(a, 3, kind), h3 += xk[3] * narrow_at(b, 3, kind);
         }
         lo[0] += (l1 + l2) + l3, hi[0] += (h1 + h2) + h3;
     }
     for (; k < in; k++) {
-        __builtin_prefetch(p0 + (k + HALF_PREFETCH_ROWS) * VW);
-        __builtin_prefetch(p1 + (k + HALF_PREFETCH_ROWS) * VW);
-        vec w0 = widen(p0 + k * VW), w1 = widen(p1 + k * VW);
+        __builtin_prefetch(a0 + k * row + HALF_PREFETCH_BYTES);
+        __builtin_prefetch(b0 + k * row + HALF_PREFETCH_BYTES);
+        vec w0 = narrow_at(a0, k, kind), w1 = narrow_at(b0, k, kind);
         for (int n = 0; n < rows; n++) {
             float xv = x.p[n * x.ld + k];
             lo[n] += xv * w0;
@@ -458,70 +498,108 @@ static inline __attribute__((always_inline)) void sum_half(struct view x, long r
  * against 59-64 on two Zen 3 cores (our f16_rows' loop). One panel is half a block's bytes
  * an input, so the prefetch reaches twice as many inputs ahead for the same distance. */
 static inline __attribute__((always_inline)) void sum_half_panel(struct view x, long rows,
-                                                                 long in,
-                                                                 const unsigned short *p,
-                                                                 vec *acc) {
+                                                                 long in, const void *p,
+                                                                 enum narrow kind, vec *acc) {
+    const long row = VW * (kind == FP16 ? 2 : 1);
     for (long k = 0; k < in; k++) {
-        __builtin_prefetch(p + (k + 2 * HALF_PREFETCH_ROWS) * VW);
-        vec w = widen(p + k * VW);
+        __builtin_prefetch((const char *)p + k * row + 2 * HALF_PREFETCH_BYTES);
+        vec w = narrow_at(p, k, kind);
         for (int n = 0; n < rows; n++) acc[n] += x.p[n * x.ld + k] * w;
     }
 }
 
-/* y (rows, out) from x (rows, in) @ an fp16 matrix in half panels, out a multiple of VW
- * (the caller checks): a last panel without a pair (out % BLOCK == VW, a vocabulary of 200
- * with 8 lanes) is summed twice and stored once. An orphaned `omp for` over the blocks, as
- * product(). */
-static void product_half(const float *x, long rows, long in, const unsigned short *panels,
-                         long out, float *y, const float *scale, enum epilogue how) {
+/* A block's sums of `n` rows (at most HALF_ROWS), each count its own unrolled loop with
+ * the sums in registers. */
+static inline __attribute__((always_inline)) void sum_narrow(struct view x, long n, long in,
+                                                             const void *p0, const void *p1,
+                                                             enum narrow kind, vec *lo,
+                                                             vec *hi) {
+    switch (n) {
+    case 1: sum_half(x, 1, in, p0, p1, kind, lo, hi); break;
+    case 2: sum_half(x, 2, in, p0, p1, kind, lo, hi); break;
+    case 3: sum_half(x, 3, in, p0, p1, kind, lo, hi); break;
+    case 4: sum_half(x, 4, in, p0, p1, kind, lo, hi); break;
+    case 5: sum_half(x, 5, in, p0, p1, kind, lo, hi); break;
+    case 6: sum_half(x, 6, in, p0, p1, kind, lo, hi); break;
+#if MAX_ROWS == 8
+    case 7: sum_half(x, 7, in, p0, p1, kind, lo, hi); break;
+    case 8: sum_half(x, 8, in, p0, p1, kind, lo, hi); break;
+#else
+    case 7:
+        sum_half_panel(x, 7, in, p0, kind, lo);
+        if (p1 != p0) sum_half_panel(x, 7, in, p1, kind, hi);
+        break;
+    case 8:
+        sum_half_panel(x, 8, in, p0, kind, lo);
+        if (p1 != p0) sum_half_panel(x, 8, in, p1, kind, hi);
+        break;
+#endif
+    }
+}
+
+/* y (rows, out) from x (rows, in) @ a narrow matrix (fp16 half panels, or int8's scales
+ * then panels), out a multiple of VW (the caller checks): a last panel without a pair
+ * (out % BLOCK == VW, a vocabulary of 200 with 8 lanes) is summed twice and stored once.
+ * An orphaned `omp for` over the blocks, as product(). */
+static void product_narrow(const float *x, long rows, long in, const void *w, enum narrow kind,
+                           long out, float *y, const float *scale, enum epilogue how) {
     long blocks = out / BLOCK, last = blocks + (out % BLOCK != 0);
+    const float *column_scale = kind == INT8 ? w : NULL;
+    const char *panels = kind == INT8 ? (const char *)(column_scale + out) : w;
+    long panel_bytes = in * VW * (kind == FP16 ? 2 : 1);
 #pragma omp for schedule(static)
     for (long b = 0; b < last; b++) {
-        const unsigned short *p0 = panels + 2 * b * in * VW;
-        const unsigned short *p1 = b < blocks ? p0 + in * VW : p0;
+        const char *p0 = panels + 2 * b * panel_bytes;
+        const char *p1 = b < blocks ? p0 + panel_bytes : p0;
         for (long r = 0; r < rows; r += HALF_ROWS) {
             long n = rows - r < HALF_ROWS ? rows - r : HALF_ROWS;
             struct view xr = {x + r * in, in};
             vec lo[HALF_ROWS], hi[HALF_ROWS];
             for (int i = 0; i < HALF_ROWS; i++) lo[i] = hi[i] = (vec){0};
-            switch (n) { /* each count its own unrolled loop, the sums in registers */
-            case 1: sum_half(xr, 1, in, p0, p1, lo, hi); break;
-            case 2: sum_half(xr, 2, in, p0, p1, lo, hi); break;
-            case 3: sum_half(xr, 3, in, p0, p1, lo, hi); break;
-            case 4: sum_half(xr, 4, in, p0, p1, lo, hi); break;
-            case 5: sum_half(xr, 5, in, p0, p1, lo, hi); break;
-            case 6: sum_half(xr, 6, in, p0, p1, lo, hi); break;
-#if MAX_ROWS == 8
-            case 7: sum_half(xr, 7, in, p0, p1, lo, hi); break;
-            case 8: sum_half(xr, 8, in, p0, p1, lo, hi); break;
-#else
-            case 7:
-                sum_half_panel(xr, 7, in, p0, lo);
-                if (p1 != p0) sum_half_panel(xr, 7, in, p1, hi);
-                break;
-            case 8:
-                sum_half_panel(xr, 8, in, p0, lo);
-                if (p1 != p0) sum_half_panel(xr, 8, in, p1, hi);
-                break;
-#endif
+            if (kind == FP16) {
+                sum_narrow(xr, n, in, p0, p1, FP16, lo, hi);
+            } else {
+                sum_narrow(xr, n, in, p0, p1, INT8, lo, hi);
+                vec c0 = *(const vec_u *)(column_scale + b * BLOCK);
+                vec c1 = b < blocks ? *(const vec_u *)(column_scale + b * BLOCK + VW) : c0;
+                for (long i = 0; i < n; i++) lo[i] *= c0, hi[i] *= c1;
             }
             store_block(n, lo, hi, y + r * out + b * BLOCK, out, scale ? scale + r : NULL, how,
                         b < blocks);
         }
     }
 }
+
+/* y (rows, out) = x (rows, in) @ an int8 matrix (its scales then panels, as rows_step
+ * reads it), on `threads` cores: an int8 copy's own products outside a whole step (a chat
+ * turn's few tokens). Returns 0, or -1 (nothing written) where this CPU reads no int8 or
+ * out is not whole panels. */
+int rows_int8_product(const float *x, long rows, long in, const void *w, long out, float *y,
+                      int threads) {
+    if (!INT8_WEIGHTS || out % VW || rows < 1) return -1;
+#pragma omp parallel num_threads(threads)
+    product_narrow(x, rows, in, w, INT8, out, y, NULL, STORE);
+    return 0;
+}
 #else
 #define HALF_WEIGHTS 0
+#define INT8_WEIGHTS 0
+int rows_int8_product(const float *x, long rows, long in, const void *w, long out, float *y,
+                      int threads) {
+    (void)x, (void)rows, (void)in, (void)w, (void)out, (void)y, (void)threads;
+    return -1;
+}
 #endif
 
 int rows_half_panel(void) { return HALF_WEIGHTS ? VW : 0; }
+int rows_int8_panel(void) { return INT8_WEIGHTS ? VW : 0; }
 
 /* A model's matrix times x: its fp32 panels (product) or its fp16 ones (product_half). */
 static void matrix(const struct rows_model *m, const float *x, long rows, long in,
                    const void *w, long out, float *y, const float *scale, enum epilogue how) {
 #if HALF_WEIGHTS
     if (m->half) {
-        product_half(x, rows, in, w, out, y, scale, how);
+        product_narrow(x, rows, in, w, m->half, out, y, scale, how);
         return;
     }
 #endif
@@ -983,6 +1061,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
     long width = (H + 2 * Hkv) * D, span = c->pos + 1, unit = unit_rows(rows, Hkv, threads);
     /* fp16 widths in whole panels (VW a power of two: one test for all four) */
     if (m->half && (!HALF_WEIGHTS || (width | C | F | m->V) % VW)) return -1;
+    if (m->half != 0 && m->half != 1 && (m->half != 2 || !INT8_WEIGHTS)) return -1;
     if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 || c->pos < c->prefix ||
         (c->prefix > 0 && (!c->pk || !c->pv)))
         return -1;
