@@ -143,7 +143,7 @@ def pick_precision(
     if dtype == "float32":
         return Precision(torch.float32)
     if device.type == "cuda":
-        if dtype == "bfloat16" or torch.cuda.is_bf16_supported():
+        if dtype == "bfloat16" or native_bf16(device):
             return Precision(torch.bfloat16)
         return Precision(torch.float32)
     if device.type != "cpu":  # MPS: decode copies are a CPU kernel choice
@@ -153,6 +153,14 @@ def pick_precision(
     if matrix_params > LARGE_MODEL_MATRIX_PARAMS:
         return Precision(torch.float32, default_half_kind())
     return Precision(torch.float32)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether this GPU computes in bf16 itself (compute capability 8.0, Ampere, or later).
+    torch.cuda.is_bf16_supported() also says yes where bf16 is emulated (Volta, Turing),
+    and of the current device, not this one: there flash attention refuses bf16 and every
+    product runs without bf16 units, so fp32 is the faster choice."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 # ---- resolving paths ----------------------------------------------------------------------

@@ -41,6 +41,7 @@ the other count where that measures faster.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -902,6 +903,9 @@ class CudaGraphStep:
 
     wants_full_cache = True
     reads_whole_cache = True
+    # One capture at a time in a process (torch.cuda.CUDAGraph's rule): a server's workers,
+    # one a GPU, each capture a new request's cache on their own thread.
+    _capturing = threading.Lock()
 
     def __init__(self, step: StaticDecodeStep) -> None:
         self.step = step
@@ -921,14 +925,21 @@ class CudaGraphStep:
             )
 
         # Warm-up and capture write this step's K/V at this position: the replay that
-        # follows writes the same values there.
-        side = torch.cuda.Stream()
+        # follows writes the same values there. Both on a stream of the cache's device:
+        # torch.cuda.graph's default capture stream is made once, on whichever device was
+        # current first, and a second GPU's kernels would run outside its capture.
+        # thread_local: another worker's allocations on its own thread stay legal while
+        # this one captures.
+        side = torch.cuda.Stream(device=cache.k_cache.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             eager = run()  # also the check below; kernels pick their algorithms here
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with (
+            self._capturing,
+            torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"),
+        ):
             self._logits = run()
         self._logits.fill_(float("nan"))  # a graph that recorded nothing fails the check
         graph.replay()
@@ -987,6 +998,19 @@ class WithFallback:
                 warnings.warn(f"{self.what} failed, running eagerly: {e}", stacklevel=2)
                 self.fast = None
         return self.plain(ids, cache)
+
+
+class ModuleStep:
+    """The model's own forward as a decode step: the last position's logits (N, V) of one
+    token a row, over whatever cache it is given. What a failed CUDA graph hands over to:
+    the static step it captured reads the whole context under a mask every token, which
+    only a graph's single launch pays for."""
+
+    def __init__(self, model: GPT) -> None:
+        self.model = model
+
+    def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
+        return self.model(ids, kv_cache=cache, last_only=True)[:, -1, :]
 
 
 def _previous(cache: KVCache, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

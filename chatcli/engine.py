@@ -25,7 +25,13 @@ import torch
 
 from chatcli.calculator import format_result, use_calculator
 from chatcli.cpu_plan import SMALL_MODEL_PARAMS, prefill_threads, torch_threads
-from chatcli.decode_step import CudaGraphStep, DecodeStep, StaticDecodeStep, WithFallback
+from chatcli.decode_step import (
+    CudaGraphStep,
+    DecodeStep,
+    ModuleStep,
+    StaticDecodeStep,
+    WithFallback,
+)
 from chatcli.errors import ContextOverflowError
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.sampling import sample_next_token
@@ -102,7 +108,7 @@ def _pick_decode_step(
     """The fastest one-token-per-row step that reproduces this model, or None (the forward).
 
     - CUDA: the static step captured as a CUDA graph (one launch per token instead of
-      hundreds), falling back to the eager static step if capture fails.
+      hundreds), falling back to the module's forward if capture fails.
     - CPU, fp32 activations: the fused step (decode_step.py), reading a big model's compact
       decode copies. A small model keeps it with --compile too: in a chat session (a
       512-position cache) it decodes the embedded model in 1.75 ms per token, where its
@@ -114,8 +120,9 @@ def _pick_decode_step(
     """
     device = model.get_device().type if hasattr(model, "get_device") else "cpu"
     if device == "cuda" and StaticDecodeStep.supports(model):
-        step = StaticDecodeStep(model)
-        return WithFallback(CudaGraphStep(step), step, "CUDA graph capture")
+        return WithFallback(
+            CudaGraphStep(StaticDecodeStep(model)), ModuleStep(model), "CUDA graph capture"
+        )
     if device == "cpu" and DecodeStep.supports(model):
         step = DecodeStep(model)
         if compile and model.num_params() >= SMALL_MODEL_PARAMS and step.kernel is None:

@@ -331,6 +331,25 @@ def test_a_large_model_loads_with_the_default_half_copies_and_answers(
     torch.testing.assert_close(step, reference_step, atol=0.1, rtol=0)
 
 
+@pytest.mark.parametrize(
+    ("capability", "dtype"), [((7, 5), torch.float32), ((8, 0), torch.bfloat16)]
+)
+def test_a_gpu_runs_bf16_only_where_it_computes_it_itself(capability, dtype, monkeypatch):
+    # A Turing card emulates bf16 (torch.cuda.is_bf16_supported() says yes there): fp32
+    # instead, unless asked; the capability is the given device's, not the current one's.
+    asked = []
+
+    def capability_of(device: torch.device) -> tuple[int, int]:
+        asked.append(device)
+        return capability
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability_of)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert pick_precision(torch.device("cuda:1")).compute == dtype
+    assert asked == [torch.device("cuda:1")]
+    assert pick_precision(torch.device("cuda:1"), "bfloat16").compute == torch.bfloat16
+
+
 def test_quantize_refuses_cuda_and_unknown_formats():
     with pytest.raises(CheckpointError, match="for CPU decode"):
         pick_precision(torch.device("cuda"), quantize="int8")

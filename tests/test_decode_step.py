@@ -9,6 +9,7 @@ from chatcli.cpu_plan import ThreadChoice
 from chatcli.decode_step import (
     CudaGraphStep,
     DecodeStep,
+    ModuleStep,
     StaticDecodeStep,
     WithFallback,
 )
@@ -430,6 +431,29 @@ def test_a_failing_fast_step_hands_over_to_the_plain_one():
         first = step(torch.tensor([[5]]), cache)
     assert step.fast is None and cache.get_pos() == 1
     torch.testing.assert_close(first, model(torch.tensor([[5]]), kv_cache=_cache(model))[:, -1])
+
+
+def test_a_failed_graph_hands_over_to_the_modules_own_forward():
+    # The CUDA path's fallback (engine._pick_decode_step) is the module's forward, not the
+    # static step it captured, which reads the whole context under a mask every token.
+    model = _random_model("E")
+
+    def broken(ids, cache):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    step = WithFallback(broken, ModuleStep(model), "CUDA graph capture")
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 190, (2, 40), generator=g)
+    ours, theirs = KVCache(2, 2, 64, 16, 4), KVCache(2, 2, 64, 16, 4)
+    model(ids[:, :30], kv_cache=ours)
+    model(ids[:, :30], kv_cache=theirs)
+    with pytest.warns(UserWarning, match="CUDA graph capture failed, running eagerly"):
+        step(ids[:, 30:31], ours)
+    model(ids[:, 30:31], kv_cache=theirs)
+    for t in range(31, 40):
+        got = step(ids[:, t : t + 1], ours)
+        assert got.shape == (2, model.config.vocab_size) and ours.get_pos() == t + 1
+        torch.testing.assert_close(got, model(ids[:, t : t + 1], kv_cache=theirs)[:, -1])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
