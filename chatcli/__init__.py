@@ -6,7 +6,12 @@ Importing the package is cheap: torch is only imported when a model is loaded, s
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
+
+# torch warns at import that it "Failed to initialize NumPy" where numpy is not installed,
+# which chatcli does not need: every command printed it to stderr, before its own output.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "load_model"]
