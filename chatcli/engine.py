@@ -17,13 +17,13 @@ import inspect
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from chatcli.calculator import format_result, use_calculator
+from chatcli.calculator import MAX_ABS_VALUE, format_result, use_calculator
 from chatcli.cpu_plan import SMALL_MODEL_PARAMS, prefill_threads, torch_threads
 from chatcli.decode_step import (
     CudaGraphStep,
@@ -38,6 +38,12 @@ from chatcli.sampling import sample_next_token
 from chatcli.special_tokens import ASSISTANT_END, OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
 
 __all__ = ["Engine", "GenerationStats", "KVCache", "RowState"]
+
+# A calculator result is one unit: once <|python_end|> queued it, its forced tokens are all
+# written even past max_tokens. This is the most they can take (<|output_start|>, the longest
+# result, <|output_end|>; a token is at least one character), so caches sized to a budget
+# keep this much room beyond it.
+RESULT_RESERVE = len(format_result(-MAX_ABS_VALUE)) + 2
 
 
 class CachedModel(Protocol):
@@ -78,6 +84,22 @@ class RowState:
     in_python_block: bool = False
     python_expr_tokens: list[int] = field(default_factory=list)
     completed: bool = False
+
+    def copy(self) -> RowState:
+        """An independent copy (rows resumed from one state must not share its queues)."""
+        return RowState(
+            deque(self.forced_tokens),
+            self.in_python_block,
+            list(self.python_expr_tokens),
+            self.completed,
+        )
+
+
+def _free_positions(cache: KVCache | SharedPrefixCache) -> int:
+    """How many more positions the cache can take."""
+    if isinstance(cache, SharedPrefixCache):
+        return cache.suffix.max_seq_len - cache.suffix.get_pos()
+    return cache.max_seq_len - cache.get_pos()
 
 
 def compiled_forward(model: CachedModel) -> Callable[..., torch.Tensor]:
@@ -214,13 +236,18 @@ class Engine:
         *,
         use_tools: bool = True,
         stats: GenerationStats | None = None,
+        resume: RowState | None = None,
     ) -> Iterator[tuple[list[int], list[int]]]:
         """Yield (token_column, token_masks), one entry per sample row, each step.
 
         One batch-1 prefill of `tokens`; its cache is expanded to `num_samples` rows that
         decode together, each sampling its own first token. A row is done at
         <|assistant_end|> or <|bos|> (that token is yielded). Stops when every row is done,
-        after max_tokens steps, or when the context is full.
+        after max_tokens steps (plus the rest of a calculator result, see `decode`), or
+        when the context is full.
+
+        `resume` is the tool-use state `tokens` end in, when they end inside an unfinished
+        reply (`replay_tool_use` of its body): every row starts from a copy of it.
         """
         if not tokens or not all(isinstance(t, int) for t in tokens):
             raise ValueError("tokens must be a non-empty list of ints")
@@ -242,14 +269,16 @@ class Engine:
         prefill_cache = self.new_cache(1, len(tokens))
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
         logits = self.forward_last(ids, prefill_cache)  # (1, V)
+        # Room for the budget and for a calculator result that runs past it, within the context.
+        suffix_len = min(budget + RESULT_RESERVE, limit - len(tokens))
         if num_samples > 1 and self.shared_prefix:
             # The rows share the prompt's K/V: nothing is copied, and each step reads them once.
-            cache = SharedPrefixCache(prefill_cache, num_samples, budget)
+            cache = SharedPrefixCache(prefill_cache, num_samples, suffix_len)
         else:
             # A static decode step (compiled, CUDA graph) gets the whole context for its
             # one row, so that it sees the same cache shape on every call.
             static = getattr(self.decode_step, "wants_full_cache", False)
-            length = limit if num_samples == 1 and static else len(tokens) + budget
+            length = limit if num_samples == 1 and static else len(tokens) + suffix_len
             cache = self.new_cache(num_samples, length)
             cache.prefill(prefill_cache)
         del prefill_cache
@@ -265,6 +294,7 @@ class Engine:
             use_tools=use_tools,
             stats=stats,
             t_start=t_start,
+            resume=resume,
         )
         if max_tokens is None or budget < max_tokens:
             # The context ran out before the caller's limit: say so rather than "length".
@@ -284,27 +314,50 @@ class Engine:
         use_tools: bool = True,
         stats: GenerationStats | None = None,
         t_start: float | None = None,
+        resume: RowState | None = None,
     ) -> Iterator[tuple[list[int], list[int]]]:
         """Decode up to `budget` steps from a filled cache and the logits (N, V) of its last
         position: one row per cache row. The last yielded column is not written to the cache
-        (the caller decides whether the turn goes on)."""
+        (the caller decides whether the turn goes on).
+
+        A calculator result is one unit: forced tokens still queued when the budget runs out
+        are yielded after it (as far as the cache has room), so a reply is never cut inside
+        one. In those extra steps a row with nothing queued is over: it gets <|assistant_end|>
+        (mask 0) and keeps the finish reason "length".
+
+        `resume` is the tool-use state the cache's tokens end in (see `replay_tool_use`): a
+        continued reply picks up inside its calculator call, or with its result still queued.
+        """
         stats = stats if stats is not None else GenerationStats()
         t_start = time.perf_counter() if t_start is None else t_start
         device = self.model.get_device()
         rng = torch.Generator(device=device)
         rng.manual_seed(seed)
         num_samples = logits.size(0)
-        rows = [RowState() for _ in range(num_samples)]
+        rows = [RowState() if resume is None else resume.copy() for _ in range(num_samples)]
         stats.finish_reasons = ["length"] * num_samples
+        if budget <= 0:
+            return
         t_decode = time.perf_counter()
-        for step in range(budget):
-            sampled = sample_next_token(logits, rng, temperature, top_k, top_p)[:, 0].tolist()
+        step = 0
+        while True:
+            overtime = step >= budget  # nothing is sampled any more, only queued tokens written
+            sampled = (
+                []
+                if overtime
+                else sample_next_token(logits, rng, temperature, top_k, top_p)[:, 0].tolist()
+            )
             column, masks = [], []
             for i, row in enumerate(rows):
-                forced = bool(row.forced_tokens)
-                token = row.forced_tokens.popleft() if forced else sampled[i]
+                if row.forced_tokens:
+                    token, mask = row.forced_tokens.popleft(), 0
+                elif overtime:
+                    token, mask = self.assistant_end, 0
+                    row.completed = True  # past its budget: over, its reason stays "length"
+                else:
+                    token, mask = sampled[i], 1
                 column.append(token)
-                masks.append(0 if forced else 1)
+                masks.append(mask)
                 if row.completed:
                     continue
                 if token in (self.assistant_end, self.bos):
@@ -314,13 +367,43 @@ class Engine:
                     self._track_tool_use(row, token)
             if step == 0:
                 stats.first_token_s = time.perf_counter() - t_start
-            stats.steps = step + 1
+            step += 1
+            stats.steps = step
             stats.decode_s = time.perf_counter() - t_decode
             yield column, masks
-            if all(row.completed for row in rows) or step + 1 == budget:
+            if all(row.completed for row in rows):
+                return
+            if step >= budget and not self._result_pending(rows, cache):
                 return
             ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
             logits = self.forward_last(ids, cache)
+
+    @staticmethod
+    def _result_pending(rows: list[RowState], cache: KVCache | SharedPrefixCache) -> bool:
+        """Whether a row still has calculator tokens queued and the context room for one more:
+        a position for the column just yielded and one for the next."""
+        queued = any(row.forced_tokens and not row.completed for row in rows)
+        return queued and _free_positions(cache) >= 2
+
+    def replay_tool_use(self, tokens: Sequence[int]) -> tuple[RowState, list[int]]:
+        """The tool-use state at the end of `tokens` (the body of an unfinished reply, after
+        <|assistant_start|>) and their masks: 0 for the tokens the calculator forced.
+
+        This is what lets a continued reply resume inside a calculator call, or with the rest
+        of its result still to come. The calculator is deterministic, so each result is
+        computed again and the tokens that match it are the forced ones; a token that does not
+        match means nothing was forced there (the reply was written with the tools off).
+        """
+        row, masks = RowState(), []
+        for token in tokens:
+            if row.forced_tokens and token == row.forced_tokens[0]:
+                row.forced_tokens.popleft()
+                masks.append(0)
+            else:
+                row.forced_tokens.clear()
+                masks.append(1)
+            self._track_tool_use(row, token)
+        return row, masks
 
     def _track_tool_use(self, row: RowState, token: int) -> None:
         if token == self.python_start:

@@ -294,9 +294,12 @@ class ChatSession:
                     "dropped soon (/clear starts afresh)."
                 )
             )
+        # A continued reply keeps what it had, and picks up where it stopped: inside a
+        # calculator call, or with the rest of the calculator's result still to write.
+        resume, masks = self.engine.replay_tool_use(prefix)
         decoder = TokenDecoder(self.tokenizer, raw=self.raw)
-        tokens: list[int] = list(prefix)  # a continued reply keeps what it had
-        masks: list[int] = [1] * len(prefix)
+        decoder.resume(prefix, masks)
+        tokens: list[int] = list(prefix)
         n_before = len(tokens)
         gen = GenerationStats()
         t0 = time.perf_counter()
@@ -317,6 +320,7 @@ class ChatSession:
                     seed=seed,
                     use_tools=opts.tools,
                     stats=gen,
+                    resume=resume,
                 )
                 for column, column_masks in steps:
                     token, mask = column[0], column_masks[0]

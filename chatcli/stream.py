@@ -51,10 +51,19 @@ class ToolCallDelta:
 @dataclass(frozen=True)
 class ToolResult:
     """A finished calculator call. `output` is None when the tool failed or refused, or the
-    call never closed."""
+    call never closed. `cut` says the stream ended (length limit, context) before the call
+    did, inside its expression or its result: not a failure, /continue finishes it."""
 
     expression: str
     output: str | None
+    cut: bool = False
+
+    @property
+    def status(self) -> str:
+        """How the call ended: ok (answered), failed (refused, or ended by the model) or cut."""
+        if self.cut:
+            return "cut"
+        return "failed" if self.output is None else "ok"
 
 
 @dataclass(frozen=True)
@@ -119,13 +128,23 @@ class TokenDecoder:
             return [*events, SpecialToken(name)]
         return events + self._on_special(name)
 
+    def resume(self, tokens: Iterable[int], masks: Iterable[int]) -> None:
+        """Read tokens already shown (the reply a /continue extends) without emitting them,
+        so that what follows decodes in their context: inside a calculator call, with its
+        expression so far, or in the middle of a character."""
+        for token, mask in zip(tokens, masks, strict=True):
+            self.feed(token, mask)
+
     def flush(self) -> list[StreamEvent]:
-        """The stream is over: emit what was held back and close an open tool call as failed
-        (a call cut off mid-output counts as failed too: its result is incomplete). The decoder
-        is then ready for a new stream."""
+        """The stream is over: emit what was held back and close an open tool call. A call
+        stopped inside its expression or its result is cut; one stopped right after
+        <|python_end|> failed (the engine writes a result right after that token, even past
+        max_tokens, so none coming means the tool gave none). The decoder is then ready for a new stream."""
         events = self._route(self._utf8.decode(b"", final=True))
         self._utf8.reset()
-        if self._where in (_Where.PYTHON, _Where.AFTER_PYTHON, _Where.OUTPUT):
+        if self._where in (_Where.PYTHON, _Where.OUTPUT):
+            events.append(ToolResult(self._expression, None, cut=True))
+        elif self._where is _Where.AFTER_PYTHON:
             events.append(ToolResult(self._expression, None))
         self._where = _Where.TEXT
         return events

@@ -291,6 +291,117 @@ def test_python_end_outside_a_python_block_forces_nothing():
     assert masks == [[0] * len(PROMPT) + [1, 1, 1]]
 
 
+# A call and the result the calculator forces for it, as the engine streams them.
+CALL = [SPECIAL_IDS[PYTHON_START], *TOK.encode("12*7"), SPECIAL_IDS[PYTHON_END]]
+RESULT = [SPECIAL_IDS[OUTPUT_START], *TOK.encode("84"), SPECIAL_IDS[OUTPUT_END]]
+
+
+@pytest.mark.parametrize("cut_after", [len(CALL), len(CALL) + 1, len(CALL) + 3])
+def test_a_calculator_result_is_written_whole_even_past_max_tokens(cut_after):
+    stats = GenerationStats()
+    steps = run(
+        ScriptedModel(tool_call("12*7", DONE)), temperature=0.0, max_tokens=cut_after, stats=stats
+    )
+    # The budget ends at or inside the result: the rest of it still comes, then nothing.
+    assert [column[0] for column, _ in steps] == CALL + RESULT
+    assert [masks[0] for _, masks in steps] == [1] * len(CALL) + [0] * len(RESULT)
+    assert stats.finish_reasons == ["length"]
+    assert stats.steps == len(CALL + RESULT)
+
+
+def test_past_max_tokens_only_rows_with_a_result_queued_go_on():
+    def calls_on_even_first_byte(generated: list[int]) -> torch.Tensor | int:
+        if not generated:
+            return uniform_bytes(generated)
+        if generated[0] % 2:
+            return ord("x")
+        return tool_call("12*7", DONE)(generated[1:])
+
+    steps = run(
+        ScriptedModel(calls_on_even_first_byte), num_samples=8, max_tokens=len(CALL) + 2, seed=3
+    )
+    firsts = steps[0][0]
+    assert {f % 2 for f in firsts} == {0, 1}, "pick a seed with both kinds of rows"
+    assert len(steps) == 1 + len(CALL + RESULT)
+    for i, first in enumerate(firsts):
+        row = [column[i] for column, _ in steps]
+        if first % 2:
+            # Cut at max_tokens as ever; it waits out the other rows' results as <|assistant_end|>.
+            budget = len(CALL) + 2
+            assert row == [first] + [ord("x")] * (budget - 1) + [END] * (len(steps) - budget)
+        else:
+            assert row == [first, *CALL, *RESULT]
+    results, _ = batch(
+        ScriptedModel(calls_on_even_first_byte), num_samples=8, max_tokens=len(CALL) + 2, seed=3
+    )
+    assert [len(r) - len(PROMPT) for r in results] == [
+        len(CALL) + 2 if f % 2 else 1 + len(CALL + RESULT) for f in firsts
+    ]
+
+
+def test_a_result_past_max_tokens_stops_at_the_end_of_the_context():
+    prompt = [SPECIAL_IDS[BOS], ord("q")]
+    model = ScriptedModel(tool_call("12*7", DONE), sequence_len=len(prompt) + len(CALL) + 2)
+    steps = run(model, tokens=prompt, temperature=0.0, max_tokens=len(CALL))
+    # Room for two of the result's tokens: the last position holds the last yielded one.
+    assert [column[0] for column, _ in steps] == CALL + RESULT[:2]
+
+
+def test_replay_tool_use_rebuilds_an_open_call_and_a_half_written_result():
+    engine = Engine(ScriptedModel(uniform), TOK)
+    state, masks = engine.replay_tool_use([*TOK.encode("So "), *CALL[:3]])
+    assert state.in_python_block and state.python_expr_tokens == TOK.encode("12")
+    assert not state.forced_tokens
+    assert masks == [1] * 6
+
+    state, masks = engine.replay_tool_use([*CALL, *RESULT[:2]])  # ... <|output_start|>8
+    assert not state.in_python_block
+    assert list(state.forced_tokens) == RESULT[2:]
+    assert masks == [1] * len(CALL) + [0, 0]
+
+
+def test_replay_tool_use_takes_tokens_unlike_the_result_as_the_models_own():
+    engine = Engine(ScriptedModel(uniform), TOK)
+    written = [*CALL, *TOK.encode("no tool here")]  # written with the tools off
+    state, masks = engine.replay_tool_use(written)
+    assert masks == [1] * len(written)
+    assert not state.forced_tokens and not state.in_python_block
+
+
+def test_generate_resumed_inside_a_call_runs_the_calculator_at_its_end():
+    def finish_the_call(generated: list[int]) -> int:
+        rest = [*TOK.encode("*7"), SPECIAL_IDS[PYTHON_END]]
+        if SPECIAL_IDS[OUTPUT_END] in generated:
+            return DONE[min(len(generated) - generated.index(SPECIAL_IDS[OUTPUT_END]) - 1, 5)]
+        return rest[min(len(generated), len(rest) - 1)]
+
+    engine = Engine(ScriptedModel(finish_the_call), TOK)
+    unfinished = CALL[:3]  # <|python_start|>12
+    resume, _ = engine.replay_tool_use(unfinished)
+    steps = engine.generate(PROMPT + unfinished, temperature=0.0, max_tokens=20, resume=resume)
+    tokens = [column[0] for column, _ in steps]
+    assert tokens == [*CALL[3:], *RESULT, *DONE]
+    # Without the state the engine cannot know a call is open: nothing is forced.
+    fresh = Engine(ScriptedModel(finish_the_call), TOK)
+    tokens = [column[0] for column, _ in fresh.generate(PROMPT + unfinished, temperature=0.0)]
+    assert SPECIAL_IDS[OUTPUT_START] not in tokens
+
+
+@pytest.mark.parametrize("num_samples", [1, 3])
+def test_generate_resumed_inside_a_result_writes_the_rest_of_it_first(num_samples):
+    engine = Engine(ScriptedModel(tool_call("12*7", DONE)), TOK)
+    unfinished = [*CALL, *RESULT[:2]]  # ... <|output_start|>8
+    resume, _ = engine.replay_tool_use(unfinished)
+    steps = list(
+        engine.generate(
+            PROMPT + unfinished, num_samples, max_tokens=1, temperature=0.0, resume=resume
+        )
+    )
+    # max_tokens=1: the result's rest is one unit with the first step.
+    assert [column for column, _ in steps] == [[t] * num_samples for t in RESULT[2:]]
+    assert [masks for _, masks in steps] == [[0] * num_samples] * len(RESULT[2:])
+
+
 # ---- the model protocol ---------------------------------------------------------------------
 
 

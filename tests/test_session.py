@@ -6,18 +6,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import DONE, ByteTokenizer, ScriptedModel, tool_call
 
 from chatcli.model import ERAS, GPT, GPTConfig
 from chatcli.session import ChatSession, SamplingOptions
-from chatcli.stream import TextDelta
+from chatcli.stream import TextDelta, ToolResult
 from chatcli.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures not present")
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
+    # Only the tests on a real tokenizer need the shared fixtures; the scripted ones run anyway.
+    if not FIXTURES.is_dir():
+        pytest.skip("shared fixtures not present")
     return Tokenizer.from_file(FIXTURES / "E" / "tokenizer" / "tokenizer.pkl")
 
 
@@ -139,3 +142,73 @@ def test_samples_come_from_one_prefill_and_one_can_be_kept(tokenizer):
     assert session.messages[-1] == replies[1].message
     run(session.send("and then?"))
     assert len(session.messages) == 4
+
+
+# ---- /continue inside a calculator call (scripted model, byte tokenizer) ---------------------
+
+
+def scripted_session(expression: str, max_tokens: int) -> ChatSession:
+    """A session whose model answers every question with one calculator call, then ' done'."""
+    model = ScriptedModel(tool_call(expression, DONE))
+    return ChatSession(model, ByteTokenizer(), greedy(max_tokens))
+
+
+def results(events) -> list[ToolResult]:
+    return [e for e in events if isinstance(e, ToolResult)]
+
+
+CALL_1234 = [
+    {"type": "python", "text": "1234*56"},
+    {"type": "python_output", "text": "69104"},
+    {"type": "text", "text": " done"},
+]
+
+
+def test_continue_after_a_cut_inside_the_expression_runs_the_calculator():
+    session = scripted_session("1234*56", max_tokens=5)  # <|python_start|>1234
+    assert results(session.send("What is 1234*56?")) == [ToolResult("1234", None, cut=True)]
+    session.options.max_tokens = 100
+    continued = list(session.continue_reply())
+    # The badge covers the whole call, and only the new part of the expression is streamed.
+    assert results(continued) == [ToolResult("1234*56", "69104")]
+    assert "".join(e.text for e in continued if isinstance(e, TextDelta)) == " done"
+    assert session.messages[-1]["content"] == CALL_1234
+    out = session.last_reply
+    assert out.masks == [1] * 9 + [0] * 7 + [1] * 5  # the call, the forced result, " done"
+
+
+def test_a_cut_inside_the_forced_result_never_splits_it():
+    # 1111*22: the call takes 9 tokens, so 12 stop inside <|output_start|>24442<|output_end|>.
+    session = scripted_session("1111*22", max_tokens=12)
+    assert results(session.send("What is 1111*22?")) == [ToolResult("1111*22", "24442")]
+    assert session.last_reply.stats.finish_reason == "length"
+    assert session.last_reply.parts == [
+        {"type": "python", "text": "1111*22"},
+        {"type": "python_output", "text": "24442"},
+    ]
+    session.options.max_tokens = 100
+    continued = list(session.continue_reply())
+    assert results(continued) == []  # the result was shown whole already
+    assert session.messages[-1]["content"][-1] == {"type": "text", "text": " done"}
+
+
+def test_continue_after_an_interrupt_inside_the_forced_result_writes_the_rest_of_it():
+    answer = tool_call("1234*56", DONE)
+    pressed = []
+
+    def ctrl_c_inside_the_result(generated: list[int]) -> int:
+        # Ctrl-C lands while the model reads <|output_start|>6 (0, 4, <|output_end|> queued).
+        if len(generated) == 11 and not pressed:
+            pressed.append(True)
+            raise KeyboardInterrupt
+        return answer(generated)
+
+    session = ChatSession(ScriptedModel(ctrl_c_inside_the_result), ByteTokenizer(), greedy(100))
+    with pytest.raises(KeyboardInterrupt):
+        list(session.send("What is 1234*56?"))
+    assert session.last_reply.stats.finish_reason == "interrupted"
+    assert ByteTokenizer().decode(session.entries[-1].tokens[-3:-1]) == "<|output_start|>6"
+    continued = list(session.continue_reply())
+    assert results(continued) == [ToolResult("1234*56", "69104")]
+    assert session.messages[-1]["content"] == CALL_1234
+    assert session.last_reply.masks == [1] * 9 + [0] * 7 + [1] * 5

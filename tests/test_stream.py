@@ -179,13 +179,23 @@ def test_output_start_written_by_the_model_is_not_a_tool_result():
     ]
 
 
-def test_unterminated_tool_call_fails_at_flush():
-    assert merged(run([*text("x "), sp(PYTHON_START), *text("2+")])) == [
+def test_a_call_the_stream_stops_inside_its_expression_is_cut_not_failed():
+    events = merged(run([*text("x "), sp(PYTHON_START), *text("2+")]))
+    assert events == [
         TextDelta("x "),
         ToolCallStart(),
         ToolCallDelta("2+"),
-        ToolResult("2+", None),
+        ToolResult("2+", None, cut=True),
     ]
+    assert events[-1].status == "cut"
+
+
+def test_a_call_the_stream_stops_right_after_python_end_failed():
+    # The engine writes a result right after <|python_end|>: none coming means none was given.
+    call, call_masks = tool_call("1/0", None)
+    events = run(call, call_masks)
+    assert events[-1] == ToolResult("1/0", None)
+    assert events[-1].status == "failed"
 
 
 def test_unterminated_tool_call_fails_at_assistant_end():
@@ -193,10 +203,32 @@ def test_unterminated_tool_call_fails_at_assistant_end():
     assert events == [ToolCallStart(), ToolCallDelta("2+"), ToolResult("2+", None)]
 
 
-def test_tool_output_cut_off_midway_counts_as_failed():
+def test_tool_output_cut_off_midway_is_cut():
     tokens = [sp(PYTHON_START), *text("9*9"), sp(PYTHON_END), sp(OUTPUT_START), *text("8")]
     masks = [1, 1, 1, 1, 1, 0, 0]
-    assert merged(run(tokens, masks))[-1] == ToolResult("9*9", None)
+    assert merged(run(tokens, masks))[-1] == ToolResult("9*9", None, cut=True)
+
+
+def test_a_resumed_decoder_finishes_the_call_its_earlier_tokens_opened():
+    call, call_masks = tool_call("12*7", "84")
+    shown = 3  # <|python_start|>12 was shown by the turn that was cut
+    decoder = TokenDecoder(TOK)
+    decoder.resume(call[:shown], call_masks[:shown])
+    events: list[StreamEvent] = []
+    for token, mask in zip(call[shown:], call_masks[shown:], strict=True):
+        events += decoder.feed(token, mask)
+    events += decoder.flush()
+    # Nothing of what was already shown comes again; the badge has the whole expression.
+    assert merged(events) == [ToolCallDelta("*7"), ToolResult("12*7", "84")]
+    assert events[-1].status == "ok"
+
+
+def test_a_resumed_decoder_finishes_a_result_cut_midway():
+    call, call_masks = tool_call("11*3", "33")
+    decoder = TokenDecoder(TOK)
+    decoder.resume(call[:-2], call_masks[:-2])  # ... <|output_start|>3
+    events = decoder.feed(call[-2], 0) + decoder.feed(call[-1], 0)
+    assert events == [ToolResult("11*3", "33")]
 
 
 def test_nothing_after_assistant_end_or_bos_is_shown():
