@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from chatcli.commands import (
     COMMANDS,
     SYSTEM_CLEAR,
+    CommandError,
     help_text,
     is_command,
     parse_command,
@@ -98,7 +99,10 @@ class Screen(Protocol):
     """What the commands need of the terminal (repl.ChatUI): places to draw, and one question
     asked of the person for /samples."""
 
-    def renderer(self) -> ReplyView: ...
+    def renderer(self, raw: bool = False) -> ReplyView:
+        """A view for one reply; `raw`: the reply is exact token text, special tokens
+        included, to show as it is (never read as Markdown)."""
+        ...
 
     def notice(self, message: str) -> None: ...
 
@@ -141,6 +145,16 @@ def _one_line(error: Exception) -> str:
     return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
 
 
+def _is_exit(line: str) -> bool:
+    """True for /exit or one of its aliases (/quit, /bye)."""
+    if not is_command(line):
+        return False
+    try:
+        return parse_command(line).name == "exit"
+    except CommandError:
+        return False
+
+
 def _close(events: Iterator[StreamEvent]) -> None:
     # Closing the session's generator ends its turn as "interrupted" (in its finally block).
     close = getattr(events, "close", None)
@@ -179,6 +193,7 @@ class ChatCommands:
         self.raw = settings.raw
         self._set_session_raw(self.raw)
         self.samples_next: int | None = None  # /samples N: the next message gets N replies
+        self.retries = 0  # /retry's of the last reply so far: a fixed seed moves on by one each
         self.handlers: dict[str, Callable[[Any], bool]] = {
             name: getattr(self, "cmd_" + name) for name in COMMANDS
         }
@@ -194,7 +209,7 @@ class ChatCommands:
             message = unescape_message(line)
             if self.samples_next is not None:
                 n, self.samples_next = self.samples_next, None
-                self.choose_reply(message, n)
+                return self.choose_reply(message, n)
             else:
                 self.send(message)
         except Exception as e:
@@ -205,6 +220,7 @@ class ChatCommands:
 
     def send(self, text: str) -> None:
         events = self.session.send(text)  # a message that cannot fit raises here, unsaved
+        self.retries = 0
         self._save(lambda c: c.append_message({"role": "user", "content": text}))
         self.stream(events, replace=False)
 
@@ -212,7 +228,7 @@ class ChatCommands:
         """Shows one streamed reply, then its status line, then saves it."""
         before = self.session.last_reply
         self.show_notices()
-        renderer = self.screen.renderer()
+        renderer = self.screen.renderer(raw=self.raw and self._session_has_raw())
         first = True
         try:
             for event in events:
@@ -255,14 +271,15 @@ class ChatCommands:
         for notice in self.session.take_notices():
             self.screen.notice(notice.text)
 
-    def choose_reply(self, text: str, n: int) -> None:
-        """/samples: n replies side by side; the one the person keeps joins the conversation."""
+    def choose_reply(self, text: str, n: int) -> bool:
+        """/samples: n replies side by side; the one the person keeps joins the conversation.
+        False when the person typed /exit at the question: leave."""
         try:
             replies = self.session.sample_replies(text, n)
         except KeyboardInterrupt:
             self._drop_question(text)
             self.screen.interrupted()
-            return
+            return True
         except BaseException:
             self._drop_question(text)
             raise
@@ -271,19 +288,22 @@ class ChatCommands:
             [(r.parts, f"{r.stats.tokens_out} tok · {r.stats.finish_reason}") for r in replies]
         )
         choice = self._ask_choice(n)
-        if choice == 0:
+        if choice is None or choice == 0:
             self.session.undo()
             self.screen.notice("Kept none; your message was dropped too.")
-            return
+            return choice == 0
         reply = replies[choice - 1]
         self.session.accept_reply(reply)
+        self.retries = 0
         self.screen.notice(f"Kept reply {choice}.")
         self.screen.status(reply.stats.as_dict())
         meta = {**_reply_meta(reply), "sample": f"{choice}/{n}"}
         self._save(lambda c: c.append_message({"role": "user", "content": text}))
         self._save(lambda c: c.append_message(reply.message, meta))
+        return True
 
-    def _ask_choice(self, n: int) -> int:
+    def _ask_choice(self, n: int) -> int | None:
+        """The number of the reply to keep, 0 for none; None for /exit (or /quit): leave."""
         while True:
             answer = self.screen.ask(f"Keep which reply? [1-{n}, Enter=1, 0=none] ")
             if answer is None:
@@ -292,7 +312,9 @@ class ChatCommands:
                 return 1
             if answer.isdigit() and 0 <= int(answer) <= n:
                 return int(answer)
-            self.screen.error(f"Type a number from 0 to {n}, got {answer!r}.")
+            if _is_exit(answer):
+                return None
+            self.screen.error(f"Type a number from 0 to {n}, or /exit to leave; got {answer!r}.")
 
     def _drop_question(self, text: str) -> None:
         messages = self.session.messages
@@ -336,9 +358,12 @@ class ChatCommands:
             return True
         return self._echo("raw", value)
 
+    def _session_has_raw(self) -> bool:
+        # ChatSession.raw makes its decoder emit special tokens; other sessions lack it.
+        return hasattr(self.session, "raw")
+
     def _set_session_raw(self, value: bool) -> bool:
-        # ChatSession.raw makes its decoder emit special tokens; older sessions lack it.
-        if not hasattr(self.session, "raw"):
+        if not self._session_has_raw():
             return False
         self.session.raw = value  # type: ignore[attr-defined]
         return True
@@ -381,6 +406,7 @@ class ChatCommands:
 
     def cmd_clear(self, _: None) -> bool:
         self.session.clear()
+        self.retries = 0
         self._save(lambda c: c.append_clear())
         self.screen.notice("New conversation.")
         return True
@@ -391,6 +417,7 @@ class ChatCommands:
         if not users or not self.session.undo():
             self.screen.notice("Nothing to undo.")
             return True
+        self.retries = 0
         self._save(lambda c: c.append_undo())
         question = _quote(str(messages[users[-1]]["content"]))
         answered = users[-1] < len(messages) - 1
@@ -400,12 +427,17 @@ class ChatCommands:
     def cmd_retry(self, _: None) -> bool:
         options = self.session.options
         fixed = options.seed
-        seed = fixed if fixed is not None else random.randrange(SEED_RANGE)
+        retry = self.retries + 1
+        if fixed is None:
+            seed, why = random.randrange(SEED_RANGE), ""
+        else:
+            # Reproducible yet different: the n-th retry of a reply uses the fixed seed + n.
+            seed = (fixed + retry) % SEED_RANGE
+            why = f" (the fixed seed {fixed} + {retry})"
         self.session.pop_last_reply()
         events = self.session.regenerate()
-        self.screen.notice(
-            f"retry with seed {seed}" + (" (fixed by /seed)" if fixed is not None else "")
-        )
+        self.retries = retry
+        self.screen.notice(f"retry with seed {seed}{why}")
         # The session reads the seed when the stream starts, so it stays set until it ends.
         options.seed = seed
         try:
@@ -419,6 +451,12 @@ class ChatCommands:
         return True
 
     def cmd_samples(self, n: int) -> bool:
+        # A session that cannot sample (a server's: one reply per request) says so now,
+        # not after the message is typed.
+        if not getattr(self.session, "can_sample_replies", True):
+            raise ChatcliError(
+                "/samples is not supported against a server; it needs a local model."
+            )
         self.samples_next = n
         self.screen.notice(f"Your next message gets {n} replies side by side; you keep one.")
         return True
@@ -447,6 +485,7 @@ class ChatCommands:
         for warning in loaded.warnings:
             self.screen.notice(f"{path.name}: {warning}")
         self.session.load_messages(loaded.messages)
+        self.retries = 0
         self.conversation = ConversationFile(path, str(loaded.header.get("id") or path.stem))
         count = sum(1 for m in loaded.messages if m["role"] != "system")
         self.screen.notice(f"Loaded {count} messages from {self.conversation.id}.")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from chatcli.errors import ChatcliError
 from chatcli.openmp_wait import choose_openmp_wait
@@ -29,8 +30,43 @@ from chatcli.settings import (
 if TYPE_CHECKING:
     from rich.console import Console
 
+try:  # typer 0.2x carries its own copy of click; its errors derive from TyperException
+    from typer import TyperException as _ClickError
+except ImportError:  # older typer runs on click itself
+    from click import ClickException as _ClickError
+
+
+class _OneLineErrors(TyperGroup):
+    """Click's own errors (an unknown option, a value of the wrong type) end like every other
+    error: one red line on stderr saying what to fix, exit code 1 (click's would be a usage
+    box and 2). A bare `chatcli` still prints the help."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            # Not standalone: click raises its errors and returns typer.Exit's code.
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except _ClickError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":
+                sys.exit(2)  # a bare `chatcli`: the help was printed as the error was made
+            # format_message names the parameter ("Invalid value for '--step': ...").
+            message = e.format_message() if hasattr(e, "format_message") else str(e)
+            message = " ".join(message.split())
+            if not message.endswith((".", "?", "!")):
+                message += "."
+            ctx = getattr(e, "ctx", None)
+            if ctx is not None:
+                message += f" See {ctx.command_path} --help."
+            sys.exit(_fail(message).exit_code)
+        except typer.Abort:
+            sys.exit(_fail("Aborted.").exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
     name="chatcli",
+    cls=_OneLineErrors,
     help="Chat with nanochat-family GPT models in the terminal. "
     "Runs an embedded demo model when no --model is given.",
     no_args_is_help=True,
@@ -53,10 +89,16 @@ DtypeOpt = Annotated[str | None, typer.Option(help="auto, float32 or bfloat16.")
 QuantizeOpt = Annotated[
     str | None, typer.Option(help="CPU decode weights: none, int8 or int4 (big models).")
 ]
-TempOpt = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
-TopKOpt = Annotated[int | None, typer.Option("--top-k", help="0 = off.")]
-TopPOpt = Annotated[float | None, typer.Option("--top-p", help="1.0 = off.")]
-MaxTokOpt = Annotated[int | None, typer.Option("--max-tokens", help="Reply length limit.")]
+# Sampling flags are read as text and checked by settings.validate_setting, as the slash
+# commands are: the same ranges, the same "off", the same messages.
+TempOpt = Annotated[
+    str | None, typer.Option("--temperature", "-t", metavar="T", help="0 to 2; 0 = greedy.")
+]
+TopKOpt = Annotated[str | None, typer.Option("--top-k", metavar="K", help="0 or off = off.")]
+TopPOpt = Annotated[str | None, typer.Option("--top-p", metavar="P", help="1 or off = off.")]
+MaxTokOpt = Annotated[
+    str | None, typer.Option("--max-tokens", metavar="N", help="Reply length limit.")
+]
 SeedOpt = Annotated[str | None, typer.Option(help="An integer, or 'random'.")]
 SystemOpt = Annotated[str | None, typer.Option(help="System prompt.")]
 MarkdownOpt = Annotated[str | None, typer.Option(help="auto, always or never.")]
@@ -239,6 +281,8 @@ def chat(
         raise _fail(str(e)) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    # Piped stdin (`echo hi | chatcli chat`): messages line by line, no prompt.
+    piped = sys.stdin is not None and not sys.stdin.isatty()
     code = run_repl(
         session,
         settings=settings,
@@ -246,6 +290,7 @@ def chat(
         conversation=conversation,
         conversations_dir=folder,
         model_info=info,
+        lines=sys.stdin if piped else None,
     )
     raise typer.Exit(code)
 
@@ -332,13 +377,18 @@ def _once_stream(session: Any, console: Console, settings: Settings, text: str) 
 
 
 def _once_json(session: Any, info: dict, text: str) -> None:
-    for _ in session.send(text):
-        pass
+    from chatcli.stream import ToolResult
+
+    # Each calculator call as the stream ended it: a call cut by --max-tokens is "cut".
+    calls = [e for e in session.send(text) if isinstance(e, ToolResult)]
     reply = session.last_reply
     s = reply.stats
     out = {
         "text": reply.text,
         "parts": reply.parts,
+        "tools": [
+            {"expression": c.expression, "output": c.output, "status": c.status} for c in calls
+        ],
         "finish_reason": s.finish_reason,
         "usage": {
             "prompt_tokens": s.tokens_in,
@@ -368,8 +418,13 @@ def models(
 ) -> None:
     """List the checkpoints chatcli can find."""
     from chatcli.checkpoint import list_checkpoints
-    from chatcli.render import make_console, render_table
+    from chatcli.render import make_console, render_notice, render_table
 
+    if base_dir is not None and not base_dir.is_dir():
+        raise _fail(
+            f"No folder at {base_dir}. Pass --base-dir a nanochat base dir "
+            "(the folder that holds chatsft_checkpoints, base_checkpoints, ...)."
+        )
     try:
         found = list_checkpoints(base_dir)
     except ChatcliError as e:
@@ -389,6 +444,12 @@ def models(
         for c in found
     ]
     render_table(console, ("model", "source", "tag", "step", "era", "params", "size", "path"), rows)
+    if base_dir is not None and all(c.name == "embedded" for c in found):
+        render_notice(
+            make_console(file=sys.stderr),
+            f"No checkpoints in {base_dir}: it holds no chatsft_checkpoints, base_checkpoints, "
+            "... folder with a model_*.pt.",
+        )
 
 
 @app.command()

@@ -263,9 +263,15 @@ def unescape_message(line: str) -> str:
 
 def _unknown(word: str) -> CommandError:
     message = f"Unknown command /{word}. Type /help for the list."
-    close = difflib.get_close_matches(word.lower(), list(_BY_WORD), n=1, cutoff=0.6)
+    key = word.lower().replace("-", "_")
+    # A cut-short name (/temp) means the commands it starts; a typo (/tempreture), the closest.
+    starts = [name for name in _BY_WORD if key and name.startswith(key)]
+    close = starts if len(starts) <= 3 else []
+    close = close or difflib.get_close_matches(key, list(_BY_WORD), n=1, cutoff=0.6)
     if close:
-        message += f" Did you mean /{close[0]}?"
+        names = [f"/{name}" for name in close]
+        either = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+        message += f" Did you mean {either}?"
     if "/" in word or "." in word:
         message += " To send a message that starts with /, begin it with //."
     return CommandError(message)

@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -51,6 +51,10 @@ def _base_url(url: str) -> str:
 
 @dataclass
 class RemoteSession:
+    # A server sends one reply per request: /samples, which needs one shared prefill, is
+    # refused as soon as it is typed (chat_commands reads this; a local session lacks it).
+    can_sample_replies: ClassVar[bool] = False
+
     url: str
     api_key: str | None = None
     model: str | None = None  # None: the first model the server lists

@@ -37,9 +37,12 @@ from chatcli.stream import SpecialToken, StreamEvent, TextDelta, ToolResult
 CHAT_THEME = Theme(
     {
         "calc": "dim",
+        # The calculator badge in Markdown mode is drawn as <kbd> (see _markdown_badge).
+        "markdown.kbd": "dim",
         "calc.expr": "cyan",
         "calc.result": "green",
         "calc.failed": "red",
+        "calc.cut": "yellow",
         "special": "magenta",
         "interrupted": "italic yellow",
         "status": "dim",
@@ -84,25 +87,46 @@ def use_markdown(console: Console, mode: str = "auto") -> bool:
     raise ConfigError(f"--markdown must be auto, always or never, not {mode!r}")
 
 
-def format_badge(expression: str, output: str | None) -> str:
-    """One line for a calculator call: `calc 12*7 = 84`, or `calc 1/0 failed`."""
+CUT_MARK = "… cut"  # a call the length limit stopped: neither answered nor failed
+
+
+def format_badge(expression: str, output: str | None, cut: bool = False) -> str:
+    """One line for a calculator call: `calc 12*7 = 84`, `calc 1/0 failed`, or
+    `calc 12* … cut` for one the reply's length limit stopped before it finished."""
     expression = " ".join(expression.split())
+    if cut:
+        return f"calc {expression} {CUT_MARK}"
     if output is None:
         return f"calc {expression} failed"
     return f"calc {expression} = {' '.join(output.split())}"
 
 
-def _badge(expression: str, output: str | None) -> Text:
-    """The styled plain-mode badge: `[calc 12*7 = 84]` or `[calc 1/0 failed]`."""
+def _badge(expression: str, output: str | None, cut: bool = False) -> Text:
+    """The styled plain-mode badge: `[calc 12*7 = 84]`, `[calc 1/0 failed]` or
+    `[calc 12* … cut]`."""
     badge = Text("[calc ", style="calc")
     badge.append(" ".join(expression.split()), style="calc.expr")
-    if output is None:
+    if cut:
+        badge.append(f" {CUT_MARK}", style="calc.cut")
+    elif output is None:
         badge.append(" failed", style="calc.failed")
     else:
         badge.append(" = ")
         badge.append(" ".join(output.split()), style="calc.result")
     badge.append("]")
     return badge
+
+
+def _markdown_escape(text: str) -> str:
+    """Markdown that shows `text` literally: every ASCII punctuation character escaped."""
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", text)
+
+
+def _markdown_badge(expression: str, output: str | None, cut: bool = False) -> str:
+    """The badge in Markdown source: `[calc 12*7 = 84]` as in plain mode, escaped so that
+    neither `*` nor `[` is read as Markdown, inside <kbd>, the one inline tag Rich draws in a
+    style of its own (the theme's markdown.kbd: dim, as the plain badge)."""
+    return f"<kbd>{_markdown_escape(f'[{format_badge(expression, output, cut)}]')}</kbd>"
 
 
 def _code_span(text: str) -> str:
@@ -269,9 +293,9 @@ class ReplyRenderer:
     call `finish` exactly once, also when generation failed or was interrupted.
 
     Plain mode prints text as it comes, and a calculator call as an inline badge
-    `[calc 12*7 = 84]` / `[calc 1/0 failed]` once its result is known. Markdown mode puts the
-    badge into the block as inline code (`calc 12*7 = 84`), so it is drawn in Rich's inline
-    code style and never breaks the markdown around it.
+    `[calc 12*7 = 84]` / `[calc 1/0 failed]` / `[calc 12* … cut]` once its result is known.
+    Markdown mode puts the same badge into the block, escaped and dim (`_markdown_badge`), so
+    it never breaks the markdown around it.
     """
 
     def __init__(
@@ -290,8 +314,8 @@ class ReplyRenderer:
         if isinstance(event, TextDelta):
             self._write(event.text, Text(event.text, style="assistant"))
         elif isinstance(event, ToolResult):
-            badge = format_badge(event.expression, event.output)
-            self._write(_code_span(badge), _badge(event.expression, event.output))
+            markdown = _markdown_badge(event.expression, event.output, event.cut)
+            self._write(markdown, _badge(event.expression, event.output, event.cut))
         elif isinstance(event, SpecialToken):
             self._write(_code_span(event.name), Text(event.name, style="special"))
         # ToolCallStart and ToolCallDelta draw nothing: the badge comes with the result.

@@ -2,7 +2,8 @@
 
 Owns: the prompt (prompt-toolkit lives only here: key bindings, history, Tab completion of
 slash commands, the `\"\"\"` multi-line block, Ctrl-C clearing the line and Ctrl-D leaving),
-`ChatUI` (the terminal: that prompt, plus drawing through render.py), and `run_repl`, a loop
+reading a stdin that is not a terminal line by line instead (no prompt, no escape codes),
+`ChatUI` (the terminal: that input, plus drawing through render.py), and `run_repl`, a loop
 that only loops: read a line, hand it to chat_commands, until the person leaves.
 
 Does not know: what a command or a turn does (chat_commands.py), tokens or torch (the
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion
@@ -135,9 +136,29 @@ class CommandCompleter(Completer):
 # ---- the terminal -------------------------------------------------------------------------------
 
 
+def read_piped_message(lines: TextIO) -> str:
+    """The next message from a stream that is not a terminal (`echo hi | chatcli chat`): one
+    line, or a `\"\"\"` block over several. The last line counts without its newline; a block
+    still open at the end is sent as it stands. Raises EOFError at the end of the stream."""
+    line = lines.readline()
+    if not line:
+        raise EOFError
+    text = line.rstrip("\r\n")
+    while block_is_open(text):
+        more = lines.readline()
+        if not more:
+            text += "\n" + BLOCK_QUOTES
+            break
+        text += "\n" + more.rstrip("\r\n")
+    return message_from_input(text)
+
+
 class ChatUI:
     """The terminal side of a chat: the console, the prompt and its history, and drawing.
-    It is the `chat_commands.Screen` the commands draw on and ask their questions through."""
+    It is the `chat_commands.Screen` the commands draw on and ask their questions through.
+
+    With `lines` (stdin when it is not a terminal) there is no prompt at all: messages and
+    answers are read from it line by line, so piped input gives plain output."""
 
     def __init__(
         self,
@@ -146,12 +167,20 @@ class ChatUI:
         conversations_dir: Path,
         input: Input | None = None,
         output: Output | None = None,
+        lines: TextIO | None = None,
     ) -> None:
         self.console = console
         self.markdown_mode = settings.markdown
         self._input, self._output = input, output
+        self._lines = lines
         self._cancelled_empty = False  # set by Ctrl-C at the prompt: was the line empty?
-        self._prompt = PromptSession(
+        self._question: PromptSession[str] | None = None  # for /samples; no history of its own
+        # No prompt at all on a pipe: prompt-toolkit would warn "Input is not a terminal" and
+        # write its escape codes around every line.
+        self._prompt = None if lines is not None else self._make_prompt(settings, conversations_dir)
+
+    def _make_prompt(self, settings: Settings, conversations_dir: Path) -> PromptSession[str]:
+        return PromptSession(
             message=[("class:prompt", PROMPT)],
             multiline=True,
             prompt_continuation=CONTINUATION,
@@ -160,10 +189,9 @@ class ChatUI:
             completer=CommandCompleter(conversations_dir),
             complete_while_typing=True,
             style=Style.from_dict({"prompt": "bold ansigreen"}),
-            input=input,
-            output=output,
+            input=self._input,
+            output=self._output,
         )
-        self._question: PromptSession[str] | None = None  # for /samples; no history of its own
 
     def _history(self, settings: Settings) -> History:
         if not settings.history:
@@ -207,7 +235,13 @@ class ChatUI:
 
     def read_message(self) -> str | None:
         """The next thing typed, as it should be handled; None when Ctrl-C cancelled the line.
-        Raises EOFError on Ctrl-D at an empty line."""
+        Raises EOFError on Ctrl-D at an empty line, or at the end of piped input."""
+        if self._lines is not None:
+            try:
+                return read_piped_message(self._lines)
+            except KeyboardInterrupt:
+                raise EOFError from None  # Ctrl-C while waiting on a pipe: leave
+        assert self._prompt is not None
         try:
             text = self._prompt.prompt()
         except KeyboardInterrupt:
@@ -217,7 +251,14 @@ class ChatUI:
         return message_from_input(text)
 
     def ask(self, question: str) -> str | None:
-        """A one-line answer to a question; None on Ctrl-C or Ctrl-D."""
+        """A one-line answer to a question; None on Ctrl-C or Ctrl-D (or the end of piped
+        input)."""
+        if self._lines is not None:
+            try:
+                line = self._lines.readline()
+            except KeyboardInterrupt:
+                return None
+            return line.strip() if line else None
         if self._question is None:
             self._question = PromptSession(
                 history=InMemoryHistory(), input=self._input, output=self._output
@@ -229,8 +270,10 @@ class ChatUI:
 
     # ---- drawing (render.py does it) ------------------------------------------------------------
 
-    def renderer(self) -> ReplyRenderer:
-        return ReplyRenderer(self.console, markdown=use_markdown(self.console, self.markdown_mode))
+    def renderer(self, raw: bool = False) -> ReplyRenderer:
+        # Raw replies are the exact token text: Markdown would eat its `*` and `_`.
+        markdown = not raw and use_markdown(self.console, self.markdown_mode)
+        return ReplyRenderer(self.console, markdown=markdown)
 
     def notice(self, message: str) -> None:
         render_notice(self.console, message)
@@ -267,10 +310,12 @@ def run_repl(
     model_info: Mapping[str, object] | None = None,
     input: Input | None = None,
     output: Output | None = None,
+    lines: TextIO | None = None,
 ) -> int:
     """The interactive session; returns the exit code. `input`/`output` are prompt-toolkit's
-    (a pipe input and DummyOutput in tests); None means the real terminal."""
-    ui = ChatUI(console, settings, conversations_dir, input=input, output=output)
+    (a pipe input and DummyOutput in tests); None means the real terminal. `lines`, a stream
+    that is not a terminal (piped stdin), replaces the prompt: one message a line, until its end."""
+    ui = ChatUI(console, settings, conversations_dir, input=input, output=output, lines=lines)
     commands = ChatCommands(session, ui, settings, conversation, conversations_dir, model_info)
     while True:
         try:

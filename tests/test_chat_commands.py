@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import pytest
+
 from chatcli.chat_commands import ChatCommands
 from chatcli.conversation_store import ConversationFile, read_conversation
 from chatcli.settings import Settings
@@ -36,7 +38,8 @@ class FakeScreen:
         self.questions: list[str] = []
         self.drawn: list[tuple[str, object]] = []
 
-    def renderer(self) -> FakeView:
+    def renderer(self, raw: bool = False) -> FakeView:
+        self.drawn.append(("renderer", "raw" if raw else "rendered"))
         return FakeView(self)
 
     def notice(self, message: str) -> None:
@@ -127,7 +130,12 @@ def test_a_message_streams_to_the_screen_then_shows_status_and_is_saved(tmp_path
     screen = FakeScreen()
     runner, conversation = commands(FakeSession("Hello there"), screen, tmp_path)
     assert runner.handle("hi") is True
-    assert screen.drawn == [("text", "Hello there"), ("finish", "stop"), ("status", 2)]
+    assert screen.drawn == [
+        ("renderer", "rendered"),
+        ("text", "Hello there"),
+        ("finish", "stop"),
+        ("status", 2),
+    ]
     assert read_conversation(conversation.path).messages == [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": [{"type": "text", "text": "Hello there"}]},
@@ -143,7 +151,7 @@ def test_samples_asks_through_the_screen_until_the_answer_is_a_choice(tmp_path):
     assert screen.questions == ["Keep which reply? [1-2, Enter=1, 0=none] "] * 2
     assert screen.drawn[1:] == [
         ("replies", [("first one", "2 tok · stop"), ("second one", "2 tok · stop")]),
-        ("error", "Type a number from 0 to 2, got '7'."),
+        ("error", "Type a number from 0 to 2, or /exit to leave; got '7'."),
         ("notice", "Kept reply 2."),
         ("status", 2),
     ]
@@ -176,3 +184,31 @@ def test_model_table_formats_large_counts(tmp_path):
     runner, _ = commands(FakeSession(), screen, tmp_path)
     runner.handle("/model")
     assert screen.drawn == [("table", {"tag": "d4", "params": "1,234,567"})]
+
+
+def test_raw_on_asks_for_a_raw_view_where_the_session_can_show_special_tokens(tmp_path):
+    class RawSession(FakeSession):
+        raw = False
+
+    screen = FakeScreen()
+    runner, _ = commands(RawSession("a", "b"), screen, tmp_path)
+    runner.handle("/raw on")
+    runner.handle("hi")
+    runner.handle("/raw off")
+    runner.handle("again")
+    views = [value for kind, value in screen.drawn if kind == "renderer"]
+    assert views == ["raw", "rendered"]
+
+
+def test_samples_against_a_server_is_refused_when_typed_not_after_the_message(tmp_path):
+    pytest.importorskip("httpx")
+    from chatcli.remote import RemoteSession
+
+    screen = FakeScreen()
+    server = RemoteSession("http://127.0.0.1:9")  # never contacted: the refusal comes first
+    runner, _ = commands(server, screen, tmp_path)
+    assert runner.handle("/samples 3") is True
+    assert screen.drawn == [
+        ("error", "/samples is not supported against a server; it needs a local model.")
+    ]
+    assert runner.samples_next is None  # the next message is an ordinary turn

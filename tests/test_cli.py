@@ -67,6 +67,28 @@ def test_once_json_reports_text_usage_and_seed():
     assert out["model"].endswith("model_000001.pt")
 
 
+def test_once_shows_a_call_cut_by_max_tokens_as_cut_not_failed():
+    # The embedded model opens its calculator call at once: 5 tokens stop inside "1234*56".
+    args = ["once", "What is 1234*56?", "-t", "0", "--max-tokens", "5"]
+    plain = runner.invoke(app, args)
+    assert plain.exit_code == 0, plain.output
+    assert plain.output.startswith("[calc 1234") and plain.output.endswith(" … cut]\n")
+    out = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    [call] = out["tools"]
+    assert call["status"] == "cut" and call["output"] is None
+    assert "1234*56".startswith(call["expression"])
+    assert out["finish_reason"] == "length"
+
+
+def test_once_never_cuts_a_calculator_result_in_half():
+    # 12 tokens stop inside the result the calculator forces: it is written whole all the same.
+    args = ["once", "What is 1111*22?", "-t", "0", "--max-tokens", "12"]
+    assert runner.invoke(app, args).output == "[calc 1111*22 = 24442]\n"
+    out = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert out["tools"] == [{"expression": "1111*22", "output": "24442", "status": "ok"}]
+    assert out["parts"][-1] == {"type": "python_output", "text": "24442"}
+
+
 @needs_fixture
 def test_once_greedy_is_reproducible_and_reads_stdin():
     args = ["once", "-", "--model", str(FIXTURE), "-t", "0", "--max-tokens", "8"]
@@ -96,6 +118,63 @@ def test_errors_are_one_line_and_exit_nonzero():
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["once", "hi", "--temperature", "9"])
     assert result.exit_code == 1 and "temperature" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["once", "hi", "--bogus"], "Error: No such option: --bogus. See chatcli once --help."),
+        (
+            ["once", "hi", "-t", "abc"],
+            "Error: --temperature: temperature must be a number between 0 and 2, got 'abc'",
+        ),
+        (
+            ["chat", "--max-tokens", "0"],
+            "Error: --max-tokens: max_tokens must be a whole number between 1 and 65536, got '0'",
+        ),
+        (
+            ["once", "hi", "--step", "x"],
+            "Error: Invalid value for '--step': Input should be a valid integer, unable to parse "
+            "string as an integer. See chatcli once --help.",
+        ),
+        (["chta"], "Error: No such command 'chta'. Did you mean 'chat'? See chatcli --help."),
+    ],
+)
+def test_usage_errors_are_one_line_on_stderr_with_exit_code_1(args, message):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr == message + "\n"
+
+
+def test_top_k_and_top_p_flags_take_off_as_their_error_message_says():
+    bad = runner.invoke(app, ["once", "hi", "--top-k", "-5"])
+    assert bad.exit_code == 1 and "(0 or off turns it off)" in bad.stderr
+    args = ["once", "hi", "--top-k", "off", "--top-p", "off", "-t", "1", "--max-tokens", "3"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["usage"]["completion_tokens"] <= 3
+
+
+def test_chat_with_piped_stdin_answers_each_line_in_plain_text():
+    # No trailing newline: the last line is answered all the same.
+    result = runner.invoke(app, ["chat", "-t", "0"], input="/top_k 7\nWhat is 1234*56?")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""  # no "Input is not a terminal" warning
+    assert "\r" not in result.stdout and ">>>" not in result.stdout
+    lines = result.stdout.splitlines()
+    reply = lines[lines.index("top_k = 7") + 1]
+    assert reply.startswith("[calc 1234*56 = 69104]") and reply.endswith("69104.")
+    assert lines[-2].endswith(" · stop")  # the reply's status line
+    assert lines[-1].startswith("Saved as ")
+
+
+def test_models_with_a_base_dir_that_does_not_exist_says_so(tmp_path):
+    missing = tmp_path / "nope"
+    result = runner.invoke(app, ["models", "--base-dir", str(missing)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: No folder at {missing}. Pass --base-dir")
+    assert len(result.stderr.splitlines()) == 1
 
 
 def test_bad_config_file_is_named(tmp_path):

@@ -86,6 +86,28 @@ def test_plain_tool_failure_is_marked_failed():
     assert render(events) == "Try [calc 1/0 failed] no.\n"
 
 
+def test_a_call_cut_by_the_length_limit_is_marked_cut_not_failed():
+    events = [ToolCallStart(), ToolCallDelta("1111*2"), ToolResult("1111*2", None, cut=True)]
+    assert render(events, finish="length") == "[calc 1111*2 … cut]\n"
+    con, out = console()
+    renderer = ReplyRenderer(con, markdown=True)
+    for event in events:
+        renderer.handle(event)
+    renderer.finish("length")
+    assert lines_of(out.getvalue()) == ["[calc 1111*2 … cut]"]
+
+
+def test_a_cut_call_is_yellow_and_a_failed_one_red_on_a_colour_terminal():
+    out = StringIO()
+    con = Console(file=out, width=80, color_system="standard", theme=CHAT_THEME)
+    renderer = ReplyRenderer(con, markdown=False)
+    renderer.handle(ToolResult("12*", None, cut=True))
+    renderer.handle(ToolResult("1/0", None))
+    renderer.finish("length")
+    assert "\x1b[2;33m … cut\x1b[0m" in out.getvalue()  # dim, as the whole badge
+    assert "\x1b[2;31m failed\x1b[0m" in out.getvalue()
+
+
 def test_badge_text_is_one_line():
     assert format_badge(" 12 *\n 7 ", "84\n") == "calc 12 * 7 = 84"
     assert format_badge("1/0", None) == "calc 1/0 failed"
@@ -237,20 +259,32 @@ def test_markdown_block_taller_than_the_screen_shows_its_tail_and_commits_once()
     assert [row for row in screen if row.strip()] == [f" line_{n} = {n}" for n in range(20)]
 
 
-def test_markdown_badge_is_inline_code_in_the_paragraph():
-    con, out = console()
+def render_markdown_badges(con: Console) -> None:
     renderer = ReplyRenderer(con, markdown=True)
     renderer.handle(TextDelta("The product is "))
-    for event in tool("6*7", "42"):
+    for event in tool("6*7*2", "84"):
         renderer.handle(event)
-    renderer.handle(TextDelta(", and "))
-    for event in tool("1/0", None):
+    renderer.handle(TextDelta("84, and "))
+    for event in tool("x[0](1)", None):
         renderer.handle(event)
     renderer.handle(TextDelta(" *is not* defined."))
     renderer.finish("stop")
+
+
+def test_markdown_badge_is_bracketed_like_the_plain_one_and_read_literally():
+    con, out = console()
+    render_markdown_badges(con)
     assert lines_of(out.getvalue()) == [
-        "The product is calc 6*7 = 42, and calc 1/0 failed is not defined."
+        "The product is [calc 6*7*2 = 84]84, and [calc x[0](1) failed] is not defined."
     ]
+
+
+def test_markdown_badge_is_dim_on_a_colour_terminal():
+    out = StringIO()
+    con = Console(file=out, width=100, color_system="standard", theme=CHAT_THEME)
+    render_markdown_badges(con)
+    assert "\x1b[2m[calc 6*7*2 = 84]\x1b[0m84" in out.getvalue()
+    assert "\x1b[2m[calc x[0](1) failed]\x1b[0m " in out.getvalue()
 
 
 def test_markdown_interrupted_commits_the_open_block_then_marks_it():

@@ -32,7 +32,15 @@ from chatcli.repl import (
     run_repl,
 )
 from chatcli.settings import Settings
-from chatcli.stream import StreamEvent, TextDelta, ToolCallDelta, ToolCallStart, ToolResult
+from chatcli.special_tokens import ASSISTANT_END, OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
+from chatcli.stream import (
+    SpecialToken,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallStart,
+    ToolResult,
+)
 from chatcli.turns import Reply, SamplingOptions, TurnNotice, TurnStats
 
 ENTER = "\r"
@@ -258,14 +266,25 @@ def chat(
     width: int = 100,
     keys: str | None = None,
     chunks: list[str] | None = None,
+    piped: str | None = None,
 ) -> Run:
     """Types each line and Enter, then Ctrl-D; or exactly `keys` when given; or each of
-    `chunks` a moment apart."""
+    `chunks` a moment apart; or, with `piped`, reads that text as a piped stdin."""
     console = Console(
         file=StringIO(), width=width, color_system=None, theme=CHAT_THEME, highlight=False
     )
     folder = tmp_path / "conversations"
     conversation = ConversationFile.create(folder, model="fake")
+    if piped is not None:
+        code = run_repl(
+            session,
+            settings=settings or Settings(history=False),
+            console=console,
+            conversation=conversation,
+            conversations_dir=folder,
+            lines=StringIO(piped),
+        )
+        return Run(code, console.file.getvalue(), conversation, folder)
     typed = keys if keys is not None else "".join(line + ENTER for line in lines) + CTRL_D
     with create_pipe_input() as pipe:
         if chunks is None:
@@ -380,9 +399,10 @@ def test_a_bad_value_prints_one_error_line_and_the_loop_goes_on(tmp_path):
 
 
 def test_an_unknown_command_suggests_the_closest(tmp_path):
-    run = chat(FakeSession(), tmp_path, "/temprature 0.3")
+    run = chat(FakeSession(), tmp_path, "/temprature 0.3", "/temp 0.5")
     assert run.lines == [
-        "Error: Unknown command /temprature. Type /help for the list. Did you mean /temperature?"
+        "Error: Unknown command /temprature. Type /help for the list. Did you mean /temperature?",
+        "Error: Unknown command /temp. Type /help for the list. Did you mean /temperature?",
     ]
 
 
@@ -419,11 +439,17 @@ def test_retry_regenerates_with_a_new_seed_shown(tmp_path, monkeypatch):
     ]
 
 
-def test_retry_keeps_a_fixed_seed(tmp_path):
-    session = FakeSession("a", "b")
-    run = chat(session, tmp_path, "/seed 5", "q", "/retry")
-    assert "retry with seed 5 (fixed by /seed)" in run.lines
-    assert session.seeds == [5, 5]
+def test_retry_with_a_fixed_seed_uses_the_next_seed_each_time(tmp_path):
+    session = FakeSession("a", "b", "c", "d", "e")
+    run = chat(session, tmp_path, "/seed 5", "q", "/retry", "/retry", "next", "/retry")
+    notices = [line for line in run.lines if line.startswith("retry")]
+    assert notices == [
+        "retry with seed 6 (the fixed seed 5 + 1)",
+        "retry with seed 7 (the fixed seed 5 + 2)",
+        "retry with seed 6 (the fixed seed 5 + 1)",  # a new message starts counting again
+    ]
+    assert session.seeds == [5, 6, 7, 5, 6]
+    assert session.options.seed == 5  # the fixed seed itself is kept for the next turn
 
 
 def test_retry_with_nothing_to_retry_is_an_error(tmp_path):
@@ -548,6 +574,17 @@ def test_samples_shows_the_replies_and_keeps_the_chosen_one(tmp_path):
     ]
 
 
+def test_exit_at_the_samples_question_keeps_none_and_leaves(tmp_path):
+    session = FakeSession("left", "right", "never")
+    typed = ENTER.join(["/samples 2", "q", "/quit", "not read", ""]) + CTRL_D + CTRL_D
+    run = chat(session, tmp_path, keys=typed)
+    assert run.code == 0
+    assert run.lines[-1] == "Kept none; your message was dropped too."
+    assert not [line for line in run.lines if line.startswith("Error")]
+    assert session.entries == []
+    assert len(session.script) == 1  # the line after /quit was never read
+
+
 def test_samples_stack_on_a_narrow_console_and_zero_keeps_none(tmp_path):
     session = FakeSession("left", "right", "after")
     run = chat(session, tmp_path, "/samples 2", "q", "0", "next", width=60)
@@ -663,6 +700,37 @@ def test_raw_sets_the_session_flag(tmp_path):
     assert session.raw is True
 
 
+def test_raw_replies_show_the_exact_token_text_even_in_markdown_mode(tmp_path):
+    events = [
+        TextDelta("It is "),
+        SpecialToken(PYTHON_START),
+        TextDelta("2*2*2"),
+        SpecialToken(PYTHON_END),
+        SpecialToken(OUTPUT_START),
+        TextDelta("8"),
+        SpecialToken(OUTPUT_END),
+        TextDelta(" *eight* `x`"),
+        SpecialToken(ASSISTANT_END),
+    ]
+    session = FakeSession(Scripted(events), "**bold** again")
+    run = chat(
+        session,
+        tmp_path,
+        "/raw on",
+        "q",
+        "/raw off",
+        "q2",
+        settings=Settings(history=False, markdown="always"),
+    )
+    assert run.lines[:3] == [
+        "raw = on",
+        "It is <|python_start|>2*2*2<|python_end|><|output_start|>8<|output_end|> *eight* `x`"
+        "<|assistant_end|>",
+        status(len(events)),
+    ]
+    assert run.lines[4] == "bold again"  # raw off: Markdown again
+
+
 def test_input_history_is_written_to_the_history_file(tmp_path, monkeypatch):
     monkeypatch.setenv("CHATCLI_HOME", str(tmp_path / "home"))
     chat(FakeSession(), tmp_path, "/temperature 0.3", settings=Settings(history=True))
@@ -703,3 +771,34 @@ def test_up_arrow_and_ctrl_r_recall_earlier_lines(tmp_path):
     ]
     run = chat(FakeSession(), tmp_path, chunks=chunks)
     assert run.lines == ["temperature = 0.3", "top_k = 7", "temperature = 0.3", "top_k = 7"]
+
+
+# ---- stdin that is not a terminal -----------------------------------------------------------
+
+
+def test_piped_input_is_one_message_a_line_with_plain_output_and_no_prompt(tmp_path):
+    session = FakeSession("Hello there!", "Four.")
+    # The last line has no newline: it is answered all the same.
+    run = chat(session, tmp_path, piped="hi\n\n/temperature 0.3\nWhat is 2+2?")
+    assert run.code == 0
+    assert run.lines == ["Hello there!", status(3), "temperature = 0.3", "Four.", status(1)]
+    assert [m["content"] for m in session.entries if m["role"] == "user"] == [
+        "hi",
+        "What is 2+2?",
+    ]
+    assert ">>>" not in run.out and "\r" not in run.out
+    assert session.options.temperature == 0.3
+
+
+def test_piped_input_keeps_a_triple_quote_block_and_answers_samples_questions(tmp_path):
+    session = FakeSession("one", "left", "right")
+    run = chat(session, tmp_path, piped='"""\nfirst line\nsecond line\n"""\n/samples 2\nq\n2\n')
+    assert session.entries[0] == {"role": "user", "content": "first line\nsecond line"}
+    assert "Kept reply 2." in run.lines
+    assert session.entries[-1]["content"] == [{"type": "text", "text": "right"}]
+
+
+def test_piped_input_sends_a_block_left_open_at_the_end(tmp_path):
+    session = FakeSession("ok")
+    chat(session, tmp_path, piped='"""\nunfinished\nblock')
+    assert session.entries[0] == {"role": "user", "content": "unfinished\nblock"}
