@@ -18,7 +18,8 @@ that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
 - int8: a quarter; one symmetric scale per output row. Where our kernels run (a C compiler,
   AVX2) it is weight-only in them: the codes widened to fp32 in registers, fp32 activations
   and sums, each row's scale applied to its sum; the whole decode step (rows_step) reads
-  the copy's panels itself. Else, on x86, fbgemm's dynamic int8 linear: each call also
+  the copy's panels itself, and its products serve chat turns and prompts too
+  (NATIVE_INT8_MAX_ROWS). Else, on x86, fbgemm's dynamic int8 linear: each call also
   rounds its activations to 7-bit integers (one scale and offset per call), and multiplies
   in integers: d20's matrices in 36 ms per token (one row runs on one thread;
   scripts/bench_decode_paths.py kernels) against 40 for torch's weight-only kernel and 62
@@ -57,6 +58,12 @@ _TINY = torch.finfo(torch.float32).tiny
 # matrices, two threads: 0.31-0.37 of its time for 2-4 rows, 0.50 for 16, 0.74 for 64-128,
 # 0.81 for 512 and 0.88 for 1024 (one-off, twelve to eighteen matrices a count).
 FBGEMM_FP16_MAX_ROWS = 1024
+# Our int8 product (weight-only, fp32 activations) beat the fp32 weight at every row count
+# measured over d20's layers, two threads, a chunk after a 200-token cache, 2-vCPU Zen 4
+# (one-off script; best of 4, ms): 25 rows 172 against 398, 48 283 against 397, 128 739
+# against 901, 512 2882 against 3221, 1024 6840 against 7049. So a chat turn and a prompt
+# read the same int8 weights as decode, as fp16 copies do through fbgemm.
+NATIVE_INT8_MAX_ROWS = 1024
 
 
 class DecodeWeight(Protocol):
@@ -205,6 +212,8 @@ class Int8Weight:
     use_native: None, ours where it runs unless use_fbgemm says which of the others; False,
     never; True, ours or a RuntimeError."""
 
+    # Rows through fbgemm's copy: its rows share one activation scale, so a long prompt's
+    # outliers would coarsen every row's rounding; more rows use the fp32 weight.
     max_rows = 16
 
     def __init__(
@@ -222,6 +231,7 @@ class Int8Weight:
         if panel and N % panel == 0:
             self._kernel, self.int8_panels = kernel, Int8Panels.of(codes, scales, panel)
             self.use_fbgemm, self.float_activations = False, True
+            self.max_rows = NATIVE_INT8_MAX_ROWS
             self.nbytes = N * K + N * 4  # + an fp32 scale a row
             return
         self.use_fbgemm = fbgemm_available() if use_fbgemm is None else use_fbgemm

@@ -12,7 +12,8 @@ matrix-vector products over nanochat d20's matrices (20 layers, 1280 wide, vocab
 weight format of chatcli/quantize.py and prints the bandwidth each streams and how far one
 layer's products land from fp32's (relative error); then, in rounds that alternate the forms
 (as a difference of ~10% needs on a noisy host), one row through fp16 copies against bf16
-ones and a plain fp16 torch.mv, and 8 sample rows through fp16 copies against fp32.
+ones and a plain fp16 torch.mv, and 8 sample rows through fp16 copies against fp32; then
+int8 copies through our kernel against fbgemm's and against fp16 copies, one row and 8.
 `layouts` times each kind of matrix of one model (default: the embedded one; q, k and v
 stacked) for one row and for 8 rows, read as the (out, in) weight and as a transposed (in,
 out) copy, with the caches flushed before every pass so the weights come from memory as they
@@ -45,7 +46,7 @@ from chatcli.decode_step import StaticDecodeStep
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache
 from chatcli.model import linear
-from chatcli.quantize import QUANTIZE_KINDS, DecodeWeight, make_decode_weight
+from chatcli.quantize import QUANTIZE_KINDS, DecodeWeight, Int8Weight, make_decode_weight
 
 TOKENS = 48
 
@@ -130,6 +131,7 @@ def kernels() -> None:
             )
             del copies
         _fp16_kernels(weights, xs)
+        _int8_kernels(weights, xs)
 
 
 def _relative_error(
@@ -201,6 +203,28 @@ def _fp16_kernels(weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> N
     _print_rounds("one row", _alternating(one), against="bfloat16")
     eight = {"fp32": rows_fp32, "float16": rows_fp16}
     _print_rounds("8 rows", _alternating(eight, rounds=4), against="fp32")
+
+
+def _int8_kernels(weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> None:
+    """int8 copies read by our kernel (weight-only, fp32 activations: rows_int8_product)
+    against fbgemm's dynamic int8 linear and the fp16 copies, for one row and for 8."""
+    forms = {
+        "int8 ours": [Int8Weight(w, use_native=True) for w in weights],
+        "int8 fbgemm": [Int8Weight(w, use_fbgemm=True) for w in weights],
+        "float16": [make_decode_weight(w, "float16") for w in weights],
+    }
+    rows = {k: torch.randn(8, k) for k in xs}
+
+    def pass_of(copies: list[DecodeWeight], n: int) -> Callable[[], None]:
+        def token() -> None:
+            for w, c in zip(weights, copies, strict=True):
+                c.matvec(xs[w.shape[1]]) if n == 1 else c.matmul(rows[w.shape[1]])
+
+        return token
+
+    for n, title in ((1, "int8, one row"), (8, "int8, 8 rows")):
+        tokens = {label: pass_of(copies, n) for label, copies in forms.items()}
+        _print_rounds(title, _alternating(tokens, rounds=6), against="int8 fbgemm")
 
 
 def _layout_passes(ws: list[torch.Tensor]) -> dict[str, Callable[[], object]]:

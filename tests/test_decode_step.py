@@ -239,7 +239,7 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
             assert read == []
         elif len(ids) == 1:
             assert "matvec" in read  # (int8's matvec is its matmul of one row)
-        else:  # several rows: up to the copy's max_rows (int8: 16), fp32 beyond (bf16: 1)
+        else:  # several rows: up to the copy's max_rows (bf16: 1), fp32 beyond
             assert set(read) == ({"matmul"} if len(ids) <= stacks[0].max_rows else set())
         return logits
 

@@ -6,6 +6,7 @@ import torch
 from chatcli.native_kernels import f16_matvec, rows_step, unavailable_reason
 from chatcli.quantize import (
     INT4_GROUP_SIZE,
+    NATIVE_INT8_MAX_ROWS,
     QUANTIZE_KINDS,
     Bf16Weight,
     Fp16Weight,
@@ -138,20 +139,42 @@ def test_unknown_format_names_the_choices():
         make_decode_weight(_matrix(), "fp8")
 
 
-def test_int8_serves_a_few_rows_and_fp32_the_rest():
+_INT8_KERNELS = [
+    pytest.param(
+        {"use_native": True},
+        marks=pytest.mark.skipif(
+            rows_step() is None or not rows_step().int8_panel, reason="no native int8 kernel"
+        ),
+    ),
+    pytest.param(
+        {"use_native": False, "use_fbgemm": True},
+        marks=pytest.mark.skipif(not fbgemm_available(), reason="x86's"),
+    ),
+]
+
+
+@pytest.mark.parametrize("kernel", _INT8_KERNELS)
+def test_int8_serves_its_kernels_rows_and_fp32_the_rest(kernel):
+    # Ours serves prompts too (its rows are independent and it beats fp32 there); fbgemm's
+    # rows share one activation scale, so it serves a few sample rows and fp32 the rest.
     from chatcli.model import Linear
 
     layer = Linear(256, 384, bias=False).requires_grad_(False)
     with torch.no_grad():
         layer.weight.copy_(_matrix())
-    layer.decode_weight = Int8Weight(layer.weight)
-    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(4))
-    want = x @ layer.weight.t()
-    got = layer(x)  # 8 sample rows: the int8 copy
-    assert not torch.equal(got, want)
-    assert float((got - want).norm() / want.norm()) < 0.02
-    many = torch.randn(40, 256)  # a prefill: the fp32 weight, exactly
-    assert torch.equal(layer(many), torch.nn.functional.linear(many, layer.weight))
+    layer.decode_weight = copy = Int8Weight(layer.weight, **kernel)
+    assert copy.max_rows == (NATIVE_INT8_MAX_ROWS if kernel["use_native"] else 16)
+    g = torch.Generator().manual_seed(4)
+    for rows in (8, 40):  # sample rows; a prompt
+        x = torch.randn(rows, 256, generator=g)
+        want = torch.nn.functional.linear(x, layer.weight)
+        got = layer(x)
+        if rows <= copy.max_rows:  # the int8 copy
+            assert not torch.equal(got, want)
+            assert float((got - want).norm() / want.norm()) < 0.02
+            torch.testing.assert_close(got, copy.matmul(x), atol=0, rtol=0)
+        else:  # the fp32 weight, exactly
+            assert torch.equal(got, want)
 
 
 _NATIVE = f16_matvec() is not None
