@@ -256,12 +256,12 @@ def _chat_ttft(model, tokenizer, plain: bool) -> dict[str, float]:
             # dropping (and re-prefilling) anything: this measures reuse, not the guard.
             text = f"Turn {turn}: and the fox?"
             tries = TTFT_SAMPLES if turn in TURNS else 1
-            held = list(session.cache_tokens)  # what the cache holds before this turn
+            held = list(session.warm.tokens)  # what the cache holds before this turn
             for attempt in range(tries):
                 if plain:
-                    session.cache, session.cache_tokens = None, []
+                    session.warm.cache, session.warm.tokens = None, []
                 else:  # back to the cache before the turn: it prefills the turn again
-                    session.cache_tokens = list(held)
+                    session.warm.tokens = list(held)
                 events = session.send(text) if attempt == 0 else session.regenerate()
                 if attempt == tries - 1:
                     for _ in events:

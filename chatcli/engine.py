@@ -249,38 +249,17 @@ class Engine:
         `resume` is the tool-use state `tokens` end in, when they end inside an unfinished
         reply (`replay_tool_use` of its body): every row starts from a copy of it.
         """
-        if not tokens or not all(isinstance(t, int) for t in tokens):
-            raise ValueError("tokens must be a non-empty list of ints")
         if num_samples < 1:
             raise ValueError("num_samples must be at least 1")
-        if max_tokens is not None and max_tokens < 0:
-            raise ValueError("max_tokens must be non-negative (or None for the whole context)")
+        budget = self.budget_for(tokens, max_tokens)
         stats = stats if stats is not None else GenerationStats()
         stats.prompt_tokens = len(tokens)
-        limit = self.context_len
-        if len(tokens) >= limit:
-            raise ContextOverflowError(
-                f"The prompt is {len(tokens)} tokens; the model's context is {limit}. "
-                "Shorten the conversation (e.g. /clear) or the message."
-            )
-        budget = limit - len(tokens) if max_tokens is None else min(max_tokens, limit - len(tokens))
         t_start = time.perf_counter()
         device = self.model.get_device()
         prefill_cache = self.new_cache(1, len(tokens))
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
         logits = self.forward_last(ids, prefill_cache)  # (1, V)
-        # Room for the budget and for a calculator result that runs past it, within the context.
-        suffix_len = min(budget + RESULT_RESERVE, limit - len(tokens))
-        if num_samples > 1 and self.shared_prefix:
-            # The rows share the prompt's K/V: nothing is copied, and each step reads them once.
-            cache = SharedPrefixCache(prefill_cache, num_samples, suffix_len)
-        else:
-            # A static decode step (compiled, CUDA graph) gets the whole context for its
-            # one row, so that it sees the same cache shape on every call.
-            static = getattr(self.decode_step, "wants_full_cache", False)
-            length = limit if num_samples == 1 and static else len(tokens) + suffix_len
-            cache = self.new_cache(num_samples, length)
-            cache.prefill(prefill_cache)
+        cache = self.fork(prefill_cache, num_samples, budget)
         del prefill_cache
         stats.prefill_s = time.perf_counter() - t_start
         yield from self.decode(
@@ -299,6 +278,38 @@ class Engine:
         if max_tokens is None or budget < max_tokens:
             # The context ran out before the caller's limit: say so rather than "length".
             stats.finish_reasons = ["context" if r == "length" else r for r in stats.finish_reasons]
+
+    def budget_for(self, tokens: list[int], max_tokens: int | None) -> int:
+        """The most tokens a reply to `tokens` may generate: max_tokens (None: no limit)
+        within what the context leaves. Raises where the prompt fills the context."""
+        if not tokens or not all(isinstance(t, int) for t in tokens):
+            raise ValueError("tokens must be a non-empty list of ints")
+        if max_tokens is not None and max_tokens < 0:
+            raise ValueError("max_tokens must be non-negative (or None for the whole context)")
+        left = self.context_len - len(tokens)
+        if left <= 0:
+            raise ContextOverflowError(
+                f"The prompt is {len(tokens)} tokens; the model's context is "
+                f"{self.context_len}. Shorten the conversation (e.g. /clear) or the message."
+            )
+        return left if max_tokens is None else min(max_tokens, left)
+
+    def fork(self, prefix: KVCache, num_samples: int, budget: int) -> KVCache | SharedPrefixCache:
+        """The cache `num_samples` rows decode in, going on from the batch-1 cache `prefix`
+        for up to `budget` tokens. Where the model reads a shared prefix the rows share
+        prefix's K/V (nothing copied, each step reads them once; prefix must not change
+        while they decode); else prefix is copied into each row."""
+        # Room for the budget and for a calculator result that runs past it, within the context.
+        suffix_len = min(budget + RESULT_RESERVE, self.context_len - prefix.get_pos())
+        if num_samples > 1 and self.shared_prefix:
+            return SharedPrefixCache(prefix, num_samples, suffix_len)
+        # A static decode step (compiled, CUDA graph) gets the whole context for its one
+        # row, so that it sees the same cache shape on every call.
+        static = getattr(self.decode_step, "wants_full_cache", False)
+        length = self.context_len if num_samples == 1 and static else prefix.get_pos() + suffix_len
+        cache = self.new_cache(num_samples, length)
+        cache.prefill(prefix)
+        return cache
 
     @torch.inference_mode()
     def decode(

@@ -275,7 +275,7 @@ class _Turn:
         self,
         delta: dict[str, Any],
         finish_reason: str | None = None,
-        usage: dict[str, int] | None = None,
+        usage: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         out = {
             "id": self.id,
@@ -289,11 +289,13 @@ class _Turn:
         return out
 
 
-def usage_of(finished: Finished) -> dict[str, int]:
+def usage_of(finished: Finished) -> dict[str, Any]:
     return {
         "prompt_tokens": finished.prompt_tokens,
         "completion_tokens": finished.completion_tokens,
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+        # OpenAI's field: the prompt's tokens served from the worker's cache, not prefilled.
+        "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
     }
 
 

@@ -19,7 +19,6 @@ import torch
 
 from chatcli.engine import Engine, GenerationStats
 from chatcli.errors import ChatcliError, ContextOverflowError
-from chatcli.kv_cache import KVCache
 from chatcli.special_tokens import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
 from chatcli.stream import StreamEvent, TokenDecoder, decode_assistant_parts
 from chatcli.tokenizer import Tokenizer
@@ -32,6 +31,7 @@ from chatcli.turns import (
     TurnStats,
     split_system,
 )
+from chatcli.warm_cache import WarmCache
 
 CONTEXT_REFILL_FRACTION = 0.75  # after dropping old exchanges, the prompt + reply budget use this
 
@@ -54,8 +54,7 @@ class ChatSession:
     def __post_init__(self) -> None:
         self.engine = Engine(self.model, self.tokenizer, compile=self.compile)
         self.entries: list[_Entry] = []
-        self.cache: KVCache | None = None
-        self.cache_tokens: list[int] = []  # what the cache holds, position by position
+        self.warm = WarmCache(self.engine)  # the conversation's K/V, kept across turns
         self.last_reply: Reply | None = None
         self.notices: list[TurnNotice] = []
         self.history_stats: list[TurnStats] = []
@@ -205,7 +204,8 @@ class ChatSession:
         return self._stream(prefix=body)
 
     def sample_replies(self, text: str, n: int) -> list[Reply]:
-        """Add a user message and generate n alternative replies from one prefill.
+        """Add a user message and generate n alternative replies, forked from the warm
+        cache: only the new turn is prefilled, and the rows share the conversation's K/V.
 
         Nothing is added for the assistant: pass the chosen one to accept_reply, or call
         undo() to drop the question.
@@ -216,19 +216,25 @@ class ChatSession:
         prompt = self.prompt_tokens()
         budget = min(opts.max_tokens, self.context_len - len(prompt))
         gen = GenerationStats()
+        t0 = time.perf_counter()
+        logits, prefilled = self.warm.prefill(prompt)
+        gen.prefill_s = time.perf_counter() - t0
+        rows = self.engine.fork(self.warm.cache, n, budget)  # the warm cache stays the prompt
         columns = list(
-            self.engine.generate(
-                prompt,
-                num_samples=n,
-                max_tokens=budget,
+            self.engine.decode(
+                rows,
+                logits.expand(n, -1),
+                budget,
                 temperature=opts.temperature,
                 top_k=opts.top_k,
                 top_p=opts.top_p,
                 seed=seed,
                 use_tools=opts.tools,
                 stats=gen,
+                t_start=t0,
             )
         )
+        del rows
         end, bos = self._ids[ASSISTANT_END], self.tokenizer.get_bos_token_id()
         replies = []
         for i in range(n):
@@ -238,16 +244,19 @@ class ChatSession:
                     break
                 tokens.append(column[i])
                 masks.append(column_masks[i])
+            finish = gen.finish_reasons[i]
             stats = TurnStats(
                 ttft_s=gen.first_token_s,
-                prefill_tokens=len(prompt),
-                prefill_tps=len(prompt) / max(gen.prefill_s, 1e-9),
+                prefill_tokens=prefilled,
+                prefill_tps=prefilled / max(gen.prefill_s, 1e-9),
                 decode_tps=n * gen.steps / max(gen.decode_s, 1e-9),
                 tokens_in=len(prompt),
                 tokens_out=len(tokens),
                 context_used=len(prompt) + len(tokens),
                 context_len=self.context_len,
-                finish_reason=gen.finish_reasons[i],
+                finish_reason="context"
+                if finish == "length" and budget < opts.max_tokens
+                else finish,
                 seed=seed,
             )
             parts = decode_assistant_parts(tokens, masks, self.tokenizer)
@@ -262,24 +271,6 @@ class ChatSession:
         self.entries.append(_Entry(reply.message, [self._ids[ASSISTANT_START], *reply.tokens, end]))
         self.last_reply = reply
         self.history_stats.append(reply.stats)
-
-    def _prefill(self, prompt: list[int]) -> tuple[torch.Tensor, int]:
-        """Bring the cache to hold `prompt`, reusing its longest common prefix.
-
-        Returns the logits (1, V) of the last position and how many tokens were prefilled.
-        """
-        if self.cache is None:
-            self.cache = self.engine.new_cache(1, self.context_len)
-        common = 0
-        limit = min(len(self.cache_tokens), len(prompt) - 1)  # always run >= 1 token
-        while common < limit and self.cache_tokens[common] == prompt[common]:
-            common += 1
-        self.cache.rewind(common, prompt[common - 1] if common else None)
-        device = self.model.get_device()
-        ids = torch.tensor([prompt[common:]], dtype=torch.long, device=device)
-        logits = self.engine.forward_last(ids, self.cache)
-        self.cache_tokens = list(prompt)
-        return logits, len(prompt) - common
 
     def _stream(self, prefix: list[int] | None = None) -> Iterator[StreamEvent]:
         opts = self.options
@@ -306,12 +297,12 @@ class ChatSession:
         finish = "interrupted"
         try:
             with torch.inference_mode():
-                logits, stats.prefill_tokens = self._prefill(prompt)
+                logits, stats.prefill_tokens = self.warm.prefill(prompt)
                 t_prefill = time.perf_counter() - t0
                 stats.prefill_tps = stats.prefill_tokens / max(t_prefill, 1e-9)
                 budget = min(opts.max_tokens, self.context_len - len(prompt))
                 steps = self.engine.decode(
-                    self.cache,
+                    self.warm.cache,
                     logits,
                     budget,
                     temperature=opts.temperature,
@@ -328,7 +319,7 @@ class ChatSession:
                         stats.ttft_s = time.perf_counter() - t0
                     tokens.append(token)
                     masks.append(mask)
-                    self.cache_tokens.append(token)
+                    self.warm.tokens.append(token)
                     yield from decoder.feed(token, mask)
             finish = gen.finish_reasons[0] if gen.finish_reasons else "length"
             if finish == "length" and budget < opts.max_tokens:
@@ -339,7 +330,7 @@ class ChatSession:
         finally:
             # Runs on normal completion, on Ctrl-C (GeneratorExit) and on errors alike: the
             # partial reply is kept and the turn is closed with <|assistant_end|>.
-            self.cache_tokens = self.cache_tokens[: self.cache.get_pos()] if self.cache else []
+            self.warm.settle()
             self._close_turn(tokens, masks, len(tokens) - n_before, finish, stats, gen)
         yield from decoder.flush()
 

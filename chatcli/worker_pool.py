@@ -23,6 +23,7 @@ from typing import Any
 
 from chatcli.engine import Engine, GenerationStats
 from chatcli.stream import StreamEvent, TokenDecoder
+from chatcli.warm_cache import WarmCache
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class Finished:
     finish_reason: str  # stop | length | context (the engine's), or interrupted
     prompt_tokens: int
     completion_tokens: int  # every token generated, calculator-forced ones and the stop included
+    cached_tokens: int = 0  # of the prompt's, those the worker's warm cache already held
 
 
 Emit = Callable[[list[StreamEvent]], None]
@@ -53,6 +55,9 @@ class Worker:
 
     def __init__(self, model: Any, tokenizer: Any, name: str = "0") -> None:
         self.engine = Engine(model, tokenizer)
+        # The last conversation's K/V: a client that resends it with one more turn gets
+        # only that turn prefilled (and a CUDA graph is captured once, for this cache).
+        self.warm = WarmCache(self.engine)
         self.tokenizer = tokenizer
         self.name = name
         self.device = str(model.get_device())
@@ -67,37 +72,49 @@ class Worker:
     def generate(
         self, prompt: list[int], params: GenerationParams, emit: Emit, stop: threading.Event
     ) -> Finished:
-        """Run one reply to the end (or until `stop` is set), emitting events as they form."""
+        """Run one reply to the end (or until `stop` is set), emitting events as they form.
+
+        The prompt is prefilled past the longest prefix it shares with what the worker's
+        warm cache holds (the previous request's prompt and reply)."""
+        budget = self.engine.budget_for(prompt, params.max_tokens)
         decoder = TokenDecoder(self.tokenizer)
         stats = GenerationStats()
-        steps = self.engine.generate(
-            prompt,
-            num_samples=1,
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            seed=params.seed,
-            stats=stats,
-        )
         generated = 0
         try:
-            for column, masks in steps:
-                if stop.is_set():
-                    break
-                generated += 1
-                events = decoder.feed(column[0], masks[0])
-                if events:
-                    emit(events)
+            logits, prefilled = self.warm.prefill(prompt)
+            steps = self.engine.decode(
+                self.warm.cache,
+                logits,
+                budget,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                seed=params.seed,
+                stats=stats,
+            )
+            try:
+                for column, masks in steps:
+                    if stop.is_set():
+                        break
+                    generated += 1
+                    self.warm.tokens.append(column[0])
+                    events = decoder.feed(column[0], masks[0])
+                    if events:
+                        emit(events)
+            finally:
+                steps.close()
         finally:
-            steps.close()
+            self.warm.settle()
+        cached = len(prompt) - prefilled
         if stop.is_set():
-            return Finished("interrupted", len(prompt), generated)
+            return Finished("interrupted", len(prompt), generated, cached)
         tail = decoder.flush()
         if tail:
             emit(tail)
         reason = stats.finish_reasons[0] if stats.finish_reasons else "length"
-        return Finished(reason, len(prompt), generated)
+        if reason == "length" and budget < params.max_tokens:
+            reason = "context"  # the context ran out before the request's limit
+        return Finished(reason, len(prompt), generated, cached)
 
     def describe(self) -> dict[str, Any]:
         return {

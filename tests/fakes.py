@@ -78,7 +78,11 @@ class ScriptedModel(nn.Module):
 
     It keeps every row's token history across calls. A forward into an empty cache starts a
     new sequence (the engine's batch-1 prefill); when the batch then grows to N rows, the
-    single history is copied to each row, as the engine copies the prefill cache.
+    single history is copied to each row, as the engine copies the prefill cache. A cache
+    kept warm between prompts (a session's, a server worker's) is followed too: a batch-1
+    call after sample rows goes on from the cache they forked from, one into a rewound
+    cache forgets what lay past its position, and the reply starts after any call of more
+    than one token or into a rewound cache (a prompt; decode runs one token a row).
     """
 
     def __init__(self, script: Script, sequence_len: int = 256) -> None:
@@ -98,15 +102,24 @@ class ScriptedModel(nn.Module):
         B, T = idx.shape
         self.calls.append((B, T))
         rows = idx.tolist()
-        if kv_cache is None or kv_cache.get_pos() == 0:
+        pos = 0 if kv_cache is None else kv_cache.get_pos()
+        if pos == 0:
             self.histories = [list(r) for r in rows]
             self.prompt_len = T
         else:
+            prompt = T > 1
+            if B == 1 and len(self.histories) > 1:  # back to the cache the rows forked from
+                self.histories, prompt = [self.histories[0][:pos]], True
             if len(self.histories) == 1 and B > 1:
                 self.histories = [list(self.histories[0]) for _ in range(B)]
             assert len(self.histories) == B, "batch changed mid-sequence"
+            if B == 1 and len(self.histories[0]) > pos:  # a rewound cache
+                del self.histories[0][pos:]
+                prompt = True
             for history, r in zip(self.histories, rows, strict=True):
                 history.extend(r)
+            if prompt:
+                self.prompt_len = len(self.histories[0])
         # (B, T, V): only the last position is scripted; the engine samples nothing else.
         logits = torch.zeros(B, T, self.config.vocab_size)
         for b, history in enumerate(self.histories):

@@ -12,6 +12,7 @@ from chatcli.bench import matrix_params, run_bench, synthetic_model, weight_byte
 from chatcli.checkpoint import load_model
 from chatcli.cpu_plan import available_cores
 from chatcli.native_kernels import rows_step
+from chatcli.warm_cache import WarmCache
 from tests.test_model import _random_model
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference" / "E"
@@ -175,14 +176,14 @@ def test_each_measured_turn_is_timed_again_from_the_state_before_it(monkeypatch,
     monkeypatch.setattr(bench, "CHAT_SECONDS", 0.0)  # one chat
     model, tokenizer, _ = load_model(None, device="cpu")
     prefilled: list[tuple[int, int]] = []  # (tokens in the prompt, tokens prefilled)
-    real_prefill = bench.ChatSession._prefill
+    real_prefill = WarmCache.prefill
 
     def spy(self, prompt):
         logits, n = real_prefill(self, prompt)
         prefilled.append((len(prompt), n))
         return logits, n
 
-    monkeypatch.setattr(bench.ChatSession, "_prefill", spy)
+    monkeypatch.setattr(WarmCache, "prefill", spy)
     sessions: list[bench.ChatSession] = []
     real_init = bench.ChatSession.__post_init__
 

@@ -63,6 +63,14 @@ def content_of(chunks: list[dict]) -> str:
     return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
 
 
+def counts(usage: dict) -> dict:
+    """usage without how many prompt tokens the worker had cached (the module's worker is
+    shared by its tests, so that depends on the request before), checked for its range."""
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert 0 <= cached < usage["prompt_tokens"]
+    return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
+
+
 @pytest.fixture(scope="module")
 def hello():
     """One worker that answers "Hello!" to anything."""
@@ -87,7 +95,7 @@ def test_non_streaming_reply_is_a_chat_completion(hello):
         {"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}
     ]
     # 6 letters and the closing <|assistant_end|>
-    assert body["usage"] == {
+    assert counts(body["usage"]) == {
         "prompt_tokens": HI_PROMPT_TOKENS,
         "completion_tokens": 7,
         "total_tokens": HI_PROMPT_TOKENS + 7,
@@ -104,7 +112,7 @@ def test_streaming_reply_is_sse_chunks_then_usage_then_done(hello):
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
     last = chunks[-1]
     assert last["choices"] == [{"index": 0, "delta": {}, "finish_reason": "stop"}]
-    assert last["usage"] == {
+    assert counts(last["usage"]) == {
         "prompt_tokens": HI_PROMPT_TOKENS,
         "completion_tokens": 7,
         "total_tokens": HI_PROMPT_TOKENS + 7,
@@ -500,7 +508,51 @@ def test_a_real_checkpoint_answers_and_counts_its_prompt():
     # Greedy decoding: the streamed reply is the same text as the whole one. (The fixture's
     # weights are random, so that text is byte soup: U+FFFD where bytes form no character.)
     assert content_of(chunks) == whole["choices"][0]["message"]["content"]
-    assert chunks[-1]["usage"] == whole["usage"]
+    assert counts(chunks[-1]["usage"]) == counts(whole["usage"])
+    # The same prompt again: all of it but the last token came from the worker's cache.
+    assert whole["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1}
+
+
+def test_a_conversation_sent_again_with_one_more_turn_prefills_only_that_turn():
+    # An OpenAI-style client resends the whole conversation every turn: the worker's warm
+    # cache holds the last one, so only the new turn is prefilled, and the reply is the
+    # one a worker with an empty cache gives (greedy, the same tokens).
+    warm, cold = reference_worker(), reference_worker()
+    server = BackgroundServer(create_app([warm], Limits(), "E")).start()
+    try:
+        first = {**HI, "temperature": 0, "max_tokens": 6, "seed": 3}
+        one = post(server, first).json()
+        said = one["choices"][0]["message"]["content"]
+        second = {
+            **first,
+            "messages": [
+                *HI["messages"],
+                {"role": "assistant", "content": said},
+                {"role": "user", "content": "and then?"},
+            ],
+        }
+        two = post(server, second).json()
+        again = post(server, second).json()
+    finally:
+        server.stop()
+    assert one["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    prompt = warm.tokenizer.render_for_completion(second["messages"])
+    assert two["usage"]["prompt_tokens"] == len(prompt)
+    # Everything up to the first reply's text was cached (the client's reply text may
+    # tokenize differently from what the model generated, so count from the tokens).
+    first_prompt = warm.tokenizer.render_for_completion(HI["messages"])
+    cached = two["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert len(first_prompt) <= cached < len(prompt) - 4  # "and then?" and its markers ran
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1}
+    server = BackgroundServer(create_app([cold], Limits(), "E")).start()
+    try:
+        fresh = post(server, second).json()
+    finally:
+        server.stop()
+    assert fresh["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    for answer in (two, again):
+        assert answer["choices"] == fresh["choices"]
 
 
 # ---- running it ---------------------------------------------------------------------------------

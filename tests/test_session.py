@@ -58,7 +58,7 @@ def test_reused_cache_gives_the_logits_of_a_fresh_prefill(era, tokenizer):
     # The cache now holds the whole conversation: rewinding it to `prompt` and prefilling
     # the rest must equal the full forward over `prompt`.
     with torch.inference_mode():
-        logits, n = session._prefill(prompt)
+        logits, n = session.warm.prefill(prompt)
         full = model(torch.tensor([prompt]))[:, -1]
     assert n == 1  # everything but the last token came from the cache
     torch.testing.assert_close(logits, full, atol=2e-5, rtol=0)
@@ -142,6 +142,31 @@ def test_samples_come_from_one_prefill_and_one_can_be_kept(tokenizer):
     assert session.messages[-1] == replies[1].message
     run(session.send("and then?"))
     assert len(session.messages) == 4
+
+
+@pytest.mark.parametrize("era", ["A", "E"])
+def test_samples_fork_the_warm_cache_and_leave_it_holding_the_prompt(era, tokenizer):
+    # /samples prefills only the new turn and its rows decode over the conversation's K/V
+    # (shared, not copied); greedy rows are the reply a plain send gives, and the turn after
+    # prefills only the chosen reply and itself.
+    model = random_model(era)
+    forked, plain = (ChatSession(model, tokenizer, greedy()) for _ in range(2))
+    for session in (forked, plain):
+        run(session.send("What is 12*7?"))
+    replies = forked.sample_replies("and times three?", 2)
+    prompt = forked.prompt_tokens()
+    assert forked.warm.tokens == prompt and forked.warm.cache.get_pos() == len(prompt)
+    run(plain.send("and times three?"))
+    assert replies[0].stats.prefill_tokens == plain.history_stats[-1].prefill_tokens
+    assert replies[0].stats.prefill_tokens < len(prompt) / 2
+    assert replies[0].tokens == replies[1].tokens == plain.last_reply.tokens
+    forked.accept_reply(replies[0])
+    run(forked.send("thanks"))
+    run(plain.send("thanks"))
+    # The cache held the question: the chosen reply and the new turn are what ran.
+    stats = forked.history_stats[-1]
+    assert stats.prefill_tokens == stats.tokens_in - len(prompt)
+    assert forked.last_reply.tokens == plain.last_reply.tokens
 
 
 # ---- /continue inside a calculator call (scripted model, byte tokenizer) ---------------------

@@ -1,0 +1,48 @@
+"""A batch-1 KV cache kept warm between generations, with the tokens it holds.
+
+A chat session's turns and a server worker's requests mostly extend what the cache already
+holds: the same conversation with one more turn (an OpenAI-style client sends the whole
+conversation every time). A new prompt rewinds the cache to the longest prefix it shares
+with the held tokens and prefills only the rest; rewinding copies nothing (later positions
+are overwritten) and restores era E's remembered previous token from the prompt. The cache
+spans the model's whole context and lives as long as its owner, so a static decode step (a
+CUDA graph) is captured once for it, not once a prompt.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from chatcli.engine import Engine
+from chatcli.kv_cache import KVCache
+
+
+class WarmCache:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.cache: KVCache | None = None
+        # What the cache holds, position by position; a generation appends each token it
+        # yields and `settle` drops the last one, which decode yields but never writes.
+        self.tokens: list[int] = []
+
+    @torch.inference_mode()
+    def prefill(self, prompt: list[int]) -> tuple[torch.Tensor, int]:
+        """Bring the cache to hold `prompt`: the logits (1, V) of its last position and how
+        many of its tokens ran (at least one: the logits come from running it)."""
+        if self.cache is None:
+            self.cache = self.engine.new_cache(1, self.engine.context_len)
+        common = 0
+        limit = min(len(self.tokens), len(prompt) - 1)
+        while common < limit and self.tokens[common] == prompt[common]:
+            common += 1
+        self.cache.rewind(common, prompt[common - 1] if common else None)
+        self.tokens = self.tokens[:common]  # what stays true if the forward below fails
+        device = self.engine.model.get_device()
+        ids = torch.tensor([prompt[common:]], dtype=torch.long, device=device)
+        logits = self.engine.forward_last(ids, self.cache)
+        self.tokens = list(prompt)
+        return logits, len(prompt) - common
+
+    def settle(self) -> None:
+        """Make `tokens` what the cache holds after a generation, however it ended."""
+        self.tokens = self.tokens[: self.cache.get_pos()] if self.cache is not None else []

@@ -1,0 +1,127 @@
+"""WarmCache: a prompt prefills only what lies past the prefix the cache already holds, and
+gives the logits a fresh full prefill gives."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from fakes import ByteTokenizer
+from test_session import FIXTURES, random_model
+
+from chatcli.engine import Engine
+from chatcli.tokenizer import Tokenizer
+from chatcli.warm_cache import WarmCache
+from chatcli.worker_pool import GenerationParams, Worker
+
+
+def prompt_of(*pieces: list[int]) -> list[int]:
+    return [t for piece in pieces for t in piece]
+
+
+def fresh_logits(model, prompt: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([prompt]))[:, -1]
+
+
+@pytest.mark.parametrize("era", ["A", "E"])  # E remembers each position's previous token
+def test_a_prompt_runs_past_the_longest_prefix_the_cache_holds(era):
+    model = random_model(era)
+    warm = WarmCache(Engine(model, ByteTokenizer()))
+    g = torch.Generator().manual_seed(2)
+    first, more, other = (torch.randint(0, 256, (n,), generator=g).tolist() for n in (20, 7, 9))
+    cases = [
+        (first, len(first)),  # an empty cache: everything runs
+        (prompt_of(first, more), len(more)),  # the conversation went on
+        (prompt_of(first[:5], other), len(other)),  # a new branch from position 5
+        (prompt_of(first[:5], other), 1),  # the same prompt: its last token runs again
+        (first[:3], 1),  # a prompt the cache holds whole: its last position runs
+    ]
+    for prompt, runs in cases:
+        logits, n = warm.prefill(prompt)
+        assert n == runs
+        assert warm.tokens == prompt and warm.cache.get_pos() == len(prompt)
+        torch.testing.assert_close(logits, fresh_logits(model, prompt), atol=2e-5, rtol=0)
+
+
+def test_a_failed_prefill_keeps_only_what_the_cache_still_holds(monkeypatch):
+    model = random_model("E")
+    engine = Engine(model, ByteTokenizer())
+    warm = WarmCache(engine)
+    prompt = list(range(30, 50))
+    warm.prefill(prompt)
+
+    def broken(ids, cache):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(engine, "forward_last", broken)
+    with pytest.raises(RuntimeError):
+        warm.prefill([*prompt[:10], 7, 8, 9])
+    assert warm.tokens == prompt[:10] and warm.cache.get_pos() == 10
+    monkeypatch.undo()
+    logits, n = warm.prefill(prompt)
+    assert n == 10
+    torch.testing.assert_close(logits, fresh_logits(model, prompt), atol=2e-5, rtol=0)
+
+
+def test_settle_keeps_the_tokens_decode_wrote():
+    engine = Engine(random_model("E"), ByteTokenizer())
+    warm = WarmCache(engine)
+    prompt = list(range(40, 60))
+    logits, _ = warm.prefill(prompt)
+    with torch.inference_mode():
+        for column, _ in engine.decode(warm.cache, logits, 5, temperature=0.0):
+            warm.tokens.append(column[0])
+    assert len(warm.tokens) == len(prompt) + 5
+    warm.settle()  # the last token was yielded, never run
+    assert len(warm.tokens) == warm.cache.get_pos() == len(prompt) + 4
+
+
+# ---- a server worker's requests ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    """A real tokenizer, which decodes every id of random_model's vocabulary."""
+    if not FIXTURES.is_dir():
+        pytest.skip("shared fixtures not present")
+    return Tokenizer.from_file(FIXTURES / "E" / "tokenizer" / "tokenizer.pkl")
+
+
+def greedy(max_tokens: int) -> GenerationParams:
+    return GenerationParams(max_tokens=max_tokens, temperature=0.0, top_k=None, top_p=None, seed=1)
+
+
+def reply_of(worker: Worker, prompt: list[int], max_tokens: int = 8, stop_after: int = 0):
+    """The Finished of one request and the tokens the worker's cache took from it."""
+    stop = threading.Event()
+    emitted: list[object] = []
+
+    def emit(events):
+        emitted.extend(events)
+        if stop_after and len(emitted) >= stop_after:
+            stop.set()
+
+    finished = worker.generate(prompt, greedy(max_tokens), emit, stop)
+    return finished, worker.warm.tokens[len(prompt) :]
+
+
+def test_a_worker_prefills_only_a_request_past_the_last_and_answers_as_a_fresh_one(tokenizer):
+    model = random_model("E")
+    warm = Worker(model, tokenizer)
+    first = list(range(60, 80))
+    one, said = reply_of(warm, first)
+    assert one.cached_tokens == 0 and one.completion_tokens == 8
+    assert len(said) == 7  # the last token generated was never run
+    interrupted, _ = reply_of(warm, first + said + [5, 6], max_tokens=30, stop_after=3)
+    assert interrupted.finish_reason == "interrupted"
+    assert interrupted.cached_tokens == len(first) + len(said)
+    assert warm.warm.cache.get_pos() == len(warm.warm.tokens)
+    nxt = first + said + [5, 6, 7]
+    two, _ = reply_of(warm, nxt, max_tokens=12)
+    assert two.cached_tokens == len(first) + len(said) + 2  # up to the new 7
+    cold = Worker(model, tokenizer)
+    fresh, _ = reply_of(cold, nxt, max_tokens=12)
+    assert fresh.cached_tokens == 0
+    assert warm.warm.tokens == cold.warm.tokens  # the same reply, token by token
