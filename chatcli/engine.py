@@ -353,11 +353,8 @@ class Engine:
         step = 0
         while True:
             overtime = step >= budget  # nothing is sampled any more, only queued tokens written
-            sampled = (
-                []
-                if overtime
-                else sample_next_token(logits, rng, temperature, top_k, top_p)[:, 0].tolist()
-            )
+            drawn = None if overtime else sample_next_token(logits, rng, temperature, top_k, top_p)
+            sampled = [] if drawn is None else drawn[:, 0].tolist()  # the step's one host read
             column, masks = [], []
             for i, row in enumerate(rows):
                 if row.forced_tokens:
@@ -386,7 +383,10 @@ class Engine:
                 return
             if step >= budget and not self._result_pending(rows, cache):
                 return
-            ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
+            if column == sampled:  # (N, 1) on the device already: no copy back from the host
+                ids = drawn
+            else:  # a calculator's forced tokens, a finished row's filler
+                ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
             logits = self.forward_last(ids, cache)
 
     @staticmethod
