@@ -19,6 +19,7 @@ import torch
 
 from chatcli.engine import Engine, GenerationStats
 from chatcli.errors import ChatcliError, ContextOverflowError
+from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.special_tokens import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
 from chatcli.stream import StreamEvent, TokenDecoder, decode_assistant_parts
 from chatcli.tokenizer import Tokenizer
@@ -55,6 +56,9 @@ class ChatSession:
         self.engine = Engine(self.model, self.tokenizer, compile=self.compile)
         self.entries: list[_Entry] = []
         self.warm = WarmCache(self.engine)  # the conversation's K/V, kept across turns
+        # The last sample_replies' rows and replies, until one is accepted: its K/V go into
+        # the warm cache rather than being prefilled again with the next turn.
+        self._forked: tuple[KVCache | SharedPrefixCache, list[Reply], list[int]] | None = None
         self.last_reply: Reply | None = None
         self.notices: list[TurnNotice] = []
         self.history_stats: list[TurnStats] = []
@@ -175,6 +179,7 @@ class ChatSession:
 
     def send_prepare(self, text: str) -> None:
         """Add a user message, dropping old exchanges if the context needs the room."""
+        self._forked = None  # sample rows not taken are dropped with their memory
         first = not self.entries
         user = _Entry({"role": "user", "content": text}, self._user_tokens(text, first))
         reserve = min(self.options.max_tokens, max(self.context_len // 4, 16))
@@ -219,6 +224,7 @@ class ChatSession:
         t0 = time.perf_counter()
         logits, prefilled = self.warm.prefill(prompt)
         gen.prefill_s = time.perf_counter() - t0
+        self._forked = None
         rows = self.engine.fork(self.warm.cache, n, budget)  # the warm cache stays the prompt
         columns = list(
             self.engine.decode(
@@ -234,7 +240,6 @@ class ChatSession:
                 t_start=t0,
             )
         )
-        del rows
         end, bos = self._ids[ASSISTANT_END], self.tokenizer.get_bos_token_id()
         replies = []
         for i in range(n):
@@ -261,6 +266,7 @@ class ChatSession:
             )
             parts = decode_assistant_parts(tokens, masks, self.tokenizer)
             replies.append(Reply(parts, tokens, masks, stats))
+        self._forked = rows, replies, prompt
         return replies
 
     def accept_reply(self, reply: Reply) -> None:
@@ -271,6 +277,11 @@ class ChatSession:
         self.entries.append(_Entry(reply.message, [self._ids[ASSISTANT_START], *reply.tokens, end]))
         self.last_reply = reply
         self.history_stats.append(reply.stats)
+        rows, replies, prompt = self._forked or (None, [], None)
+        self._forked = None
+        row = next((i for i, r in enumerate(replies) if r is reply), None)
+        if row is not None and self.warm.tokens == prompt:  # the cache they forked from
+            self.warm.adopt(rows, row, reply.tokens)
 
     def _stream(self, prefix: list[int] | None = None) -> Iterator[StreamEvent]:
         opts = self.options

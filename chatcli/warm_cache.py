@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from chatcli.engine import Engine
-from chatcli.kv_cache import KVCache
+from chatcli.kv_cache import KVCache, SharedPrefixCache
 
 
 class WarmCache:
@@ -46,3 +46,30 @@ class WarmCache:
     def settle(self) -> None:
         """Make `tokens` what the cache holds after a generation, however it ended."""
         self.tokens = self.tokens[: self.cache.get_pos()] if self.cache is not None else []
+
+    @torch.inference_mode()
+    def adopt(self, rows: KVCache | SharedPrefixCache, row: int, reply: list[int]) -> int:
+        """Take the K/V that sample row `row` of `rows` (Engine.fork of this cache, which
+        still holds the prompt they forked from) wrote for `reply`, the tokens it generated,
+        as if this cache had decoded them. Returns how many it took: all that were run (a
+        row's last token never is)."""
+        if self.cache is None:
+            raise ValueError("an empty warm cache has no rows forked from it")
+        start = self.cache.get_pos()
+        if len(self.tokens) != start:
+            raise ValueError("the warm cache's tokens are not what it holds: settle() first")
+        if isinstance(rows, SharedPrefixCache):
+            if rows.prefix is not self.cache or rows.prefix_len != start:
+                raise ValueError("the rows were not forked from this cache as it is")
+            k, v, at, written = rows.suffix.k_cache, rows.suffix.v_cache, 0, rows.suffix.get_pos()
+        else:  # a copy of the prompt in every row, then the row's own tokens
+            k, v, at, written = rows.k_cache, rows.v_cache, start, rows.get_pos() - start
+        n = min(len(reply), written)
+        if n == 0:
+            return 0
+        self.cache.k_cache[:, 0, start : start + n] = k[:, row, at : at + n]
+        self.cache.v_cache[:, 0, start : start + n] = v[:, row, at : at + n]
+        self.cache.advance(n)
+        self.cache.prev_token = torch.tensor([reply[n - 1]], device=self.cache.k_cache.device)
+        self.tokens.extend(reply[:n])
+        return n

@@ -147,8 +147,8 @@ def test_samples_come_from_one_prefill_and_one_can_be_kept(tokenizer):
 @pytest.mark.parametrize("era", ["A", "E"])
 def test_samples_fork_the_warm_cache_and_leave_it_holding_the_prompt(era, tokenizer):
     # /samples prefills only the new turn and its rows decode over the conversation's K/V
-    # (shared, not copied); greedy rows are the reply a plain send gives, and the turn after
-    # prefills only the chosen reply and itself.
+    # (shared, not copied); greedy rows are the reply a plain send gives, and the chosen
+    # row's K/V stay, so the turn after prefills only itself.
     model = random_model(era)
     forked, plain = (ChatSession(model, tokenizer, greedy()) for _ in range(2))
     for session in (forked, plain):
@@ -160,12 +160,14 @@ def test_samples_fork_the_warm_cache_and_leave_it_holding_the_prompt(era, tokeni
     assert replies[0].stats.prefill_tokens == plain.history_stats[-1].prefill_tokens
     assert replies[0].stats.prefill_tokens < len(prompt) / 2
     assert replies[0].tokens == replies[1].tokens == plain.last_reply.tokens
-    forked.accept_reply(replies[0])
+    forked.accept_reply(replies[1])
+    # The chosen row's K/V went into the warm cache (all but its last token, never run),
+    # so the next turn prefills what a plain send's does.
+    assert forked.warm.tokens == plain.warm.tokens
+    assert forked.warm.cache.get_pos() == len(forked.warm.tokens)
     run(forked.send("thanks"))
     run(plain.send("thanks"))
-    # The cache held the question: the chosen reply and the new turn are what ran.
-    stats = forked.history_stats[-1]
-    assert stats.prefill_tokens == stats.tokens_in - len(prompt)
+    assert forked.history_stats[-1].prefill_tokens == plain.history_stats[-1].prefill_tokens
     assert forked.last_reply.tokens == plain.last_reply.tokens
 
 

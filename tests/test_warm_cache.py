@@ -11,6 +11,7 @@ from fakes import ByteTokenizer
 from test_session import FIXTURES, random_model
 
 from chatcli.engine import Engine
+from chatcli.kv_cache import SharedPrefixCache
 from chatcli.tokenizer import Tokenizer
 from chatcli.warm_cache import WarmCache
 from chatcli.worker_pool import GenerationParams, Worker
@@ -76,6 +77,28 @@ def test_settle_keeps_the_tokens_decode_wrote():
     assert len(warm.tokens) == len(prompt) + 5
     warm.settle()  # the last token was yielded, never run
     assert len(warm.tokens) == warm.cache.get_pos() == len(prompt) + 4
+
+
+@pytest.mark.parametrize("shared", [True, False])  # rows over the cache, or copies of it
+def test_a_sample_rows_tokens_are_adopted_as_if_decoded_here(shared):
+    model = random_model("E")  # E: the adopted row's last token is the one remembered
+    engine = Engine(model, ByteTokenizer())
+    engine.shared_prefix = shared
+    warm = WarmCache(engine)
+    prompt = list(range(70, 90))
+    logits, _ = warm.prefill(prompt)
+    rows = engine.fork(warm.cache, 3, 6)
+    assert isinstance(rows, SharedPrefixCache) == shared
+    with torch.inference_mode():
+        steps = engine.decode(rows, logits.expand(3, -1), 6, temperature=1.0, seed=4)
+        reply = [column[2] for column, _ in steps]
+    assert warm.tokens == prompt  # forking changed nothing
+    assert warm.adopt(rows, 2, reply) == len(reply) - 1  # the last was never run
+    assert warm.tokens == prompt + reply[:-1] and warm.cache.get_pos() == len(warm.tokens)
+    following = [*prompt, *reply, 5]
+    logits, n = warm.prefill(following)
+    assert n == 2
+    torch.testing.assert_close(logits, fresh_logits(model, following), atol=2e-5, rtol=0)
 
 
 # ---- a server worker's requests ------------------------------------------------------------
