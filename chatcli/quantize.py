@@ -207,8 +207,9 @@ class Int8Weight:
     codes in panels beside their scales (Int8Panels), which the whole decode step
     (native_kernels.rows_step) and this copy's own products (rows_int8_product: sample
     rows, a chat turn, a prompt: up to NATIVE_INT8_MAX_ROWS) read, fp32 activations and
-    sums, a byte a weight. Else fbgemm's dynamic int8 linear, which also rounds the activations to 7-bit integers, or, where
-    fbgemm is missing, torch's weight-only kernel with bf16 activations.
+    sums, a byte a weight. Else fbgemm's dynamic int8 linear, which also rounds the
+    activations to 7-bit integers, or, where fbgemm is missing, torch's weight-only kernel
+    with bf16 activations.
     use_native: None, ours where it runs unless use_fbgemm says which of the others; False,
     never; True, ours or a RuntimeError."""
 
