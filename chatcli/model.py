@@ -123,8 +123,8 @@ class Linear(nn.Linear):
     copy's max_rows: fbgemm's fp16 kernel serves sample rows, chat chunks and prompts of up
     to 1024 tokens, and so does our int8 kernel (fbgemm's int8 16 rows), bf16 and int4 one
     (their matrix-matrix kernels are compute-bound on this CPU: bf16's measured 6.6x slower
-    than fp32). More rows use the fp32 weight. Activations stay fp32 between products (inside one, the copy's kernel may
-    round them: quantize.py).
+    than fp32). More rows use the fp32 weight. Activations stay fp32 between products
+    (inside one, the copy's kernel may round them: quantize.py).
     """
 
     decode_weight: DecodeWeight | None = None
