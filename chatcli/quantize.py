@@ -282,6 +282,7 @@ class Int8Weight:
 class Int4Weight:
     max_rows = INT4_MAX_ROWS
     float_activations = True  # bf16
+    one_row_kernel = rows_kernel = "torch int4 weight-only"  # (reported by `chatcli bench`)
 
     def __init__(self, weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> None:
         w = weight.detach().float()
