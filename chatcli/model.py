@@ -121,7 +121,7 @@ class Linear(nn.Linear):
     Decode of a big model on CPU is bandwidth-bound: rows go through the copy (fp16, bf16,
     int8 or int4: quantize.py), which reads a half to an eighth of the bytes, up to the
     copy's max_rows: fbgemm's fp16 kernel serves sample rows, chat chunks and prompts of up
-    to 1024 tokens, and so does our int8 kernel (fbgemm's int8 16 rows), int4 up to 512,
+    to 1024 tokens, and so does our int8 kernel (fbgemm's int8 16 rows), int4 up to 64,
     bf16 one (its matrix-matrix kernel measured 6.6x slower than fp32). More rows use the
     fp32 weight. Activations stay fp32 between products
     (inside one, the copy's kernel may round them: quantize.py).

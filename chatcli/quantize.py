@@ -64,10 +64,14 @@ FBGEMM_FP16_MAX_ROWS = 1024
 # against 901, 512 2882 against 3221, 1024 6840 against 7049. So a chat turn and a prompt
 # read the same int8 weights as decode, as fp16 copies do through fbgemm.
 NATIVE_INT8_MAX_ROWS = 1024
-# torch's int4 kernel against the fp32 weight, the same chunks (best of 2, ms): 8 rows 67
-# against 226 (sample rows), 25 193 against 358, 128 831 against 924, 512 3554 against
-# 3809, but 1024 7614 against 7229. Measured on the Zen 4 (AVX-512) only.
-INT4_MAX_ROWS = 512
+# torch's int4 kernel against the fp32 weight, the same chunks (best of 2, ms), on the Zen
+# 4 with AVX-512: 8 rows 67 against 226 (sample rows), 25 193 against 358, 128 831 against
+# 924, 512 3554 against 3809, 1024 7614 against 7229. Its products alone over d20's four
+# shapes (best of 5): 0.21 of fp32's time at 8 rows, 0.67 at 32, 0.91 at 64, 0.96-0.98
+# beyond; with torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, same CPU) 0.42 at 8 rows but
+# 1.22 at 32. Past where it clearly wins, the rows keep fp32's exact products.
+INT4_MAX_ROWS = {"AVX512": 64}
+INT4_MAX_ROWS_ELSEWHERE = 8
 
 
 class DecodeWeight(Protocol):
@@ -280,11 +284,12 @@ class Int8Weight:
 
 
 class Int4Weight:
-    max_rows = INT4_MAX_ROWS
     float_activations = True  # bf16
     one_row_kernel = rows_kernel = "torch int4 weight-only"  # (reported by `chatcli bench`)
 
     def __init__(self, weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> None:
+        capability = torch.backends.cpu.get_cpu_capability()
+        self.max_rows = INT4_MAX_ROWS.get(capability, INT4_MAX_ROWS_ELSEWHERE)
         w = weight.detach().float()
         N, K = w.shape
         if K % group_size or N % _INT4_OUTPUT_TILE:

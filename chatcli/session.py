@@ -9,6 +9,7 @@ it. Knows nothing about the terminal: it yields typed stream events and returns 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Iterator
@@ -91,9 +92,11 @@ class ChatSession:
     def clear(self) -> None:
         self.entries = []
         self.last_reply = None
+        self._forked = None
 
     def undo(self) -> bool:
         """Drop the last exchange (the last user message and whatever followed it)."""
+        self._forked = None
         for i in range(len(self.entries) - 1, -1, -1):
             if self.entries[i].message["role"] == "user":
                 del self.entries[i:]
@@ -281,7 +284,10 @@ class ChatSession:
         self._forked = None
         row = next((i for i, r in enumerate(replies) if r is reply), None)
         if row is not None and self.warm.tokens == prompt:  # the cache they forked from
-            self.warm.adopt(rows, row, reply.tokens)
+            # adopt refuses before it changes anything; the reply is kept all the same,
+            # and the next turn prefills it.
+            with contextlib.suppress(ValueError):
+                self.warm.adopt(rows, row, reply.tokens)
 
     def _stream(self, prefix: list[int] | None = None) -> Iterator[StreamEvent]:
         opts = self.options

@@ -63,7 +63,11 @@ class WarmCache:
                 raise ValueError("the rows were not forked from this cache as it is")
             k, v, at, written = rows.suffix.k_cache, rows.suffix.v_cache, 0, rows.suffix.get_pos()
         else:  # a copy of the prompt in every row, then the row's own tokens
+            if rows.get_pos() < start:
+                raise ValueError("the rows were not forked from this cache as it is")
             k, v, at, written = rows.k_cache, rows.v_cache, start, rows.get_pos() - start
+        if not 0 <= row < rows.batch_size:
+            raise ValueError(f"no row {row} among {rows.batch_size}")
         n = min(len(reply), written)
         if n == 0:
             return 0

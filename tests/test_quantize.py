@@ -253,3 +253,21 @@ def test_the_default_half_copy_is_bf16_on_x86_without_fbgemms_fp16_kernel(monkey
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr(quantize, "fbgemm_fp16_available", lambda: False)
     assert default_half_kind() == "bfloat16"
+
+
+@pytest.mark.parametrize(("capability", "rows"), [("AVX512", 64), ("AVX2", 8), ("DEFAULT", 8)])
+def test_int4_serves_the_rows_its_kernel_wins_at_on_this_cpu(monkeypatch, capability, rows):
+    # torch's int4 products beat fp32 up to 64 rows with AVX-512, but past ~8 with AVX2
+    # they lose: more rows keep fp32's exact products.
+    from chatcli.model import Linear
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    layer = Linear(256, 384, bias=False).requires_grad_(False)
+    with torch.no_grad():
+        layer.weight.copy_(_matrix())
+    layer.decode_weight = Int4Weight(layer.weight)
+    assert layer.decode_weight.max_rows == rows
+    served = torch.randn(rows, 256)
+    assert not torch.equal(layer(served), torch.nn.functional.linear(served, layer.weight))
+    more = torch.randn(rows + 1, 256)
+    assert torch.equal(layer(more), torch.nn.functional.linear(more, layer.weight))

@@ -101,6 +101,22 @@ def test_a_sample_rows_tokens_are_adopted_as_if_decoded_here(shared):
     torch.testing.assert_close(logits, fresh_logits(model, following), atol=2e-5, rtol=0)
 
 
+def test_rows_not_forked_from_the_cache_as_it_is_are_refused():
+    engine = Engine(random_model("E"), ByteTokenizer())
+    engine.shared_prefix = False
+    warm = WarmCache(engine)
+    logits, _ = warm.prefill(list(range(40, 60)))
+    rows = engine.fork(warm.cache, 2, 4)
+    with torch.inference_mode():
+        reply = [column[0] for column, _ in engine.decode(rows, logits.expand(2, -1), 4)]
+    with pytest.raises(ValueError, match="no row 2"):
+        warm.adopt(rows, 2, reply)
+    warm.prefill(list(range(40, 70)))  # the cache moved on past the rows' prompt
+    with pytest.raises(ValueError, match="not forked"):
+        warm.adopt(rows, 0, reply)
+    assert warm.tokens == list(range(40, 70)) and warm.cache.get_pos() == 30
+
+
 # ---- a server worker's requests ------------------------------------------------------------
 
 
