@@ -465,6 +465,14 @@ def serve(
     workers: Annotated[
         int | None, typer.Option(help="Model replicas (default: one per GPU, else 1).")
     ] = None,
+    cache_slots: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Conversations each worker keeps warm (each a whole context's K/V memory).",
+        ),
+    ] = 1,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/)."""
     try:
@@ -481,6 +489,7 @@ def serve(
             host=host,
             port=port,
             workers=workers,
+            cache_slots=cache_slots,
             device=s.device,
             limits=Limits(),
             source=s.source,

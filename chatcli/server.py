@@ -509,6 +509,7 @@ def serve(
     device: str = "auto",
     limits: Limits = Limits(),
     *,
+    cache_slots: int = 1,
     source: str = "sft",
     step: int | None = None,
     dtype: str = "auto",
@@ -517,7 +518,8 @@ def serve(
     log_level: str = "info",
     on_ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
-    """Load one replica of `model` per worker and serve until interrupted.
+    """Load one replica of `model` per worker and serve until interrupted. Each worker keeps
+    `cache_slots` conversations' K/V warm (worker_pool.Worker).
 
     on_ready gets {"url", "model", "devices", "cpu_threads"} once the models are loaded, just
     before the first request can come in: the CLI's cue to say where the server is.
@@ -533,7 +535,7 @@ def serve(
             m, tokenizer, _ = load_model(
                 model, source=source, step=step, device=dev, dtype=dtype, quantize=quantize
             )
-            replicas.append(Worker(m, tokenizer, name=str(i)))
+            replicas.append(Worker(m, tokenizer, name=str(i), cache_slots=cache_slots))
         # torch's thread count is the process's: the generation threads take it up when they
         # start. A small model decodes fastest on one (cpu_plan), as it does in `chatcli chat`.
         plan = apply_cpu_plan(replicas[0].engine.model)

@@ -31,10 +31,7 @@ class WarmCache:
         many of its tokens ran (at least one: the logits come from running it)."""
         if self.cache is None:
             self.cache = self.engine.new_cache(1, self.engine.context_len)
-        common = 0
-        limit = min(len(self.tokens), len(prompt) - 1)
-        while common < limit and self.tokens[common] == prompt[common]:
-            common += 1
+        common = self.shared_with(prompt)
         self.cache.rewind(common, prompt[common - 1] if common else None)
         self.tokens = self.tokens[:common]  # what stays true if the forward below fails
         device = self.engine.model.get_device()
@@ -42,6 +39,14 @@ class WarmCache:
         logits = self.engine.forward_last(ids, self.cache)
         self.tokens = list(prompt)
         return logits, len(prompt) - common
+
+    def shared_with(self, prompt: list[int]) -> int:
+        """How many of the prompt's tokens the cache holds: their longest common prefix,
+        short of the prompt's last token (which runs again for its logits)."""
+        common, limit = 0, min(len(self.tokens), len(prompt) - 1)
+        while common < limit and self.tokens[common] == prompt[common]:
+            common += 1
+        return common
 
     def settle(self) -> None:
         """Make `tokens` what the cache holds after a generation, however it ended."""
@@ -77,3 +82,17 @@ class WarmCache:
         self.cache.prev_token = torch.tensor([reply[n - 1]], device=self.cache.k_cache.device)
         self.tokens.extend(reply[:n])
         return n
+
+
+def choose(slots: list[WarmCache], prompt: list[int]) -> WarmCache:
+    """Of a server worker's warm caches, the one a prompt goes to, moved to the end of
+    `slots` (they are kept least recently used first). The one sharing most with the prompt,
+    where the prompt carries on at least half of what it holds (its conversation's next
+    turn, a retry); else the least recently used (an empty one first), so that another
+    conversation does not evict one that is still going on."""
+    shared = [slot.shared_with(prompt) for slot in slots]
+    best = max(range(len(slots)), key=shared.__getitem__)  # the oldest among equals
+    pick = best if shared[best] and 2 * shared[best] >= len(slots[best].tokens) else 0
+    slot = slots.pop(pick)
+    slots.append(slot)
+    return slot

@@ -23,7 +23,7 @@ from typing import Any
 
 from chatcli.engine import Engine, GenerationStats
 from chatcli.stream import StreamEvent, TokenDecoder
-from chatcli.warm_cache import WarmCache
+from chatcli.warm_cache import WarmCache, choose
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,15 @@ Emit = Callable[[list[StreamEvent]], None]
 class Worker:
     """One model replica. `generate` is synchronous and runs in a thread: one at a time."""
 
-    def __init__(self, model: Any, tokenizer: Any, name: str = "0") -> None:
+    def __init__(self, model: Any, tokenizer: Any, name: str = "0", cache_slots: int = 1) -> None:
+        if cache_slots < 1:
+            raise ValueError("a worker needs at least one cache slot")
         self.engine = Engine(model, tokenizer)
-        # The last conversation's K/V: a client that resends it with one more turn gets
-        # only that turn prefilled (and a CUDA graph is captured once, for this cache).
-        self.warm = WarmCache(self.engine)
+        # The last conversations' K/V (each slot a whole context's worth of memory): a
+        # client that resends its conversation with one more turn gets only that turn
+        # prefilled (and a CUDA graph is captured once a slot, not once a request).
+        self.slots = [WarmCache(self.engine) for _ in range(cache_slots)]
+        self.warm = self.slots[0]  # the slot the last request used
         self.tokenizer = tokenizer
         self.name = name
         self.device = str(model.get_device())
@@ -74,9 +78,11 @@ class Worker:
     ) -> Finished:
         """Run one reply to the end (or until `stop` is set), emitting events as they form.
 
-        The prompt is prefilled past the longest prefix it shares with what the worker's
-        warm cache holds (the previous request's prompt and reply)."""
+        The prompt goes to one of the worker's warm caches (warm_cache.choose) and is
+        prefilled past the longest prefix it shares with what that cache holds (an earlier
+        request's prompt and reply)."""
         budget = self.engine.budget_for(prompt, params.max_tokens)
+        self.warm = choose(self.slots, prompt)
         decoder = TokenDecoder(self.tokenizer)
         stats = GenerationStats()
         generated = 0
@@ -123,6 +129,7 @@ class Worker:
             "busy": self.busy,
             "requests_served": self.requests_served,
             "tokens_served": self.tokens_served,
+            "cache_slots": len(self.slots),
         }
 
 

@@ -118,6 +118,8 @@ def test_errors_are_one_line_and_exit_nonzero():
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["once", "hi", "--temperature", "9"])
     assert result.exit_code == 1 and "temperature" in result.output
+    result = runner.invoke(app, ["serve", "--cache-slots", "0"])
+    assert result.exit_code == 1 and "cache-slots" in result.output
 
 
 @pytest.mark.parametrize(

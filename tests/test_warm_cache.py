@@ -13,7 +13,7 @@ from test_session import FIXTURES, random_model
 from chatcli.engine import Engine
 from chatcli.kv_cache import SharedPrefixCache
 from chatcli.tokenizer import Tokenizer
-from chatcli.warm_cache import WarmCache
+from chatcli.warm_cache import WarmCache, choose
 from chatcli.worker_pool import GenerationParams, Worker
 
 
@@ -117,6 +117,22 @@ def test_rows_not_forked_from_the_cache_as_it_is_are_refused():
     assert warm.tokens == list(range(40, 70)) and warm.cache.get_pos() == 30
 
 
+def test_a_prompt_goes_to_the_slot_it_carries_on_else_the_least_recently_used():
+    engine = Engine(random_model("A"), ByteTokenizer())
+    a, b, c = slots = [WarmCache(engine) for _ in range(3)]
+    assert choose(slots, [1, 2, 3]) is a and slots == [b, c, a]  # all empty: the oldest
+    a.tokens = [1, 2, 3, 4, 5, 6]  # conversation A and its reply
+    assert choose(slots, [1, 9, 9]) is b  # another conversation: not A's slot
+    b.tokens = [1, 9, 9, 8]
+    assert slots == [c, a, b]
+    assert choose(slots, [1, 2, 3, 4, 5, 6, 7, 8]) is a  # A's next turn
+    assert choose(slots, [1, 2, 3, 4, 0]) is a  # a retry of A's last turn: most of it
+    assert choose(slots, [1, 9, 9, 8, 7]) is b
+    assert slots == [c, a, b]
+    # A prompt sharing less than half of what the best slot holds takes the oldest slot.
+    assert choose(slots, [1, 2, 0]) is c
+
+
 # ---- a server worker's requests ------------------------------------------------------------
 
 
@@ -164,3 +180,19 @@ def test_a_worker_prefills_only_a_request_past_the_last_and_answers_as_a_fresh_o
     fresh, _ = reply_of(cold, nxt, max_tokens=12)
     assert fresh.cached_tokens == 0
     assert warm.warm.tokens == cold.warm.tokens  # the same reply, token by token
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_two_conversations_on_one_worker_keep_their_caches_with_two_slots(tokenizer, slots):
+    worker = Worker(random_model("E"), tokenizer, cache_slots=slots)
+    chats = {name: list(range(start, start + 20)) for name, start in (("a", 60), ("b", 120))}
+    cached: dict[str, list[int]] = {"a": [], "b": []}
+    for _ in range(2):
+        for name in chats:
+            finished, said = reply_of(worker, chats[name], max_tokens=4)
+            cached[name].append(finished.cached_tokens)
+            chats[name] = [*chats[name], *said, 7, 8]  # its reply and one more turn
+    if slots == 2:  # each conversation's second request found its first in its own slot
+        assert cached == {"a": [0, 23], "b": [0, 23]}
+    else:  # one slot: each request found the other conversation there
+        assert cached == {"a": [0, 0], "b": [0, 0]}
