@@ -59,7 +59,8 @@ class Worker:
         self.engine = Engine(model, tokenizer)
         # The last conversations' K/V (each slot a whole context's worth of memory): a
         # client that resends its conversation with one more turn gets only that turn
-        # prefilled (and a CUDA graph is captured once a slot, not once a request).
+        # prefilled. On CUDA the decode step keeps one graph, captured for a cache: one
+        # slot keeps it for the worker's life, several capture again as requests switch.
         self.slots = [WarmCache(self.engine) for _ in range(cache_slots)]
         self.warm = self.slots[0]  # the slot the last request used
         self.tokenizer = tokenizer
