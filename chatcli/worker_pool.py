@@ -15,6 +15,7 @@ chatcli.stream events, then one Finished.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -99,7 +100,7 @@ class Worker:
                 seed=params.seed,
                 stats=stats,
             )
-            try:
+            with contextlib.closing(steps):
                 for column, masks in steps:
                     if stop.is_set():
                         break
@@ -108,8 +109,6 @@ class Worker:
                     events = decoder.feed(column[0], masks[0])
                     if events:
                         emit(events)
-            finally:
-                steps.close()
         finally:
             self.warm.settle()
         cached = len(prompt) - prefilled
