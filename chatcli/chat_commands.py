@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from chatcli.commands import (
     COMMANDS,
+    SHOW_SETTING,
     SYSTEM_CLEAR,
     CommandError,
+    find_command,
     help_text,
     is_command,
     parse_command,
@@ -31,6 +33,7 @@ from chatcli.commands import (
 )
 from chatcli.conversation_store import (
     ConversationFile,
+    NewConversation,
     export_json,
     export_markdown,
     list_conversations,
@@ -180,7 +183,7 @@ class ChatCommands:
         session: Session,
         screen: Screen,
         settings: Settings,
-        conversation: ConversationFile | None,
+        conversation: ConversationFile | NewConversation | None,
         conversations_dir: Path,
         model_info: Mapping[str, object] | None,
     ) -> None:
@@ -205,6 +208,8 @@ class ChatCommands:
         try:
             if is_command(line):
                 command = parse_command(line)
+                if command.arg is SHOW_SETTING:
+                    return self._show_setting(command.name)
                 return self.handlers[command.name](command.arg)
             message = unescape_message(line)
             if self.samples_next is not None:
@@ -263,7 +268,7 @@ class ChatCommands:
         else:
             self._save(lambda c: c.append_message(reply.message, meta))
 
-    def _save(self, write: Callable[[ConversationFile], None]) -> None:
+    def _save(self, write: Callable[[ConversationFile | NewConversation], None]) -> None:
         if self.conversation is not None:
             write(self.conversation)
 
@@ -325,6 +330,21 @@ class ChatCommands:
 
     def _echo(self, name: str, value: object) -> bool:
         self.screen.notice(f"{name} = {format_setting(name, value)}")
+        return True
+
+    def _show_setting(self, name: str) -> bool:
+        options = self.session.options
+        values = {
+            "temperature": options.temperature,
+            "top_k": options.top_k or 0,
+            "top_p": options.top_p or 1.0,
+            "max_tokens": options.max_tokens,
+            "seed": options.seed,
+            "tools": options.tools,
+            "raw": self.raw,
+        }
+        shown = format_setting(name, values[name])
+        self.screen.notice(f"{name} = {shown} ({find_command(name).usage} changes it)")
         return True
 
     def cmd_temperature(self, value: float) -> bool:
@@ -397,7 +417,7 @@ class ChatCommands:
             ("markdown", self.settings.markdown),
             ("system", format_setting("system", self.session.system)),
             ("context", f"{self.session.context_len} tokens"),
-            ("conversation", self.conversation.id if self.conversation else "(not saved)"),
+            ("conversation", self._conversation_label()),
         ]
         self.screen.table(("setting", "value"), rows)
         return True
@@ -407,9 +427,21 @@ class ChatCommands:
     def cmd_clear(self, _: None) -> bool:
         self.session.clear()
         self.retries = 0
-        self._save(lambda c: c.append_clear())
-        self.screen.notice("New conversation.")
+        before = self.conversation.id if self.conversation else None
+        if self.conversation is not None:
+            # A new file at the next message: the one before stays whole, for --resume.
+            model = self.model_info.get("path")
+            self.conversation = NewConversation(
+                self.conversations_dir, model=_json_value(model), system=self.session.system
+            )
+        kept = f" The last one is saved as {before}." if before else ""
+        self.screen.notice(f"New conversation.{kept}")
         return True
+
+    def _conversation_label(self) -> str:
+        if self.conversation is None:
+            return "(not saved)"
+        return self.conversation.id or "(saved from its first message)"
 
     def cmd_undo(self, _: None) -> bool:
         messages = self.session.messages

@@ -233,8 +233,13 @@ def resolve_checkpoint(
                 "The embedded default model is not in this installation. Pass --model PATH "
                 "to a nanochat checkpoint, or retrain it: python -m chatcli.training.train."
             )
-        ref = resolve_checkpoint(EMBEDDED_DIR, source="sft", tag=tag, step=step)
-        return ref
+        if source != "sft":
+            # Quietly loading the sft model would answer as if the asked-for one had.
+            raise CheckpointError(
+                f"The embedded default model has only an sft checkpoint, not {source!r}. "
+                "Drop --source, or pass --model PATH to a nanochat checkpoint that has it."
+            )
+        return resolve_checkpoint(EMBEDDED_DIR, source="sft", tag=tag, step=step)
     p = Path(path).expanduser()
     if not p.exists():
         base = default_base_dir()

@@ -21,6 +21,9 @@ from chatcli.errors import ChatcliError, ConfigError
 from chatcli.settings import SETTING_RULES, validate_setting
 
 SYSTEM_CLEAR = "clear"  # Command("system", SYSTEM_CLEAR) removes the system prompt
+# The argument of a setting's command typed alone (/temperature): show the value, change
+# nothing. Not None, which /seed's "random" parses to.
+SHOW_SETTING = object()
 EXPORT_FORMATS = ("md", "json")
 SAMPLES_MIN, SAMPLES_MAX = 2, 8
 
@@ -62,7 +65,7 @@ def _setting(spec: CommandSpec, rest: str) -> object:
     rule = SETTING_RULES[spec.name]
     needs = f"/{spec.name} needs {rule.expected}, e.g. /{spec.name} {rule.example}"
     if not rest:
-        raise CommandError(needs)
+        return SHOW_SETTING
     try:
         return validate_setting(spec.name, rest, f"/{spec.name}")
     except ConfigError:

@@ -5,7 +5,8 @@ A file is a header line followed by events; replaying the events gives the messa
     {"type": "header", "version": 1, "id": ..., "created": ..., "model": ...}
     {"type": "message", "message": {"role": ..., "content": ...}, "meta": {...}}
     {"type": "undo"}                      drop the last user message and the replies after it
-    {"type": "clear"}                     drop every message but the system prompt
+    {"type": "clear"}                     drop every message but the system prompt (written
+                                          by earlier versions' /clear, which now starts a file)
     {"type": "system", "text": str|null}  set (or remove) the system prompt
     {"type": "replace_last", "message": {...}, "meta": {...}}   /retry and /continue
 
@@ -209,10 +210,6 @@ class ConversationFile:
         """Record /undo: the last user message and the reply after it are dropped."""
         self._append({"type": "undo"})
 
-    def append_clear(self) -> None:
-        """Record /clear: every message but the system prompt is dropped."""
-        self._append({"type": "clear"})
-
     def append_system(self, text: str | None) -> None:
         """Record a new system prompt, or its removal when `text` is None."""
         self._append({"type": "system", "text": text})
@@ -253,6 +250,51 @@ class ConversationFile:
                 f"Cannot save to {self.path} ({e}). Check free space and permissions, "
                 "or set CHATCLI_CONVERSATIONS_DIR."
             ) from None
+
+
+class NewConversation:
+    """A conversation whose file does not exist yet: it is created (ConversationFile.create)
+    at the first message, with the system prompt set before it. A session that says nothing
+    leaves no empty file behind, and /clear starts another conversation without touching the
+    one before it. Once created, every call goes to the file."""
+
+    def __init__(self, directory: Path, *, model: object = None, system: str | None = None) -> None:
+        self.directory = directory
+        self.model = model
+        self.system = system
+        self.file: ConversationFile | None = None
+
+    @property
+    def id(self) -> str | None:
+        return self.file.id if self.file else None
+
+    @property
+    def path(self) -> Path | None:
+        return self.file.path if self.file else None
+
+    def append_message(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
+        if self.file is None:
+            ConversationFile._check_message(message)  # a bad message leaves no file either
+            created = ConversationFile.create(self.directory, model=self.model)
+            if self.system:
+                created.append_system(self.system)
+            self.file = created
+        self.file.append_message(message, meta)
+
+    def append_system(self, text: str | None) -> None:
+        if self.file is None:
+            self.system = text
+        else:
+            self.file.append_system(text)
+
+    def append_undo(self) -> None:
+        if self.file is not None:  # before the file, nothing was saved to undo
+            self.file.append_undo()
+
+    def replace_last(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
+        if self.file is None:
+            raise ValueError("replace_last() before any message was saved")
+        self.file.replace_last(message, meta)
 
 
 def _encode(record: dict[str, Any]) -> bytes:

@@ -3,8 +3,9 @@ ollama, ...): the same interface as ChatSession, so the REPL and `chatcli once` 
 
 Owns: the conversation (kept in chatcli's message format, assistant replies as nanochat parts),
 the chat completions request, reading its server-sent events back into chatcli.stream events
-(calculator calls from chatcli's `chatcli_tool` field or, from other servers, from the inline
-`[calc ...]` markers), and turn statistics from the server's usage numbers and our own clock.
+(calculator calls from chatcli's `chatcli_tool` field, whose status tells a call the length
+limit cut from a failed one, or, from other servers, from the inline `[calc ...]` markers), and
+turn statistics from the server's usage numbers and our own clock.
 Closing the event iterator closes the HTTP stream, which makes the server stop generating.
 
 Knows nothing of torch, tokens or the terminal. The server holds no state between requests:
@@ -345,7 +346,7 @@ class _Turn:
             if isinstance(tool, dict):
                 # chatcli's own server: the content is just the marker; the field says it all.
                 events += self.scanner.flush()
-                events += events_of_marker(str(tool.get("expression", "")), tool.get("output"))
+                events += _events_of_tool(tool)
                 self.deltas += 1
             elif delta.get("content"):
                 events += self.scanner.feed(delta["content"])
@@ -364,6 +365,22 @@ class _Turn:
     def parts(self) -> list[dict[str, str]]:
         """The reply as nanochat parts, as ChatSession records its own replies."""
         return parts_from_events(self.events)
+
+
+def _events_of_tool(tool: dict[str, Any]) -> list[StreamEvent]:
+    """A `chatcli_tool` field as the events a local TokenDecoder would have emitted.
+
+    Only the status tells a call the length limit or the context cut ("cut", as a local
+    session says) from one the calculator refused: both have output null. A server from
+    before the status field sends none, and then output null reads as failed, as it did.
+    """
+    expression = str(tool.get("expression", ""))
+    output = tool.get("output")
+    output = None if output is None else str(output)
+    events = events_of_marker(expression, output)
+    if tool.get("status") == "cut":
+        events[-1] = ToolResult(expression, output, cut=True)
+    return events
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -467,6 +467,9 @@ def render_banner(console: Console, info: Mapping[str, object]) -> None:
 # --- tables and side-by-side replies -----------------------------------------------------
 
 
+PIPED_TABLE_WIDTH = 10_000  # wider than any row: a table not on a terminal is never folded
+
+
 def render_table(console: Console, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     """A small table; a header of "" leaves the header row out."""
     table = Table(box=box.SIMPLE_HEAD, show_header=any(headers), show_edge=False, pad_edge=False)
@@ -474,6 +477,13 @@ def render_table(console: Console, headers: Sequence[str], rows: Iterable[Sequen
         table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*row)
+    if not console.is_terminal:
+        # Into a pipe or a file, rows at their natural width: folded at Rich's default 80
+        # columns, a path split over lines and `chatcli models | grep` missed it. (A
+        # console's print never goes wider than the console.)
+        console = Console(
+            file=console.file, width=PIPED_TABLE_WIDTH, color_system=None, highlight=False
+        )
     console.print(table)
 
 

@@ -8,9 +8,11 @@ prompt tokens and stream events into OpenAI chunks; loading one model replica pe
 The calculator runs here, inside the engine. A call reaches clients twice over: as an inline
 marker in `content` (`[calc 1234*56 = 69104]`, see chatcli.calc_markers) that any OpenAI client
 shows as text, and in a non-standard `chatcli_tool` field of the same chunk's delta
-(`{"expression": "1234*56", "output": "69104"}`, output null when the tool gave no answer). A
-delta carrying `chatcli_tool` has exactly the marker as its content, so a client that draws a
-badge from the field can skip that content. Assistant messages sent back are read for markers,
+(`{"expression": "1234*56", "output": "69104", "status": "ok"}`; output null when the tool gave
+no answer, and status "failed" for a call refused or ended by the model, "cut" for one the
+length limit or the context stopped, which the marker alone cannot tell apart). A delta
+carrying `chatcli_tool` has exactly the marker as its content, so a client that draws a badge
+from the field can skip that content. Assistant messages sent back are read for markers,
 so a multi-turn conversation replays its calculator calls exactly.
 
 Knows nothing of threads or devices beyond asking the WorkerPool, and nothing of the terminal.
@@ -19,6 +21,7 @@ Knows nothing of threads or devices beyond asking the WorkerPool, and nothing of
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import random
@@ -35,7 +38,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from chatcli.calc_markers import format_marker, parts_from_text
 from chatcli.errors import ChatcliError, ConfigError, TokenizerError
@@ -47,6 +57,7 @@ __all__ = ["BackgroundServer", "Limits", "Worker", "WorkerPool", "create_app", "
 
 log = logging.getLogger(__name__)
 MAX_SEED = 2**63 - 1
+MAX_PORT = 65535
 # The engine says "context" when the model's context, not max_tokens, cut the reply; OpenAI
 # has one word for both.
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -83,13 +94,20 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
+    # validate_default: a missing content reaches the validator as None, so missing and null
+    # get the same error. "" is a message (OpenAI takes it; a reply can be empty and come back).
+    content: str | list[ContentPart] | None = Field(default=None, validate_default=True)
 
     @field_validator("content")
     @classmethod
     def _content(cls, value: str | list[ContentPart] | None, info: ValidationInfo) -> str:
+        if value is None:
+            raise ValueError(
+                'is missing or null; send the message\'s text as a string ("" for none) or a '
+                "list of text parts"
+            )
         # OpenAI allows a list of content parts; only text ones mean anything here.
-        text = "".join(p.text for p in value) if isinstance(value, list) else (value or "")
+        text = "".join(p.text for p in value) if isinstance(value, list) else value
         limit = _limits(info).max_message_chars
         if len(text) > limit:
             raise ValueError(f"the message is {len(text)} characters; the limit is {limit}")
@@ -112,6 +130,35 @@ class ChatRequest(BaseModel):
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     seed: int | None = None
     n: int | None = None
+
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _stream(cls, value: Any) -> bool:
+        # pydantic's lax bool would take "yes", "false" and 1 (the string "false" as False, but
+        # "yes" as True): guessing a client's intent there hides its bug. null is the default.
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false, not {_json_kind(value)}")
+        return value
+
+    @field_validator(
+        "temperature",
+        "top_k",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "seed",
+        "n",
+        mode="before",
+    )
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        # pydantic's lax mode reads "0.5" as 0.5 and true as 1; only JSON numbers are numbers.
+        # (2.0 stays an acceptable int: JSON has one number type.)
+        if isinstance(value, bool | str):
+            raise ValueError(f"must be a number, not {_json_kind(value)}")
+        return value
 
     @field_validator("messages")
     @classmethod
@@ -186,6 +233,19 @@ class ChatRequest(BaseModel):
         return value
 
 
+def _json_kind(value: Any) -> str:
+    """How a JSON value reads in an error: `"yes"` (a string), true, a list."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"a string ({json.dumps(value[:20])})"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a number ({value})" if isinstance(value, int | float) else type(value).__name__
+
+
 def _param(loc: Sequence[str | int]) -> str | None:
     """A pydantic error location as OpenAI names a field: ("body", "messages", 2, "content")
     -> "messages[2].content"."""
@@ -248,7 +308,11 @@ def deltas_of(events: Sequence[StreamEvent]) -> list[dict[str, Any]]:
             deltas.append(
                 {
                     "content": format_marker(event.expression, event.output),
-                    "chatcli_tool": {"expression": event.expression, "output": event.output},
+                    "chatcli_tool": {
+                        "expression": event.expression,
+                        "output": event.output,
+                        "status": event.status,  # "ok", "failed" or "cut": see the docstring
+                    },
                 }
             )
     if text:
@@ -486,6 +550,12 @@ def worker_devices(device: str = "auto", workers: int | None = None) -> list[str
 
 
 def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or a ChatcliError that says which flag to fix."""
+    # bind() itself raises OverflowError, not OSError, for a port out of range.
+    if not 0 <= port <= MAX_PORT:
+        raise ChatcliError(
+            f"--port must be between 0 and {MAX_PORT} (0 picks a free port); got {port}."
+        )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -493,12 +563,26 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise ChatcliError(
-            f"Cannot listen on {host}:{port}: {e.strerror or e}. Is another server running "
-            "there? Pick another --port."
-        ) from e
+        raise ChatcliError(_bind_error(host, port, e)) from e
     sock.listen(2048)
     return sock
+
+
+def _bind_error(host: str, port: int, e: OSError) -> str:
+    """Why bind() failed, pointing at --host or --port, whichever is at fault."""
+    where = f"Cannot listen on {host}:{port}: {e.strerror or e}."
+    check_host = (
+        "Check --host: it must be an address of this machine (127.0.0.1 for this machine "
+        "only, 0.0.0.0 for every network)."
+    )
+    # gaierror: the host is neither an address nor a name that resolves (999.1.1.1, typos).
+    if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+        return f"{where} {check_host}"
+    if e.errno == errno.EADDRINUSE:
+        return f"{where} Is another server running there? Pick another --port."
+    if e.errno == errno.EACCES and 0 < port < 1024:
+        return f"{where} Ports below 1024 need root: pick a --port above 1023."
+    return f"{where} Check --host and --port."
 
 
 def serve(

@@ -35,6 +35,8 @@ from chatcli.turns import (
 )
 from chatcli.warm_cache import WarmCache
 
+# A system prompt must leave at least this many tokens for a message and as many for a reply.
+SYSTEM_MIN_ROOM = 16
 CONTEXT_REFILL_FRACTION = 0.75  # after dropping old exchanges, the prompt + reply budget use this
 
 
@@ -42,6 +44,7 @@ CONTEXT_REFILL_FRACTION = 0.75  # after dropping old exchanges, the prompt + rep
 class _Entry:
     message: Message
     tokens: list[int]  # the ids of this message, special tokens included
+    finish: str | None = None  # a reply of this session: why it ended ("stop", "length", ...)
 
 
 @dataclass
@@ -86,6 +89,19 @@ class ChatSession:
         self._retokenize()
 
     def set_system(self, text: str | None) -> None:
+        """Set (or with None remove) the system prompt. One that leaves no room in the
+        context for a message and a reply is refused, the old one kept."""
+        if text:
+            # <|bos|>, <|user_start|>, the text and its "\n\n", <|user_end|>,
+            # <|assistant_start|>: what every first turn starts with.
+            needed = len(self._user_tokens("", first=False)) + len(
+                self.tokenizer.encode(f"{text}\n\n")
+            )
+            if needed + 2 * SYSTEM_MIN_ROOM > self.context_len:
+                raise ContextOverflowError(
+                    f"This system prompt takes {needed} of the model's {self.context_len}-token "
+                    "context, leaving too little for a message and a reply. Shorten it."
+                )
         self.system = text or None
         self._retokenize()
 
@@ -181,7 +197,13 @@ class ChatSession:
         return self._stream()
 
     def send_prepare(self, text: str) -> None:
-        """Add a user message, dropping old exchanges if the context needs the room."""
+        """Add a user message, dropping old exchanges if the context needs the room.
+
+        A message that could not fit even as the conversation's only one (with the system
+        prompt, which nanochat merges into the first message) is refused before anything is
+        dropped: the conversation stays as it was.
+        """
+        self._check_fits_alone(text)
         self._forked = None  # sample rows not taken are dropped with their memory
         first = not self.entries
         user = _Entry({"role": "user", "content": text}, self._user_tokens(text, first))
@@ -190,12 +212,26 @@ class ChatSession:
         if not self.entries:
             user.tokens = self._user_tokens(text, True)
         self.entries.append(user)
-        if len(self.prompt_tokens()) >= self.context_len:
-            self.entries.pop()
-            raise ContextOverflowError(
-                f"This message alone needs more than the model's {self.context_len}-token "
-                "context. Send a shorter one."
-            )
+
+    def _check_fits_alone(self, text: str) -> None:
+        # <|bos|>, the message (with the system prompt) and <|assistant_start|>, with room
+        # for at least one token of reply.
+        alone = len(self._user_tokens(text, first=True)) + 2
+        if alone < self.context_len:
+            return
+        limit = self.context_len
+        if self.system:
+            system = len(self._user_tokens("", first=True)) + 2
+            if system >= limit // 2:
+                raise ContextOverflowError(
+                    f"The system prompt ({system} tokens) and this message need {alone} "
+                    f"tokens, more than the model's {limit}-token context. Shorten the "
+                    "system prompt (/system TEXT, or /system clear) or the message."
+                )
+        raise ContextOverflowError(
+            f"This message alone needs {alone} tokens, more than the model's {limit}-token "
+            "context. Send a shorter one."
+        )
 
     def regenerate(self) -> Iterator[StreamEvent]:
         """Stream a new reply to the last user message (after pop_last_reply)."""
@@ -207,6 +243,12 @@ class ChatSession:
         """Continue the last reply where it stopped (interrupted or cut at max_tokens)."""
         if not self.entries or self.entries[-1].message["role"] != "assistant":
             raise ChatcliError("There is no reply to continue.")
+        # Known only for a reply of this session: one loaded from a file may have been cut.
+        if self.entries[-1].finish == "stop":
+            raise ChatcliError(
+                "The last reply is complete: there is nothing to continue. /retry writes "
+                "another one."
+            )
         last = self.entries.pop()
         body = last.tokens[1:-1]  # without <|assistant_start|> and <|assistant_end|>
         return self._stream(prefix=body)
@@ -277,7 +319,8 @@ class ChatSession:
         if not self.entries or self.entries[-1].message["role"] != "user":
             raise ChatcliError("There is no question waiting for a reply.")
         end = self._ids[ASSISTANT_END]
-        self.entries.append(_Entry(reply.message, [self._ids[ASSISTANT_START], *reply.tokens, end]))
+        tokens = [self._ids[ASSISTANT_START], *reply.tokens, end]
+        self.entries.append(_Entry(reply.message, tokens, reply.stats.finish_reason))
         self.last_reply = reply
         self.history_stats.append(reply.stats)
         rows, replies, prompt = self._forked or (None, [], None)
@@ -378,7 +421,7 @@ class ChatSession:
         self.last_reply = reply
         self.history_stats.append(stats)
         entry_tokens = [self._ids[ASSISTANT_START], *body, end]
-        self.entries.append(_Entry(reply.message, entry_tokens))
+        self.entries.append(_Entry(reply.message, entry_tokens, finish))
 
     def take_notices(self) -> list[TurnNotice]:
         notices, self.notices = self.notices, []

@@ -297,3 +297,31 @@ def test_bench_table_names_the_step_kernel_and_the_threads_decode_settled_on(mon
     assert "1 (decode: 2 at 1 row, 1 at 8 rows)" in out.output
     assert "8.65x" in out.output and "5.89x" in out.output
     assert "beside a decode run: 0.93, bf16 0.465" in " ".join(out.output.split())
+
+
+def test_once_that_fails_does_not_say_interrupted():
+    # Nothing listens on port 9 (discard): the request fails, nobody pressed Ctrl-C.
+    result = runner.invoke(app, ["once", "hi", "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == 1
+    assert "[interrupted]" not in result.stdout
+    assert "Error:" in result.stderr
+
+
+def test_once_with_a_source_the_embedded_model_lacks_says_so():
+    result = runner.invoke(app, ["once", "hi", "--source", "base"])
+    assert result.exit_code == 1
+    assert "only an sft checkpoint, not 'base'" in result.stderr
+
+
+def test_bench_refuses_a_model_and_a_synthetic_one_together():
+    result = runner.invoke(app, ["bench", "--model", "d20", "--synthetic", "d4"])
+    assert result.exit_code == 1
+    assert "Pass --model or --synthetic, not both." in result.stderr
+
+
+def test_bench_says_a_time_ratio_the_way_round_that_reads():
+    from chatcli.cli import _times_faster
+
+    assert _times_faster(0.0167, 0.0049) == "3.41x faster"
+    assert _times_faster(0.0035, 0.0041) == "1.17x slower"
+    assert _times_faster(0.004, 0.004) == "1.0x faster"

@@ -11,6 +11,7 @@ import pytest
 
 from chatcli.conversation_store import (
     ConversationFile,
+    NewConversation,
     export_json,
     export_markdown,
     latest_conversation,
@@ -165,12 +166,14 @@ def test_undo_with_nothing_to_undo_is_a_warning(tmp_path: Path) -> None:
     assert result.warnings == ["line 2: undo with no user message to drop; skipped"]
 
 
-def test_clear_keeps_the_system_prompt(tmp_path: Path) -> None:
+def test_a_clear_record_keeps_the_system_prompt(tmp_path: Path) -> None:
+    # Earlier versions' /clear wrote this record; /clear now starts a new file.
     conv = new_file(tmp_path)
     conv.append_system("sys")
     conv.append_message(user("q"))
     conv.append_message(assistant("a"))
-    conv.append_clear()
+    with conv.path.open("a", encoding="utf-8") as f:
+        f.write('{"type": "clear"}\n')
     conv.append_message(user("fresh"))
     assert read_conversation(conv.path).messages == [
         {"role": "system", "content": "sys"},
@@ -483,3 +486,29 @@ def test_export_json_round_trips() -> None:
     assert json.loads(text) == {"messages": EXPORT_MESSAGES}
     assert text.endswith("\n")
     assert "\n  " in text  # indented for people
+
+
+def test_a_new_conversation_has_no_file_until_its_first_message(tmp_path: Path) -> None:
+    conv = NewConversation(tmp_path / "convs", model=MODEL)
+    conv.append_system("first")
+    conv.append_system("sys")  # only the last one before the file counts
+    conv.append_undo()  # nothing saved yet: nothing to undo
+    assert conv.id is None and conv.path is None
+    assert not (tmp_path / "convs").exists()
+    with pytest.raises(ValueError):
+        conv.append_message({"role": "user"})  # a bad message makes no file either
+    assert not (tmp_path / "convs").exists()
+    conv.append_message(user("q"))
+    conv.append_message(assistant("a"))
+    conv.replace_last(assistant("b"))
+    assert conv.path == tmp_path / "convs" / f"{conv.id}.jsonl"
+    result = read_conversation(conv.path)
+    assert result.header["model"] == MODEL
+    assert result.messages == [{"role": "system", "content": "sys"}, user("q"), assistant("b")]
+    conv.append_system(None)  # after the file: recorded in it
+    assert read_conversation(conv.path).messages == [user("q"), assistant("b")]
+
+
+def test_replace_last_before_any_message_is_a_bug(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="before any message"):
+        NewConversation(tmp_path).replace_last(assistant("a"))

@@ -10,11 +10,13 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
 
-from fakes import merged, tool_call, uniform_bytes
+from fakes import DONE, merged, tool_call, uniform_bytes
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
+from typer.testing import CliRunner
 
+from chatcli.cli import app as cli_app
 from chatcli.errors import ChatcliError
 from chatcli.remote import RemoteSession
 from chatcli.server import BackgroundServer
@@ -172,6 +174,44 @@ def test_notices_say_tools_are_server_side_and_warn_of_a_full_context(calc_serve
     assert notice.text.startswith("Context 250/256 tokens")
 
 
+def test_a_call_cut_by_max_tokens_is_cut_not_failed():
+    # 4 tokens: <|python_start|> 1 2 3. A local session calls this "cut" (/continue finishes
+    # it); the server's marker "[calc 123]" alone would read as a refused call.
+    server = serve_workers([scripted_worker(tool_call("1234*56", DONE))])
+    try:
+        session = RemoteSession(server.url, options=SamplingOptions(max_tokens=4))
+        events = list(session.send("What is 1234*56?"))
+    finally:
+        server.stop()
+    (call,) = [e for e in events if isinstance(e, ToolResult)]
+    assert call == ToolResult("123", None, cut=True)
+    assert call.status == "cut"
+    assert session.last_reply.stats.finish_reason == "length"
+    assert session.last_reply.parts == [{"type": "python", "text": "123"}]
+
+
+def test_once_json_over_a_server_reports_each_calls_status(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHATCLI_HOME", str(tmp_path))
+    for name in ("CHATCLI_MODEL", "CHATCLI_CONFIG", "CHATCLI_URL", "CHATCLI_TEMPERATURE"):
+        monkeypatch.delenv(name, raising=False)
+    runner = CliRunner()
+    server = serve_workers([scripted_worker(tool_call("1234*56", DONE))])
+    try:
+        base = ["once", "What is 1234*56?", "--url", server.url, "--json"]
+        cut = runner.invoke(cli_app, [*base, "--max-tokens", "4"])
+        whole = runner.invoke(cli_app, base)
+    finally:
+        server.stop()
+    assert cut.exit_code == 0, cut.output
+    assert json.loads(cut.output)["tools"] == [
+        {"expression": "123", "output": None, "status": "cut"}
+    ]
+    assert whole.exit_code == 0, whole.output
+    assert json.loads(whole.output)["tools"] == [
+        {"expression": "1234*56", "output": "69104", "status": "ok"}
+    ]
+
+
 def test_several_samples_are_not_supported(calc_server):
     server, _ = calc_server
     session = RemoteSession(server.url)
@@ -184,8 +224,11 @@ def test_several_samples_are_not_supported(calc_server):
 # ---- a generic OpenAI-compatible server: no chatcli_tool field, usage in its own chunk ----------
 
 
-def generic_app(pieces: list[str], finish: str = "stop", error: str | None = None) -> FastAPI:
-    """Streams `pieces` as content deltas the way vLLM does (usage after, with no choices)."""
+def generic_app(
+    pieces: list[str | dict], finish: str = "stop", error: str | None = None
+) -> FastAPI:
+    """Streams `pieces` as content deltas the way vLLM does (usage after, with no choices); a
+    dict piece is sent as the whole delta."""
     app = FastAPI()
     app.state.requests = []
 
@@ -205,7 +248,7 @@ def generic_app(pieces: list[str], finish: str = "stop", error: str | None = Non
             yield ": keep-alive comment\n\n"
             yield chunk({"role": "assistant"})
             for piece in pieces:
-                yield chunk({"content": piece})
+                yield chunk(piece if isinstance(piece, dict) else {"content": piece})
             if error:
                 yield f"data: {json.dumps({'error': {'message': error}})}\n\n"
                 return
@@ -269,3 +312,24 @@ def test_a_stream_that_ends_without_a_finish_reason_is_an_error():
         with pytest.raises(ChatcliError, match="ended the stream before the reply was finished"):
             list(session.send("hi"))
     assert session.last_reply.stats.finish_reason == "error"
+
+
+def test_a_chatcli_tool_without_status_reads_as_before():
+    # A chatcli server from before the status field: output null is a failure, as it was.
+    pieces = [
+        {"content": "[calc 6*7 = 42]", "chatcli_tool": {"expression": "6*7", "output": "42"}},
+        {"content": "[calc 1/0]", "chatcli_tool": {"expression": "1/0", "output": None}},
+        {
+            "content": "[calc 9*9]",
+            "chatcli_tool": {"expression": "9*9", "output": None, "status": "cut"},
+        },
+    ]
+    with BackgroundServer(generic_app(pieces, finish="length")) as server:
+        session = RemoteSession(server.url, model="generic-7b")
+        calls = [e for e in session.send("go") if isinstance(e, ToolResult)]
+    assert calls == [
+        ToolResult("6*7", "42"),
+        ToolResult("1/0", None),
+        ToolResult("9*9", None, cut=True),
+    ]
+    assert [c.status for c in calls] == ["ok", "failed", "cut"]

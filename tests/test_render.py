@@ -444,3 +444,11 @@ def test_replies_stack_when_a_row_would_be_narrower_than_40_columns_each():
     render_replies(con, [([{"type": "text", "text": t}], f"{i} tok") for i, t in enumerate(texts)])
     lines = out.getvalue().splitlines()
     assert [_line_of(t, lines) for t in texts] == [1, 4, 7]
+
+
+def test_a_table_into_a_pipe_keeps_each_row_on_one_line():
+    con, out = console()  # not a terminal, 80 columns
+    path = "/home/someone/.cache/nanochat/chatsft_checkpoints/d32/model_000650.pt"
+    render_table(con, ("model", "path"), [("d32", path)])
+    rows = [line.rstrip() for line in out.getvalue().splitlines()]
+    assert rows[-1].split() == ["d32", path]

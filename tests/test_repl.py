@@ -21,7 +21,7 @@ from prompt_toolkit.input import PipeInput, create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-from chatcli.conversation_store import ConversationFile, read_conversation
+from chatcli.conversation_store import ConversationFile, NewConversation, read_conversation
 from chatcli.errors import ChatcliError
 from chatcli.render import CHAT_THEME
 from chatcli.repl import (
@@ -464,12 +464,61 @@ def test_continue_extends_the_last_reply(tmp_path):
     assert run.saved()[-1]["content"] == [{"type": "text", "text": "Once upon a time"}]
 
 
-def test_clear_starts_a_new_conversation(tmp_path):
+def test_clear_starts_a_new_conversation_and_keeps_the_old_one_whole(tmp_path):
+    session = FakeSession("hi", "hey")
+    run = chat(session, tmp_path, "/system Be brief.", "hello", "/clear", "again")
+    old = run.conversation.id
+    assert f"New conversation. The last one is saved as {old}." in run.lines
+    # The conversation before /clear stays as it was, for --resume.
+    assert run.saved() == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+    ]
+    (new,) = [p for p in run.folder.iterdir() if p.stem != old]
+    assert read_conversation(new).messages == [
+        {"role": "system", "content": "Be brief."},  # the system prompt outlives /clear
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": [{"type": "text", "text": "hey"}]},
+    ]
+    assert (
+        run.all_lines[-1] == f"Saved as {new.stem}; chatcli chat --resume {new.stem} picks it up."
+    )
+
+
+def test_clear_then_nothing_leaves_no_empty_file(tmp_path):
+    run = chat(FakeSession("hi"), tmp_path, "hello", "/clear", "/settings")
+    assert [p.stem for p in run.folder.iterdir()] == [run.conversation.id]
+    assert any("(saved from its first message)" in line for line in run.lines)
+
+
+def test_a_new_conversation_makes_its_file_at_the_first_message(tmp_path):
+    folder = tmp_path / "conversations"
+    conversation = NewConversation(folder, model="fake", system="sys")
+    console = Console(file=StringIO(), width=100, color_system=None, theme=CHAT_THEME)
+    run_repl(
+        FakeSession(),
+        settings=Settings(history=False),
+        console=console,
+        conversation=conversation,
+        conversations_dir=folder,
+        lines=StringIO("/temperature 0.3\n/settings\n"),
+    )
+    assert not folder.exists()  # settings alone save nothing
     session = FakeSession("hi")
-    run = chat(session, tmp_path, "hello", "/clear")
-    assert run.lines[-1] == "New conversation."
-    assert session.entries == []
-    assert run.saved() == []
+    run_repl(
+        session,
+        settings=Settings(history=False),
+        console=console,
+        conversation=conversation,
+        conversations_dir=folder,
+        lines=StringIO("hello\n"),
+    )
+    assert conversation.path is not None and conversation.path.parent == folder
+    assert read_conversation(conversation.path).messages[:2] == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hello"},
+    ]
 
 
 def test_system_shows_sets_and_clears_the_system_prompt(tmp_path):
@@ -802,3 +851,16 @@ def test_piped_input_sends_a_block_left_open_at_the_end(tmp_path):
     session = FakeSession("ok")
     chat(session, tmp_path, piped='"""\nunfinished\nblock')
     assert session.entries[0] == {"role": "user", "content": "unfinished\nblock"}
+
+
+def test_a_setting_command_alone_shows_the_value_and_changes_nothing(tmp_path):
+    session = FakeSession()
+    run = chat(session, tmp_path, "/temperature 0.2", "/temperature", "/top_k 0", "/top_k", "/seed")
+    assert run.lines == [
+        "temperature = 0.2",
+        "temperature = 0.2 (/temperature X changes it)",
+        "top_k = off",
+        "top_k = off (/top_k K changes it)",
+        "seed = random (/seed N|random changes it)",
+    ]
+    assert session.options.temperature == 0.2

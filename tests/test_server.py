@@ -10,6 +10,7 @@ import sys
 import threading
 
 import pytest
+from typer.testing import CliRunner
 
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
@@ -26,6 +27,7 @@ from serving import (
     wait_until,
 )
 
+from chatcli.cli import app as cli_app
 from chatcli.errors import ChatcliError, ConfigError
 from chatcli.server import BackgroundServer, Limits, _listen, create_app, worker_devices
 from chatcli.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
@@ -151,13 +153,12 @@ def test_calculator_call_streams_as_marker_and_chatcli_tool_field():
     tool_deltas = [
         c["choices"][0]["delta"] for c in chunks if "chatcli_tool" in c["choices"][0]["delta"]
     ]
-    assert tool_deltas == [
-        {"content": "[calc 6*7 = 42]", "chatcli_tool": {"expression": "6*7", "output": "42"}}
-    ]
+    answered = {"expression": "6*7", "output": "42", "status": "ok"}
+    assert tool_deltas == [{"content": "[calc 6*7 = 42]", "chatcli_tool": answered}]
     assert content_of(chunks) == "[calc 6*7 = 42] so 42."
     message = whole["choices"][0]["message"]
     assert message["content"] == "[calc 6*7 = 42] so 42."
-    assert message["chatcli_tools"] == [{"expression": "6*7", "output": "42"}]
+    assert message["chatcli_tools"] == [answered]
 
 
 def test_a_call_the_calculator_refuses_has_null_output():
@@ -167,8 +168,26 @@ def test_a_call_the_calculator_refuses_has_null_output():
     finally:
         server.stop()
     tools = [c["choices"][0]["delta"].get("chatcli_tool") for c in chunks]
-    assert [t for t in tools if t] == [{"expression": "2**10", "output": None}]
+    assert [t for t in tools if t] == [{"expression": "2**10", "output": None, "status": "failed"}]
     assert content_of(chunks) == "[calc 2**10] done"
+
+
+def test_a_call_cut_by_max_tokens_says_cut_not_failed():
+    # 4 tokens: <|python_start|> 1 2 3, so the stream ends inside the expression. The marker
+    # cannot tell this from a refused call; the status can.
+    server = serve_workers([scripted_worker(tool_call("1234*56", DONE))])
+    try:
+        chunks = chunks_of(stream_body(server, {**HI, "max_tokens": 4}))
+        whole = post(server, {**HI, "max_tokens": 4}).json()
+    finally:
+        server.stop()
+    cut = {"expression": "123", "output": None, "status": "cut"}
+    tools = [c["choices"][0]["delta"].get("chatcli_tool") for c in chunks]
+    assert [t for t in tools if t] == [cut]
+    assert content_of(chunks) == "[calc 123]"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert whole["choices"][0]["message"]["chatcli_tools"] == [cut]
+    assert whole["choices"][0]["finish_reason"] == "length"
 
 
 def test_assistant_markers_from_the_client_replay_as_calculator_calls(hello):
@@ -278,6 +297,23 @@ BAD_REQUESTS = [
     ("n of 2", {**HI, "n": 2}, "n"),
     ("negative seed", {**HI, "seed": -1}, "seed"),
     ("seed too big", {**HI, "seed": 2**64}, "seed"),
+    # A message without text is a client bug (an empty string is not: see below).
+    ("content missing", {"messages": [{"role": "user"}]}, "messages[0].content"),
+    ("content null", {"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    (
+        "assistant content null",
+        {"messages": [*turns(1), {"role": "assistant", "content": None}, *turns(1)]},
+        "messages[1].content",
+    ),
+    # Numbers are numbers: pydantic's lax mode would read "0.5" as 0.5 and true as 1.
+    ("temperature a numeric string", {**HI, "temperature": "0.5"}, "temperature"),
+    ("temperature true", {**HI, "temperature": True}, "temperature"),
+    ("top_k a numeric string", {**HI, "top_k": "5"}, "top_k"),
+    ("top_p true", {**HI, "top_p": True}, "top_p"),
+    ("max_tokens a numeric string", {**HI, "max_tokens": "8"}, "max_tokens"),
+    ("max_completion_tokens true", {**HI, "max_completion_tokens": True}, "max_completion_tokens"),
+    ("seed a numeric string", {**HI, "seed": "1"}, "seed"),
+    ("n true", {**HI, "n": True}, "n"),
 ]
 
 
@@ -298,6 +334,39 @@ def test_bad_requests_get_400_naming_the_field_and_never_reach_a_worker(hello, b
         assert param in error["message"]
     assert len(worker.engine.model.calls) == calls
     assert worker.requests_served == served
+
+
+@pytest.mark.parametrize("stream", ["yes", "true", "false", 1, 0, [], {}])
+def test_stream_must_be_true_or_false(hello, stream):
+    server, worker = hello
+    calls = len(worker.engine.model.calls)
+    response = post(server, {**HI, "stream": stream})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "stream"
+    assert error["message"].startswith("Invalid 'stream': must be true or false")
+    assert len(worker.engine.model.calls) == calls
+
+
+def test_a_null_stream_means_the_default_whole_reply(hello):
+    server, _ = hello
+    response = post(server, {**HI, "stream": None})
+    assert response.status_code == 200
+    assert response.json()["object"] == "chat.completion"
+
+
+def test_an_empty_message_is_accepted_as_openai_does(hello):
+    # The server's own reply can be empty (the model may end at once), and a client sends it
+    # back; an empty question is odd but harmless.
+    server, _ = hello
+    conversation = [
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": []},
+    ]
+    response = post(server, {"messages": conversation})
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "Hello!"
 
 
 def test_limits_at_their_bounds_are_accepted(hello):
@@ -609,3 +678,41 @@ def test_a_taken_port_is_a_fix_it_error():
         port = taken.getsockname()[1]
         with pytest.raises(ChatcliError, match=f"Cannot listen on 127.0.0.1:{port}.*--port"):
             _listen("127.0.0.1", port)
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 99999])
+def test_a_port_out_of_range_is_a_fix_it_error(port):
+    with pytest.raises(ChatcliError, match=rf"--port must be between 0 and 65535.*got {port}"):
+        _listen("127.0.0.1", port)
+
+
+# 999.1.1.1 is no address at all; 192.0.2.1 (TEST-NET-1) is one, but never this machine's.
+@pytest.mark.parametrize("host", ["999.1.1.1", "192.0.2.1"])
+def test_a_host_that_is_not_here_says_check_host_not_port(host):
+    with pytest.raises(ChatcliError, match=f"Cannot listen on {host}:0") as caught:
+        _listen(host, 0)
+    assert "--host" in str(caught.value)
+    assert "--port" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "99999"], "--port must be between 0 and 65535"),
+        (["--port", "-1"], "--port must be between 0 and 65535"),
+        (["--host", "999.1.1.1", "--port", "0"], "Check --host"),
+    ],
+)
+def test_serve_with_a_bad_address_fails_in_one_error_before_loading(
+    tmp_path, monkeypatch, args, message
+):
+    monkeypatch.setenv("CHATCLI_HOME", str(tmp_path))
+    for name in ("CHATCLI_MODEL", "CHATCLI_CONFIG", "CHATCLI_URL"):
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(cli_app, ["serve", "--model", "/no/such/model", *args])
+    # The address is checked before the model: no "No model at" error, no traceback.
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: ")
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output

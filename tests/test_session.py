@@ -8,6 +8,7 @@ import pytest
 import torch
 from fakes import DONE, ByteTokenizer, ScriptedModel, tool_call
 
+from chatcli.errors import ChatcliError, ContextOverflowError
 from chatcli.model import ERAS, GPT, GPTConfig
 from chatcli.session import ChatSession, SamplingOptions
 from chatcli.stream import TextDelta, ToolResult
@@ -239,3 +240,50 @@ def test_continue_after_an_interrupt_inside_the_forced_result_writes_the_rest_of
     assert results(continued) == [ToolResult("1234*56", "69104")]
     assert session.messages[-1]["content"] == CALL_1234
     assert session.last_reply.masks == [1] * 9 + [0] * 7 + [1] * 5
+
+
+def answers_done(generated: list[int]) -> int:
+    """A script: every reply is " done", then <|assistant_end|>."""
+    return DONE[min(len(generated), len(DONE) - 1)]
+
+
+def done_session(sequence_len: int = 256, system: str | None = None) -> ChatSession:
+    model = ScriptedModel(answers_done, sequence_len=sequence_len)
+    return ChatSession(model, ByteTokenizer(), greedy(8), system=system)
+
+
+def test_a_message_too_long_for_the_context_leaves_the_conversation_as_it_was():
+    session = done_session(sequence_len=128)
+    for question in ("one?", "two?", "three?"):
+        run(session.send(question))
+    before = session.messages
+    with pytest.raises(ContextOverflowError, match=r"This message alone needs 1\d\d tokens"):
+        session.send("x" * 130)
+    assert session.messages == before  # nothing dropped for a message that was refused
+    assert session.take_notices() == []
+    assert run(session.send("four?")) == " done"  # and the cache still serves the next turn
+    assert session.history_stats[-1].prefill_tokens < 10
+
+
+def test_a_long_system_prompt_is_named_when_it_and_the_message_do_not_fit():
+    session = done_session(sequence_len=128, system="s" * 80)
+    with pytest.raises(ContextOverflowError, match=r"The system prompt \(8\d tokens\)"):
+        session.send("y" * 50)
+    assert session.messages == [{"role": "system", "content": "s" * 80}]
+
+
+def test_a_system_prompt_that_leaves_no_room_is_refused_and_the_old_one_kept():
+    session = done_session(sequence_len=128, system="brief")
+    with pytest.raises(ContextOverflowError, match="leaving too little"):
+        session.set_system("s" * 100)
+    assert session.system == "brief"
+    session.set_system("s" * 80)  # 128 - 2 * 16 leaves room for this one
+    assert run(session.send("hi")) == " done"
+
+
+def test_continue_after_a_complete_reply_is_refused():
+    session = done_session()
+    run(session.send("hi"))
+    with pytest.raises(ChatcliError, match="nothing to continue"):
+        session.continue_reply()
+    assert len(session.messages) == 2

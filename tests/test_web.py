@@ -196,3 +196,20 @@ def test_chat_page_streams_a_reply_with_a_calculator_badge_and_stops(browser):
         assert browser.js("document.querySelectorAll('.msg').length") == 0
     finally:
         server.stop()
+
+
+def test_a_calculator_call_cut_by_the_length_limit_shows_as_cut(browser):
+    worker = scripted_worker(tool_call("1234*56", text_tokens(" done")))
+    server = serve_workers([worker], name="scripted-web")
+    try:
+        browser.open(server.url + "/")
+        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('input')")
+        # <|python_start|> then "123": the length limit stops the call inside its expression.
+        browser.js("document.getElementById('max-tokens').value = '4'")
+        browser.type("#input", "what is 1234*56?")
+        browser.click("#send")
+        browser.wait_for("document.querySelector('.msg.assistant')?.dataset.done === 'true'")
+        badge = browser.js("document.querySelector('.msg.assistant .calc-badge').textContent")
+        assert badge == "calc 123 … (cut)"
+    finally:
+        server.stop()
