@@ -33,6 +33,7 @@ from chatcli.commands import (
 )
 from chatcli.conversation_store import (
     ConversationFile,
+    ConversationSink,
     NewConversation,
     export_json,
     export_markdown,
@@ -40,7 +41,7 @@ from chatcli.conversation_store import (
     read_conversation,
     resolve_conversation,
 )
-from chatcli.errors import ChatcliError
+from chatcli.errors import ChatcliError, ConversationFileError
 from chatcli.settings import Settings, format_setting
 from chatcli.stream import StreamEvent
 
@@ -183,7 +184,7 @@ class ChatCommands:
         session: Session,
         screen: Screen,
         settings: Settings,
-        conversation: ConversationFile | NewConversation | None,
+        conversation: ConversationSink | None,
         conversations_dir: Path,
         model_info: Mapping[str, object] | None,
     ) -> None:
@@ -226,8 +227,16 @@ class ChatCommands:
     def send(self, text: str) -> None:
         events = self.session.send(text)  # a message that cannot fit raises here, unsaved
         self.retries = 0
-        self._save(lambda c: c.append_message({"role": "user", "content": text}))
-        self.stream(events, replace=False)
+        question = {"role": "user", "content": text}
+        self._save(lambda c: c.append_message(question))
+        try:
+            self.stream(events, replace=False)
+        finally:
+            # A server refuses a message only once it is sent, and the session takes the
+            # question back: so must the file. (It is the last message, or the one before
+            # the reply, while the conversation keeps it.)
+            if question not in self.session.messages[-2:]:
+                self._save(lambda c: c.append_undo())
 
     def stream(self, events: Iterator[StreamEvent], replace: bool) -> None:
         """Shows one streamed reply, then its status line, then saves it."""
@@ -268,9 +277,16 @@ class ChatCommands:
         else:
             self._save(lambda c: c.append_message(reply.message, meta))
 
-    def _save(self, write: Callable[[ConversationFile | NewConversation], None]) -> None:
-        if self.conversation is not None:
+    def _save(self, write: Callable[[ConversationSink], None]) -> None:
+        if self.conversation is None:
+            return
+        try:
             write(self.conversation)
+        except ConversationFileError as e:
+            # Saving is a convenience: a full disk or an unwritable folder should not end
+            # the chat, nor repeat its error at every turn.
+            self.conversation = None
+            self.screen.error(f"{_one_line(e)} This conversation is not saved from here on.")
 
     def show_notices(self) -> None:
         for notice in self.session.take_notices():
@@ -332,9 +348,10 @@ class ChatCommands:
         self.screen.notice(f"{name} = {format_setting(name, value)}")
         return True
 
-    def _show_setting(self, name: str) -> bool:
+    def _setting_values(self) -> dict[str, object]:
+        """The settings a command changes, as format_setting takes them."""
         options = self.session.options
-        values = {
+        return {
             "temperature": options.temperature,
             "top_k": options.top_k or 0,
             "top_p": options.top_p or 1.0,
@@ -343,7 +360,9 @@ class ChatCommands:
             "tools": options.tools,
             "raw": self.raw,
         }
-        shown = format_setting(name, values[name])
+
+    def _show_setting(self, name: str) -> bool:
+        shown = format_setting(name, self._setting_values()[name])
         self.screen.notice(f"{name} = {shown} ({find_command(name).usage} changes it)")
         return True
 
@@ -403,17 +422,13 @@ class ChatCommands:
         return True
 
     def cmd_settings(self, _: None) -> bool:
-        options = self.session.options
         model = self.model_info.get("tag") or self.model_info.get("path")
         rows = [
             ("model", str(model) if model else format_setting("model", self.settings.model)),
-            ("temperature", format_setting("temperature", options.temperature)),
-            ("top_k", format_setting("top_k", options.top_k or 0)),
-            ("top_p", format_setting("top_p", options.top_p or 1.0)),
-            ("max_tokens", format_setting("max_tokens", options.max_tokens)),
-            ("seed", format_setting("seed", options.seed)),
-            ("tools", _on_off(options.tools)),
-            ("raw", _on_off(self.raw)),
+            *(
+                (name, format_setting(name, value))
+                for name, value in self._setting_values().items()
+            ),
             ("markdown", self.settings.markdown),
             ("system", format_setting("system", self.session.system)),
             ("context", f"{self.session.context_len} tokens"),
@@ -602,8 +617,10 @@ class ChatCommands:
 
     def goodbye(self) -> None:
         """On leaving: where the conversation was saved, and how to pick it up again."""
-        if self.conversation is not None and any(
-            m["role"] != "system" for m in self.session.messages
+        if (
+            self.conversation is not None
+            and self.conversation.id is not None
+            and any(m["role"] != "system" for m in self.session.messages)
         ):
             cid = self.conversation.id
             self.screen.notice(f"Saved as {cid}; chatcli chat --resume {cid} picks it up.")

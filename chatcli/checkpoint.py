@@ -237,7 +237,8 @@ def resolve_checkpoint(
             # Quietly loading the sft model would answer as if the asked-for one had.
             raise CheckpointError(
                 f"The embedded default model has only an sft checkpoint, not {source!r}. "
-                "Drop --source, or pass --model PATH to a nanochat checkpoint that has it."
+                "Leave the source at sft (--source, CHATCLI_SOURCE or the config's source), "
+                "or pass --model PATH to a nanochat checkpoint that has it."
             )
         return resolve_checkpoint(EMBEDDED_DIR, source="sft", tag=tag, step=step)
     p = Path(path).expanduser()

@@ -37,7 +37,8 @@ class CommandError(ChatcliError):
 @dataclass(frozen=True)
 class Command:
     """A parsed command. `arg` is the typed argument, or None when the command takes none
-    (or it was left out, e.g. /system to show, /help for all, /save without a name)."""
+    (or it was left out, e.g. /system to show, /help for all, /save without a name); a
+    setting's command typed alone has SHOW_SETTING."""
 
     name: str
     arg: object = None
@@ -136,7 +137,7 @@ def _help(spec: CommandSpec, rest: str) -> str | None:
 
 def _setting_details(name: str) -> str:
     rule = SETTING_RULES[name]
-    return f"Takes {rule.expected}, e.g. /{name} {rule.example}."
+    return f"Takes {rule.expected}, e.g. /{name} {rule.example}; alone, shows the value."
 
 
 _SPECS = (

@@ -28,7 +28,7 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from chatcli.errors import ConversationFileError
 
@@ -88,6 +88,13 @@ def message_problem(message: object) -> str | None:
         ):
             return f"each part must be {{'type': {'|'.join(PART_TYPES)}, 'text': str}}"
     return None
+
+
+def _require_valid(message: dict[str, Any]) -> None:
+    # Our own code builds these messages, so a bad one is a bug, not a user error.
+    problem = message_problem(message)
+    if problem is not None:
+        raise ValueError(f"invalid message: {problem}")
 
 
 def sanitize_name(name: str) -> str:
@@ -198,7 +205,7 @@ class ConversationFile:
 
     def append_message(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
         """Record a user or assistant message; `meta` holds e.g. finish_reason, seed, stats."""
-        self._check_message(message)
+        _require_valid(message)
         if message["role"] == "system":
             raise ValueError("set the system prompt with append_system(), not as a message")
         record: dict[str, Any] = {"type": "message", "message": message}
@@ -216,20 +223,13 @@ class ConversationFile:
 
     def replace_last(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
         """Record a new version of the last assistant message (/retry, /continue)."""
-        self._check_message(message)
+        _require_valid(message)
         if message["role"] != "assistant":
             raise ValueError("replace_last() takes an assistant message")
         record: dict[str, Any] = {"type": "replace_last", "message": message}
         if meta:
             record["meta"] = meta
         self._append(record)
-
-    @staticmethod
-    def _check_message(message: dict[str, Any]) -> None:
-        # Our own code builds these messages, so a bad one is a bug, not a user error.
-        problem = message_problem(message)
-        if problem is not None:
-            raise ValueError(f"invalid message: {problem}")
 
     def _append(self, record: dict[str, Any]) -> None:
         data = _encode(record)
@@ -250,6 +250,27 @@ class ConversationFile:
                 f"Cannot save to {self.path} ({e}). Check free space and permissions, "
                 "or set CHATCLI_CONVERSATIONS_DIR."
             ) from None
+
+
+class ConversationSink(Protocol):
+    """Where a chat records its events: an open ConversationFile, or a NewConversation
+    that makes its file at the first message."""
+
+    @property
+    def id(self) -> str | None: ...
+
+    @property
+    def path(self) -> Path | None: ...
+
+    def append_message(
+        self, message: dict[str, Any], meta: dict[str, Any] | None = None
+    ) -> None: ...
+
+    def append_system(self, text: str | None) -> None: ...
+
+    def append_undo(self) -> None: ...
+
+    def replace_last(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None: ...
 
 
 class NewConversation:
@@ -274,7 +295,7 @@ class NewConversation:
 
     def append_message(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
         if self.file is None:
-            ConversationFile._check_message(message)  # a bad message leaves no file either
+            _require_valid(message)  # a bad message leaves no file either
             created = ConversationFile.create(self.directory, model=self.model)
             if self.system:
                 created.append_system(self.system)

@@ -31,7 +31,7 @@ from prompt_toolkit.styles import Style
 
 from chatcli.chat_commands import ChatCommands, Session
 from chatcli.commands import COMMANDS, SYSTEM_CLEAR, CommandError, find_command
-from chatcli.conversation_store import SUFFIX, ConversationFile, NewConversation
+from chatcli.conversation_store import SUFFIX, ConversationSink
 from chatcli.render import (
     ReplyRenderer,
     render_error,
@@ -305,7 +305,7 @@ def run_repl(
     *,
     settings: Settings,
     console: Console,
-    conversation: ConversationFile | NewConversation | None,
+    conversation: ConversationSink | None,
     conversations_dir: Path,
     model_info: Mapping[str, object] | None = None,
     input: Input | None = None,

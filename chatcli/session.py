@@ -70,6 +70,7 @@ class ChatSession:
         self._ids = {
             name: s(name) for name in (USER_START, USER_END, ASSISTANT_START, ASSISTANT_END)
         }
+        self.set_system(self.system)  # --system or the config's: refused at the start if too long
 
     # ---- the conversation ---------------------------------------------------------------------
 
@@ -92,15 +93,12 @@ class ChatSession:
         """Set (or with None remove) the system prompt. One that leaves no room in the
         context for a message and a reply is refused, the old one kept."""
         if text:
-            # <|bos|>, <|user_start|>, the text and its "\n\n", <|user_end|>,
-            # <|assistant_start|>: what every first turn starts with.
-            needed = len(self._user_tokens("", first=False)) + len(
-                self.tokenizer.encode(f"{text}\n\n")
-            )
-            if needed + 2 * SYSTEM_MIN_ROOM > self.context_len:
+            cost = self._system_cost(text)
+            # <|bos|>, <|user_start|>, <|user_end|>, <|assistant_start|> around it
+            if cost + 4 + 2 * SYSTEM_MIN_ROOM > self.context_len:
                 raise ContextOverflowError(
-                    f"This system prompt takes {needed} of the model's {self.context_len}-token "
-                    "context, leaving too little for a message and a reply. Shorten it."
+                    f"This system prompt takes {cost} tokens of the model's {self.context_len}-"
+                    "token context, leaving too little for a message and a reply. Shorten it."
                 )
         self.system = text or None
         self._retokenize()
@@ -133,6 +131,11 @@ class ChatSession:
         tokens.append(self._ids[ASSISTANT_START])
         return tokens
 
+    def _system_cost(self, system: str | None) -> int:
+        """The tokens a system prompt adds to the first user message it is merged into (its
+        text and the blank line after it), as both context checks count it."""
+        return len(self.tokenizer.encode(f"{system}\n\n")) if system else 0
+
     def _user_tokens(self, text: str, first: bool) -> list[int]:
         # nanochat has no system role: the system text is merged into the first user message.
         if first and self.system:
@@ -151,17 +154,22 @@ class ChatSession:
             elif not e.tokens:
                 e.tokens = self._assistant_tokens(e.message)
 
-    def _fit_context(self, user_tokens: int, reserve: int) -> None:
-        """Drop the oldest exchanges when the prompt plus a reply budget would not fit.
+    def _fit_context(self, text: str, reserve: int) -> None:
+        """Drop the oldest exchanges when the prompt, the message `text` and a reply budget
+        would not fit.
 
         It drops down to CONTEXT_REFILL_FRACTION of the context rather than just enough: each
         drop changes the prompt's start and costs a full re-prefill, so freeing room for
         several turns at once keeps the next turns on the warm cache.
         """
         limit = self.context_len
+        as_first, as_later = (len(self._user_tokens(text, first)) for first in (True, False))
 
         def needed() -> int:
-            return sum(len(e.tokens) for e in self.entries) + user_tokens + 2 + reserve
+            # <|bos|> and <|assistant_start|>; the message carries the system prompt when
+            # it is the only one left
+            message = as_later if self.entries else as_first
+            return sum(len(e.tokens) for e in self.entries) + message + 2 + reserve
 
         if needed() <= limit:
             return
@@ -169,9 +177,9 @@ class ChatSession:
         while needed() > CONTEXT_REFILL_FRACTION * limit:
             if not self.undo_oldest():
                 break
+            self._retokenize()  # the new first message takes the system prompt in
             dropped += 1
         if dropped:
-            self._retokenize()
             self.notices.append(
                 TurnNotice(
                     f"Context full: dropped the {dropped} oldest exchange"
@@ -204,14 +212,22 @@ class ChatSession:
         dropped: the conversation stays as it was.
         """
         self._check_fits_alone(text)
-        self._forked = None  # sample rows not taken are dropped with their memory
-        first = not self.entries
-        user = _Entry({"role": "user", "content": text}, self._user_tokens(text, first))
+        # What to put back if the message still does not fit after the drops.
+        before, notices = [(e, e.tokens) for e in self.entries], len(self.notices)
         reserve = min(self.options.max_tokens, max(self.context_len // 4, 16))
-        self._fit_context(len(user.tokens), reserve)
-        if not self.entries:
-            user.tokens = self._user_tokens(text, True)
+        self._fit_context(text, reserve)
+        user = _Entry({"role": "user", "content": text}, self._user_tokens(text, not self.entries))
         self.entries.append(user)
+        if len(self.prompt_tokens()) >= self.context_len:  # _check_fits_alone should see to it
+            self.entries = [e for e, _ in before]
+            for e, tokens in before:
+                e.tokens = tokens
+            del self.notices[notices:]
+            raise ContextOverflowError(
+                f"This message does not fit the model's {self.context_len}-token context. "
+                "Send a shorter one, or /clear to start afresh."
+            )
+        self._forked = None  # sample rows not taken are dropped with their memory
 
     def _check_fits_alone(self, text: str) -> None:
         # <|bos|>, the message (with the system prompt) and <|assistant_start|>, with room
@@ -221,7 +237,7 @@ class ChatSession:
             return
         limit = self.context_len
         if self.system:
-            system = len(self._user_tokens("", first=True)) + 2
+            system = self._system_cost(self.system)
             if system >= limit // 2:
                 raise ContextOverflowError(
                     f"The system prompt ({system} tokens) and this message need {alone} "

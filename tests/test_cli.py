@@ -300,11 +300,19 @@ def test_bench_table_names_the_step_kernel_and_the_threads_decode_settled_on(mon
 
 
 def test_once_that_fails_does_not_say_interrupted():
-    # Nothing listens on port 9 (discard): the request fails, nobody pressed Ctrl-C.
-    result = runner.invoke(app, ["once", "hi", "--url", "http://127.0.0.1:9"])
+    pytest.importorskip("fastapi")
+    from serving import END, scripted_worker, serve_workers
+
+    # The server takes top_k up to 200: it refuses the request once the reply is asked for,
+    # and nobody pressed Ctrl-C.
+    server = serve_workers([scripted_worker(lambda history: END)])
+    try:
+        result = runner.invoke(app, ["once", "hi", "--url", server.url, "--top-k", "500"])
+    finally:
+        server.stop()
     assert result.exit_code == 1
     assert "[interrupted]" not in result.stdout
-    assert "Error:" in result.stderr
+    assert "refused the request (400)" in result.stderr
 
 
 def test_once_with_a_source_the_embedded_model_lacks_says_so():

@@ -264,7 +264,7 @@ def test_help_text_for_one_command() -> None:
     assert help_text("temperature") == (
         "/temperature X\n"
         "  Set the sampling temperature (0 = always the likeliest token).\n"
-        "  Takes a number between 0 and 2, e.g. /temperature 0.7."
+        "  Takes a number between 0 and 2, e.g. /temperature 0.7; alone, shows the value."
     )
     assert help_text("/quit").splitlines()[-1] == "  Also: /quit, /bye"
 

@@ -560,7 +560,8 @@ def test_help_lists_every_command_and_details_one(tmp_path):
     assert run.lines[-3:] == [
         "/top_k K",
         "  Sample only among the K likeliest tokens (0 = off).",
-        "  Takes a whole number between 0 and 1000 (0 or off turns it off), e.g. /top_k 50.",
+        "  Takes a whole number between 0 and 1000 (0 or off turns it off), e.g. /top_k 50;"
+        " alone, shows the value.",
     ]
 
 
@@ -864,3 +865,57 @@ def test_a_setting_command_alone_shows_the_value_and_changes_nothing(tmp_path):
         "seed = random (/seed N|random changes it)",
     ]
     assert session.options.temperature == 0.2
+
+
+def piped_chat(session, conversation, folder: Path, text: str) -> list[str]:
+    """run_repl over piped lines; the console's lines."""
+    console = Console(file=StringIO(), width=200, color_system=None, theme=CHAT_THEME)
+    run_repl(
+        session,
+        settings=Settings(history=False),
+        console=console,
+        conversation=conversation,
+        conversations_dir=folder,
+        lines=StringIO(text),
+    )
+    return [line.rstrip() for line in console.file.getvalue().splitlines()]
+
+
+def test_a_conversation_that_cannot_be_saved_says_so_once_and_the_chat_goes_on(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    folder = tmp_path / "a-file" / "conversations"  # under a file: no folder can be made
+    session = FakeSession("hi", "hey")
+    lines = piped_chat(session, NewConversation(folder), folder, "hello\nagain\n")
+    errors = [line for line in lines if line.startswith("Error:")]
+    assert len(errors) == 1
+    assert errors[0].endswith("This conversation is not saved from here on.")
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == ["hello", "again"]
+    assert not any(line.startswith("Saved as") for line in lines)  # no "Saved as None"
+
+
+def test_a_message_the_server_refuses_leaves_the_file_as_the_conversation(tmp_path):
+    pytest.importorskip("fastapi")
+    from serving import END, scripted_worker, serve_workers, text_tokens
+
+    from chatcli.remote import RemoteSession
+
+    sentence = text_tokens(" ok.")
+
+    def script(history: list[int]) -> int:
+        return sentence[len(history)] if len(history) < len(sentence) else END
+
+    server = serve_workers([scripted_worker(script)])
+    folder = tmp_path / "conversations"
+    try:
+        session = RemoteSession(server.url, options=SamplingOptions(temperature=0.5))
+        conversation = NewConversation(folder, model="remote")
+        # The server takes top_k up to 200: the second message is refused once sent.
+        lines = piped_chat(session, conversation, folder, "hello\n/top_k 500\nagain\n")
+    finally:
+        server.stop()
+    assert any("refused the request (400)" in line for line in lines)
+    assert session.messages == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": [{"type": "text", "text": " ok."}]},
+    ]
+    assert read_conversation(conversation.path).messages == session.messages

@@ -257,7 +257,7 @@ def test_a_message_too_long_for_the_context_leaves_the_conversation_as_it_was():
     for question in ("one?", "two?", "three?"):
         run(session.send(question))
     before = session.messages
-    with pytest.raises(ContextOverflowError, match=r"This message alone needs 1\d\d tokens"):
+    with pytest.raises(ContextOverflowError, match=r"This message alone needs 134 tokens"):
         session.send("x" * 130)
     assert session.messages == before  # nothing dropped for a message that was refused
     assert session.take_notices() == []
@@ -267,14 +267,17 @@ def test_a_message_too_long_for_the_context_leaves_the_conversation_as_it_was():
 
 def test_a_long_system_prompt_is_named_when_it_and_the_message_do_not_fit():
     session = done_session(sequence_len=128, system="s" * 80)
-    with pytest.raises(ContextOverflowError, match=r"The system prompt \(8\d tokens\)"):
+    with pytest.raises(
+        ContextOverflowError,
+        match=r"The system prompt \(82 tokens\) and this message need 136 tokens",
+    ):
         session.send("y" * 50)
     assert session.messages == [{"role": "system", "content": "s" * 80}]
 
 
 def test_a_system_prompt_that_leaves_no_room_is_refused_and_the_old_one_kept():
     session = done_session(sequence_len=128, system="brief")
-    with pytest.raises(ContextOverflowError, match="leaving too little"):
+    with pytest.raises(ContextOverflowError, match=r"takes 102 tokens .* too little"):
         session.set_system("s" * 100)
     assert session.system == "brief"
     session.set_system("s" * 80)  # 128 - 2 * 16 leaves room for this one
@@ -287,3 +290,24 @@ def test_continue_after_a_complete_reply_is_refused():
     with pytest.raises(ChatcliError, match="nothing to continue"):
         session.continue_reply()
     assert len(session.messages) == 2
+
+
+def test_dropping_exchanges_counts_the_system_prompt_the_new_first_message_takes_in():
+    # 148 tokens of system prompt ride on the first message; dropping that exchange moves
+    # them onto the next one, which the drop must count (it once stopped one drop short).
+    long_reply = {"on": False}
+
+    def script(generated: list[int]) -> int:
+        return ord("a") if long_reply["on"] else answers_done(generated)
+
+    model = ScriptedModel(script, sequence_len=256)
+    options = SamplingOptions(temperature=0.0, top_k=None, max_tokens=64, seed=1)
+    session = ChatSession(model, ByteTokenizer(), options, system="s" * 148)
+    run(session.send("hi"))
+    long_reply["on"] = True
+    run(session.send("q" * 26))  # a reply cut at 64 tokens
+    long_reply["on"] = False
+    assert run(session.send("z" * 28)) == " done"
+    assert session.history_stats[-1].context_used <= 256
+    assert any("dropped" in n.text for n in session.take_notices())
+    assert session.messages[0] == {"role": "system", "content": "s" * 148}
