@@ -505,7 +505,12 @@ class ChatCommands:
                 "/samples is not supported against a server; it needs a local model."
             )
         self.samples_next = n
-        self.screen.notice(f"Your next message gets {n} replies side by side; you keep one.")
+        same = (
+            " At temperature 0 they are all the same reply: /temperature 0.8 varies them."
+            if self.session.options.temperature == 0
+            else ""
+        )
+        self.screen.notice(f"Your next message gets {n} replies side by side; you keep one.{same}")
         return True
 
     # ---- files ----------------------------------------------------------------------------------
@@ -533,7 +538,7 @@ class ChatCommands:
             self.screen.notice(f"{path.name}: {warning}")
         self.session.load_messages(loaded.messages)
         self.retries = 0
-        self.conversation = ConversationFile(path, str(loaded.header.get("id") or path.stem))
+        self.conversation = ConversationFile(path, path.stem)  # what --resume and /load take
         count = sum(1 for m in loaded.messages if m["role"] != "system")
         self.screen.notice(f"Loaded {count} messages from {self.conversation.id}.")
         return True

@@ -80,8 +80,26 @@ def pick_device(device: str = "auto") -> torch.device:
         return torch.device("cpu")
     if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
         raise CheckpointError(f"Unknown device {device!r}; use auto, cpu, cuda or mps.")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise CheckpointError("--device cuda was asked for, but no CUDA GPU is available.")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise CheckpointError(
+                f"Device {device!r} was asked for, but no CUDA GPU is available. "
+                "Use --device auto or cpu."
+            )
+        index = device.partition(":")[2]
+        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+            raise CheckpointError(
+                f"Device {device!r} was asked for, but this machine has "
+                f"{torch.cuda.device_count()} CUDA GPU(s): cuda:0 to "
+                f"cuda:{torch.cuda.device_count() - 1}."
+            )
+    if device == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise CheckpointError(
+                "Device 'mps' was asked for, but this machine has no Apple GPU that torch "
+                "can use. Use --device auto or cpu."
+            )
     return torch.device(device)
 
 
@@ -512,6 +530,7 @@ class CheckpointSummary:
     num_params: int
     size_bytes: int
     path: Path
+    problem: str | None = None  # why it could not be read (then era and num_params are empty)
 
 
 def _summarize(name: str, ref: CheckpointRef) -> CheckpointSummary:
@@ -545,6 +564,13 @@ def list_checkpoints(base_dir: Path | None = None) -> list[CheckpointSummary]:
                 try:
                     ref = _ref_in_folder(tag_dir, step, tag_dir.name, source)
                     found.append(_summarize(str(base), ref))
-                except CheckpointError:
-                    continue  # a half-written or foreign folder: listing skips it
+                except CheckpointError as e:
+                    # Listed with its problem: a checkpoint left out looked like none at all.
+                    path = tag_dir / f"model_{step:06d}.pt"
+                    size = path.stat().st_size if path.is_file() else 0
+                    found.append(
+                        CheckpointSummary(
+                            str(base), source, tag_dir.name, step, "-", 0, size, path, str(e)
+                        )
+                    )
     return found

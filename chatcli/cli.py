@@ -83,7 +83,10 @@ ModelOpt = Annotated[
     typer.Option("--model", "-m", help="Checkpoint: base dir, folder, model_*.pt or tag."),
 ]
 SourceOpt = Annotated[str | None, typer.Option(help="Checkpoint kind: sft, rl, base or mid.")]
-StepOpt = Annotated[int | None, typer.Option(help="Checkpoint step (default: the last).")]
+# Text, checked by settings.validate_setting like the config's and CHATCLI_STEP: "latest" too.
+StepOpt = Annotated[
+    str | None, typer.Option(metavar="N|latest", help="Checkpoint step (default: latest).")
+]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto, cpu, cuda or mps.")]
 DtypeOpt = Annotated[str | None, typer.Option(help="auto, float32 or bfloat16.")]
 QuantizeOpt = Annotated[
@@ -260,17 +263,19 @@ def chat(
     try:
         settings = _settings(**_setting_flags(locals()))
         console = make_console()
-        with console.status("Loading model…", spinner="dots"):
-            session, info = _load_session(settings, softcap, url, api_key, model, compile_model)
-        render_banner(console, info)
         folder = conversations_dir()
-        if resume is not None:
+        loaded = path = None
+        if resume is not None:  # a name that finds nothing should not wait for the model
             path = latest_conversation(folder) if resume == "last" else None
             if resume != "last":
                 path = resolve_conversation(folder, resume)
             if path is None:
                 raise ChatcliError(f"No saved conversation to resume in {folder}.")
             loaded = read_conversation(path)
+        with console.status("Loading model…", spinner="dots"):
+            session, info = _load_session(settings, softcap, url, api_key, model, compile_model)
+        render_banner(console, info)
+        if loaded is not None and path is not None:
             for warning in loaded.warnings:
                 render_notice(console, warning)
             session.load_messages(loaded.messages)
@@ -444,16 +449,20 @@ def models(
             c.tag or "-",
             str(c.step),
             c.era,
-            f"{c.num_params / 1e6:.1f}M",
+            f"{c.num_params / 1e6:.1f}M" if c.problem is None else "-",
             f"{c.size_bytes / 1e6:.1f} MB",
-            str(c.path),
+            str(c.path) if c.problem is None else f"{c.path} (unreadable)",
         )
         for c in found
     ]
     render_table(console, ("model", "source", "tag", "step", "era", "params", "size", "path"), rows)
+    errors = make_console(file=sys.stderr)
+    for c in found:
+        if c.problem is not None:
+            render_notice(errors, f"{c.path}: {c.problem}")
     if base_dir is not None and all(c.name == "embedded" for c in found):
         render_notice(
-            make_console(file=sys.stderr),
+            errors,
             f"No checkpoints in {base_dir}: it holds no chatsft_checkpoints, base_checkpoints, "
             "... folder with a model_*.pt.",
         )

@@ -200,8 +200,9 @@ class ConversationFile:
     @classmethod
     def open(cls, path: Path) -> ConversationFile:
         """Reopen an existing file to append to it (after --resume or /load)."""
-        result = read_conversation(path)
-        return cls(path, str(result.header.get("id") or path.stem))
+        read_conversation(path)  # a file that is not a conversation raises here
+        # Its name, not the header's id: a copied or renamed file is resumed by its name.
+        return cls(path, path.stem)
 
     def append_message(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
         """Record a user or assistant message; `meta` holds e.g. finish_reason, seed, stats."""
@@ -438,17 +439,41 @@ def read_conversation(path: Path) -> LoadResult:
             warnings.append(f"line {number}: {problem}; skipped")
     if header is None:
         raise _not_a_conversation(path, "it is empty")
-    return LoadResult(messages, header, warnings, recovered)
+    return LoadResult(_alternating(messages, warnings), header, warnings, recovered)
+
+
+def _alternating(messages: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:
+    """The messages with user and assistant alternating, as nanochat's format and every
+    server need: a damaged line can leave a reply without its question (dropped) or a
+    question without its reply before the next one (the earlier dropped). Each drop adds a
+    warning. The system prompt stays first; a last question without a reply stays (/retry
+    answers it)."""
+    head = [m for m in messages[:1] if m["role"] == "system"]
+    kept: list[dict[str, Any]] = []
+    for message in messages[len(head) :]:
+        expected = "user" if not kept or kept[-1]["role"] == "assistant" else "assistant"
+        if message["role"] == expected:
+            kept.append(message)
+        elif message["role"] == "assistant":
+            warnings.append(f"a reply without its question dropped: {_snippet(message)!r}")
+        else:
+            dropped = kept.pop()
+            warnings.append(f"a question without its reply dropped: {_snippet(dropped)!r}")
+            kept.append(message)
+    return head + kept
 
 
 def _preview(messages: list[dict[str, Any]]) -> str:
-    for message in messages:
-        if message["role"] == "user":
-            text = " ".join(str(message["content"]).split())
-            if len(text) > PREVIEW_CHARS:
-                return text[: PREVIEW_CHARS - 1] + "…"
-            return text
-    return ""
+    """The first question, shortened: what /history shows of a conversation."""
+    return next((_snippet(m) for m in messages if m["role"] == "user"), "")
+
+
+def _snippet(message: dict[str, Any]) -> str:
+    content = message["content"]
+    if isinstance(content, list):  # an assistant's parts
+        content = "".join(part["text"] for part in content)
+    text = " ".join(str(content).split())
+    return text[: PREVIEW_CHARS - 1] + "…" if len(text) > PREVIEW_CHARS else text
 
 
 def _conversation_files(directory: Path) -> list[Path]:

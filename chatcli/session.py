@@ -21,7 +21,7 @@ import torch
 from chatcli.engine import Engine, GenerationStats
 from chatcli.errors import ChatcliError, ContextOverflowError
 from chatcli.kv_cache import KVCache, SharedPrefixCache
-from chatcli.special_tokens import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
+from chatcli.special_tokens import ASSISTANT_END, ASSISTANT_START, PYTHON_END, USER_END, USER_START
 from chatcli.stream import StreamEvent, TokenDecoder, decode_assistant_parts
 from chatcli.tokenizer import Tokenizer
 from chatcli.turns import (
@@ -68,7 +68,8 @@ class ChatSession:
         self.history_stats: list[TurnStats] = []
         s = self.tokenizer.encode_special
         self._ids = {
-            name: s(name) for name in (USER_START, USER_END, ASSISTANT_START, ASSISTANT_END)
+            name: s(name)
+            for name in (USER_START, USER_END, ASSISTANT_START, ASSISTANT_END, PYTHON_END)
         }
         self.set_system(self.system)  # --system or the config's: refused at the start if too long
 
@@ -267,6 +268,18 @@ class ChatSession:
             )
         last = self.entries.pop()
         body = last.tokens[1:-1]  # without <|assistant_start|> and <|assistant_end|>
+        parts = last.message["content"]
+        if (
+            last.finish is None  # rendered from a saved message, not the tokens generated
+            and body[-1:] == [self._ids[PYTHON_END]]
+            and isinstance(parts, list)
+            and parts
+            and parts[-1]["type"] == "python"
+        ):
+            # A saved reply that ends in a calculator call without its result was cut inside
+            # the call (or ended after a refused one): rendering it closed the call, and
+            # continuing from there would run the calculator on the cut expression.
+            body = body[:-1]
         return self._stream(prefix=body)
 
     def sample_replies(self, text: str, n: int) -> list[Reply]:
@@ -354,13 +367,6 @@ class ChatSession:
         prefix = list(prefix or [])
         prompt = self.prompt_tokens() + prefix
         stats = TurnStats(tokens_in=len(prompt), context_len=self.context_len, seed=seed)
-        if len(prompt) > CONTEXT_WARN_FRACTION * self.context_len:
-            self.notices.append(
-                TurnNotice(
-                    f"Context {len(prompt)}/{self.context_len} tokens: older exchanges will be "
-                    "dropped soon (/clear starts afresh)."
-                )
-            )
         # A continued reply keeps what it had, and picks up where it stopped: inside a
         # calculator call, or with the rest of the calculator's result still to write.
         resume, masks = self.engine.replay_tool_use(prefix)
@@ -433,6 +439,15 @@ class ChatSession:
             (generated - 1) / gen.decode_s if gen.decode_s > 0 and generated > 1 else 0.0
         )
         stats.context_used = stats.tokens_in + generated
+        if stats.context_used > CONTEXT_WARN_FRACTION * self.context_len:
+            # Said after the reply, before the next message: that message's turn is the one
+            # that drops (before it, a drop made room and left no prompt to warn about).
+            self.notices.append(
+                TurnNotice(
+                    f"Context {stats.context_used}/{self.context_len} tokens: the next turns "
+                    "drop the oldest exchanges to make room (/clear starts afresh)."
+                )
+            )
         reply = Reply(parts, list(body), masks[: len(body)], stats)
         self.last_reply = reply
         self.history_stats.append(stats)

@@ -23,6 +23,7 @@ from chatcli.special_tokens import (
     SPECIAL_TOKENS,
 )
 from chatcli.stream import TextDelta
+from chatcli.tokenizer import Tokenizer
 
 N_BYTES = 256
 VOCAB_SIZE = N_BYTES + len(SPECIAL_TOKENS)  # 265
@@ -56,6 +57,10 @@ class ByteTokenizer:
 
     def get_vocab_size(self) -> int:
         return VOCAB_SIZE
+
+    # The real tokenizer's rendering of a saved conversation, over these ids.
+    _special = SPECIAL_IDS
+    render_conversation = Tokenizer.render_conversation
 
 
 # A script maps one row's continuation (the tokens after the prompt, forced ones included)

@@ -14,6 +14,7 @@ from chatcli.checkpoint import (
     Precision,
     build_model,
     load_model,
+    pick_device,
     pick_precision,
     read_state_dict,
     resolve_checkpoint,
@@ -384,3 +385,17 @@ def test_embedding_tables_do_not_count_toward_a_large_model():
     assert pick_precision(torch.device("cpu"), matrix_params=saved_matrix_params(sd)).decode
     embedded = read_state_dict(resolve_checkpoint(None).model_file)
     assert saved_matrix_params(embedded) < LARGE_MODEL_MATRIX_PARAMS
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a CPU-only machine")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_cuda_device_on_a_machine_without_one_is_a_fix_it_error(device):
+    with pytest.raises(CheckpointError, match=rf"Device '{device}' was asked for, but no CUDA GPU"):
+        pick_device(device)
+
+
+def test_mps_on_a_machine_without_it_is_a_fix_it_error(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(CheckpointError, match="no Apple GPU"):
+        pick_device("mps")
+    assert pick_device("cpu") == torch.device("cpu")

@@ -136,8 +136,7 @@ def test_errors_are_one_line_and_exit_nonzero():
         ),
         (
             ["once", "hi", "--step", "x"],
-            "Error: Invalid value for '--step': Input should be a valid integer, unable to parse "
-            "string as an integer. See chatcli once --help.",
+            "Error: --step: step must be a whole number of at least 0, or latest, got 'x'",
         ),
         (["chta"], "Error: No such command 'chta'. Did you mean 'chat'? See chatcli --help."),
     ],
@@ -333,3 +332,24 @@ def test_bench_says_a_time_ratio_the_way_round_that_reads():
     assert _times_faster(0.0167, 0.0049) == "3.41x faster"
     assert _times_faster(0.0035, 0.0041) == "1.17x slower"
     assert _times_faster(0.004, 0.004) == "1.0x faster"
+
+
+def test_step_takes_latest_as_the_config_does():
+    result = runner.invoke(app, ["once", "What is 2+2?", "--step", "latest", "-t", "0"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["once", "hi", "--step", "soon"])
+    assert result.exit_code == 1
+    assert "--step: step must be a whole number of at least 0, or latest" in result.stderr
+
+
+def test_models_lists_a_checkpoint_it_cannot_read_and_says_why(tmp_path):
+    tag = tmp_path / "chatsft_checkpoints" / "d20"
+    tag.mkdir(parents=True)
+    (tag / "model_000650.pt").write_bytes(b"not a checkpoint")
+    result = runner.invoke(app, ["models", "--base-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if "model_000650.pt" in line)
+    assert row.split()[:6] == [str(tmp_path), "sft", "d20", "650", "-", "-"]
+    assert row.rstrip().endswith("(unreadable)")
+    assert f"{tag / 'model_000650.pt'}: No tokenizer.pkl found" in result.stderr
+    assert "No checkpoints in" not in result.stderr

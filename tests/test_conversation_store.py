@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from chatcli.conversation_store import (
+    SUFFIX,
     ConversationFile,
     NewConversation,
     export_json,
@@ -512,3 +513,39 @@ def test_a_new_conversation_has_no_file_until_its_first_message(tmp_path: Path) 
 def test_replace_last_before_any_message_is_a_bug(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="before any message"):
         NewConversation(tmp_path).replace_last(assistant("a"))
+
+
+def test_a_damaged_line_never_leaves_two_replies_or_two_questions_in_a_row(tmp_path: Path) -> None:
+    conv = new_file(tmp_path)
+    conv.append_system("sys")
+    for question, answer in (("q1", "a1"), ("q2", "a2"), ("q3", "a3"), ("q4", "a4")):
+        conv.append_message(user(question))
+        conv.append_message(assistant(answer))
+    conv.append_message(user("q5"))  # not answered yet: kept, for /retry
+    lines = conv.path.read_text(encoding="utf-8").splitlines()
+    # Damage q2 (line 5) and a3's (line 8): a reply without its question, then a question
+    # without its reply.
+    lines[4] = lines[4][:10]
+    lines[7] = "{not json"
+    conv.path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = read_conversation(conv.path)
+    assert result.messages == [
+        {"role": "system", "content": "sys"},
+        user("q1"),
+        assistant("a1"),
+        user("q4"),
+        assistant("a4"),
+        user("q5"),
+    ]
+    assert result.warnings[2:] == [
+        "a reply without its question dropped: 'a2'",
+        "a question without its reply dropped: 'q3'",
+    ]
+
+
+def test_a_renamed_file_reopens_under_its_new_name(tmp_path: Path) -> None:
+    conv = new_file(tmp_path)
+    conv.append_message(user("q"))
+    copy = tmp_path / f"mine{SUFFIX}"
+    copy.write_bytes(conv.path.read_bytes())
+    assert ConversationFile.open(copy).id == "mine"  # what --resume mine finds again

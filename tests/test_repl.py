@@ -919,3 +919,11 @@ def test_a_message_the_server_refuses_leaves_the_file_as_the_conversation(tmp_pa
         {"role": "assistant", "content": [{"type": "text", "text": " ok."}]},
     ]
     assert read_conversation(conversation.path).messages == session.messages
+
+
+def test_samples_at_temperature_0_says_the_replies_will_be_the_same(tmp_path):
+    run = chat(FakeSession(), tmp_path, "/temperature 0", "/samples 3")
+    assert run.lines[-1] == (
+        "Your next message gets 3 replies side by side; you keep one. At temperature 0 they "
+        "are all the same reply: /temperature 0.8 varies them."
+    )

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakes import DONE, ByteTokenizer, ScriptedModel, tool_call
+from fakes import DONE, SPECIAL_IDS, ByteTokenizer, ScriptedModel, reply, tool_call
 
 from chatcli.errors import ChatcliError, ContextOverflowError
 from chatcli.model import ERAS, GPT, GPTConfig
 from chatcli.session import ChatSession, SamplingOptions
+from chatcli.special_tokens import ASSISTANT_START, PYTHON_END, PYTHON_START
 from chatcli.stream import TextDelta, ToolResult
 from chatcli.tokenizer import Tokenizer
 
@@ -205,6 +206,22 @@ def test_continue_after_a_cut_inside_the_expression_runs_the_calculator():
     assert out.masks == [1] * 9 + [0] * 7 + [1] * 5  # the call, the forced result, " done"
 
 
+def test_continue_after_resuming_a_reply_cut_inside_the_expression():
+    first = scripted_session("1234*56", max_tokens=5)  # <|python_start|>1234
+    run(first.send("What is 1234*56?"))
+    # A new session from the saved messages, as --resume builds it: its model goes on
+    # from inside the call.
+    rest = reply([*ByteTokenizer().encode("*56"), SPECIAL_IDS[PYTHON_END], *DONE])
+    model = ScriptedModel(rest)
+    session = ChatSession(model, ByteTokenizer(), greedy(100))
+    session.load_messages(first.messages)
+    continued = list(session.continue_reply())
+    call = [SPECIAL_IDS[ASSISTANT_START], SPECIAL_IDS[PYTHON_START], *b"1234"]
+    assert model.histories[0][model.prompt_len - len(call) : model.prompt_len] == call
+    assert results(continued) == [ToolResult("1234*56", "69104")]
+    assert session.messages[-1]["content"][:2] == CALL_1234[:2]
+
+
 def test_a_cut_inside_the_forced_result_never_splits_it():
     # 1111*22: the call takes 9 tokens, so 12 stop inside <|output_start|>24442<|output_end|>.
     session = scripted_session("1111*22", max_tokens=12)
@@ -311,3 +328,14 @@ def test_dropping_exchanges_counts_the_system_prompt_the_new_first_message_takes
     assert session.history_stats[-1].context_used <= 256
     assert any("dropped" in n.text for n in session.take_notices())
     assert session.messages[0] == {"role": "system", "content": "s" * 148}
+
+
+def test_a_reply_that_fills_most_of_the_context_warns_before_the_next_turn():
+    model = ScriptedModel(lambda generated: ord("a"), sequence_len=64)
+    options = SamplingOptions(temperature=0.0, top_k=None, max_tokens=48, seed=1)
+    session = ChatSession(model, ByteTokenizer(), options)
+    run(session.send("hello"))  # 9 tokens of prompt, 48 of reply: 57 of 64
+    assert [n.text for n in session.take_notices()] == [
+        "Context 57/64 tokens: the next turns drop the oldest exchanges to make room "
+        "(/clear starts afresh)."
+    ]
