@@ -523,13 +523,6 @@ def serve(
         raise typer.Exit(130) from None
 
 
-def _times_faster(baseline_s: float, ours_s: float) -> str:
-    """A time's ratio said the way round that reads: "2.5x faster", or "1.18x slower"."""
-    if ours_s <= baseline_s:
-        return f"{round(baseline_s / max(ours_s, 1e-9), 2)}x faster"
-    return f"{round(ours_s / max(baseline_s, 1e-9), 2)}x slower"
-
-
 @app.command()
 def bench(
     model: ModelOpt = None,
@@ -546,9 +539,10 @@ def bench(
 ) -> None:
     """Measure our engine against the plain baseline: decode, samples, chat TTFT, memory."""
     from chatcli.bench import SYNTHETIC_DEPTHS, run_bench, synthetic_model
+    from chatcli.bench_report import render_bench
     from chatcli.checkpoint import load_model
     from chatcli.quantize import QUANTIZE_KINDS
-    from chatcli.render import make_console, render_table
+    from chatcli.render import make_console
 
     try:
         # The options first: a mistake should not wait for a model to load.
@@ -572,60 +566,7 @@ def bench(
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
-    console = make_console()
-    console.print(
-        f"{result['model']}: {result['params'] / 1e6:.1f}M params, {result['weights']} weights; "
-        f"plan: {result['plan']}, decode via {result['decode_path']}"
-        + (f" through our {result['step_kernel']} kernel" if result["step_kernel"] else "")
-        + (f" ({', '.join(result['one_row_kernels'])})" if result["one_row_kernels"] else "")
-        + (
-            f" (2-8 rows: {', '.join(result['sample_rows_kernels'])})"
-            if result["sample_rows_kernels"]
-            else ""
-        )
-        + "; "
-        f"memory bandwidth {result['bandwidth_gbs']} GB/s, "
-        f"{result['weight_mb_per_token']} MB of weights per token -> roofline "
-        f"{result['roofline_tps']} tok/s"
-    )
-    rows = []
-    p, t = result["prefill_tps"], result["threads"]
-    by_rows = ", ".join(
-        f"{n} at {k} row{'s' if int(k) > 1 else ''}" for k, n in result["decode_threads"].items()
-    )
-    ours_threads = f"{t['ours']} (decode: {by_rows})" if by_rows else str(t["ours"])
-    rows.append(("threads", str(t["baseline"]), ours_threads, ""))
-    rows.append(("prefill tok/s", str(p["baseline"]), str(p["ours"]), ""))
-    for key, title in (
-        ("decode_tps", "decode tok/s, batch 1"),
-        ("decode8_tps", "decode tok/s, 8 samples"),
-    ):
-        r = result[key]
-        rows.append((title, str(r["baseline"]), str(r["ours"]), f"{r['ratio']}x"))
-    ttft = result["ttft_s"]
-    for turn in (1, 5, 10):
-        base, ours = ttft["baseline"][turn], ttft["ours"][turn]
-        rows.append(
-            (
-                f"time to first token, turn {turn} (s)",
-                str(base),
-                str(ours),
-                _times_faster(base, ours),
-            )
-        )
-    render_table(console, ("measure", "baseline", "ours", "ours / baseline"), rows)
-    console.print(
-        f"8 samples / single: {result['samples8_vs_single']}x (one sample of the same prompt, "
-        f"temperature 1: {result['single_sampled_tps']} tok/s); "
-        f"TTFT turn 10 / turn 1: ours {ttft['ours_turn10_over_turn1']}, baseline "
-        f"{ttft['baseline_turn10_over_turn1']}; roofline fraction {result['roofline_fraction']} "
-        f"(of the bf16 roofline, {result['bf16_roofline_tps']} tok/s: "
-        f"{result['bf16_roofline_fraction']}; against the bandwidth probed beside a decode "
-        f"run: {result['roofline_fraction_paired']}, bf16 "
-        f"{result['bf16_roofline_fraction_paired']}); "
-        f"fp32 greedy identical: {result['greedy_identical_fp32']}; greedy agreement of the "
-        f"fast path with fp32: {result['greedy_agreement']}; peak RSS {result['peak_rss_mb']} MB"
-    )
+    render_bench(make_console(), result)
 
 
 @config_app.command("path")
