@@ -495,25 +495,9 @@ def test_clear_then_nothing_leaves_no_empty_file(tmp_path):
 def test_a_new_conversation_makes_its_file_at_the_first_message(tmp_path):
     folder = tmp_path / "conversations"
     conversation = NewConversation(folder, model="fake", system="sys")
-    console = Console(file=StringIO(), width=100, color_system=None, theme=CHAT_THEME)
-    run_repl(
-        FakeSession(),
-        settings=Settings(history=False),
-        console=console,
-        conversation=conversation,
-        conversations_dir=folder,
-        lines=StringIO("/temperature 0.3\n/settings\n"),
-    )
+    piped_chat(FakeSession(), conversation, folder, "/temperature 0.3\n/settings\n")
     assert not folder.exists()  # settings alone save nothing
-    session = FakeSession("hi")
-    run_repl(
-        session,
-        settings=Settings(history=False),
-        console=console,
-        conversation=conversation,
-        conversations_dir=folder,
-        lines=StringIO("hello\n"),
-    )
+    piped_chat(FakeSession("hi"), conversation, folder, "hello\n")
     assert conversation.path is not None and conversation.path.parent == folder
     assert read_conversation(conversation.path).messages[:2] == [
         {"role": "system", "content": "sys"},
