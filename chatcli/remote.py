@@ -283,7 +283,15 @@ class RemoteSession:
         stats.tokens_in = int(usage.get("prompt_tokens") or 0)
         stats.tokens_out = int(usage.get("completion_tokens") or turn.deltas)
         stats.prefill_tokens = stats.tokens_in
-        if turn.first_at is not None and stats.tokens_out > 1 and now > turn.first_at:
+        decode_s = usage.get("chatcli_decode_s")
+        if isinstance(decode_s, int | float) and not isinstance(decode_s, bool):
+            # chatcli's server timed its decode: the first token came that long before the
+            # end, whatever reached us first (a reply that opens with a calculator call
+            # shows nothing until the call is over).
+            stats.ttft_s = max(now - t0 - decode_s, 0.0)
+            if stats.tokens_out > 1 and decode_s > 0:
+                stats.decode_tps = (stats.tokens_out - 1) / decode_s
+        elif turn.first_at is not None and stats.tokens_out > 1 and now > turn.first_at:
             stats.decode_tps = (stats.tokens_out - 1) / (now - turn.first_at)
         if stats.ttft_s > 0 and stats.tokens_in:
             stats.prefill_tps = stats.tokens_in / stats.ttft_s  # an upper bound on the wait

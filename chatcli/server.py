@@ -147,6 +147,9 @@ def usage_of(finished: Finished) -> dict[str, Any]:
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,
         # OpenAI's field: the prompt's tokens served from the worker's cache, not prefilled.
         "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
+        # chatcli's own: the server's decode time, from the first token to the last, from
+        # which a client tells its wait for the first token from the decode's speed.
+        "chatcli_decode_s": round(finished.decode_s, 6),
     }
 
 

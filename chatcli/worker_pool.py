@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,9 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int  # every token generated, calculator-forced ones and the stop included
     cached_tokens: int = 0  # of the prompt's, those the worker's warm cache already held
+    # From the first token to the last: a client cannot time it where the reply starts with
+    # a calculator call, which reaches it only once the call is over.
+    decode_s: float = 0.0
 
 
 Emit = Callable[[list[StreamEvent]], None]
@@ -88,6 +92,7 @@ class Worker:
         decoder = TokenDecoder(self.tokenizer)
         stats = GenerationStats()
         generated = 0
+        first_at = last_at = 0.0
         try:
             logits, prefilled = self.warm.prefill(prompt)
             steps = self.engine.decode(
@@ -105,22 +110,24 @@ class Worker:
                     if stop.is_set():
                         break
                     generated += 1
+                    last_at = time.perf_counter()
+                    first_at = first_at or last_at
                     self.warm.tokens.append(column[0])
                     events = decoder.feed(column[0], masks[0])
                     if events:
                         emit(events)
         finally:
             self.warm.settle()
-        cached = len(prompt) - prefilled
+        cached, decode_s = len(prompt) - prefilled, last_at - first_at
         if stop.is_set():
-            return Finished("interrupted", len(prompt), generated, cached)
+            return Finished("interrupted", len(prompt), generated, cached, decode_s)
         tail = decoder.flush()
         if tail:
             emit(tail)
         reason = stats.finish_reasons[0] if stats.finish_reasons else "length"
         if reason == "length" and budget < params.max_tokens:
             reason = "context"  # the context ran out before the request's limit
-        return Finished(reason, len(prompt), generated, cached)
+        return Finished(reason, len(prompt), generated, cached, decode_s)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -333,3 +333,21 @@ def test_a_chatcli_tool_without_status_reads_as_before():
         ToolResult("9*9", None, cut=True),
     ]
     assert [c.status for c in calls] == ["ok", "failed", "cut"]
+
+
+def test_a_reply_that_opens_with_a_calculator_call_is_timed_from_its_first_token():
+    # 50 ms a forward: the call's chunk reaches the client only once the call is over
+    # (~10 tokens in), so timing the first chunk would read ~0.5 s to the first token and
+    # a decode twice as fast as the server's.
+    worker = scripted_worker(tool_call("6*7", [*text_tokens(" so 42."), END]), delay=0.05)
+    server = serve_workers([worker])
+    try:
+        session = RemoteSession(server.url, options=SamplingOptions(temperature=0.0))
+        events = list(session.send("6*7?"))
+    finally:
+        server.stop()
+    assert any(isinstance(e, ToolResult) for e in events)
+    stats = session.last_reply.stats
+    assert stats.tokens_out > 10
+    assert stats.ttft_s < 0.3  # the prefill's forward, not the call's ten
+    assert 10 < stats.decode_tps < 25  # one token a 50 ms forward
