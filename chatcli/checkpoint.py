@@ -13,6 +13,7 @@ import json
 import os
 import re
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -344,15 +345,23 @@ def read_state_dict(model_file: Path) -> dict[str, torch.Tensor]:
     try:
         sd = torch.load(model_file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # torch raises many types for truncated zips and foreign pickles
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(
-            f"Cannot read weights {model_file}: the file is corrupt, truncated or not a plain "
-            f"state_dict ({msg[:200]})."
-        ) from e
+        raise CheckpointError(_unreadable_weights(model_file, e)) from e
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{model_file} does not hold a state_dict of tensors.")
     # torch.compile'd models save their keys under an `_orig_mod.` prefix.
     return {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
+
+
+def _unreadable_weights(model_file: Path, error: Exception) -> str:
+    """Why torch.load failed, in our words: its own messages run on about re-saving with
+    options that mean nothing to someone who downloaded the file."""
+    if not zipfile.is_zipfile(model_file):  # a torch checkpoint is a zip archive
+        size = model_file.stat().st_size
+        why = f"it is not a whole torch checkpoint ({size:,} bytes: empty, cut short or another format)"
+    else:
+        first = str(error).splitlines()[0].split(". ")[0] if str(error) else type(error).__name__
+        why = f"it is damaged, or holds more than a plain state_dict of tensors ({first})"
+    return f"Cannot read the weights in {model_file}: {why}. Copy or download it again."
 
 
 def check_state_dict(

@@ -212,7 +212,9 @@ def test_truncated_weights_are_reported_not_raised_raw(tmp_path):
     folder = _flat(tmp_path)
     f = folder / "model_000650.pt"
     f.write_bytes(f.read_bytes()[:3000])
-    with pytest.raises(CheckpointError, match=r"model_000650\.pt.*corrupt, truncated"):
+    with pytest.raises(
+        CheckpointError, match=r"model_000650\.pt: it is not a whole torch checkpoint \(3,000 bytes"
+    ):
         load_model(folder)
 
 
@@ -225,7 +227,7 @@ def test_weights_file_that_runs_code_is_refused(tmp_path):
             return (Path.touch, (marker,))
 
     torch.save({"x": Evil()}, folder / "model_000650.pt")
-    with pytest.raises(CheckpointError, match=r"corrupt, truncated or not a plain state_dict"):
+    with pytest.raises(CheckpointError, match=r"holds more than a plain state_dict of tensors"):
         load_model(folder)
     assert not marker.exists()
 
