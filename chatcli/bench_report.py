@@ -3,11 +3,12 @@ the bench's own dict)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from chatcli.render import render_table
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def render_bench(console: Console, result: dict[str, Any]) -> None:

@@ -225,18 +225,28 @@ class ChatCommands:
     # ---- turns ----------------------------------------------------------------------------------
 
     def send(self, text: str) -> None:
+        self._check_answered()
         events = self.session.send(text)  # a message that cannot fit raises here, unsaved
+        asked = len(self.session.messages)
         self.retries = 0
-        question = {"role": "user", "content": text}
-        self._save(lambda c: c.append_message(question))
+        self._save(lambda c: c.append_message({"role": "user", "content": text}))
         try:
             self.stream(events, replace=False)
         finally:
             # A server refuses a message only once it is sent, and the session takes the
-            # question back: so must the file. (It is the last message, or the one before
-            # the reply, while the conversation keeps it.)
-            if question not in self.session.messages[-2:]:
+            # question back: so must the file. (A local turn always closes with a reply,
+            # an interrupted or failed one included.)
+            if len(self.session.messages) < asked:
                 self._save(lambda c: c.append_undo())
+
+    def _check_answered(self) -> None:
+        # Only a resumed file ends in a question (chatcli was stopped mid-turn): a second
+        # one after it would give the model two questions in a row, and a server a 400.
+        messages = self.session.messages
+        if messages and messages[-1]["role"] == "user":
+            raise ChatcliError(
+                "The last question has no reply yet: /retry answers it, /undo drops it."
+            )
 
     def stream(self, events: Iterator[StreamEvent], replace: bool) -> None:
         """Shows one streamed reply, then its status line, then saves it."""
@@ -247,7 +257,7 @@ class ChatCommands:
         try:
             for event in events:
                 if first:
-                    self.show_notices()  # e.g. the context warning, raised at prefill
+                    self.show_notices()  # e.g. old exchanges dropped to make room
                     first = False
                 renderer.handle(event)
         except KeyboardInterrupt:
@@ -295,6 +305,7 @@ class ChatCommands:
     def choose_reply(self, text: str, n: int) -> bool:
         """/samples: n replies side by side; the one the person keeps joins the conversation.
         False when the person typed /exit at the question: leave."""
+        self._check_answered()
         try:
             replies = self.session.sample_replies(text, n)
         except KeyboardInterrupt:
@@ -318,6 +329,7 @@ class ChatCommands:
         self.retries = 0
         self.screen.notice(f"Kept reply {choice}.")
         self.screen.status(reply.stats.as_dict())
+        self.show_notices()  # a context nearly full
         meta = {**_reply_meta(reply), "sample": f"{choice}/{n}"}
         self._save(lambda c: c.append_message({"role": "user", "content": text}))
         self._save(lambda c: c.append_message(reply.message, meta))
@@ -539,6 +551,8 @@ class ChatCommands:
         self.session.load_messages(loaded.messages)
         self.retries = 0
         self.conversation = ConversationFile(path, path.stem)  # what --resume and /load take
+        if loaded.repaired:  # what comes next must replay onto what was loaded
+            self._save(lambda c: c.append_snapshot(loaded.messages))
         count = sum(1 for m in loaded.messages if m["role"] != "system")
         self.screen.notice(f"Loaded {count} messages from {self.conversation.id}.")
         return True
@@ -628,4 +642,7 @@ class ChatCommands:
             and any(m["role"] != "system" for m in self.session.messages)
         ):
             cid = self.conversation.id
-            self.screen.notice(f"Saved as {cid}; chatcli chat --resume {cid} picks it up.")
+            path = self.conversation.path
+            # A file outside the conversations folder (/load PATH) is found by its path.
+            where = cid if path is None or path.parent == self.conversations_dir else str(path)
+            self.screen.notice(f"Saved as {cid}; chatcli chat --resume {where} picks it up.")

@@ -79,8 +79,8 @@ def pick_device(device: str = "auto") -> torch.device:
         if mps is not None and mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
-        raise CheckpointError(f"Unknown device {device!r}; use auto, cpu, cuda or mps.")
+    if device not in ("cpu", "mps") and not re.fullmatch(r"cuda(:(0|[1-9]\d*))?", device):
+        raise CheckpointError(f"Unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps.")
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise CheckpointError(
@@ -217,6 +217,14 @@ def _find_tokenizer(folder: Path) -> Path:
     )
 
 
+def _model_file(folder: Path, step: int) -> Path:
+    """The model_*.pt of `step` in `folder` (model_000650.pt or model_650.pt), one of
+    _steps_in's."""
+    return next(
+        p for p in folder.glob("model_*.pt") if (m := _STEP_RE.search(p.name)) and int(m[1]) == step
+    )
+
+
 def _ref_in_folder(
     folder: Path, step: int | None, tag: str | None, source: str | None
 ) -> CheckpointRef:
@@ -229,9 +237,7 @@ def _ref_in_folder(
         raise CheckpointError(
             f"No step {step} in {folder}; steps there: {', '.join(map(str, steps))}."
         )
-    model_file = next(
-        p for p in folder.glob("model_*.pt") if int(_STEP_RE.search(p.name).group(1)) == step
-    )
+    model_file = _model_file(folder, step)
     meta_file = folder / f"meta_{model_file.name[len('model_') : -len('.pt')]}.json"
     return CheckpointRef(model_file, meta_file, _find_tokenizer(folder), step, tag, source)
 
@@ -546,12 +552,18 @@ def _summarize(name: str, ref: CheckpointRef) -> CheckpointSummary:
     # mmap: only the zip index and the shapes are read, even for multi-GB checkpoints.
     sd = read_state_dict(ref.model_file)
     _, config = read_meta(ref.meta_file)
+    try:
+        era = infer_architecture(sd, config).era
+    except (KeyError, ValueError) as e:  # tensors of something other than a nanochat GPT
+        raise CheckpointError(
+            f"{ref.model_file} does not hold a nanochat model (looked for {e})."
+        ) from None
     return CheckpointSummary(
         name=name,
         source=ref.source,
         tag=ref.tag,
         step=ref.step,
-        era=infer_architecture(sd, config).era,
+        era=era,
         num_params=sum(v.numel() for v in sd.values()),
         size_bytes=ref.model_file.stat().st_size,
         path=ref.model_file,
@@ -575,8 +587,8 @@ def list_checkpoints(base_dir: Path | None = None) -> list[CheckpointSummary]:
                     found.append(_summarize(str(base), ref))
                 except CheckpointError as e:
                     # Listed with its problem: a checkpoint left out looked like none at all.
-                    path = tag_dir / f"model_{step:06d}.pt"
-                    size = path.stat().st_size if path.is_file() else 0
+                    path = _model_file(tag_dir, step)
+                    size = path.stat().st_size
                     found.append(
                         CheckpointSummary(
                             str(base), source, tag_dir.name, step, "-", 0, size, path, str(e)

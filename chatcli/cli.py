@@ -280,6 +280,8 @@ def chat(
                 render_notice(console, warning)
             session.load_messages(loaded.messages)
             conversation = ConversationFile.open(path)
+            if loaded.repaired:  # what comes next must replay onto what was loaded
+                conversation.append_snapshot(loaded.messages)
             render_notice(console, f"Resumed {path.name}: {len(loaded.messages)} messages.")
         else:
             # Its file is made at the first message: a session that says nothing leaves none.

@@ -45,13 +45,17 @@ class LoadResult:
     """A replayed conversation file.
 
     recovered_lines counts the lines read and applied (header included); every line that was
-    skipped instead has one entry in warnings, naming its line number.
+    skipped instead has one entry in warnings, naming its line number. A message dropped to
+    keep questions and replies in turn (after a damaged line) has one too, and sets repaired:
+    the file's records no longer replay to these messages, so whoever appends to it should
+    first write them out again (ConversationFile.append_snapshot).
     """
 
     messages: list[dict[str, Any]]
     header: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     recovered_lines: int = 0
+    repaired: bool = False
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,19 @@ class ConversationFile:
     def append_undo(self) -> None:
         """Record /undo: the last user message and the reply after it are dropped."""
         self._append({"type": "undo"})
+
+    def append_snapshot(self, messages: list[dict[str, Any]]) -> None:
+        """Record the whole conversation anew (a clear, the system prompt, each message):
+        from here on the file replays to `messages`, whatever came before (a repaired load)."""
+        system, rest = (
+            (messages[0]["content"], messages[1:])
+            if messages and messages[0]["role"] == "system"
+            else (None, messages)
+        )
+        self._append({"type": "clear"})
+        self.append_system(system)
+        for message in rest:
+            self.append_message(message)
 
     def append_system(self, text: str | None) -> None:
         """Record a new system prompt, or its removal when `text` is None."""
@@ -439,7 +456,9 @@ def read_conversation(path: Path) -> LoadResult:
             warnings.append(f"line {number}: {problem}; skipped")
     if header is None:
         raise _not_a_conversation(path, "it is empty")
-    return LoadResult(_alternating(messages, warnings), header, warnings, recovered)
+    before = len(warnings)
+    kept = _alternating(messages, warnings)
+    return LoadResult(kept, header, warnings, recovered, repaired=len(warnings) > before)
 
 
 def _alternating(messages: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:

@@ -352,6 +352,7 @@ class ChatSession:
         self.entries.append(_Entry(reply.message, tokens, reply.stats.finish_reason))
         self.last_reply = reply
         self.history_stats.append(reply.stats)
+        self._warn_if_nearly_full(reply.stats)
         rows, replies, prompt = self._forked or (None, [], None)
         self._forked = None
         row = next((i for i, r in enumerate(replies) if r is reply), None)
@@ -439,20 +440,23 @@ class ChatSession:
             (generated - 1) / gen.decode_s if gen.decode_s > 0 and generated > 1 else 0.0
         )
         stats.context_used = stats.tokens_in + generated
+        self._warn_if_nearly_full(stats)
+        reply = Reply(parts, list(body), masks[: len(body)], stats)
+        self.last_reply = reply
+        self.history_stats.append(stats)
+        entry_tokens = [self._ids[ASSISTANT_START], *body, end]
+        self.entries.append(_Entry(reply.message, entry_tokens, finish))
+
+    def _warn_if_nearly_full(self, stats: TurnStats) -> None:
+        # Said after the reply, before the next message: that message's turn is the one
+        # that drops (before it, a drop made room and left no prompt to warn about).
         if stats.context_used > CONTEXT_WARN_FRACTION * self.context_len:
-            # Said after the reply, before the next message: that message's turn is the one
-            # that drops (before it, a drop made room and left no prompt to warn about).
             self.notices.append(
                 TurnNotice(
                     f"Context {stats.context_used}/{self.context_len} tokens: the next turns "
                     "drop the oldest exchanges to make room (/clear starts afresh)."
                 )
             )
-        reply = Reply(parts, list(body), masks[: len(body)], stats)
-        self.last_reply = reply
-        self.history_stats.append(stats)
-        entry_tokens = [self._ids[ASSISTANT_START], *body, end]
-        self.entries.append(_Entry(reply.message, entry_tokens, finish))
 
     def take_notices(self) -> list[TurnNotice]:
         notices, self.notices = self.notices, []

@@ -13,6 +13,7 @@ import torch
 from chatcli.checkpoint import (
     Precision,
     build_model,
+    list_checkpoints,
     load_model,
     pick_device,
     pick_precision,
@@ -401,3 +402,27 @@ def test_mps_on_a_machine_without_it_is_a_fix_it_error(monkeypatch):
     with pytest.raises(CheckpointError, match="no Apple GPU"):
         pick_device("mps")
     assert pick_device("cpu") == torch.device("cpu")
+
+
+def test_listing_shows_a_foreign_or_unreadable_checkpoint_with_its_own_file(tmp_path):
+    _, meta, tok = _files("E")
+    tag = tmp_path / "chatsft_checkpoints" / "d21"
+    tag.mkdir(parents=True)
+    (tmp_path / "tokenizer").mkdir()
+    shutil.copy(tok, tmp_path / "tokenizer" / "tokenizer.pkl")
+    torch.save({"foo": torch.zeros(2)}, tag / "model_000001.pt")  # tensors, not a GPT
+    (tag / "meta_000001.json").write_text(json.dumps(meta))
+    (tag / "model_650.pt").write_bytes(b"junk")  # no zero padding in its name
+    found = [c for c in list_checkpoints(tmp_path) if c.name != "embedded"]
+    assert [(c.step, c.path.name, c.era, c.num_params) for c in found] == [
+        (1, "model_000001.pt", "-", 0),
+        (650, "model_650.pt", "-", 0),
+    ]
+    assert "does not hold a nanochat model" in found[0].problem
+    assert found[1].size_bytes == 4 and found[1].problem
+
+
+@pytest.mark.parametrize("device", ["cuda:", "cuda:01", "gpu"])
+def test_a_device_name_torch_would_choke_on_is_refused_first(device):
+    with pytest.raises(CheckpointError, match="use auto, cpu, cuda, cuda:N or mps"):
+        pick_device(device)

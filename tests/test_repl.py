@@ -893,8 +893,9 @@ def test_a_message_the_server_refuses_leaves_the_file_as_the_conversation(tmp_pa
     try:
         session = RemoteSession(server.url, options=SamplingOptions(temperature=0.5))
         conversation = NewConversation(folder, model="remote")
-        # The server takes top_k up to 200: the second message is refused once sent.
-        lines = piped_chat(session, conversation, folder, "hello\n/top_k 500\nagain\n")
+        # The server takes top_k up to 200: the second message is refused once sent. (The
+        # same words as the first: the file must still lose only the refused one.)
+        lines = piped_chat(session, conversation, folder, "hello\n/top_k 500\nhello\n")
     finally:
         server.stop()
     assert any("refused the request (400)" in line for line in lines)
@@ -910,4 +911,52 @@ def test_samples_at_temperature_0_says_the_replies_will_be_the_same(tmp_path):
     assert run.lines[-1] == (
         "Your next message gets 3 replies side by side; you keep one. At temperature 0 they "
         "are all the same reply: /temperature 0.8 varies them."
+    )
+
+
+def damaged_file(folder: Path) -> Path:
+    """A saved conversation whose second question's line is damaged: its reply, left
+    without a question, is dropped on load."""
+    conv = ConversationFile.create(folder, model="fake")
+    for question, answer in (("q1", "a1"), ("q2", "a2")):
+        conv.append_message({"role": "user", "content": question})
+        conv.append_message({"role": "assistant", "content": [{"type": "text", "text": answer}]})
+    lines = conv.path.read_text(encoding="utf-8").splitlines()
+    lines[3] = "{damaged"
+    conv.path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return conv.path
+
+
+def test_turns_after_loading_a_repaired_file_replay_as_the_session_has_them(tmp_path):
+    folder = tmp_path / "conversations"
+    path = damaged_file(folder)
+    session = FakeSession("a1 again", "b1")
+    # /retry first: replayed onto the damaged records, it would replace a2, the reply that
+    # lost its question, and the load would then drop the new reply with it.
+    lines = piped_chat(session, None, folder, f"/load {path.stem}\n/retry\nnext\n")
+    assert "a reply without its question dropped: 'a2'" in " ".join(lines)
+    assert read_conversation(path).messages == session.messages
+    assert session.messages[1]["content"] == [{"type": "text", "text": "a1 again"}]
+    assert [m["role"] for m in session.messages] == ["user", "assistant"] * 2
+
+
+def test_a_file_that_ends_in_a_question_asks_for_retry_or_undo_first(tmp_path):
+    folder = tmp_path / "conversations"
+    conv = ConversationFile.create(folder, model="fake")
+    conv.append_message({"role": "user", "content": "stopped mid-turn"})
+    session = FakeSession("the reply")
+    lines = piped_chat(session, None, folder, f"/load {conv.id}\nanother\n/retry\n")
+    assert "Error: The last question has no reply yet: /retry answers it, /undo drops it." in lines
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == ["stopped mid-turn"]
+    assert session.messages[-1]["role"] == "assistant"
+
+
+def test_a_conversation_loaded_from_elsewhere_is_resumed_by_its_path(tmp_path):
+    elsewhere = ConversationFile.create(tmp_path / "elsewhere", model="fake")
+    elsewhere.append_message({"role": "user", "content": "q"})
+    elsewhere.append_message({"role": "assistant", "content": [{"type": "text", "text": "a"}]})
+    folder = tmp_path / "conversations"
+    lines = piped_chat(FakeSession("b"), None, folder, f"/load {elsewhere.path}\nnext\n")
+    assert lines[-1] == (
+        f"Saved as {elsewhere.id}; chatcli chat --resume {elsewhere.path} picks it up."
     )
