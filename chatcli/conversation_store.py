@@ -572,22 +572,31 @@ def _assistant_markdown(content: str | list[dict[str, str]]) -> str:
         return content
     out: list[str] = []
     pending_call: str | None = None
+    after_call = False  # the last thing written is a call's code span
+
+    def call(expression: str, result: str) -> None:
+        nonlocal after_call
+        out.append(_code_span(f"calc {expression} -> {result}"))
+        after_call = True
+
     for part in content:
         kind, text = part["type"], part["text"]
         if kind == "python_output":
-            call = pending_call if pending_call is not None else "?"
-            out.append(_code_span(f"calc {call} -> {text.strip()}"))
+            call(pending_call if pending_call is not None else "?", text.strip())
             pending_call = None
             continue
         if pending_call is not None:
-            out.append(_code_span(f"calc {pending_call} -> (no result)"))
+            call(pending_call, "(no result)")
             pending_call = None
         if kind == "python":
             pending_call = text.strip()
         else:
+            if after_call and text[:1].isalnum():
+                out.append(" ")  # the model writes on straight after a call's result
             out.append(text)
+            after_call = False
     if pending_call is not None:
-        out.append(_code_span(f"calc {pending_call} -> (no result)"))
+        call(pending_call, "(no result)")
     return "".join(out)
 
 

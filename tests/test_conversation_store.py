@@ -474,7 +474,7 @@ def test_export_markdown() -> None:
         "**You:**\n\nWhat is 12*7?\n\n"
         "**Assistant:**\n\nThat is `calc 12*7 -> 84`, so 84.\n\n"
         "**You:**\n\nAnd `1/0`?\n\n"
-        "**Assistant:**\n\n``calc 1/`0` -> (no result)``I could not finish.\n"
+        "**Assistant:**\n\n``calc 1/`0` -> (no result)`` I could not finish.\n"
     )
 
 
@@ -549,3 +549,17 @@ def test_a_renamed_file_reopens_under_its_new_name(tmp_path: Path) -> None:
     copy = tmp_path / f"mine{SUFFIX}"
     copy.write_bytes(conv.path.read_bytes())
     assert ConversationFile.open(copy).id == "mine"  # what --resume mine finds again
+
+
+def test_export_markdown_spaces_text_written_straight_after_a_call() -> None:
+    reply = {
+        "role": "assistant",
+        "content": [
+            {"type": "python", "text": "1234*56"},
+            {"type": "python_output", "text": "69104"},
+            {"type": "text", "text": "The answer is 69104."},
+        ],
+    }
+    assert export_markdown([reply]) == (
+        "**Assistant:**\n\n`calc 1234*56 -> 69104` The answer is 69104.\n"
+    )
