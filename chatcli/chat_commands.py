@@ -86,7 +86,9 @@ class Session(Protocol):
 
     def set_system(self, text: str | None) -> None: ...
 
-    def load_messages(self, messages: list[dict[str, Any]]) -> None: ...
+    def load_messages(
+        self, messages: list[dict[str, Any]], finishes: Sequence[str | None] | None = None
+    ) -> None: ...
 
     def take_notices(self) -> list[TurnNotice]: ...
 
@@ -548,7 +550,7 @@ class ChatCommands:
         loaded = read_conversation(path)
         for warning in loaded.warnings:
             self.screen.notice(f"{path.name}: {warning}")
-        self.session.load_messages(loaded.messages)
+        self.session.load_messages(loaded.messages, loaded.finishes)
         self.retries = 0
         self.conversation = ConversationFile(path, path.stem)  # what --resume and /load take
         if loaded.repaired:  # what comes next must replay onto what was loaded

@@ -278,7 +278,7 @@ def chat(
         if loaded is not None and path is not None:
             for warning in loaded.warnings:
                 render_notice(console, warning)
-            session.load_messages(loaded.messages)
+            session.load_messages(loaded.messages, loaded.finishes)
             conversation = ConversationFile.open(path)
             if loaded.repaired:  # what comes next must replay onto what was loaded
                 conversation.append_snapshot(loaded.messages)

@@ -56,6 +56,9 @@ class LoadResult:
     warnings: list[str] = field(default_factory=list)
     recovered_lines: int = 0
     repaired: bool = False
+    # Each message's finish_reason as its record's meta gave it (a reply's: stop, length,
+    # interrupted...), else None: whether a resumed reply can be continued.
+    finishes: list[str | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -418,6 +421,9 @@ def read_conversation(path: Path) -> LoadResult:
     header: dict[str, Any] | None = None
     messages: list[dict[str, Any]] = []
     warnings: list[str] = []
+    # (message, finish_reason) of every record that had one; the list keeps the messages
+    # alive, so their ids stay theirs until the end.
+    finished: list[tuple[dict[str, Any], str]] = []
     recovered = 0
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -452,13 +458,24 @@ def read_conversation(path: Path) -> LoadResult:
         problem = _apply(record, messages)
         if problem is None:
             recovered += 1
+            meta, message = record.get("meta"), record.get("message")
+            if isinstance(meta, dict) and isinstance(meta.get("finish_reason"), str):
+                finished.append((message, meta["finish_reason"]))
         else:
             warnings.append(f"line {number}: {problem}; skipped")
     if header is None:
         raise _not_a_conversation(path, "it is empty")
     before = len(warnings)
     kept = _alternating(messages, warnings)
-    return LoadResult(kept, header, warnings, recovered, repaired=len(warnings) > before)
+    finish_of = {id(message): reason for message, reason in finished}
+    return LoadResult(
+        kept,
+        header,
+        warnings,
+        recovered,
+        repaired=len(warnings) > before,
+        finishes=[finish_of.get(id(m)) for m in kept],
+    )
 
 
 def _alternating(messages: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:

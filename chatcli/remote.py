@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -147,7 +147,9 @@ class RemoteSession:
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + list(self._entries)
 
-    def load_messages(self, messages: list[Message]) -> None:
+    def load_messages(
+        self, messages: list[Message], finishes: Sequence[str | None] | None = None
+    ) -> None:
         self.system, rest = split_system(messages)
         self._entries = [dict(m) for m in rest]
 

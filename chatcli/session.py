@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,8 @@ CONTEXT_REFILL_FRACTION = 0.75  # after dropping old exchanges, the prompt + rep
 class _Entry:
     message: Message
     tokens: list[int]  # the ids of this message, special tokens included
-    finish: str | None = None  # a reply of this session: why it ended ("stop", "length", ...)
+    finish: str | None = None  # a reply's finish_reason ("stop", "length", ...), if known
+    rendered: bool = False  # tokens rendered from a saved message, not the ones generated
 
 
 @dataclass
@@ -84,10 +85,15 @@ class ChatSession:
     def context_len(self) -> int:
         return self.engine.context_len
 
-    def load_messages(self, messages: list[Message]) -> None:
-        """Replace the conversation (e.g. a resumed file); the cache refills on the next turn."""
+    def load_messages(
+        self, messages: list[Message], finishes: Sequence[str | None] | None = None
+    ) -> None:
+        """Replace the conversation (e.g. a resumed file); the cache refills on the next turn.
+        finishes: each message's finish_reason where the file kept it (LoadResult's)."""
         self.system, rest = split_system(messages)
-        self.entries = [_Entry(m, []) for m in rest]
+        known = list(finishes or [])[len(messages) - len(rest) :]
+        known += [None] * (len(rest) - len(known))
+        self.entries = [_Entry(m, [], f, rendered=True) for m, f in zip(rest, known, strict=True)]
         self._retokenize()
 
     def set_system(self, text: str | None) -> None:
@@ -260,7 +266,6 @@ class ChatSession:
         """Continue the last reply where it stopped (interrupted or cut at max_tokens)."""
         if not self.entries or self.entries[-1].message["role"] != "assistant":
             raise ChatcliError("There is no reply to continue.")
-        # Known only for a reply of this session: one loaded from a file may have been cut.
         if self.entries[-1].finish == "stop":
             raise ChatcliError(
                 "The last reply is complete: there is nothing to continue. /retry writes "
@@ -270,15 +275,16 @@ class ChatSession:
         body = last.tokens[1:-1]  # without <|assistant_start|> and <|assistant_end|>
         parts = last.message["content"]
         if (
-            last.finish is None  # rendered from a saved message, not the tokens generated
+            last.rendered
             and body[-1:] == [self._ids[PYTHON_END]]
             and isinstance(parts, list)
             and parts
             and parts[-1]["type"] == "python"
         ):
             # A saved reply that ends in a calculator call without its result was cut inside
-            # the call (or ended after a refused one): rendering it closed the call, and
-            # continuing from there would run the calculator on the cut expression.
+            # the call (one that ended after it has finish "stop", refused above): rendering
+            # it closed the call, and continuing from there would run the calculator on the
+            # cut expression.
             body = body[:-1]
         return self._stream(prefix=body)
 

@@ -563,3 +563,15 @@ def test_export_markdown_spaces_text_written_straight_after_a_call() -> None:
     assert export_markdown([reply]) == (
         "**Assistant:**\n\n`calc 1234*56 -> 69104` The answer is 69104.\n"
     )
+
+
+def test_each_message_comes_back_with_the_finish_reason_its_record_kept(tmp_path: Path) -> None:
+    conv = new_file(tmp_path)
+    conv.append_system("sys")
+    conv.append_message(user("q1"))
+    conv.append_message(assistant("a1"), {"finish_reason": "length"})
+    conv.replace_last(assistant("a1, continued"), {"finish_reason": "stop"})
+    conv.append_message(user("q2"))
+    conv.append_message(assistant("a2"))  # a file from before the meta: unknown
+    result = read_conversation(conv.path)
+    assert result.finishes == [None, None, "stop", None, None]

@@ -217,7 +217,7 @@ class FakeSession:
     def set_system(self, text: str | None) -> None:
         self.system = text or None
 
-    def load_messages(self, messages: list[dict]) -> None:
+    def load_messages(self, messages: list[dict], finishes=None) -> None:
         self.system = None
         self.entries = []
         for m in messages:

@@ -339,3 +339,14 @@ def test_a_reply_that_fills_most_of_the_context_warns_before_the_next_turn():
         "Context 57/64 tokens: the next turns drop the oldest exchanges to make room "
         "(/clear starts afresh)."
     ]
+
+
+def test_a_resumed_reply_that_had_finished_is_not_continued():
+    first = done_session()
+    run(first.send("hi"))
+    session = done_session()
+    session.load_messages(first.messages, finishes=[None, "stop"])
+    with pytest.raises(ChatcliError, match="nothing to continue"):
+        session.continue_reply()
+    session.load_messages(first.messages, finishes=[None, "length"])
+    assert run(session.continue_reply()) == " done"
