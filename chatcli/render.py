@@ -56,6 +56,27 @@ CHAT_THEME = Theme(
 
 HELP_LINE = "Type /help for commands, Ctrl-D to exit."
 
+# Control characters but newline and tab: C0, DEL and C1. Rich drops only a few of them, and
+# the rest would reach the terminal as they are: ESC starts sequences that clear the screen,
+# set the window title or write the clipboard, and a model (or a server) may write any of it.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """`text` safe to print: each control character shown as its Unicode control picture
+    (ESC as ␛), or as � where it has none (C1). Newlines and tabs stay."""
+
+    def picture(match: re.Match[str]) -> str:
+        code = ord(match[0])
+        return chr(0x2400 + code) if code < 0x20 else "\u2421" if code == 0x7F else "\ufffd"
+
+    return _CONTROLS.sub(picture, text)
+
+
+def _print_line(console: Console, text: Text) -> None:
+    # On a terminal Rich wraps at word boundaries; into a pipe or a file, a line stays whole.
+    console.print(text, soft_wrap=not console.is_terminal)
+
 
 def make_console(force_plain: bool = False, file: IO[str] | None = None) -> Console:
     """A console with the chat theme. NO_COLOR (or force_plain) gives plain text; a stdout that
@@ -249,6 +270,21 @@ class _BlockSplitter:
         return [block]
 
 
+_STAR_IN_ARITHMETIC = re.compile(r"(?<=[\d)])\*(?=[\d(])")
+_CODE_SPAN_SPLIT = re.compile(r"(`+[^`]*`+)")
+
+
+def _arithmetic_kept(text: str) -> str:
+    """Markdown source whose `*` between digits (6*7*7, (2+3)*4) stays a star: Markdown reads
+    `*7*` as emphasis and the reply would show 677. Code, fenced or inline, is left as it is."""
+    if _FENCE_OPEN.match(text) or text.startswith(("    ", "\t")):
+        return text
+    pieces = _CODE_SPAN_SPLIT.split(text)  # the odd pieces are code spans
+    return "".join(
+        piece if i % 2 else _STAR_IN_ARITHMETIC.sub(r"\*", piece) for i, piece in enumerate(pieces)
+    )
+
+
 class _BlockView:
     """Draws one block as markdown. Rich puts a blank line before a list; it is dropped here
     because `_Block.gap` decides spacing. With `tail`, only the last lines that fit on screen
@@ -262,7 +298,9 @@ class _BlockView:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if self.block is None:
             return
-        lines = console.render_lines(Markdown(self.block.text), options, pad=False)
+        # hyperlinks off: a link shows its URL, where many terminals would hide it
+        markdown = Markdown(_arithmetic_kept(self.block.text), hyperlinks=False)
+        lines = console.render_lines(markdown, options, pad=False)
         while lines and Segment.get_line_length(lines[0]) == 0:
             del lines[0]
         if self.block.gap:
@@ -312,10 +350,13 @@ class ReplyRenderer:
 
     def handle(self, event: StreamEvent) -> None:
         if isinstance(event, TextDelta):
-            self._write(event.text, Text(event.text, style="assistant"))
+            text = visible(event.text)
+            self._write(text, Text(text, style="assistant"))
         elif isinstance(event, ToolResult):
-            markdown = _markdown_badge(event.expression, event.output, event.cut)
-            self._write(markdown, _badge(event.expression, event.output, event.cut))
+            expression = visible(event.expression)
+            output = None if event.output is None else visible(event.output)
+            markdown = _markdown_badge(expression, output, event.cut)
+            self._write(markdown, _badge(expression, output, event.cut))
         elif isinstance(event, SpecialToken):
             self._write(_code_span(event.name), Text(event.name, style="special"))
         # ToolCallStart and ToolCallDelta draw nothing: the badge comes with the result.
@@ -401,15 +442,15 @@ def render_status(console: Console, stats: Mapping[str, object]) -> None:
         pieces.append(f"ctx {used:.0f}/{length:.0f}")
     if stats.get("finish_reason"):
         pieces.append(str(stats["finish_reason"]))
-    console.print(Text(" · ".join(pieces), style="status"), soft_wrap=True)
+    _print_line(console, Text(" · ".join(pieces), style="status"))
 
 
 def render_error(console: Console, message: str) -> None:
-    console.print(Text(f"Error: {message}", style="error"), soft_wrap=True)
+    _print_line(console, Text(f"Error: {visible(message)}", style="error"))
 
 
 def render_notice(console: Console, message: str) -> None:
-    console.print(Text(message, style="notice"), soft_wrap=True)
+    _print_line(console, Text(visible(message), style="notice"))
 
 
 def render_hint(console: Console, message: str) -> None:
@@ -418,8 +459,8 @@ def render_hint(console: Console, message: str) -> None:
 
 
 def render_text(console: Console, message: str) -> None:
-    """Plain text printed as it is: no markup, no wrapping of Rich's own."""
-    console.print(Text(message), soft_wrap=True)
+    """Plain text printed as it is: no markup; wrapped at words on a terminal only."""
+    _print_line(console, Text(visible(message)))
 
 
 def render_interrupted(console: Console) -> None:
@@ -449,9 +490,9 @@ def render_banner(console: Console, info: Mapping[str, object]) -> None:
     params = _number(info, "params")
     if params is not None:
         title.append(f"{_format_count(params)} params")
-    console.print(Text(" · ".join(title), style="banner"), soft_wrap=True)
+    _print_line(console, Text(" · ".join(title), style="banner"))
     if present("path"):
-        console.print(Text(str(info["path"]), style="status"), soft_wrap=True)
+        _print_line(console, Text(str(info["path"]), style="status"))
 
     setup = [str(info[k]) for k in ("device", "dtype") if present(k)]
     context_len, load_s = _number(info, "context_len"), _number(info, "load_s")
@@ -460,8 +501,8 @@ def render_banner(console: Console, info: Mapping[str, object]) -> None:
     if load_s is not None:
         setup.append(f"loaded in {load_s:.1f}s")
     if setup:
-        console.print(Text(" · ".join(setup), style="status"), soft_wrap=True)
-    console.print(Text(HELP_LINE, style="status"), soft_wrap=True)
+        _print_line(console, Text(" · ".join(setup), style="status"))
+    _print_line(console, Text(HELP_LINE, style="status"))
 
 
 # --- tables and side-by-side replies -----------------------------------------------------
@@ -493,16 +534,16 @@ def reply_text(parts: Sequence[Mapping[str, str]]) -> Text:
     pending: str | None = None  # the expression of a call whose result may follow
     for part in parts:
         if part["type"] == "python_output":
-            text.append(f"[{format_badge(pending or '?', part['text'])}]", style="calc")
+            text.append(f"[{format_badge(pending or '?', visible(part['text']))}]", style="calc")
             pending = None
             continue
         if pending is not None:
             text.append(f"[{format_badge(pending, None)}]", style="calc")
             pending = None
         if part["type"] == "python":
-            pending = part["text"]
+            pending = visible(part["text"])
         else:
-            text.append(part["text"], style="assistant")
+            text.append(visible(part["text"]), style="assistant")
     if pending is not None:
         text.append(f"[{format_badge(pending, None)}]", style="calc")
     return text

@@ -20,6 +20,7 @@ from chatcli.render import (
     render_table,
     reply_text,
     use_markdown,
+    visible,
 )
 from chatcli.special_tokens import ASSISTANT_END, SPECIAL_TOKENS
 from chatcli.stream import (
@@ -452,3 +453,43 @@ def test_a_table_into_a_pipe_keeps_each_row_on_one_line():
     render_table(con, ("model", "path"), [("d32", path)])
     rows = [line.rstrip() for line in out.getvalue().splitlines()]
     assert rows[-1].split() == ["d32", path]
+
+
+def markdown_render(events: list[StreamEvent], width: int = 80) -> str:
+    con, out = console(terminal=True)
+    con.width = width
+    renderer = ReplyRenderer(con, markdown=True)
+    for event in events:
+        renderer.handle(event)
+    renderer.finish("stop")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("markdown", [False, True])
+def test_control_characters_in_a_reply_never_reach_the_terminal(markdown):
+    hostile = "a \x1b]0;TITLE\x07 b \x1b[2J c \x9b d\x7f\n"
+    events = [TextDelta(hostile), *tool("1\x1b[31m", "2\x1b[0m")]
+    out = markdown_render(events) if markdown else render(events)
+    # Rich's own output starts its sequences with ESC; none of the reply's are left.
+    assert "]0;TITLE" not in out.replace("␛]0;TITLE", "")
+    assert "␛]0;TITLE␇ b ␛[2J c \ufffd d␡" in out
+    assert "1␛[31m" in out and "2␛[0m" in out
+
+
+def test_visible_keeps_newlines_and_tabs():
+    assert visible("x\n\ty\x00") == "x\n\ty␀"
+
+
+def test_markdown_keeps_the_stars_of_arithmetic_and_shows_link_addresses():
+    out = markdown_render(
+        [TextDelta("So 6*7*7 = 294, (2+3)*4 = 20, `2*3*4` and [docs](http://x.example).\n\n")]
+    )
+    assert "So 6*7*7 = 294, (2+3)*4 = 20, 2*3*4 and docs (http://x.example)." in out
+
+
+def test_one_line_messages_wrap_at_words_on_a_narrow_terminal():
+    con, out = console(terminal=True)
+    con.width = 40
+    render_notice(con, "Your next message gets 3 replies side by side; you keep one.")
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
+    assert lines == ["Your next message gets 3 replies side by", "side; you keep one."]
