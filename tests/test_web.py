@@ -23,8 +23,8 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
 
-from fakes import tool_call
-from serving import scripted_worker, serve_workers, text_tokens, wait_until
+from fakes import reply, tool_call
+from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -211,5 +211,67 @@ def test_a_calculator_call_cut_by_the_length_limit_shows_as_cut(browser):
         browser.wait_for("document.querySelector('.msg.assistant')?.dataset.done === 'true'")
         badge = browser.js("document.querySelector('.msg.assistant .calc-badge').textContent")
         assert badge == "calc 123 … (cut)"
+    finally:
+        server.stop()
+
+
+def test_a_long_chat_drops_its_oldest_exchanges_instead_of_failing(browser):
+    # A 96-token context and 27-token answers: the third exchange no longer fits with the
+    # first two.
+    answer = [*text_tokens(" a rather long answer, really."), END]
+    worker = scripted_worker(reply(answer), sequence_len=96)
+    server = serve_workers([worker], name="scripted-web")
+    try:
+        browser.open(server.url + "/")
+        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('input')")
+        browser.wait_for("document.getElementById('model-name').textContent.includes('96')")
+        for i in range(6):
+            browser.type("#input", f"question number {i}")
+            browser.click("#send")
+            browser.wait_for(
+                f"document.querySelectorAll('.msg.assistant')[{i}]?.dataset.done === 'true'"
+            )
+        assert browser.js("document.querySelectorAll('.msg.failed').length") == 0
+        metas = browser.js(
+            "[...document.querySelectorAll('.msg.assistant .meta')].map(m => m.textContent)"
+        )
+        assert all(m.startswith("stop") for m in metas), metas
+        assert browser.js("document.querySelectorAll('.msg.out').length") >= 2
+        assert "dropped" in browser.js("document.querySelector('.notice').textContent")
+        # The last request carried only what fits: its prompt stayed within the context.
+        assert max(len(h) for h in worker.engine.model.histories) <= 96
+    finally:
+        server.stop()
+
+
+def test_a_stream_that_breaks_off_is_shown_as_an_error_not_an_end(browser):
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse, StreamingResponse
+
+    from chatcli.server import BackgroundServer, _page
+
+    app = FastAPI()
+
+    @app.get("/")
+    async def page() -> HTMLResponse:
+        return HTMLResponse(_page())
+
+    @app.post("/v1/chat/completions")
+    async def completions() -> StreamingResponse:
+        async def body():  # two words, then the stream ends: no finish_reason, no [DONE]
+            for word in ("word ", "word "):
+                yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': word}}]})}\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    server = BackgroundServer(app).start()
+    try:
+        browser.open(server.url + "/")
+        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('input')")
+        browser.type("#input", "hello")
+        browser.click("#send")
+        browser.wait_for("document.querySelector('.msg.assistant')?.dataset.done === 'true'")
+        text = browser.js("document.querySelector('.msg.assistant').textContent")
+        assert text == "word word error: the connection ended before the reply was finished"
     finally:
         server.stop()
