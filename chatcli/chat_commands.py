@@ -130,6 +130,10 @@ class Screen(Protocol):
         """A one-line answer; None when the person declined (Ctrl-C or Ctrl-D)."""
         ...
 
+    def recap(self, messages: Sequence[Mapping[str, object]]) -> None:
+        """Where a loaded conversation left off: its last question and reply."""
+        ...
+
 
 # ---- running a line -----------------------------------------------------------------------------
 
@@ -557,6 +561,7 @@ class ChatCommands:
             self._save(lambda c: c.append_snapshot(loaded.messages))
         count = sum(1 for m in loaded.messages if m["role"] != "system")
         self.screen.notice(f"Loaded {count} messages from {self.conversation.id}.")
+        self.screen.recap(loaded.messages)
         return True
 
     def cmd_history(self, _: None) -> bool:

@@ -257,7 +257,7 @@ def chat(
         read_conversation,
         resolve_conversation,
     )
-    from chatcli.render import make_console, render_banner, render_notice
+    from chatcli.render import make_console, render_banner, render_notice, render_recap
     from chatcli.repl import run_repl
 
     try:
@@ -283,6 +283,7 @@ def chat(
             if loaded.repaired:  # what comes next must replay onto what was loaded
                 conversation.append_snapshot(loaded.messages)
             render_notice(console, f"Resumed {path.name}: {len(loaded.messages)} messages.")
+            render_recap(console, loaded.messages)
         else:
             # Its file is made at the first message: a session that says nothing leaves none.
             conversation = NewConversation(folder, model=info["path"], system=session.system)

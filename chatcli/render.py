@@ -549,6 +549,24 @@ def reply_text(parts: Sequence[Mapping[str, str]]) -> Text:
     return text
 
 
+def render_recap(console: Console, messages: Sequence[Mapping[str, object]]) -> None:
+    """Where a resumed conversation left off: how many messages came before, then its last
+    question and reply (calculator calls as badges), so the next message has its context."""
+    rest = [m for m in messages if m["role"] != "system"]
+    start = max(
+        (i for i, m in enumerate(rest) if m["role"] == "user"), default=len(rest)
+    )  # the last question, and whatever answered it
+    if start > 0:
+        _print_line(console, Text(f"… {start} earlier messages", style="status"))
+    for message in rest[start:]:
+        content = message["content"]
+        if message["role"] == "user":
+            _print_line(console, Text(f"> {visible(str(content))}", style="user"))
+        else:
+            parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+            _print_line(console, reply_text(parts))  # type: ignore[arg-type]
+
+
 def render_replies(
     console: Console, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]]
 ) -> None:

@@ -38,6 +38,7 @@ from chatcli.render import (
     render_hint,
     render_interrupted,
     render_notice,
+    render_recap,
     render_replies,
     render_status,
     render_table,
@@ -295,6 +296,9 @@ class ChatUI:
 
     def replies(self, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]]) -> None:
         render_replies(self.console, replies)
+
+    def recap(self, messages: Sequence[Mapping[str, object]]) -> None:
+        render_recap(self.console, messages)
 
 
 # ---- the loop -----------------------------------------------------------------------------------

@@ -67,6 +67,9 @@ class FakeScreen:
         self.questions.append(question)
         return self.answers.pop(0)
 
+    def recap(self, messages: Sequence[Mapping[str, object]]) -> None:
+        self.drawn.append(("recap", len(messages)))
+
 
 def reply(text: str) -> Reply:
     n = len(text.split())

@@ -15,6 +15,7 @@ from chatcli.render import (
     render_banner,
     render_error,
     render_notice,
+    render_recap,
     render_replies,
     render_status,
     render_table,
@@ -493,3 +494,27 @@ def test_one_line_messages_wrap_at_words_on_a_narrow_terminal():
     render_notice(con, "Your next message gets 3 replies side by side; you keep one.")
     lines = [line.rstrip() for line in out.getvalue().splitlines()]
     assert lines == ["Your next message gets 3 replies side by", "side; you keep one."]
+
+
+def test_a_recap_shows_the_last_question_and_its_reply():
+    con, out = console()
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+        {"role": "user", "content": "What is 6*7?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "python", "text": "6*7"},
+                {"type": "python_output", "text": "42"},
+                {"type": "text", "text": " It is 42."},
+            ],
+        },
+    ]
+    render_recap(con, messages)
+    assert out.getvalue().splitlines() == [
+        "… 2 earlier messages",
+        "> What is 6*7?",
+        "[calc 6*7 = 42] It is 42.",
+    ]

@@ -960,3 +960,14 @@ def test_a_conversation_loaded_from_elsewhere_is_resumed_by_its_path(tmp_path):
     assert lines[-1] == (
         f"Saved as {elsewhere.id}; chatcli chat --resume {elsewhere.path} picks it up."
     )
+
+
+def test_load_shows_where_the_conversation_left_off(tmp_path):
+    folder = tmp_path / "conversations"
+    conv = ConversationFile.create(folder, model="fake")
+    for question, answer in (("q1", "a1"), ("q2", "a2")):
+        conv.append_message({"role": "user", "content": question})
+        conv.append_message({"role": "assistant", "content": [{"type": "text", "text": answer}]})
+    lines = piped_chat(FakeSession(), None, folder, f"/load {conv.id}\n")
+    start = lines.index(f"Loaded 4 messages from {conv.id}.")
+    assert lines[start + 1 : start + 4] == ["… 2 earlier messages", "> q2", "a2"]
