@@ -558,7 +558,7 @@ class ChatCommands:
         self.retries = 0
         self.conversation = ConversationFile(path, path.stem)  # what --resume and /load take
         if loaded.repaired:  # what comes next must replay onto what was loaded
-            self._save(lambda c: c.append_snapshot(loaded.messages))
+            self._save(lambda c: c.append_snapshot(loaded.messages, loaded.finishes))
         count = sum(1 for m in loaded.messages if m["role"] != "system")
         self.screen.notice(f"Loaded {count} messages from {self.conversation.id}.")
         self.screen.recap(loaded.messages)

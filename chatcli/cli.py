@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from chatcli.errors import ChatcliError
+from chatcli.errors import ChatcliError, ConversationFileError
 from chatcli.openmp_wait import choose_openmp_wait
 from chatcli.settings import (
     SETTING_NAMES,
@@ -252,6 +252,7 @@ def chat(
     """Start an interactive chat session."""
     from chatcli.conversation_store import (
         ConversationFile,
+        ConversationSink,
         NewConversation,
         latest_conversation,
         read_conversation,
@@ -279,10 +280,15 @@ def chat(
             for warning in loaded.warnings:
                 render_notice(console, warning)
             session.load_messages(loaded.messages, loaded.finishes)
-            conversation = ConversationFile.open(path)
+            conversation: ConversationSink | None = ConversationFile.open(path)
             if loaded.repaired:  # what comes next must replay onto what was loaded
-                conversation.append_snapshot(loaded.messages)
-            render_notice(console, f"Resumed {path.name}: {len(loaded.messages)} messages.")
+                try:
+                    conversation.append_snapshot(loaded.messages, loaded.finishes)
+                except ConversationFileError as e:
+                    render_notice(console, f"{e} This conversation is not saved from here on.")
+                    conversation = None
+            count = sum(1 for m in loaded.messages if m["role"] != "system")
+            render_notice(console, f"Resumed {path.name}: {count} messages.")
             render_recap(console, loaded.messages)
         else:
             # Its file is made at the first message: a session that says nothing leaves none.

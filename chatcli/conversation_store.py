@@ -225,9 +225,12 @@ class ConversationFile:
         """Record /undo: the last user message and the reply after it are dropped."""
         self._append({"type": "undo"})
 
-    def append_snapshot(self, messages: list[dict[str, Any]]) -> None:
-        """Record the whole conversation anew (a clear, the system prompt, each message):
-        from here on the file replays to `messages`, whatever came before (a repaired load)."""
+    def append_snapshot(
+        self, messages: list[dict[str, Any]], finishes: list[str | None] | None = None
+    ) -> None:
+        """Record the whole conversation anew (a clear, the system prompt, each message with
+        its finish_reason from `finishes`, LoadResult's): from here on the file replays to
+        `messages`, whatever came before (a repaired load)."""
         system, rest = (
             (messages[0]["content"], messages[1:])
             if messages and messages[0]["role"] == "system"
@@ -235,8 +238,10 @@ class ConversationFile:
         )
         self._append({"type": "clear"})
         self.append_system(system)
-        for message in rest:
-            self.append_message(message)
+        reasons = list(finishes or [])[len(messages) - len(rest) :]
+        reasons += [None] * (len(rest) - len(reasons))
+        for message, reason in zip(rest, reasons, strict=True):
+            self.append_message(message, {"finish_reason": reason} if reason else None)
 
     def append_system(self, text: str | None) -> None:
         """Record a new system prompt, or its removal when `text` is None."""

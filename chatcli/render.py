@@ -68,6 +68,8 @@ def visible(text: str) -> str:
 
     def picture(match: re.Match[str]) -> str:
         code = ord(match[0])
+        if code == 0x0D:  # a carriage return (a model's \r\n): dropped, as Rich drops it
+            return ""
         return chr(0x2400 + code) if code < 0x20 else "\u2421" if code == 0x7F else "\ufffd"
 
     return _CONTROLS.sub(picture, text)
@@ -75,6 +77,10 @@ def visible(text: str) -> str:
 
 def _print_line(console: Console, text: Text) -> None:
     # On a terminal Rich wraps at word boundaries; into a pipe or a file, a line stays whole.
+    # Its text may come from a server or a file: visible() keeps control characters inert.
+    clean = visible(text.plain)
+    if clean != text.plain:  # (its spans would no longer fit: one style for the whole)
+        text = Text(clean, style=text.style)
     console.print(text, soft_wrap=not console.is_terminal)
 
 
@@ -271,13 +277,14 @@ class _BlockSplitter:
 
 
 _STAR_IN_ARITHMETIC = re.compile(r"(?<=[\d)])\*(?=[\d(])")
-_CODE_SPAN_SPLIT = re.compile(r"(`+[^`]*`+)")
+# Code spans and autolinks (<http://...>): escapes would show in both.
+_CODE_SPAN_SPLIT = re.compile(r"(`+[^`]*`+|<[A-Za-z][A-Za-z0-9+.-]*:[^<>\s]*>)")
 
 
 def _arithmetic_kept(text: str) -> str:
     """Markdown source whose `*` between digits (6*7*7, (2+3)*4) stays a star: Markdown reads
     `*7*` as emphasis and the reply would show 677. Code, fenced or inline, is left as it is."""
-    if _FENCE_OPEN.match(text) or text.startswith(("    ", "\t")):
+    if _FENCE_OPEN.match(text.partition("\n")[0]) or text.startswith(("    ", "\t")):
         return text
     pieces = _CODE_SPAN_SPLIT.split(text)  # the odd pieces are code spans
     return "".join(
@@ -455,7 +462,7 @@ def render_notice(console: Console, message: str) -> None:
 
 def render_hint(console: Console, message: str) -> None:
     """A quiet line of advice, in the status style (e.g. how to leave)."""
-    console.print(Text(message, style="status"))
+    console.print(Text(visible(message), style="status"))
 
 
 def render_text(console: Console, message: str) -> None:
@@ -517,7 +524,7 @@ def render_table(console: Console, headers: Sequence[str], rows: Iterable[Sequen
     for header in headers:
         table.add_column(header, overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(visible(cell) for cell in row))
     if not console.is_terminal:
         # Into a pipe or a file, rows at their natural width: folded at Rich's default 80
         # columns, a path split over lines and `chatcli models | grep` missed it. (A
@@ -557,7 +564,8 @@ def render_recap(console: Console, messages: Sequence[Mapping[str, object]]) -> 
         (i for i, m in enumerate(rest) if m["role"] == "user"), default=len(rest)
     )  # the last question, and whatever answered it
     if start > 0:
-        _print_line(console, Text(f"… {start} earlier messages", style="status"))
+        earlier = f"{start} earlier message{'s' if start > 1 else ''}"
+        _print_line(console, Text(f"… {earlier}", style="status"))
     for message in rest[start:]:
         content = message["content"]
         if message["role"] == "user":
@@ -573,7 +581,7 @@ def render_replies(
     """Alternative replies, each given as its parts and a subtitle, in panels titled 1..N:
     side by side when each can have 40 columns, one after another otherwise."""
     panels = [
-        Panel(reply_text(parts), title=str(i), subtitle=subtitle, title_align="left")
+        Panel(reply_text(parts), title=str(i), subtitle=visible(subtitle), title_align="left")
         for i, (parts, subtitle) in enumerate(replies, start=1)
     ]
     if console.width < 40 * len(panels):

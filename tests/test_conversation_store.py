@@ -575,3 +575,12 @@ def test_each_message_comes_back_with_the_finish_reason_its_record_kept(tmp_path
     conv.append_message(assistant("a2"))  # a file from before the meta: unknown
     result = read_conversation(conv.path)
     assert result.finishes == [None, None, "stop", None, None]
+
+
+def test_a_snapshot_keeps_each_replys_finish_reason(tmp_path: Path) -> None:
+    conv = new_file(tmp_path)
+    messages = [{"role": "system", "content": "sys"}, user("q"), assistant("a")]
+    conv.append_snapshot(messages, [None, None, "length"])
+    result = read_conversation(conv.path)
+    assert result.messages == messages
+    assert result.finishes == [None, None, "length"]

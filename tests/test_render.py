@@ -518,3 +518,27 @@ def test_a_recap_shows_the_last_question_and_its_reply():
         "> What is 6*7?",
         "[calc 6*7 = 42] It is 42.",
     ]
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["~~~\nx = 2*3*4\n~~~", "```python\nx = 2*3*4", "see <http://x.example/2*3*4>"],
+)
+def test_code_and_autolinks_keep_their_stars_unescaped(source):
+    from chatcli.render import _arithmetic_kept
+
+    assert _arithmetic_kept(source) == source
+
+
+def test_text_from_a_server_in_status_tables_and_banner_is_made_visible():
+    con, out = console(terminal=True)
+    render_status(con, {"finish_reason": "stop\x1b[2J"})
+    render_table(con, ("id", "preview"), [("a", "hi\x1b]0;T\x07")])
+    render_banner(con, {"path": "model\x1b[31m"})
+    text = out.getvalue()
+    assert "stop␛[2J" in text and "hi␛]0;T␇" in text and "model␛[31m" in text
+    assert "\x1b[2J" not in text and "\x1b]0;" not in text
+
+
+def test_a_carriage_return_is_dropped_not_pictured():
+    assert visible("one\r\ntwo") == "one\ntwo"

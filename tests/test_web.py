@@ -275,3 +275,31 @@ def test_a_stream_that_breaks_off_is_shown_as_an_error_not_an_end(browser):
         assert text == "word word error: the connection ended before the reply was finished"
     finally:
         server.stop()
+
+
+def test_dropping_exchanges_dims_the_right_bubbles_after_a_failed_turn(browser):
+    answer = [*text_tokens(" a rather long answer, really."), END]
+    worker = scripted_worker(reply(answer), sequence_len=96)
+    server = serve_workers([worker], name="scripted-web")
+    try:
+        browser.open(server.url + "/")
+        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('input')")
+        browser.wait_for("document.getElementById('model-name').textContent.includes('96')")
+        for i in range(6):
+            # The second question asks for a top_k the server refuses: it fails, unanswered.
+            browser.js(f"document.getElementById('top-k').value = '{500 if i == 1 else 50}'")
+            browser.type("#input", f"question number {i}")
+            browser.click("#send")
+            browser.wait_for(
+                f"document.querySelectorAll('.msg.assistant')[{i}]?.dataset.done === 'true'"
+            )
+            browser.js("document.getElementById('input').value = ''")  # the failed one came back
+        dimmed = browser.js("[...document.querySelectorAll('.msg.out')].map(m => m.textContent)")
+        assert dimmed, "nothing was dropped"
+        assert "question number 1" not in dimmed  # never in the conversation: not dropped
+        users = [t for t in dimmed if t.startswith("question")]
+        answers = [t for t in dimmed if not t.startswith("question")]
+        assert len(users) == len(answers)  # whole exchanges, question and reply
+        assert users == [f"question number {i}" for i in (0, 2, 3, 4)][: len(users)]
+    finally:
+        server.stop()
