@@ -26,6 +26,8 @@ pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[se
 from fakes import reply, tool_call
 from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
 
+from chatcli.worker_pool import Worker
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
     pytest.mark.slow,
@@ -198,50 +200,64 @@ def test_chat_page_streams_a_reply_with_a_calculator_badge_and_stops(browser):
         server.stop()
 
 
+def open_page(browser, url: str) -> None:
+    browser.open(url + "/")
+    browser.wait_for("document.readyState === 'complete' && !!document.getElementById('input')")
+
+
+def send(browser, text: str, reply: int = 0) -> None:
+    """Types `text`, sends it, and waits for the page's reply number `reply` to end."""
+    browser.type("#input", text)
+    browser.click("#send")
+    browser.wait_for(
+        f"document.querySelectorAll('.msg.assistant')[{reply}]?.dataset.done === 'true'"
+    )
+
+
 def test_a_calculator_call_cut_by_the_length_limit_shows_as_cut(browser):
     worker = scripted_worker(tool_call("1234*56", text_tokens(" done")))
     server = serve_workers([worker], name="scripted-web")
     try:
-        browser.open(server.url + "/")
-        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('input')")
+        open_page(browser, server.url)
         # <|python_start|> then "123": the length limit stops the call inside its expression.
         browser.js("document.getElementById('max-tokens').value = '4'")
-        browser.type("#input", "what is 1234*56?")
-        browser.click("#send")
-        browser.wait_for("document.querySelector('.msg.assistant')?.dataset.done === 'true'")
+        send(browser, "what is 1234*56?")
         badge = browser.js("document.querySelector('.msg.assistant .calc-badge').textContent")
         assert badge == "calc 123 … (cut)"
     finally:
         server.stop()
 
 
-def test_a_long_chat_drops_its_oldest_exchanges_instead_of_failing(browser):
-    # A 96-token context and 27-token answers: the third exchange no longer fits with the
-    # first two.
+def long_chat(browser, refused: int | None = None) -> Worker:
+    """Six questions through the page to a model with a 96-token context that answers each
+    in 27 tokens: from the third exchange on, the oldest no longer fit. Question `refused`
+    asks for a top_k the server refuses: it fails, unanswered. Returns the worker."""
     answer = [*text_tokens(" a rather long answer, really."), END]
     worker = scripted_worker(reply(answer), sequence_len=96)
     server = serve_workers([worker], name="scripted-web")
     try:
-        browser.open(server.url + "/")
-        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('input')")
+        open_page(browser, server.url)
         browser.wait_for("document.getElementById('model-name').textContent.includes('96')")
         for i in range(6):
-            browser.type("#input", f"question number {i}")
-            browser.click("#send")
-            browser.wait_for(
-                f"document.querySelectorAll('.msg.assistant')[{i}]?.dataset.done === 'true'"
-            )
-        assert browser.js("document.querySelectorAll('.msg.failed').length") == 0
-        metas = browser.js(
-            "[...document.querySelectorAll('.msg.assistant .meta')].map(m => m.textContent)"
-        )
-        assert all(m.startswith("stop") for m in metas), metas
-        assert browser.js("document.querySelectorAll('.msg.out').length") >= 2
-        assert "dropped" in browser.js("document.querySelector('.notice').textContent")
-        # The last request carried only what fits: its prompt stayed within the context.
-        assert max(len(h) for h in worker.engine.model.histories) <= 96
+            browser.js(f"document.getElementById('top-k').value = '{500 if i == refused else 50}'")
+            send(browser, f"question number {i}", reply=i)
+            browser.js("document.getElementById('input').value = ''")  # a failed one comes back
     finally:
         server.stop()
+    return worker
+
+
+def test_a_long_chat_drops_its_oldest_exchanges_instead_of_failing(browser):
+    worker = long_chat(browser)
+    assert browser.js("document.querySelectorAll('.msg.failed').length") == 0
+    metas = browser.js(
+        "[...document.querySelectorAll('.msg.assistant .meta')].map(m => m.textContent)"
+    )
+    assert all(m.startswith("stop") for m in metas), metas
+    assert browser.js("document.querySelectorAll('.msg.out').length") >= 2
+    assert "dropped" in browser.js("document.querySelector('.notice').textContent")
+    # Every request carried only what fits: its prompt stayed within the context.
+    assert max(len(h) for h in worker.engine.model.histories) <= 96
 
 
 def test_a_stream_that_breaks_off_is_shown_as_an_error_not_an_end(browser):
@@ -266,11 +282,8 @@ def test_a_stream_that_breaks_off_is_shown_as_an_error_not_an_end(browser):
 
     server = BackgroundServer(app).start()
     try:
-        browser.open(server.url + "/")
-        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('input')")
-        browser.type("#input", "hello")
-        browser.click("#send")
-        browser.wait_for("document.querySelector('.msg.assistant')?.dataset.done === 'true'")
+        open_page(browser, server.url)
+        send(browser, "hello")
         text = browser.js("document.querySelector('.msg.assistant').textContent")
         assert text == "word word error: the connection ended before the reply was finished"
     finally:
@@ -278,28 +291,11 @@ def test_a_stream_that_breaks_off_is_shown_as_an_error_not_an_end(browser):
 
 
 def test_dropping_exchanges_dims_the_right_bubbles_after_a_failed_turn(browser):
-    answer = [*text_tokens(" a rather long answer, really."), END]
-    worker = scripted_worker(reply(answer), sequence_len=96)
-    server = serve_workers([worker], name="scripted-web")
-    try:
-        browser.open(server.url + "/")
-        browser.wait_for("document.readyState === 'complete' && !!document.getElementById('input')")
-        browser.wait_for("document.getElementById('model-name').textContent.includes('96')")
-        for i in range(6):
-            # The second question asks for a top_k the server refuses: it fails, unanswered.
-            browser.js(f"document.getElementById('top-k').value = '{500 if i == 1 else 50}'")
-            browser.type("#input", f"question number {i}")
-            browser.click("#send")
-            browser.wait_for(
-                f"document.querySelectorAll('.msg.assistant')[{i}]?.dataset.done === 'true'"
-            )
-            browser.js("document.getElementById('input').value = ''")  # the failed one came back
-        dimmed = browser.js("[...document.querySelectorAll('.msg.out')].map(m => m.textContent)")
-        assert dimmed, "nothing was dropped"
-        assert "question number 1" not in dimmed  # never in the conversation: not dropped
-        users = [t for t in dimmed if t.startswith("question")]
-        answers = [t for t in dimmed if not t.startswith("question")]
-        assert len(users) == len(answers)  # whole exchanges, question and reply
-        assert users == [f"question number {i}" for i in (0, 2, 3, 4)][: len(users)]
-    finally:
-        server.stop()
+    long_chat(browser, refused=1)
+    dimmed = browser.js("[...document.querySelectorAll('.msg.out')].map(m => m.textContent)")
+    assert dimmed, "nothing was dropped"
+    assert "question number 1" not in dimmed  # never in the conversation: not dropped
+    users = [t for t in dimmed if t.startswith("question")]
+    answers = [t for t in dimmed if not t.startswith("question")]
+    assert len(users) == len(answers)  # whole exchanges, question and reply
+    assert users == [f"question number {i}" for i in (0, 2, 3, 4)][: len(users)]
