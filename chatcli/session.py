@@ -184,7 +184,10 @@ class ChatSession:
         while needed() > CONTEXT_REFILL_FRACTION * limit:
             if not self.undo_oldest():
                 break
-            self._retokenize()  # the new first message takes the system prompt in
+            first = self.entries[0] if self.entries else None
+            if first is not None and first.message["role"] == "user":
+                # the new first message takes the system prompt in
+                first.tokens = self._user_tokens(first.message["content"], first=True)
             dropped += 1
         if dropped:
             self.notices.append(
