@@ -35,7 +35,8 @@ def render_bench(console: Console, result: dict[str, Any]) -> None:
     )
     ours_threads = f"{t['ours']} (decode: {by_rows})" if by_rows else str(t["ours"])
     rows.append(("threads", str(t["baseline"]), ours_threads, ""))
-    rows.append(("prefill tok/s", str(p["baseline"]), str(p["ours"]), ""))
+    prefill_ratio = f"{round(p['ours'] / p['baseline'], 2)}x" if p["baseline"] else ""
+    rows.append(("prefill tok/s", str(p["baseline"]), str(p["ours"]), prefill_ratio))
     for key, title in (
         ("decode_tps", "decode tok/s, batch 1"),
         ("decode8_tps", "decode tok/s, 8 samples"),

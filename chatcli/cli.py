@@ -82,30 +82,42 @@ ModelOpt = Annotated[
     str | None,
     typer.Option("--model", "-m", help="Checkpoint: base dir, folder, model_*.pt or tag."),
 ]
-SourceOpt = Annotated[str | None, typer.Option(help="Checkpoint kind: sft, rl, base or mid.")]
+# Each default is the built-in one; the config file or CHATCLI_<NAME> may set another.
+SourceOpt = Annotated[
+    str | None, typer.Option(help="Checkpoint kind: sft (default), rl, base or mid.")
+]
 # Text, checked by settings.validate_setting like the config's and CHATCLI_STEP: "latest" too.
 StepOpt = Annotated[
     str | None, typer.Option(metavar="N|latest", help="Checkpoint step (default: latest).")
 ]
-DeviceOpt = Annotated[str | None, typer.Option(help="auto, cpu, cuda or mps.")]
-DtypeOpt = Annotated[str | None, typer.Option(help="auto, float32 or bfloat16.")]
+DeviceOpt = Annotated[str | None, typer.Option(help="auto (default), cpu, cuda, cuda:N or mps.")]
+DtypeOpt = Annotated[str | None, typer.Option(help="auto (default), float32 or bfloat16.")]
 QuantizeOpt = Annotated[
-    str | None, typer.Option(help="CPU decode weights: none, int8 or int4 (big models).")
+    str | None,
+    typer.Option(help="CPU decode weights: none (default), int8 or int4 (big models)."),
 ]
 # Sampling flags are read as text and checked by settings.validate_setting, as the slash
 # commands are: the same ranges, the same "off", the same messages.
 TempOpt = Annotated[
-    str | None, typer.Option("--temperature", "-t", metavar="T", help="0 to 2; 0 = greedy.")
+    str | None,
+    typer.Option("--temperature", "-t", metavar="T", help="0 to 2; 0 = greedy (default 0.6)."),
 ]
-TopKOpt = Annotated[str | None, typer.Option("--top-k", metavar="K", help="0 or off = off.")]
-TopPOpt = Annotated[str | None, typer.Option("--top-p", metavar="P", help="1 or off = off.")]
+TopKOpt = Annotated[
+    str | None, typer.Option("--top-k", metavar="K", help="1 to 1000; 0 or off = off (default 50).")
+]
+TopPOpt = Annotated[
+    str | None, typer.Option("--top-p", metavar="P", help="0 < P < 1; 1 or off = off (default).")
+]
 MaxTokOpt = Annotated[
-    str | None, typer.Option("--max-tokens", metavar="N", help="Reply length limit.")
+    str | None,
+    typer.Option("--max-tokens", metavar="N", help="Reply length limit, 1 to 65536 (default 512)."),
 ]
-SeedOpt = Annotated[str | None, typer.Option(help="An integer, or 'random'.")]
-SystemOpt = Annotated[str | None, typer.Option(help="System prompt.")]
-MarkdownOpt = Annotated[str | None, typer.Option(help="auto, always or never.")]
-ToolsOpt = Annotated[bool | None, typer.Option("--tools/--no-tools", help="Calculator tool.")]
+SeedOpt = Annotated[str | None, typer.Option(help="An integer, or 'random' (default).")]
+SystemOpt = Annotated[str | None, typer.Option(help="System prompt (default: none).")]
+MarkdownOpt = Annotated[str | None, typer.Option(help="auto (default), always or never.")]
+ToolsOpt = Annotated[
+    bool | None, typer.Option("--tools/--no-tools", help="Calculator tool (default: on).")
+]
 UrlOpt = Annotated[
     str | None,
     typer.Option(
@@ -273,7 +285,8 @@ def chat(
             if path is None:
                 raise ChatcliError(f"No saved conversation to resume in {folder}.")
             loaded = read_conversation(path)
-        with console.status("Loading model…", spinner="dots"):
+        waiting = f"Connecting to {url}…" if url else "Loading model…"
+        with console.status(waiting, spinner="dots"):
             session, info = _load_session(settings, softcap, url, api_key, model, compile_model)
         render_banner(console, info)
         if loaded is not None and path is not None:
@@ -335,7 +348,10 @@ def once(
     tools: ToolsOpt = None,
     as_json: Annotated[
         bool,
-        typer.Option("--json", help="Print {text, finish_reason, usage, timings, seed, model}."),
+        typer.Option(
+            "--json",
+            help="Print {text, parts, tools, finish_reason, usage, timings, seed, model}.",
+        ),
     ] = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -486,7 +502,7 @@ def serve(
     dtype: DtypeOpt = None,
     quantize: QuantizeOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    port: Annotated[int, typer.Option(help="Port (0: a free one, said on start).")] = 8000,
     workers: Annotated[
         int | None, typer.Option(help="Model replicas (default: one per GPU, else 1).")
     ] = None,

@@ -297,6 +297,8 @@ def test_bench_table_names_the_step_kernel_and_the_threads_decode_settled_on(mon
     assert "8.65x" in out.output and "5.89x" in out.output
     rows = {line.split(" (s)")[0]: line for line in out.output.splitlines() if " (s) " in line}
     assert rows["time to first token, turn 1"].split()[-2:] == ["1.14x", "slower"]
+    prefill = next(line for line in out.output.splitlines() if line.startswith("prefill"))
+    assert prefill.split()[-1] == "1.04x"  # 13617.7 / 13078.9
     assert rows["time to first token, turn 10"].split()[-2:] == ["2.97x", "faster"]
     assert "beside a decode run: 0.93, bf16 0.465" in " ".join(out.output.split())
 
@@ -348,3 +350,18 @@ def test_models_lists_a_checkpoint_it_cannot_read_and_says_why(tmp_path):
     assert row.rstrip().endswith("(unreadable)")
     assert f"{tag / 'model_000650.pt'}: No tokenizer.pkl found" in result.stderr
     assert "No checkpoints in" not in result.stderr
+
+
+def test_help_gives_the_built_in_defaults_the_settings_have():
+    from chatcli.settings import Settings
+
+    defaults = Settings()
+    out = " ".join(runner.invoke(app, ["once", "--help"], env={"COLUMNS": "200"}).output.split())
+    for shown in (
+        f"default {defaults.temperature}",
+        f"default {defaults.top_k}",
+        f"default {defaults.max_tokens}",
+        f"{defaults.source} (default)",
+        f"{defaults.markdown} (default)",
+    ):
+        assert shown in out, shown

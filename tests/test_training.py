@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 
@@ -85,3 +86,16 @@ def test_weight_average_is_a_plain_mean_then_exponential():
     assert seen == pytest.approx([1.5, 3.0, 4.75, 7.0625])
     average.load_into(model)
     assert torch.allclose(weight, torch.full_like(weight, 7.0625))
+
+
+def test_a_run_that_ends_in_the_warmup_says_the_model_has_barely_learned(tmp_path):
+    # A tiny run cut off after at most a few steps by a budget of a fraction of a second.
+    preset = dataclasses.replace(PRESETS["tiny"], minutes=0.0001, conversations=200)
+    logs: list[str] = []
+    train(tmp_path, preset, seed=0, log=logs.append)
+    assert any(line.startswith("warning: only") and "barely learned" in line for line in logs)
+
+
+def test_a_whole_run_gives_no_such_warning(tiny_run):
+    _, _, logs = tiny_run
+    assert not any("barely learned" in line for line in logs)
