@@ -88,7 +88,7 @@ def pick_device(device: str = "auto") -> torch.device:
                 "Use --device auto or cpu."
             )
         index = device.partition(":")[2]
-        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        if index and int(index) >= torch.cuda.device_count():  # digits: the pattern above
             raise CheckpointError(
                 f"Device {device!r} was asked for, but this machine has "
                 f"{torch.cuda.device_count()} CUDA GPU(s): cuda:0 to "

@@ -293,7 +293,8 @@ def chat(
             for warning in loaded.warnings:
                 render_notice(console, warning)
             session.load_messages(loaded.messages, loaded.finishes)
-            conversation: ConversationSink | None = ConversationFile.open(path)
+            # Read just above: its name, not the header's id, is what --resume takes again.
+            conversation: ConversationSink | None = ConversationFile(path, path.stem)
             if loaded.repaired:  # what comes next must replay onto what was loaded
                 try:
                     conversation.append_snapshot(loaded.messages, loaded.finishes)

@@ -231,17 +231,12 @@ class ConversationFile:
         """Record the whole conversation anew (a clear, the system prompt, each message with
         its finish_reason from `finishes`, LoadResult's): from here on the file replays to
         `messages`, whatever came before (a repaired load)."""
-        system, rest = (
-            (messages[0]["content"], messages[1:])
-            if messages and messages[0]["role"] == "system"
-            else (None, messages)
-        )
+        system = next((m["content"] for m in messages if m["role"] == "system"), None)
         self._append({"type": "clear"})
         self.append_system(system)
-        reasons = list(finishes or [])[len(messages) - len(rest) :]
-        reasons += [None] * (len(rest) - len(reasons))
-        for message, reason in zip(rest, reasons, strict=True):
-            self.append_message(message, {"finish_reason": reason} if reason else None)
+        for message, reason in zip(messages, finishes or [None] * len(messages), strict=True):
+            if message["role"] != "system":
+                self.append_message(message, {"finish_reason": reason} if reason else None)
 
     def append_system(self, text: str | None) -> None:
         """Record a new system prompt, or its removal when `text` is None."""

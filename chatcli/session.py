@@ -90,10 +90,12 @@ class ChatSession:
     ) -> None:
         """Replace the conversation (e.g. a resumed file); the cache refills on the next turn.
         finishes: each message's finish_reason where the file kept it (LoadResult's)."""
-        self.system, rest = split_system(messages)
-        known = list(finishes or [])[len(messages) - len(rest) :]
-        known += [None] * (len(rest) - len(known))
-        self.entries = [_Entry(m, [], f, rendered=True) for m, f in zip(rest, known, strict=True)]
+        self.system, _ = split_system(messages)
+        self.entries = [
+            _Entry(m, [], f, rendered=True)
+            for m, f in zip(messages, finishes or [None] * len(messages), strict=True)
+            if m["role"] != "system"
+        ]
         self._retokenize()
 
     def set_system(self, text: str | None) -> None:
