@@ -122,8 +122,11 @@ class Screen(Protocol):
 
     def table(self, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None: ...
 
-    def replies(self, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]]) -> None:
-        """Alternative replies side by side: each as its parts and a one-line subtitle."""
+    def replies(
+        self, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]], tools: bool = True
+    ) -> None:
+        """Alternative replies side by side: each as its parts and a one-line subtitle.
+        tools: whether the calculator ran (off: a call without a result was not run)."""
         ...
 
     def ask(self, question: str) -> str | None:
@@ -323,7 +326,8 @@ class ChatCommands:
             raise
         self.show_notices()
         self.screen.replies(
-            [(r.parts, f"{r.stats.tokens_out} tok · {r.stats.finish_reason}") for r in replies]
+            [(r.parts, f"{r.stats.tokens_out} tok · {r.stats.finish_reason}") for r in replies],
+            tools=self.session.options.tools,
         )
         choice = self._ask_choice(n)
         if choice is None or choice == 0:

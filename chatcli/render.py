@@ -43,6 +43,7 @@ CHAT_THEME = Theme(
         "calc.result": "green",
         "calc.failed": "red",
         "calc.cut": "yellow",
+        "calc.off": "dim",
         "special": "magenta",
         "interrupted": "italic yellow",
         "status": "dim",
@@ -115,26 +116,30 @@ def use_markdown(console: Console, mode: str = "auto") -> bool:
 
 
 CUT_MARK = "… cut"  # a call the length limit stopped: neither answered nor failed
+OFF_MARK = "not run (tools off)"  # a call written under /tools off: nothing was asked
 
 
-def format_badge(expression: str, output: str | None, cut: bool = False) -> str:
-    """One line for a calculator call: `calc 12*7 = 84`, `calc 1/0 failed`, or
-    `calc 12* … cut` for one the reply's length limit stopped before it finished."""
+def format_badge(expression: str, output: str | None, cut: bool = False, off: bool = False) -> str:
+    """One line for a calculator call: `calc 12*7 = 84`, `calc 1/0 failed`,
+    `calc 12* … cut` for one the reply's length limit stopped before it finished, or
+    `calc 12*7 not run (tools off)` for one written while the calculator was off."""
     expression = " ".join(expression.split())
     if cut:
         return f"calc {expression} {CUT_MARK}"
     if output is None:
-        return f"calc {expression} failed"
+        return f"calc {expression} {OFF_MARK if off else 'failed'}"
     return f"calc {expression} = {' '.join(output.split())}"
 
 
-def _badge(expression: str, output: str | None, cut: bool = False) -> Text:
-    """The styled plain-mode badge: `[calc 12*7 = 84]`, `[calc 1/0 failed]` or
-    `[calc 12* … cut]`."""
+def _badge(expression: str, output: str | None, cut: bool = False, off: bool = False) -> Text:
+    """The styled plain-mode badge: `[calc 12*7 = 84]`, `[calc 1/0 failed]`,
+    `[calc 12* … cut]` or `[calc 12*7 not run (tools off)]`."""
     badge = Text("[calc ", style="calc")
     badge.append(" ".join(expression.split()), style="calc.expr")
     if cut:
         badge.append(f" {CUT_MARK}", style="calc.cut")
+    elif output is None and off:
+        badge.append(f" {OFF_MARK}", style="calc.off")
     elif output is None:
         badge.append(" failed", style="calc.failed")
     else:
@@ -149,11 +154,13 @@ def _markdown_escape(text: str) -> str:
     return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", text)
 
 
-def _markdown_badge(expression: str, output: str | None, cut: bool = False) -> str:
+def _markdown_badge(
+    expression: str, output: str | None, cut: bool = False, off: bool = False
+) -> str:
     """The badge in Markdown source: `[calc 12*7 = 84]` as in plain mode, escaped so that
     neither `*` nor `[` is read as Markdown, inside <kbd>, the one inline tag Rich draws in a
     style of its own (the theme's markdown.kbd: dim, as the plain badge)."""
-    return f"<kbd>{_markdown_escape(f'[{format_badge(expression, output, cut)}]')}</kbd>"
+    return f"<kbd>{_markdown_escape(f'[{format_badge(expression, output, cut, off)}]')}</kbd>"
 
 
 def _code_span(text: str) -> str:
@@ -362,8 +369,8 @@ class ReplyRenderer:
         elif isinstance(event, ToolResult):
             expression = visible(event.expression)
             output = None if event.output is None else visible(event.output)
-            markdown = _markdown_badge(expression, output, event.cut)
-            self._write(markdown, _badge(expression, output, event.cut))
+            markdown = _markdown_badge(expression, output, event.cut, event.off)
+            self._write(markdown, _badge(expression, output, event.cut, event.off))
         elif isinstance(event, SpecialToken):
             self._write(_code_span(event.name), Text(event.name, style="special"))
         # ToolCallStart and ToolCallDelta draw nothing: the badge comes with the result.
@@ -535,8 +542,9 @@ def render_table(console: Console, headers: Sequence[str], rows: Iterable[Sequen
     console.print(table)
 
 
-def reply_text(parts: Sequence[Mapping[str, str]]) -> Text:
-    """A finished reply's parts as text, each calculator call as its `[calc ...]` badge."""
+def reply_text(parts: Sequence[Mapping[str, str]], tools: bool = True) -> Text:
+    """A finished reply's parts as text, each calculator call as its `[calc ...]` badge.
+    tools: whether the calculator ran; if not, a call without a result was not run."""
     text = Text()
     pending: str | None = None  # the expression of a call whose result may follow
     for part in parts:
@@ -545,14 +553,14 @@ def reply_text(parts: Sequence[Mapping[str, str]]) -> Text:
             pending = None
             continue
         if pending is not None:
-            text.append(f"[{format_badge(pending, None)}]", style="calc")
+            text.append(f"[{format_badge(pending, None, off=not tools)}]", style="calc")
             pending = None
         if part["type"] == "python":
             pending = visible(part["text"])
         else:
             text.append(visible(part["text"]), style="assistant")
     if pending is not None:
-        text.append(f"[{format_badge(pending, None)}]", style="calc")
+        text.append(f"[{format_badge(pending, None, off=not tools)}]", style="calc")
     return text
 
 
@@ -576,12 +584,17 @@ def render_recap(console: Console, messages: Sequence[Mapping[str, object]]) -> 
 
 
 def render_replies(
-    console: Console, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]]
+    console: Console,
+    replies: Sequence[tuple[Sequence[Mapping[str, str]], str]],
+    tools: bool = True,
 ) -> None:
     """Alternative replies, each given as its parts and a subtitle, in panels titled 1..N:
-    side by side when each can have 40 columns, one after another otherwise."""
+    side by side when each can have 40 columns, one after another otherwise. tools: whether
+    the calculator ran for them (reply_text)."""
     panels = [
-        Panel(reply_text(parts), title=str(i), subtitle=visible(subtitle), title_align="left")
+        Panel(
+            reply_text(parts, tools), title=str(i), subtitle=visible(subtitle), title_align="left"
+        )
         for i, (parts, subtitle) in enumerate(replies, start=1)
     ]
     if console.width < 40 * len(panels):

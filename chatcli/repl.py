@@ -294,8 +294,10 @@ class ChatUI:
     def table(self, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
         render_table(self.console, headers, rows)
 
-    def replies(self, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]]) -> None:
-        render_replies(self.console, replies)
+    def replies(
+        self, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]], tools: bool = True
+    ) -> None:
+        render_replies(self.console, replies, tools)
 
     def recap(self, messages: Sequence[Mapping[str, object]]) -> None:
         render_recap(self.console, messages)

@@ -382,7 +382,7 @@ class ChatSession:
         # A continued reply keeps what it had, and picks up where it stopped: inside a
         # calculator call, or with the rest of the calculator's result still to write.
         resume, masks = self.engine.replay_tool_use(prefix)
-        decoder = TokenDecoder(self.tokenizer, raw=self.raw)
+        decoder = TokenDecoder(self.tokenizer, raw=self.raw, tools=opts.tools)
         decoder.resume(prefix, masks)
         tokens: list[int] = list(prefix)
         n_before = len(tokens)

@@ -52,17 +52,22 @@ class ToolCallDelta:
 class ToolResult:
     """A finished calculator call. `output` is None when the tool failed or refused, or the
     call never closed. `cut` says the stream ended (length limit, context) before the call
-    did, inside its expression or its result: not a failure, /continue finishes it."""
+    did, inside its expression or its result: not a failure, /continue finishes it. `off`
+    says the calculator was switched off (`/tools off`), so nothing was asked of it."""
 
     expression: str
     output: str | None
     cut: bool = False
+    off: bool = False
 
     @property
     def status(self) -> str:
-        """How the call ended: ok (answered), failed (refused, or ended by the model) or cut."""
+        """How the call ended: ok (answered), failed (refused, or ended by the model), cut,
+        or off (the tools were off: not run)."""
         if self.cut:
             return "cut"
+        if self.off and self.output is None:
+            return "off"
         return "failed" if self.output is None else "ok"
 
 
@@ -101,8 +106,11 @@ class TokenDecoder:
     to form valid text).
     """
 
-    def __init__(self, tokenizer: TokenText, raw: bool = False) -> None:
+    def __init__(self, tokenizer: TokenText, raw: bool = False, tools: bool = True) -> None:
+        """tools: whether the engine runs the calculator in this stream; with it off, a call
+        the model closes is reported as not run (`off`), not as failed."""
         self.raw = raw
+        self._tools = tools
         self._tokenizer = tokenizer
         self._names = {tokenizer.encode_special(name): name for name in SPECIAL_TOKENS}
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -117,7 +125,7 @@ class TokenDecoder:
         events: list[StreamEvent] = []
         if self._where is _Where.AFTER_PYTHON and not (name == OUTPUT_START and mask == 0):
             # Anything but a forced output_start means the tool gave no answer.
-            events.append(ToolResult(self._expression, None))
+            events.append(ToolResult(self._expression, None, off=not self._tools))
             self._where = _Where.TEXT
         if name is None:
             text = self._utf8.decode(self._tokenizer.decode_bytes([token]))
@@ -145,7 +153,7 @@ class TokenDecoder:
         if self._where in (_Where.PYTHON, _Where.OUTPUT):
             events.append(ToolResult(self._expression, None, cut=True))
         elif self._where is _Where.AFTER_PYTHON:
-            events.append(ToolResult(self._expression, None))
+            events.append(ToolResult(self._expression, None, off=not self._tools))
         self._where = _Where.TEXT
         return events
 

@@ -60,7 +60,9 @@ class FakeScreen:
     def table(self, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
         self.drawn.append(("table", dict(rows)))
 
-    def replies(self, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]]) -> None:
+    def replies(
+        self, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]], tools: bool = True
+    ) -> None:
         self.drawn.append(("replies", [(parts[0]["text"], sub) for parts, sub in replies]))
 
     def ask(self, question: str) -> str | None:

@@ -110,6 +110,20 @@ def test_a_cut_call_is_yellow_and_a_failed_one_red_on_a_colour_terminal():
     assert "\x1b[2;31m failed\x1b[0m" in out.getvalue()
 
 
+def test_a_call_made_with_the_tools_off_says_not_run_in_every_mode():
+    events = [*tool("2+2", None)[:2], ToolResult("2+2", None, off=True)]
+    assert render(events) == "[calc 2+2 not run (tools off)]\n"
+    con, out = console()
+    renderer = ReplyRenderer(con, markdown=True)
+    for event in events:
+        renderer.handle(event)
+    renderer.finish("stop")
+    assert lines_of(out.getvalue()) == ["[calc 2+2 not run (tools off)]"]
+    parts = [{"type": "python", "text": "2+2"}, {"type": "text", "text": "4"}]
+    assert reply_text(parts, tools=False).plain == "[calc 2+2 not run (tools off)]4"
+    assert reply_text(parts).plain == "[calc 2+2 failed]4"
+
+
 def test_badge_text_is_one_line():
     assert format_badge(" 12 *\n 7 ", "84\n") == "calc 12 * 7 = 84"
     assert format_badge("1/0", None) == "calc 1/0 failed"

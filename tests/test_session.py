@@ -222,6 +222,15 @@ def test_continue_after_resuming_a_reply_cut_inside_the_expression():
     assert session.messages[-1]["content"][:2] == CALL_1234[:2]
 
 
+def test_with_the_tools_off_the_call_is_not_run_and_says_so():
+    session = scripted_session("1234*56", max_tokens=100)
+    session.options.tools = False
+    # The scripted model writes the result tokens itself, unmasked: not the tool's.
+    [result] = results(session.send("What is 1234*56?"))
+    assert (result.output, result.status) == (None, "off")
+    assert 0 not in session.last_reply.masks
+
+
 def test_a_cut_inside_the_forced_result_never_splits_it():
     # 1111*22: the call takes 9 tokens, so 12 stop inside <|output_start|>24442<|output_end|>.
     session = scripted_session("1111*22", max_tokens=12)

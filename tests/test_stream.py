@@ -54,8 +54,10 @@ def text(s: str) -> list[int]:
     return list(s.encode("utf-8"))
 
 
-def run(tokens: list[int], masks: list[int] | None = None, raw: bool = False) -> list[StreamEvent]:
-    decoder = TokenDecoder(TOK, raw=raw)
+def run(
+    tokens: list[int], masks: list[int] | None = None, raw: bool = False, tools: bool = True
+) -> list[StreamEvent]:
+    decoder = TokenDecoder(TOK, raw=raw, tools=tools)
     masks = masks if masks is not None else [1] * len(tokens)
     events: list[StreamEvent] = []
     for token, mask in zip(tokens, masks, strict=True):
@@ -188,6 +190,18 @@ def test_a_call_the_stream_stops_inside_its_expression_is_cut_not_failed():
         ToolResult("2+", None, cut=True),
     ]
     assert events[-1].status == "cut"
+
+
+def test_with_the_tools_off_a_closed_call_was_not_run_rather_than_failed():
+    call, call_masks = tool_call("2+2", None)
+    closed = merged(run([*call, *text("4"), sp(ASSISTANT_END)], call_masks + [1, 1], tools=False))
+    assert closed[2] == ToolResult("2+2", None, off=True)
+    assert closed[2].status == "off"
+    at_end = run(call, call_masks, tools=False)  # the stream ends right after python_end
+    assert at_end[-1].status == "off"
+    cut = merged(run([sp(PYTHON_START), *text("2+")], tools=False))
+    assert cut[-1].status == "cut"  # cut stays cut: /continue may finish it with tools on
+    assert run(call, call_masks)[-1].status == "failed"  # tools on: the tool gave nothing
 
 
 def test_a_call_the_stream_stops_right_after_python_end_failed():
