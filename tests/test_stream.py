@@ -194,7 +194,7 @@ def test_a_call_the_stream_stops_inside_its_expression_is_cut_not_failed():
 
 def test_with_the_tools_off_a_closed_call_was_not_run_rather_than_failed():
     call, call_masks = tool_call("2+2", None)
-    closed = merged(run([*call, *text("4"), sp(ASSISTANT_END)], call_masks + [1, 1], tools=False))
+    closed = merged(run([*call, *text("4"), sp(ASSISTANT_END)], [*call_masks, 1, 1], tools=False))
     assert closed[2] == ToolResult("2+2", None, off=True)
     assert closed[2].status == "off"
     at_end = run(call, call_masks, tools=False)  # the stream ends right after python_end
