@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
 
-from fakes import reply, tool_call
+from fakes import SPECIAL_IDS, reply, tool_call
 from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
 
 from chatcli.worker_pool import Worker
@@ -299,3 +299,44 @@ def test_dropping_exchanges_dims_the_right_bubbles_after_a_failed_turn(browser):
     answers = [t for t in dimmed if not t.startswith("question")]
     assert len(users) == len(answers)  # whole exchanges, question and reply
     assert users == [f"question number {i}" for i in (0, 2, 3, 4)][: len(users)]
+
+
+MARKDOWN_REPLY = (
+    "**Sure**: `x<b>` & <i>no</i>\n\n"
+    "- one *two*\n- 6*7*7 and 2 * 3 * 4\n\n"
+    "```\na *b* <c>\n```\n"
+    "[site](https://example.com) [bad](javascript:alert(1))\n"
+    "line two\n\n"
+    "- item "
+)
+
+
+def test_a_reply_is_drawn_as_markdown_without_running_any_html(browser):
+    call = [SPECIAL_IDS["<|python_start|>"], *text_tokens("6*7"), SPECIAL_IDS["<|python_end|>"]]
+    forced = [0] * 4  # <|output_start|>42<|output_end|>: the engine's, whatever the model says
+    answer = [*text_tokens(MARKDOWN_REPLY), *call, *forced, *text_tokens(" done\n- last"), END]
+    worker = scripted_worker(reply(answer))
+    server = serve_workers([worker], name="scripted-web")
+    try:
+        open_page(browser, server.url)
+        send(browser, "show me markdown")
+        q = "document.querySelector('.msg.assistant .body')"
+        assert browser.js(f"{q}.querySelector('p strong').textContent") == "Sure"
+        assert browser.js(f"{q}.querySelector('p code').textContent") == "x<b>"
+        assert browser.js(f"{q}.querySelectorAll('i, b, c, script').length") == 0
+        assert "<i>no</i>" in browser.js(f"{q}.querySelector('p').textContent")
+        items = browser.js(f"[...{q}.querySelectorAll('ul')[0].children].map(li => li.innerHTML)")
+        assert items == ["one <em>two</em>", "6*7*7 and 2 * 3 * 4"]  # arithmetic keeps its stars
+        assert browser.js(f"{q}.querySelector('pre code').textContent") == "a *b* <c>"
+        links = browser.js(f"[...{q}.querySelectorAll('a')].map(a => [a.href, a.textContent])")
+        assert links == [["https://example.com/", "site (https://example.com)"]]
+        assert "[bad](javascript:alert(1))" in browser.js(f"{q}.textContent")
+        assert browser.js(f"{q}.querySelectorAll('p')[1].querySelectorAll('br').length") == 1
+        # The calculator's badge sits where the call was, inside the last list's first item.
+        last = browser.js(
+            f"[...[...{q}.querySelectorAll('ul')].at(-1).children].map(li => li.textContent)"
+        )
+        assert last == ["item calc 6*7 = 42 done", "last"]
+        assert browser.js(f"{q}.querySelectorAll('.calc-badge').length") == 1
+    finally:
+        server.stop()
