@@ -88,15 +88,20 @@ def test_plain_tool_failure_is_marked_failed():
     assert render(events) == "Try [calc 1/0 failed] no.\n"
 
 
-def test_a_call_cut_by_the_length_limit_is_marked_cut_not_failed():
-    events = [ToolCallStart(), ToolCallDelta("1111*2"), ToolResult("1111*2", None, cut=True)]
-    assert render(events, finish="length") == "[calc 1111*2 … cut]\n"
+def markdown_lines(events: list[StreamEvent], finish: str = "stop") -> list[str]:
+    """The lines a Markdown-mode renderer prints for `events`."""
     con, out = console()
     renderer = ReplyRenderer(con, markdown=True)
     for event in events:
         renderer.handle(event)
-    renderer.finish("length")
-    assert lines_of(out.getvalue()) == ["[calc 1111*2 … cut]"]
+    renderer.finish(finish)
+    return lines_of(out.getvalue())
+
+
+def test_a_call_cut_by_the_length_limit_is_marked_cut_not_failed():
+    events = [ToolCallStart(), ToolCallDelta("1111*2"), ToolResult("1111*2", None, cut=True)]
+    assert render(events, finish="length") == "[calc 1111*2 … cut]\n"
+    assert markdown_lines(events, "length") == ["[calc 1111*2 … cut]"]
 
 
 def test_a_cut_call_is_yellow_and_a_failed_one_red_on_a_colour_terminal():
@@ -113,12 +118,7 @@ def test_a_cut_call_is_yellow_and_a_failed_one_red_on_a_colour_terminal():
 def test_a_call_made_with_the_tools_off_says_not_run_in_every_mode():
     events = [*tool("2+2", None)[:2], ToolResult("2+2", None, off=True)]
     assert render(events) == "[calc 2+2 not run (tools off)]\n"
-    con, out = console()
-    renderer = ReplyRenderer(con, markdown=True)
-    for event in events:
-        renderer.handle(event)
-    renderer.finish("stop")
-    assert lines_of(out.getvalue()) == ["[calc 2+2 not run (tools off)]"]
+    assert markdown_lines(events) == ["[calc 2+2 not run (tools off)]"]
     parts = [{"type": "python", "text": "2+2"}, {"type": "text", "text": "4"}]
     assert reply_text(parts, tools=False).plain == "[calc 2+2 not run (tools off)]4"
     assert reply_text(parts).plain == "[calc 2+2 failed]4"
