@@ -6,7 +6,8 @@ reading the calculator tool protocol out of the stream. The model writes
 `<|output_start|> result <|output_end|>` (mask 0) right after it, and when it fails the model's
 own next token (mask 1) follows instead. Also turns a finished reply into nanochat message parts.
 
-Does not know: torch, the model or the engine, how events are drawn (render.py), or anything of
+Does not know: torch, the model or the engine (only that it asks chatcli.calculator, which
+this module asks too, to tell a refused call from one the stream cut), how events are drawn (render.py), or anything of
 the tokenizer beyond the two methods of `TokenText`.
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from chatcli.calculator import use_calculator
 from chatcli.special_tokens import (
     ASSISTANT_END,
     BOS,
@@ -145,15 +147,19 @@ class TokenDecoder:
 
     def flush(self) -> list[StreamEvent]:
         """The stream is over: emit what was held back and close an open tool call. A call
-        stopped inside its expression or its result is cut; one stopped right after
-        <|python_end|> failed (the engine writes a result right after that token, even past
-        max_tokens, so none coming means the tool gave none). The decoder is then ready for a new stream."""
+        stopped inside its expression or its result is cut. One stopped right after
+        <|python_end|> failed where the calculator refuses its expression: the engine writes
+        a result right after that token, even past max_tokens, so none coming means none
+        was given, unless the stream ended first (the context's last position, Ctrl-C), and
+        then a call the calculator answers was cut. The decoder is then ready for a new
+        stream."""
         events = self._route(self._utf8.decode(b"", final=True))
         self._utf8.reset()
         if self._where in (_Where.PYTHON, _Where.OUTPUT):
             events.append(ToolResult(self._expression, None, cut=True))
         elif self._where is _Where.AFTER_PYTHON:
-            events.append(ToolResult(self._expression, None, off=not self._tools))
+            due = self._tools and use_calculator(self._expression) is not None
+            events.append(ToolResult(self._expression, None, cut=due, off=not self._tools))
         self._where = _Where.TEXT
         return events
 

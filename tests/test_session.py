@@ -231,6 +231,20 @@ def test_with_the_tools_off_the_call_is_not_run_and_says_so():
     assert 0 not in session.last_reply.masks
 
 
+def test_a_call_that_ends_on_the_contexts_last_position_is_cut_not_failed():
+    question = "What is 1234*56?"
+    prompt = ChatSession(ScriptedModel(reply([0])), ByteTokenizer(), greedy()).prompt_tokens()
+    # The prompt (<|user_start|>, the question, <|user_end|>, <|assistant_start|>) and the
+    # call's 9 tokens fill the context exactly; the last token is never written to the cache.
+    room = len(prompt) + len(ByteTokenizer().encode(question)) + 3 + 9 - 1
+    model = ScriptedModel(tool_call("1234*56", DONE), sequence_len=room)
+    session = ChatSession(model, ByteTokenizer(), greedy(100))
+    [result] = results(session.send(question))
+    assert session.last_reply.stats.finish_reason == "context"
+    assert (result.expression, result.output, result.status) == ("1234*56", None, "cut")
+    assert session.last_reply.tokens[-1] == SPECIAL_IDS[PYTHON_END]
+
+
 def test_a_cut_inside_the_forced_result_never_splits_it():
     # 1111*22: the call takes 9 tokens, so 12 stop inside <|output_start|>24442<|output_end|>.
     session = scripted_session("1111*22", max_tokens=12)

@@ -201,7 +201,8 @@ def test_with_the_tools_off_a_closed_call_was_not_run_rather_than_failed():
     assert at_end[-1].status == "off"
     cut = merged(run([sp(PYTHON_START), *text("2+")], tools=False))
     assert cut[-1].status == "cut"  # cut stays cut: /continue may finish it with tools on
-    assert run(call, call_masks)[-1].status == "failed"  # tools on: the tool gave nothing
+    refused, refused_masks = tool_call("1/0", None)
+    assert run(refused, refused_masks)[-1].status == "failed"  # tools on: the tool gave none
 
 
 def test_a_call_the_stream_stops_right_after_python_end_failed():
@@ -210,6 +211,15 @@ def test_a_call_the_stream_stops_right_after_python_end_failed():
     events = run(call, call_masks)
     assert events[-1] == ToolResult("1/0", None)
     assert events[-1].status == "failed"
+
+
+def test_a_call_the_stream_stops_right_after_python_end_is_cut_where_an_answer_was_due():
+    # The context's last position held <|python_end|>: no room for the result the calculator
+    # gives, so the call was cut (/continue finishes it), not refused.
+    call, call_masks = tool_call("1234*56", None)
+    events = run(call, call_masks)
+    assert events[-1] == ToolResult("1234*56", None, cut=True)
+    assert events[-1].status == "cut"
 
 
 def test_unterminated_tool_call_fails_at_assistant_end():
