@@ -1,6 +1,8 @@
 """The chat completions request as `chatcli serve` takes it: its limits, its validation
-(pydantic: types checked strictly, a client's mistake never guessed at) and the OpenAI-style
-error bodies that name the field at fault.
+(pydantic: types checked strictly, a client's mistake never guessed at, what is not served
+refused rather than ignored), the messages as nanochat's turns (`developer` read as
+`system`, neighbouring messages of one role joined) and the OpenAI-style error bodies that
+name the field at fault.
 
 Knows nothing of workers, models or streaming: server.py turns a valid request into a
 generation.
@@ -37,6 +39,8 @@ class Limits:
     max_temperature: float = 2.0
     max_top_k: int = 200  # top_k 0 means off
     max_max_tokens: int = 4096
+    max_stops: int = 4  # OpenAI's limit
+    max_stop_chars: int = 200
 
 
 # ---- requests -----------------------------------------------------------------------------------
@@ -48,17 +52,30 @@ def _limits(info: ValidationInfo) -> Limits:
 
 
 class ContentPart(BaseModel):
-    type: Literal["text"]
+    type: str
     text: str
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        if value != "text":
+            raise ValueError(f"only text parts are supported, not {value!r}")
+        return value
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "user", "assistant"]
+    # "developer" is OpenAI's newer name for the system message (o1 and later clients send it).
+    role: Literal["system", "developer", "user", "assistant"]
     # validate_default: a missing content reaches the validator as None, so missing and null
     # get the same error. "" is a message (OpenAI takes it; a reply can be empty and come back).
     content: str | list[ContentPart] | None = Field(default=None, validate_default=True)
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, value: str) -> str:
+        return "system" if value == "developer" else value
 
     @field_validator("content")
     @classmethod
@@ -92,6 +109,14 @@ class ChatRequest(BaseModel):
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     seed: int | None = None
     n: int | None = None
+    stop: str | list[str] | None = None
+    # Asked of OpenAI's API but not served here: refused rather than silently ignored, so a
+    # client that relies on them learns it at once.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
 
     @field_validator("stream", mode="before")
     @classmethod
@@ -135,6 +160,7 @@ class ChatRequest(BaseModel):
             raise ValueError(
                 f"the conversation is {total} characters; the limit is {limits.max_total_chars}"
             )
+        value = _merged(value)
         # nanochat knows one optional system message, then strict user/assistant turns.
         turns = value[1:] if value[0].role == "system" else value
         for i, m in enumerate(turns):
@@ -142,7 +168,7 @@ class ChatRequest(BaseModel):
             if m.role != expected:
                 raise ValueError(
                     "expected an optional system message, then user and assistant messages "
-                    f"alternating, starting and ending with user; got {m.role!r} where "
+                    f"taking turns, starting and ending with user; got {m.role!r} where "
                     f"{expected!r} belongs"
                 )
         if not turns or turns[-1].role != "user":
@@ -187,12 +213,76 @@ class ChatRequest(BaseModel):
             raise ValueError(f"must be between 0 and {MAX_SEED}")
         return value
 
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None, info: ValidationInfo) -> tuple[str, ...]:
+        limits = _limits(info)
+        stops = (value,) if isinstance(value, str) else tuple(value or ())
+        if len(stops) > limits.max_stops:
+            raise ValueError(f"{len(stops)} stop sequences; the limit is {limits.max_stops}")
+        for stop in stops:
+            if not stop:
+                raise ValueError("a stop sequence must not be empty")
+            if len(stop) > limits.max_stop_chars:
+                raise ValueError(
+                    f"a stop sequence is {len(stop)} characters; the limit is "
+                    f"{limits.max_stop_chars}"
+                )
+        return stops
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[Any] | None) -> list[Any] | None:
+        if value:
+            raise ValueError(
+                "function tools are not supported: the model's one tool is its calculator, "
+                "which the server runs itself (each call is in the reply's chatcli_tool)"
+            )
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> Any:
+        if value not in (None, "none", "auto"):
+            raise ValueError('function tools are not supported: leave it out, "none" or "auto"')
+        return value
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _logprobs(cls, value: Any) -> Any:
+        if value:
+            raise ValueError("log probabilities are not supported")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "text":
+            raise ValueError('only text replies are supported: {"type": "text"} or none')
+        return value
+
     @field_validator("n")
     @classmethod
     def _n(cls, value: int | None) -> int | None:
         if value is not None and value != 1:
             raise ValueError("only n=1 is supported")
         return value
+
+
+def _merged(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Neighbouring messages of one role as one (their texts a blank line apart): OpenAI
+    takes two user messages in a row, or a system and a developer message, and clients
+    send them; nanochat's turns alternate."""
+    out: list[ChatMessage] = []
+    for m in messages:
+        if out and out[-1].role == m.role:
+            joiner = "" if m.role == "assistant" else "\n\n"
+            out[-1] = ChatMessage.model_construct(
+                role=m.role, content=f"{out[-1].content}{joiner}{m.content}"
+            )
+        else:
+            out.append(m)
+    return out
 
 
 def _json_kind(value: Any) -> str:
@@ -232,8 +322,19 @@ def error_body(
 
 
 def validation_error_response(errors: Sequence[Any]) -> JSONResponse:
-    first = errors[0] if errors else {}
+    first = _most_telling(errors)
     param = param_of(first.get("loc", ()))
     message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
     text = f"Invalid '{param}': {message}" if param else f"Invalid request: {message}"
     return JSONResponse(error_body(text, param), status_code=400)
+
+
+def _most_telling(errors: Sequence[Any]) -> Any:
+    """The error to report: the first, unless errors deeper inside the same field say more.
+    A field of several types is tried as each: a list of content parts fails first as a
+    string ("Input should be a valid string") and then, more to the point, at its part."""
+    if not errors:
+        return {}
+    field = param_of(errors[0].get("loc", ())) or ""
+    same = [e for e in errors if (param_of(e.get("loc", ())) or "").startswith(field)]
+    return max(same, key=lambda e: len(param_of(e.get("loc", ())) or ""))

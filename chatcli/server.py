@@ -41,6 +41,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from pydantic import (
     ValidationError,
 )
+from starlette.exceptions import HTTPException
 
 from chatcli.api_requests import (
     ChatMessage,
@@ -174,6 +175,12 @@ def create_app(
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         return validation_error_response(exc.errors())
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # An unknown path or method, in OpenAI's error shape rather than FastAPI's {"detail"}.
+        message = f"{exc.detail}: {request.method} {request.url.path}"
+        return JSONResponse(error_body(message), exc.status_code, headers=exc.headers)
+
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         return HTMLResponse(_page())
@@ -187,16 +194,24 @@ def create_app(
     async def stats() -> dict[str, Any]:
         return {"model": model_name, "uptime_s": int(time.time()) - started, **pool.describe()}
 
+    model_entry = {
+        "id": model_name,
+        "object": "model",
+        "created": started,
+        "owned_by": "chatcli",
+        "context_length": pool.context_len,
+    }
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        entry = {
-            "id": model_name,
-            "object": "model",
-            "created": started,
-            "owned_by": "chatcli",
-            "context_length": pool.context_len,
-        }
-        return {"object": "list", "data": [entry]}
+        return {"object": "list", "data": [model_entry]}
+
+    @app.get("/v1/models/{model_id:path}", response_model=None)
+    async def model(model_id: str) -> dict[str, Any] | JSONResponse:
+        if model_id == model_name:
+            return model_entry
+        message = f"The model {model_id!r} does not exist here; this server serves {model_name!r}."
+        return JSONResponse(error_body(message, "model", code="model_not_found"), 404)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -206,6 +221,8 @@ def create_app(
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             return JSONResponse(error_body("The body is not valid JSON."), status_code=400)
+        except RecursionError:  # Python's JSON parser recurses once per nested [ or {
+            return JSONResponse(error_body("The body's JSON is nested too deeply."), 400)
         try:
             req = ChatRequest.model_validate(body, context={"limits": limits})
         except ValidationError as e:
@@ -237,6 +254,7 @@ def create_app(
                 top_k=top_k or None,
                 top_p=req.top_p if req.top_p is not None and req.top_p < 1 else None,
                 seed=req.seed if req.seed is not None else random.randrange(2**31),
+                stop=tuple(req.stop or ()),
             ),
         )
         if req.stream:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatcli.engine import Engine, GenerationStats
+from chatcli.stop_text import StopText
 from chatcli.stream import StreamEvent, TokenDecoder
 from chatcli.warm_cache import WarmCache, choose
 
@@ -37,6 +38,7 @@ class GenerationParams:
     top_k: int | None  # None: off
     top_p: float | None  # None: off
     seed: int
+    stop: tuple[str, ...] = ()  # the reply ends before the first of these in its text
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Worker:
         budget = self.engine.budget_for(prompt, params.max_tokens)
         self.warm = choose(self.slots, prompt)
         decoder = TokenDecoder(self.tokenizer)
+        stop_text = StopText(params.stop)
         stats = GenerationStats()
         generated = 0
         first_at = last_at = 0.0
@@ -113,19 +116,26 @@ class Worker:
                     last_at = time.perf_counter()
                     first_at = first_at or last_at
                     self.warm.tokens.append(column[0])
-                    events = decoder.feed(column[0], masks[0])
+                    events = stop_text.feed(decoder.feed(column[0], masks[0]))
                     if events:
                         emit(events)
+                    if stop_text.stopped:
+                        break
         finally:
             self.warm.settle()
         cached, decode_s = len(prompt) - prefilled, last_at - first_at
         if stop.is_set():
             return Finished("interrupted", len(prompt), generated, cached, decode_s)
-        tail = decoder.flush()
+        if stop_text.stopped:
+            return Finished("stop", len(prompt), generated, cached, decode_s)
+        tail = stop_text.feed(decoder.flush())
+        tail += stop_text.flush()
         if tail:
             emit(tail)
         reason = stats.finish_reasons[0] if stats.finish_reasons else "length"
-        if reason == "length" and budget < params.max_tokens:
+        if stop_text.stopped:
+            reason = "stop"  # found in the text the decoder held back to the end
+        elif reason == "length" and budget < params.max_tokens:
             reason = "context"  # the context ran out before the request's limit
         return Finished(reason, len(prompt), generated, cached, decode_s)
 

@@ -276,13 +276,27 @@ BAD_REQUESTS = [
     ("conversation too long", {"messages": turns(5, 7000)}, "messages"),
     ("unknown role", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
     ("ends with assistant", {"messages": turns(2)}, "messages"),
-    ("two user messages in a row", {"messages": [HI["messages"][0]] * 2}, "messages"),
+    ("assistant first", {"messages": [*turns(2)[::-1]]}, "messages"),
     ("system not first", {"messages": [*turns(1), {"role": "system", "content": "s"}]}, "messages"),
     (
         "image content",
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-        "messages[0].content",
+        "messages[0].content[0].type",
     ),
+    (
+        "a text part without its text",
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        "messages[0].content[0].text",
+    ),
+    ("function tools", {**HI, "tools": [{"type": "function"}]}, "tools"),
+    ("tool_choice required", {**HI, "tool_choice": "required"}, "tool_choice"),
+    ("logprobs", {**HI, "logprobs": True}, "logprobs"),
+    ("top_logprobs", {**HI, "top_logprobs": 2}, "top_logprobs"),
+    ("json replies", {**HI, "response_format": {"type": "json_object"}}, "response_format"),
+    ("an empty stop sequence", {**HI, "stop": ""}, "stop"),
+    ("five stop sequences", {**HI, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("a long stop sequence", {**HI, "stop": "x" * 201}, "stop"),
+    ("a stop sequence not a string", {**HI, "stop": [1]}, "stop[0]"),
     ("temperature below 0", {**HI, "temperature": -0.1}, "temperature"),
     ("temperature above 2", {**HI, "temperature": 2.1}, "temperature"),
     ("temperature not a number", {**HI, "temperature": "hot"}, "temperature"),
@@ -720,3 +734,70 @@ def test_serve_with_a_bad_address_fails_in_one_error_before_loading(
     assert result.output.startswith("Error: ")
     assert message in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+# ---- what OpenAI clients send -------------------------------------------------------------------
+
+
+def test_a_stop_sequence_ends_the_reply_before_it_streamed_or_whole():
+    worker = scripted_worker(reply([*text_tokens("Hi! there. Bye"), END]))
+    server = serve_workers([worker])
+    try:
+        for stop, said in [("!", "Hi"), (["re. B", "zz"], "Hi! the"), ("q", "Hi! there. Bye")]:
+            body = {**HI, "stop": stop, "max_tokens": 40}
+            whole = post(server, body).json()["choices"][0]
+            assert (whole["message"]["content"], whole["finish_reason"]) == (said, "stop")
+            chunks = chunks_of(stream_body(server, body))
+            assert content_of(chunks) == said
+            assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        # Cut by max_tokens inside what might have been a stop sequence: the text held back
+        # while it might be one comes out in the end.
+        cut = post(server, {**HI, "stop": "there!", "max_tokens": 6}).json()["choices"][0]
+        assert (cut["message"]["content"], cut["finish_reason"]) == ("Hi! th", "length")
+    finally:
+        server.stop()
+
+
+def test_developer_is_system_and_neighbouring_messages_of_one_role_are_one(hello):
+    server, worker = hello
+    sent = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "first"},
+        {"role": "user", "content": "second"},
+    ]
+    assert post(server, {"messages": sent}).status_code == 200
+    merged = [
+        {"role": "system", "content": "Be brief.\n\nBe kind."},
+        {"role": "user", "content": "first\n\nsecond"},
+    ]
+    expected = worker.tokenizer.render_for_completion(merged)
+    model = worker.engine.model
+    assert model.histories[0][: model.prompt_len] == expected
+
+
+def test_errors_outside_the_api_have_openais_shape_too(hello):
+    server, _ = hello
+    missing = httpx.get(f"{server.url}/v1/nope", timeout=30)
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == "Not Found: GET /v1/nope"
+    wrong_method = httpx.get(f"{server.url}/v1/chat/completions", timeout=30)
+    assert wrong_method.status_code == 405
+    assert wrong_method.headers["allow"] == "POST"
+    assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+    nested = httpx.post(
+        f"{server.url}/v1/chat/completions", content="[" * 100000 + "]" * 100000, timeout=30
+    )
+    assert nested.status_code == 400
+    assert "nested too deeply" in nested.json()["error"]["message"]
+
+
+def test_a_model_is_retrieved_by_its_id(hello):
+    server, _ = hello
+    listed = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]
+    one = httpx.get(f"{server.url}/v1/models/{listed['id']}", timeout=30)
+    assert one.status_code == 200
+    assert one.json() == listed
+    other = httpx.get(f"{server.url}/v1/models/gpt-4o", timeout=30)
+    assert other.status_code == 404
+    assert other.json()["error"]["code"] == "model_not_found"
