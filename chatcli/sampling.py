@@ -18,6 +18,10 @@ import torch.nn.functional as F
 
 from chatcli.native_kernels import SampleRows, sample_rows
 
+# Below this a temperature decodes greedily: dividing logits by 1e-39 overflows to inf and
+# the softmax to NaN, and what it would sample differs from the argmax only on near-ties.
+GREEDY_BELOW = 1e-6
+
 
 @torch.inference_mode()
 def sample_next_token(
@@ -27,10 +31,11 @@ def sample_next_token(
     top_k: int | None = None,
     top_p: float | None = None,
 ) -> torch.Tensor:
-    """logits (B, V) -> token ids (B, 1). temperature 0 is greedy and ignores rng."""
+    """logits (B, V) -> token ids (B, 1). temperature 0 (or below GREEDY_BELOW) is greedy
+    and ignores rng."""
     if temperature < 0:
         raise ValueError("temperature must be non-negative")
-    if temperature == 0.0:
+    if temperature < GREEDY_BELOW:
         return torch.argmax(logits, dim=-1, keepdim=True)
     u = None
     kernel = sample_rows() if SampleRows.takes(logits, temperature, top_k, top_p) else None

@@ -46,6 +46,7 @@ class _Entry:
     tokens: list[int]  # the ids of this message, special tokens included
     finish: str | None = None  # a reply's finish_reason ("stop", "length", ...), if known
     rendered: bool = False  # tokens rendered from a saved message, not the ones generated
+    masks: list[int] | None = None  # a reply's body's masks (0: the calculator's), if known
 
 
 @dataclass
@@ -216,21 +217,22 @@ class ChatSession:
         self.send_prepare(text)
         return self._stream()
 
-    def send_prepare(self, text: str) -> None:
+    def send_prepare(self, text: str, reply_so_far: int = 0) -> None:
         """Add a user message, dropping old exchanges if the context needs the room.
 
         A message that could not fit even as the conversation's only one (with the system
         prompt, which nanochat merges into the first message) is refused before anything is
-        dropped: the conversation stays as it was.
+        dropped: the conversation stays as it was. reply_so_far: the tokens of a reply to it
+        that a /continue goes on from, which need the room too.
         """
-        self._check_fits_alone(text)
+        self._check_fits_alone(text, reply_so_far)
         # What to put back if the message still does not fit after the drops.
         before, notices = [(e, e.tokens) for e in self.entries], len(self.notices)
         reserve = min(self.options.max_tokens, max(self.context_len // 4, 16))
-        self._fit_context(text, reserve)
+        self._fit_context(text, reserve + reply_so_far)
         user = _Entry({"role": "user", "content": text}, self._user_tokens(text, not self.entries))
         self.entries.append(user)
-        if len(self.prompt_tokens()) >= self.context_len:  # _check_fits_alone should see to it
+        if len(self.prompt_tokens()) + reply_so_far >= self.context_len:  # see _check_fits_alone
             self.entries = [e for e, _ in before]
             for e, tokens in before:
                 e.tokens = tokens
@@ -241,12 +243,17 @@ class ChatSession:
             )
         self._forked = None  # sample rows not taken are dropped with their memory
 
-    def _check_fits_alone(self, text: str) -> None:
+    def _check_fits_alone(self, text: str, reply_so_far: int = 0) -> None:
         # <|bos|>, the message (with the system prompt) and <|assistant_start|>, with room
         # for at least one token of reply.
         alone = len(self._user_tokens(text, first=True)) + 2
-        if alone < self.context_len:
+        if alone + reply_so_far < self.context_len:
             return
+        if alone < self.context_len:
+            raise ContextOverflowError(
+                f"This reply has filled the model's {self.context_len}-token context with "
+                "its question: there is no room to continue it. /retry writes another one."
+            )
         limit = self.context_len
         if self.system:
             system = self._system_cost(self.system)
@@ -262,10 +269,22 @@ class ChatSession:
         )
 
     def regenerate(self) -> Iterator[StreamEvent]:
-        """Stream a new reply to the last user message (after pop_last_reply)."""
+        """Stream a new reply to the last user message (after pop_last_reply), dropping old
+        exchanges first where the conversation has outgrown the context (a longer system
+        prompt since, or a conversation resumed on a model of a shorter context)."""
         if not self.entries or self.entries[-1].message["role"] != "user":
             raise ChatcliError("There is no user message to reply to.")
+        self._ask_again(self.entries.pop())
         return self._stream()
+
+    def _ask_again(self, question: _Entry, reply_so_far: int = 0) -> None:
+        """Put the last user message back through send_prepare, which makes room for it;
+        where none can be made it goes back as it was, and the error is raised."""
+        try:
+            self.send_prepare(question.message["content"], reply_so_far)
+        except BaseException:
+            self.entries.append(question)
+            raise
 
     def continue_reply(self) -> Iterator[StreamEvent]:
         """Continue the last reply where it stopped (interrupted or cut at max_tokens)."""
@@ -278,6 +297,7 @@ class ChatSession:
             )
         last = self.entries.pop()
         body = last.tokens[1:-1]  # without <|assistant_start|> and <|assistant_end|>
+        masks = last.masks[: len(body)] if last.masks is not None else None
         parts = last.message["content"]
         if (
             last.rendered
@@ -291,7 +311,12 @@ class ChatSession:
             # it closed the call, and continuing from there would run the calculator on the
             # cut expression.
             body = body[:-1]
-        return self._stream(prefix=body)
+        try:
+            self._ask_again(self.entries.pop(), len(body))
+        except BaseException:
+            self.entries.append(last)
+            raise
+        return self._stream(prefix=body, prefix_masks=masks)
 
     def sample_replies(self, text: str, n: int) -> list[Reply]:
         """Add a user message and generate n alternative replies, forked from the warm
@@ -360,7 +385,9 @@ class ChatSession:
             raise ChatcliError("There is no question waiting for a reply.")
         end = self._ids[ASSISTANT_END]
         tokens = [self._ids[ASSISTANT_START], *reply.tokens, end]
-        self.entries.append(_Entry(reply.message, tokens, reply.stats.finish_reason))
+        self.entries.append(
+            _Entry(reply.message, tokens, reply.stats.finish_reason, masks=reply.masks)
+        )
         self.last_reply = reply
         self.history_stats.append(reply.stats)
         self._warn_if_nearly_full(reply.stats)
@@ -373,7 +400,11 @@ class ChatSession:
             with contextlib.suppress(ValueError):
                 self.warm.adopt(rows, row, reply.tokens)
 
-    def _stream(self, prefix: list[int] | None = None) -> Iterator[StreamEvent]:
+    def _stream(
+        self, prefix: list[int] | None = None, prefix_masks: list[int] | None = None
+    ) -> Iterator[StreamEvent]:
+        """The reply to the conversation, going on from `prefix` (a /continue: the reply so
+        far, its masks where they were kept, else read from its tokens)."""
         opts = self.options
         seed = opts.seed if opts.seed is not None else random.randrange(2**31)
         prefix = list(prefix or [])
@@ -382,6 +413,10 @@ class ChatSession:
         # A continued reply keeps what it had, and picks up where it stopped: inside a
         # calculator call, or with the rest of the calculator's result still to write.
         resume, masks = self.engine.replay_tool_use(prefix)
+        if prefix_masks is not None and len(prefix_masks) == len(prefix):
+            masks = list(prefix_masks)  # as generated: the model may have written an output
+        if not opts.tools:
+            resume = None  # the calculator is off: nothing queued is forced
         decoder = TokenDecoder(self.tokenizer, raw=self.raw, tools=opts.tools)
         decoder.resume(prefix, masks)
         tokens: list[int] = list(prefix)
@@ -443,7 +478,9 @@ class ChatSession:
         speed is over the rest.
         """
         end = self._ids[ASSISTANT_END]
-        body = tokens[:-1] if tokens and tokens[-1] == end else tokens
+        # The engine ends a reply at <|assistant_end|> or <|bos|>: neither is the reply's.
+        ended = tokens and tokens[-1] in (end, self.engine.bos)
+        body = tokens[:-1] if ended else tokens
         parts = decode_assistant_parts(body, masks[: len(body)], self.tokenizer)
         stats.tokens_out = generated
         stats.finish_reason = finish
@@ -456,7 +493,7 @@ class ChatSession:
         self.last_reply = reply
         self.history_stats.append(stats)
         entry_tokens = [self._ids[ASSISTANT_START], *body, end]
-        self.entries.append(_Entry(reply.message, entry_tokens, finish))
+        self.entries.append(_Entry(reply.message, entry_tokens, finish, masks=reply.masks))
 
     def _warn_if_nearly_full(self, stats: TurnStats) -> None:
         # Said after the reply, before the next message: that message's turn is the one

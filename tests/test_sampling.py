@@ -188,3 +188,13 @@ def test_a_row_with_nan_logits_is_left_to_torchs_ops_with_the_same_draws(path, m
         plain = sample_next_token(logits, g_plain, temperature=0.7)
     assert torch.equal(native, plain)
     assert torch.equal(g_native.get_state(), g_plain.get_state())
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(None, None), (None, 0.9), (50, None), (50, 0.9)])
+def test_a_vanishing_temperature_is_greedy_not_nan(top_k, top_p):
+    # logits / 1e-39 overflow to inf, and the softmax of those to NaN.
+    logits = torch.randn(3, 1024, generator=torch.Generator().manual_seed(0)) * 10
+    for temperature in (1e-39, 1e-20, 5e-7):
+        rng = torch.Generator().manual_seed(1)
+        chosen = sample_next_token(logits, rng, temperature, top_k, top_p)
+        assert torch.equal(chosen, logits.argmax(dim=-1, keepdim=True))

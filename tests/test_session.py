@@ -11,7 +11,14 @@ from fakes import DONE, SPECIAL_IDS, ByteTokenizer, ScriptedModel, reply, tool_c
 from chatcli.errors import ChatcliError, ContextOverflowError
 from chatcli.model import ERAS, GPT, GPTConfig
 from chatcli.session import ChatSession, SamplingOptions
-from chatcli.special_tokens import ASSISTANT_START, PYTHON_END, PYTHON_START
+from chatcli.special_tokens import (
+    ASSISTANT_END,
+    ASSISTANT_START,
+    OUTPUT_END,
+    OUTPUT_START,
+    PYTHON_END,
+    PYTHON_START,
+)
 from chatcli.stream import TextDelta, ToolResult
 from chatcli.tokenizer import Tokenizer
 
@@ -373,3 +380,69 @@ def test_a_resumed_reply_that_had_finished_is_not_continued():
         session.continue_reply()
     session.load_messages(first.messages, finishes=[None, "length"])
     assert run(session.continue_reply()) == " done"
+
+
+# ---- a conversation longer than the context, replies that end oddly ---------------------------
+
+
+END = SPECIAL_IDS[ASSISTANT_END]
+
+
+def long_conversation(exchanges: int) -> list[dict]:
+    """`exchanges` question-and-answer pairs of ~40 tokens each, then a last question."""
+    messages = []
+    for i in range(exchanges):
+        messages.append({"role": "user", "content": f"question {i} " + "q" * 20})
+        messages.append({"role": "assistant", "content": f"answer {i} " + "a" * 20})
+    return [*messages, {"role": "user", "content": "and now?"}]
+
+
+def test_retry_drops_old_exchanges_where_a_resumed_conversation_outgrew_the_context():
+    # Saved on a model of a longer context, resumed on one of 128 positions: ~330 tokens.
+    session = ChatSession(ScriptedModel(reply([*b"ok", END]), 128), ByteTokenizer(), greedy())
+    session.load_messages(long_conversation(8))
+    assert run(session.regenerate()) == "ok"
+    assert any("dropped" in n.text for n in session.take_notices())
+    assert session.messages[-2:] == [
+        {"role": "user", "content": "and now?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+    ]
+    assert len(session.prompt_tokens()) < 128
+
+
+def test_continue_drops_old_exchanges_too_and_refuses_a_reply_that_fills_the_context():
+    session = ChatSession(ScriptedModel(reply([*b"more", END]), 128), ByteTokenizer(), greedy())
+    cut = {"role": "assistant", "content": [{"type": "text", "text": "so far"}]}
+    session.load_messages([*long_conversation(8), cut], [None] * 17 + ["length"])
+    assert run(session.continue_reply()) == "more"
+    assert session.messages[-1]["content"] == [{"type": "text", "text": "so farmore"}]
+    assert len(session.prompt_tokens()) < 128
+    # A reply that, with its question, leaves no room: refused, the conversation kept.
+    full = {"role": "assistant", "content": [{"type": "text", "text": "x" * 120}]}
+    session.load_messages([long_conversation(0)[0], full], [None, "length"])
+    before = session.messages
+    with pytest.raises(ContextOverflowError, match="no room to continue"):
+        session.continue_reply()
+    assert session.messages == before
+
+
+def test_a_reply_that_ends_at_bos_keeps_no_bos():
+    bos = SPECIAL_IDS["<|bos|>"]
+    session = ChatSession(ScriptedModel(reply([*b"hi", bos])), ByteTokenizer(), greedy())
+    run(session.send("q"))
+    assert session.last_reply.tokens == list(b"hi")
+    assert session.last_reply.stats.finish_reason == "stop"
+    assert bos not in session.prompt_tokens()[1:]
+
+
+def test_continue_with_the_tools_off_forces_nothing():
+    # The model writes its own (wrong) output block; max_tokens cuts it after <|output_start|>.
+    own = [SPECIAL_IDS[OUTPUT_START], *b"5", SPECIAL_IDS[OUTPUT_END], *b" ok", END]
+    call = [SPECIAL_IDS[PYTHON_START], *b"2+2", SPECIAL_IDS[PYTHON_END]]
+    session = ChatSession(ScriptedModel(reply([*call, *own])), ByteTokenizer(), greedy(6))
+    session.options.tools = False
+    run(session.send("q"))
+    session.options.max_tokens = 50
+    run(session.continue_reply())
+    assert session.last_reply.tokens == [*call, *own[:-1]]
+    assert 0 not in session.last_reply.masks  # the model's own, every token
