@@ -672,3 +672,25 @@ def test_a_big_fp32_matrix_takes_sample_rows_weight_major_on_the_products_thread
     expected = torch.nn.functional.linear(x, layer.weight)
     torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(z, residual + expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(
+    rows_step() is None, reason=f"no native kernel: {unavailable_reason('rows_step')}"
+)
+@pytest.mark.parametrize("rows", [2, 4, 8])
+def test_sample_rows_logits_do_not_depend_on_the_thread_count(rows):
+    # ThreadChoice moves a step between one thread and every core by measured time: a
+    # fixed seed must draw the same samples either way, so the logits must be the same bits.
+    model, tokenizer, _ = load_model()
+    engine = Engine(model, tokenizer)
+    step = engine.decode_step
+    prompt = tokenizer.render_for_completion([{"role": "user", "content": "Count to ten."}])
+    prefix = engine.new_cache(1, len(prompt))
+    engine.forward_last(torch.tensor([prompt]), prefix)
+    ids = torch.arange(rows).view(rows, 1) + 70
+    logits = []
+    for threads in (1, 2):
+        cache = engine.fork(prefix, rows, 8)
+        step._set_wide_threads(threads)
+        logits.append(torch.cat([step._step(ids, cache) for _ in range(3)]))
+    assert torch.equal(logits[0], logits[1])

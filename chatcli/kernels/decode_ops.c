@@ -998,6 +998,23 @@ static void attend(const struct rows_model *m, const struct rows_layer *w, const
     }
 }
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* The thread count the attention's units are planned for (unit_rows): the machine's, not
+ * the team's. A unit's rows share its products' passes, and a pass of one row sums in
+ * another order than a pass of four, so units planned for the team made 4 sample rows'
+ * logits differ (by ~5e-6) between one thread and two, and ThreadChoice moves between the
+ * two by measured time: the same seed could draw other samples. */
+static long planned_threads(void) {
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    return 1;
+#endif
+}
+
 /* The rows of one attention unit (attend): as many as leave the threads' shares of the
  * Hkv * ceil(N / rows) units most even, counting a unit as its rows plus one for its own
  * work (the embedded model's 8 rows on two cores: 4, six units of 3 K/V heads; d20's 10
@@ -1058,7 +1075,8 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
               const float *cos_, const float *sin_, const struct rows_cache *c, float *logits,
               int threads) {
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D;
-    long width = (H + 2 * Hkv) * D, span = c->pos + 1, unit = unit_rows(rows, Hkv, threads);
+    long width = (H + 2 * Hkv) * D, span = c->pos + 1;
+    long unit = unit_rows(rows, Hkv, planned_threads());
     /* fp16 widths in whole panels (VW a power of two: one test for all four) */
     if (m->half && (!HALF_WEIGHTS || (width | C | F | m->V) % VW)) return -1;
     if (m->half != 0 && m->half != 1 && (m->half != 2 || !INT8_WEIGHTS)) return -1;
