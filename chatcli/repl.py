@@ -60,25 +60,22 @@ LEAVE_HINT = "(Press Ctrl-D or type /exit to leave)"
 
 
 def block_is_open(text: str) -> bool:
-    """True while the text is a `\"\"\"` block still waiting for its closing quotes."""
-    stripped = text.strip()
-    return stripped.startswith(BLOCK_QUOTES) and (
-        len(stripped) < 2 * len(BLOCK_QUOTES) or not stripped.endswith(BLOCK_QUOTES)
-    )
+    """True while the text is a `\"\"\"` block still waiting for its closing quotes: its
+    first line is `\"\"\"` alone, and no later line is. Quotes inside a line (a docstring
+    pasted, `\"\"\"hi\"\"\" is a string`) are text."""
+    lines = [line.strip() for line in text.strip().split("\n")]
+    return lines[0] == BLOCK_QUOTES and BLOCK_QUOTES not in lines[1:]
 
 
 def message_from_input(text: str) -> str:
-    """What the person meant to send: a closed `\"\"\"` block loses its quotes and the blank
-    lines they stood on; anything else loses its outer whitespace."""
+    """What the person meant to send: a closed `\"\"\"` block the lines between its quote
+    lines, as typed; anything else loses its outer whitespace."""
     stripped = text.strip()
-    if not stripped.startswith(BLOCK_QUOTES) or block_is_open(stripped):
+    lines = stripped.split("\n")
+    if len(lines) < 2 or lines[0].strip() != BLOCK_QUOTES or block_is_open(stripped):
         return stripped
-    lines = stripped[len(BLOCK_QUOTES) : -len(BLOCK_QUOTES)].split("\n")
-    if lines and not lines[0].strip():
-        del lines[0]
-    if lines and not lines[-1].strip():
-        del lines[-1]
-    return "\n".join(lines)
+    end = next(i for i in range(1, len(lines)) if lines[i].strip() == BLOCK_QUOTES)
+    return "\n".join(lines[1:end])
 
 
 class CommandCompleter(Completer):

@@ -565,15 +565,26 @@ def test_alt_enter_inserts_a_newline_and_a_paste_stays_one_message(tmp_path):
     assert users == ["first\nsecond", "pasted a\npasted b"]
 
 
-def test_block_quotes_open_and_close():
+def test_block_quotes_open_and_close_on_lines_of_their_own():
     assert block_is_open('"""')
     assert block_is_open('"""\nsome text')
+    assert block_is_open('  """  \nsome text\n')
     assert not block_is_open('"""\nsome text\n"""')
-    assert not block_is_open('"""one line"""')
     assert not block_is_open("plain")
-    assert message_from_input('"""one line"""') == "one line"
     assert message_from_input('"""\n  a\nb\n"""') == "  a\nb"
+    assert message_from_input('"""\n\na\n\n"""') == "\na\n"  # what lies between, as typed
     assert message_from_input("  hi \n") == "hi"
+
+
+def test_quotes_inside_a_line_are_text_not_a_block():
+    typed = '"""Hi""" is a Python string, right?'
+    assert not block_is_open(typed)
+    assert message_from_input(typed) == typed
+    pasted = '"""Module docstring."""\nimport os\nprint(os.getcwd())'
+    assert not block_is_open(pasted)
+    assert message_from_input(pasted) == pasted
+    assert not block_is_open('"""one line"""')
+    assert message_from_input('"""one line"""') == '"""one line"""'
 
 
 def test_the_conversation_file_holds_every_turn(tmp_path):
