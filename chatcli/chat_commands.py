@@ -221,6 +221,10 @@ class ChatCommands:
                 if command.arg is SHOW_SETTING:
                     return self._show_setting(command.name)
                 return self.handlers[command.name](command.arg)
+            if line.strip() == "/":  # an Enter on the command menu's first key, surely
+                raise CommandError(
+                    "/ alone is not a command: /help lists them (// sends a single /)."
+                )
             message = unescape_message(line)
             if self.samples_next is not None:
                 n, self.samples_next = self.samples_next, None

@@ -256,7 +256,8 @@ _BY_WORD: Mapping[str, CommandSpec] = {
 
 
 def is_command(line: str) -> bool:
-    """True for "/" followed by a letter or "?"; "//x", "/ x" and "/" alone are messages."""
+    """True for "/" followed by a letter or "?"; "//x" and "/ x" are messages ("/" alone
+    is neither: the chat refuses it, see ChatCommands.handle)."""
     return len(line) >= 2 and line[0] == "/" and (line[1].isalpha() or line[1] == "?")
 
 

@@ -184,6 +184,19 @@ def test_a_bad_command_prints_one_error_and_exit_says_leave(tmp_path):
     assert runner.handle("/exit") is False
 
 
+def test_a_lone_slash_is_not_sent_to_the_model(tmp_path):
+    screen = FakeScreen()
+    session = FakeSession("Hello")
+    runner, _ = commands(session, screen, tmp_path)
+    assert runner.handle(" / ") is True
+    assert screen.drawn == [
+        ("error", "/ alone is not a command: /help lists them (// sends a single /)."),
+    ]
+    assert session.entries == []
+    runner.handle("//")  # the escape: a message of one slash
+    assert session.entries[0] == {"role": "user", "content": "/"}
+
+
 def test_model_table_formats_large_counts(tmp_path):
     screen = FakeScreen()
     runner, _ = commands(FakeSession(), screen, tmp_path)
