@@ -93,6 +93,15 @@ class Session(Protocol):
     def take_notices(self) -> list[TurnNotice]: ...
 
 
+def _transcript(session: Session) -> tuple[list[dict[str, Any]], list[str | None]]:
+    """The whole conversation and its finish reasons: a local session's transcript keeps
+    the exchanges dropped to make room in the context; a server's session drops none."""
+    transcript = getattr(session, "transcript", None)
+    if transcript is not None:
+        return transcript
+    return session.messages, [None] * len(session.messages)
+
+
 class ReplyView(Protocol):
     """One streamed reply on the screen (render.ReplyRenderer)."""
 
@@ -542,16 +551,24 @@ class ChatCommands:
     # ---- files ----------------------------------------------------------------------------------
 
     def cmd_save(self, name: str | None) -> bool:
+        current = self.conversation.path if self.conversation is not None else None
+        if name is None and current is not None:
+            cid = self.conversation.id if self.conversation is not None else None
+            self.screen.notice(
+                f"This conversation is saved already, as {cid} ({current}); every turn is. "
+                "/save NAME writes a copy under NAME."
+            )
+            return True
+        if name is not None and name.lower() == "last":
+            raise ChatcliError(
+                "'last' is taken: --resume last opens the newest conversation. Pick another name."
+            )
         model = self.model_info.get("path")
         saved = ConversationFile.create(self.conversations_dir, name, model=_json_value(model))
-        if self.session.system:
-            saved.append_system(self.session.system)
-        count = 0
-        for message in self.session.messages:
-            if message["role"] != "system":
-                saved.append_message(message)
-                count += 1
+        messages, finishes = _transcript(self.session)
+        saved.append_all(messages, finishes)
         self.conversation = saved
+        count = sum(m["role"] != "system" for m in messages)
         self.screen.notice(
             f"Saved {count} messages to {saved.path}; new turns are saved there too."
         )
@@ -593,7 +610,7 @@ class ChatCommands:
     def cmd_export(self, arg: tuple[str, str]) -> bool:
         fmt, where = arg
         path = Path(where).expanduser()
-        messages = self.session.messages
+        messages, _ = _transcript(self.session)
         text = export_markdown(messages) if fmt == "md" else export_json(messages)
         try:
             path.write_text(text, encoding="utf-8")

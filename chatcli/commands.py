@@ -200,8 +200,9 @@ _SPECS = (
     CommandSpec(
         "save",
         "/save [NAME]",
-        "Save the conversation, under NAME if given",
+        "Save a copy of the conversation under NAME (alone: where it is saved)",
         _optional_text,
+        details="Every turn is saved as it happens; a copy goes on from there under its name.",
     ),
     CommandSpec(
         "load",

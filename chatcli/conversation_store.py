@@ -231,9 +231,17 @@ class ConversationFile:
         """Record the whole conversation anew (a clear, the system prompt, each message with
         its finish_reason from `finishes`, LoadResult's): from here on the file replays to
         `messages`, whatever came before (a repaired load)."""
-        system = next((m["content"] for m in messages if m["role"] == "system"), None)
         self._append({"type": "clear"})
-        self.append_system(system)
+        self.append_all(messages, finishes)
+
+    def append_all(
+        self, messages: list[dict[str, Any]], finishes: list[str | None] | None = None
+    ) -> None:
+        """Record a conversation's system prompt and its messages, each with its
+        finish_reason from `finishes` where known (so /continue knows a finished reply)."""
+        system = next((m["content"] for m in messages if m["role"] == "system"), None)
+        if system is not None:
+            self.append_system(system)
         for message, reason in zip(messages, finishes or [None] * len(messages), strict=True):
             if message["role"] != "system":
                 self.append_message(message, {"finish_reason": reason} if reason else None)

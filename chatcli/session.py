@@ -60,7 +60,10 @@ class ChatSession:
 
     def __post_init__(self) -> None:
         self.engine = Engine(self.model, self.tokenizer, compile=self.compile)
-        self.entries: list[_Entry] = []
+        self.entries: list[_Entry] = []  # the conversation as the model sees it
+        # Exchanges dropped from the model's view to make room in the context: still the
+        # conversation's, for /save and /export (transcript).
+        self.earlier: list[_Entry] = []
         self.warm = WarmCache(self.engine)  # the conversation's K/V, kept across turns
         # The last sample_replies' rows and replies, until one is accepted: its K/V go into
         # the warm cache rather than being prefilled again with the next turn.
@@ -83,6 +86,14 @@ class ChatSession:
         return head + [e.message for e in self.entries]
 
     @property
+    def transcript(self) -> tuple[list[Message], list[str | None]]:
+        """The whole conversation (exchanges dropped for the context included) and each
+        message's finish_reason where known: what /save and /export write."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        every = self.earlier + self.entries
+        return head + [e.message for e in every], [None] * len(head) + [e.finish for e in every]
+
+    @property
     def context_len(self) -> int:
         return self.engine.context_len
 
@@ -92,6 +103,7 @@ class ChatSession:
         """Replace the conversation (e.g. a resumed file); the cache refills on the next turn.
         finishes: each message's finish_reason where the file kept it (LoadResult's)."""
         self.system, _ = split_system(messages)
+        self.earlier = []
         self.entries = [
             _Entry(m, [], f, rendered=True)
             for m, f in zip(messages, finishes or [None] * len(messages), strict=True)
@@ -114,7 +126,7 @@ class ChatSession:
         self._retokenize()
 
     def clear(self) -> None:
-        self.entries = []
+        self.entries, self.earlier = [], []
         self.last_reply = None
         self._forked = None
 
@@ -185,7 +197,7 @@ class ChatSession:
             return
         dropped = 0
         while needed() > CONTEXT_REFILL_FRACTION * limit:
-            if not self.undo_oldest():
+            if not self._drop_oldest():
                 break
             first = self.entries[0] if self.entries else None
             if first is not None and first.message["role"] == "user":
@@ -200,13 +212,15 @@ class ChatSession:
                 )
             )
 
-    def undo_oldest(self) -> bool:
-        # An exchange is a user message and the reply after it.
+    def _drop_oldest(self) -> bool:
+        """Move the oldest exchange (a user message and the reply after it) out of the
+        model's view into `earlier`; False when there is none."""
         if not self.entries:
             return False
         end = 1
         while end < len(self.entries) and self.entries[end].message["role"] != "user":
             end += 1
+        self.earlier += self.entries[:end]
         del self.entries[:end]
         return True
 
@@ -228,6 +242,7 @@ class ChatSession:
         self._check_fits_alone(text, reply_so_far)
         # What to put back if the message still does not fit after the drops.
         before, notices = [(e, e.tokens) for e in self.entries], len(self.notices)
+        earlier = len(self.earlier)
         reserve = min(self.options.max_tokens, max(self.context_len // 4, 16))
         self._fit_context(text, reserve + reply_so_far)
         user = _Entry({"role": "user", "content": text}, self._user_tokens(text, not self.entries))
@@ -236,6 +251,7 @@ class ChatSession:
             self.entries = [e for e, _ in before]
             for e, tokens in before:
                 e.tokens = tokens
+            del self.earlier[earlier:]
             del self.notices[notices:]
             raise ContextOverflowError(
                 f"This message does not fit the model's {self.context_len}-token context. "

@@ -10,9 +10,12 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from fakes import SPECIAL_IDS, ByteTokenizer, ScriptedModel
+from fakes import reply as scripted
 
 from chatcli.chat_commands import ChatCommands
 from chatcli.conversation_store import ConversationFile, read_conversation
+from chatcli.session import ChatSession
 from chatcli.settings import Settings
 from chatcli.stream import StreamEvent, TextDelta
 from chatcli.turns import Reply, SamplingOptions, TurnNotice, TurnStats
@@ -230,3 +233,37 @@ def test_samples_against_a_server_is_refused_when_typed_not_after_the_message(tm
         ("error", "/samples is not supported against a server; it needs a local model.")
     ]
     assert runner.samples_next is None  # the next message is an ordinary turn
+
+
+def test_save_and_export_write_the_exchanges_the_context_dropped_too(tmp_path):
+    # A 96-token context: each ~30-token exchange pushes older ones out of the model's view.
+    model = ScriptedModel(scripted([*b"fine", SPECIAL_IDS["<|assistant_end|>"]]), 96)
+    session = ChatSession(model, ByteTokenizer(), SamplingOptions(temperature=0.0, seed=1))
+    screen = FakeScreen()
+    runner, conversation = commands(session, screen, tmp_path)
+    for i in range(6):
+        runner.handle(f"question number {i}")
+    assert len(session.messages) < 12  # some were dropped from the model's view
+    runner.handle(f"/export json {tmp_path / 'all.json'}")
+    assert screen.drawn[-1] == ("notice", f"Wrote 12 messages to {tmp_path / 'all.json'} as JSON.")
+    runner.handle("/save copy")
+    copy = read_conversation(tmp_path / "copy.jsonl")
+    assert copy.messages == read_conversation(conversation.path).messages
+    assert len(copy.messages) == 12
+    assert copy.finishes[1::2] == ["stop"] * 6  # /continue knows each reply was finished
+
+
+def test_save_alone_says_where_and_last_is_not_a_name(tmp_path):
+    screen = FakeScreen()
+    runner, conversation = commands(FakeSession("Hi"), screen, tmp_path)
+    runner.handle("hello")
+    runner.handle("/save")
+    assert screen.drawn[-1][1].startswith(
+        f"This conversation is saved already, as {conversation.id} ({conversation.path})"
+    )
+    runner.handle("/save last")
+    assert screen.drawn[-1] == (
+        "error",
+        "'last' is taken: --resume last opens the newest conversation. Pick another name.",
+    )
+    assert not (tmp_path / "last.jsonl").exists()
