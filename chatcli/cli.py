@@ -304,6 +304,15 @@ def chat(
             count = sum(1 for m in loaded.messages if m["role"] != "system")
             render_notice(console, f"Resumed {path.name}: {count} messages.")
             render_recap(console, loaded.messages)
+            conversation = _system_on_resume(
+                console, session, settings.system, system, conversation
+            )
+            if system is None and settings.system and settings.system != session.system:
+                render_notice(
+                    console,
+                    "This conversation keeps its own system prompt, not the configured one "
+                    "(/system shows it; --system with --resume replaces it).",
+                )
         else:
             # Its file is made at the first message: a session that says nothing leaves none.
             conversation = NewConversation(folder, model=info["path"], system=session.system)
@@ -599,6 +608,26 @@ def bench(
 def config_path_command() -> None:
     """Print the config file's path (it may not exist yet)."""
     typer.echo(str(config_path()))
+
+
+def _system_on_resume(
+    console: Any, session: Any, wanted: str | None, flag: str | None, conversation: Any
+) -> Any:
+    """A --system given with --resume replaces the resumed conversation's system prompt, in
+    its file too; returns the file (None once it cannot be written)."""
+    from chatcli.render import render_notice
+
+    if flag is None or wanted == session.system:
+        return conversation
+    session.set_system(wanted)
+    render_notice(console, "The system prompt is --system's from here on.")
+    if conversation is not None:
+        try:
+            conversation.append_system(session.system)
+        except ConversationFileError as e:
+            render_notice(console, f"{e} This conversation is not saved from here on.")
+            return None
+    return conversation
 
 
 def bare_resume_means_last(argv: list[str]) -> list[str]:

@@ -11,6 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from chatcli.cli import app
+from chatcli.conversation_store import latest_conversation, read_conversation
+from chatcli.settings import conversations_dir
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference" / "E"
 needs_fixture = pytest.mark.skipif(not FIXTURE.is_dir(), reason="shared fixtures not present")
@@ -168,6 +170,25 @@ def test_chat_with_piped_stdin_answers_each_line_in_plain_text():
     assert reply.startswith("[calc 1234*56 = 69104]") and reply.endswith("69104.")
     assert lines[-2].endswith(" · stop")  # the reply's status line
     assert lines[-1].startswith("Saved as ")
+
+
+def test_system_given_with_resume_replaces_the_conversations_own(monkeypatch):
+    first = runner.invoke(app, ["chat", "-t", "0", "--max-tokens", "4"], input="hello")
+    assert first.exit_code == 0, first.output
+    resumed = runner.invoke(
+        app, ["chat", "-r", "last", "--system", "Be terse.", "--max-tokens", "4"], input="/system"
+    )
+    assert resumed.exit_code == 0, resumed.output
+    assert "The system prompt is --system's from here on." in resumed.stdout
+    assert resumed.stdout.splitlines()[-2:-1] == ["System prompt: Be terse."]
+    path = latest_conversation(conversations_dir())
+    assert read_conversation(path).messages[0] == {"role": "system", "content": "Be terse."}
+    # A configured system prompt (not the flag) leaves the conversation's own, and says so.
+    monkeypatch.setenv("CHATCLI_SYSTEM", "Be loud.")
+    again = runner.invoke(app, ["chat", "-r", "last", "--max-tokens", "4"], input="/system")
+    assert again.exit_code == 0, again.output
+    assert "keeps its own system prompt" in again.stdout
+    assert read_conversation(path).messages[0] == {"role": "system", "content": "Be terse."}
 
 
 def test_models_with_a_base_dir_that_does_not_exist_says_so(tmp_path):
