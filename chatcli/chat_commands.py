@@ -249,17 +249,8 @@ class ChatCommands:
     def send(self, text: str) -> None:
         self._check_answered()
         events = self.session.send(text)  # a message that cannot fit raises here, unsaved
-        asked = len(self.session.messages)
         self.retries = 0
-        self._save(lambda c: c.append_message({"role": "user", "content": text}))
-        try:
-            self.stream(events, replace=False)
-        finally:
-            # A server refuses a message only once it is sent, and the session takes the
-            # question back: so must the file. (A local turn always closes with a reply,
-            # an interrupted or failed one included.)
-            if len(self.session.messages) < asked:
-                self._save(lambda c: c.append_undo())
+        self.stream(events, replace=False, question={"role": "user", "content": text})
 
     def _check_answered(self) -> None:
         # Only a resumed file ends in a question (chatcli was stopped mid-turn): a second
@@ -270,15 +261,34 @@ class ChatCommands:
                 "The last question has no reply yet: /retry answers it, /undo drops it."
             )
 
-    def stream(self, events: Iterator[StreamEvent], replace: bool) -> None:
-        """Shows one streamed reply, then its status line, then saves it."""
+    def stream(
+        self,
+        events: Iterator[StreamEvent],
+        replace: bool,
+        question: dict[str, Any] | None = None,
+    ) -> None:
+        """Shows one streamed reply, then its status line, then saves it (after `question`,
+        the message it answers, where it is a new one).
+
+        The question is saved once the reply has begun, or once the turn is over and the
+        session still holds it: a server refuses a message only once it is sent, and the
+        session takes it back, so a refused one never reaches the file (nor makes one)."""
         before = self.session.last_reply
+        asked = len(self.session.messages)
+
+        def save_question() -> None:
+            nonlocal question
+            if question is not None and len(self.session.messages) >= asked:
+                message, question = question, None
+                self._save(lambda c: c.append_message(message))
+
         self.show_notices()
         renderer = self.screen.renderer(raw=self.raw and self._session_has_raw())
         first = True
         try:
             for event in events:
                 if first:
+                    save_question()  # a reply has begun: a killed process keeps the question
                     self.show_notices()  # e.g. old exchanges dropped to make room
                     first = False
                 renderer.handle(event)
@@ -288,11 +298,13 @@ class ChatCommands:
         except BaseException:
             _close(events)  # a failure outside the stream must still end the session's turn
             renderer.finish("error")
+            save_question()
             self._save_reply(before, replace)  # the session closed the turn: keep both in step
             raise
         else:
             reply = self.session.last_reply
             renderer.finish(reply.stats.finish_reason if reply is not None else "stop")
+        save_question()
         self.show_notices()
         reply = self.session.last_reply
         if reply is not None and reply is not before:
@@ -466,7 +478,10 @@ class ChatCommands:
             ),
             ("markdown", self.settings.markdown),
             ("system", format_setting("system", self.session.system)),
-            ("context", f"{self.session.context_len} tokens"),
+            (
+                "context",
+                f"{self.session.context_len} tokens" if self.session.context_len else "not known",
+            ),
             ("conversation", self._conversation_label()),
         ]
         self.screen.table(("setting", "value"), rows)

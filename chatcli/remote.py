@@ -394,8 +394,16 @@ def _events_of_tool(tool: dict[str, Any]) -> list[StreamEvent]:
 
 
 def _error_message(response: httpx.Response) -> str:
-    """The message of an OpenAI-style error body, else the start of whatever came."""
+    """The message of an OpenAI-style error body (or ollama's and llama.cpp's `{"error":
+    "..."}`, FastAPI's `{"detail": "..."}`), else the start of whatever came."""
     try:
-        return str(response.json()["error"]["message"])
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return response.text.strip()[:300] or response.reason_phrase
+        body = response.json()
+    except json.JSONDecodeError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail"))
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        if isinstance(error, str) and error:
+            return error
+    return response.text.strip()[:300] or response.reason_phrase

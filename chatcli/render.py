@@ -452,7 +452,7 @@ def render_status(console: Console, stats: Mapping[str, object]) -> None:
         pieces.append(f"decode {decode:.0f} tok/s")
     if tokens_in is not None and tokens_out is not None:
         pieces.append(f"{tokens_in:.0f} in / {tokens_out:.0f} out")
-    if used is not None and length is not None:
+    if used is not None and length:  # 0: a server that does not say its context
         pieces.append(f"ctx {used:.0f}/{length:.0f}")
     if stats.get("finish_reason"):
         pieces.append(str(stats["finish_reason"]))

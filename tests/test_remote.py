@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from io import StringIO
 
 import pytest
 
@@ -12,13 +13,15 @@ pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[se
 
 from fakes import DONE, merged, tool_call, uniform_bytes
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
+from rich.console import Console
 from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
 from typer.testing import CliRunner
 
 from chatcli.cli import app as cli_app
 from chatcli.errors import ChatcliError
 from chatcli.remote import RemoteSession
+from chatcli.render import render_status
 from chatcli.server import BackgroundServer
 from chatcli.special_tokens import OUTPUT_START, PYTHON_START
 from chatcli.stream import TextDelta, ToolCallDelta, ToolCallStart, ToolResult
@@ -351,3 +354,45 @@ def test_a_reply_that_opens_with_a_calculator_call_is_timed_from_its_first_token
     assert stats.tokens_out > 10
     assert stats.ttft_s < 0.3  # the prefill's forward, not the call's ten
     assert 10 < stats.decode_tps < 25  # one token a 50 ms forward
+
+
+def test_a_server_that_says_no_context_and_answers_errors_as_plain_strings():
+    # ollama's and llama.cpp's error bodies are {"error": "..."}; this one names no context.
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "plain"}]}
+
+    @app.post("/v1/chat/completions")
+    async def completions() -> JSONResponse:
+        return JSONResponse({"error": "model 'plain' not found, try pulling it first"}, 404)
+
+    with BackgroundServer(app) as server:
+        session = RemoteSession(server.url)
+        assert session.context_len == 0
+        with pytest.raises(ChatcliError, match="model 'plain' not found, try pulling it first"):
+            list(session.send("hi"))
+    console = Console(file=StringIO(), width=200, color_system=None)
+    render_status(console, {"tokens_in": 5, "tokens_out": 2, "context_used": 7, "context_len": 0})
+    assert console.file.getvalue() == "5 in / 2 out\n"  # no "ctx 7/0"
+
+
+def test_a_chat_whose_every_message_is_refused_leaves_no_conversation_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHATCLI_HOME", str(tmp_path))
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "strict", "context_length": 64}]}
+
+    @app.post("/v1/chat/completions")
+    async def completions() -> JSONResponse:
+        return JSONResponse({"error": {"message": "no", "type": "invalid_request_error"}}, 400)
+
+    with BackgroundServer(app) as server:
+        result = CliRunner().invoke(cli_app, ["chat", "--url", server.url], input="hi\nhello\n")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("The server refused the request (400): no") == 2
+    folder = tmp_path / "conversations"
+    assert not folder.exists() or not list(folder.iterdir())
