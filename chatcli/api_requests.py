@@ -276,9 +276,8 @@ def _merged(messages: list[ChatMessage]) -> list[ChatMessage]:
     out: list[ChatMessage] = []
     for m in messages:
         if out and out[-1].role == m.role:
-            joiner = "" if m.role == "assistant" else "\n\n"
             out[-1] = ChatMessage.model_construct(
-                role=m.role, content=f"{out[-1].content}{joiner}{m.content}"
+                role=m.role, content=f"{out[-1].content}\n\n{m.content}"
             )
         else:
             out.append(m)

@@ -93,6 +93,12 @@ class Session(Protocol):
     def take_notices(self) -> list[TurnNotice]: ...
 
 
+def _finishes(session: Session) -> list[str | None]:
+    """Each of session.messages' finish_reason where the session knows it."""
+    messages, finishes = _transcript(session)
+    return finishes[len(messages) - len(session.messages) :]
+
+
 def _transcript(session: Session) -> tuple[list[dict[str, Any]], list[str | None]]:
     """The whole conversation and its finish reasons: a local session's transcript keeps
     the exchanges dropped to make room in the context; a server's session drops none."""
@@ -531,8 +537,14 @@ class ChatCommands:
             # Reproducible yet different: the n-th retry of a reply uses the fixed seed + n.
             seed = (fixed + retry) % SEED_RANGE
             why = f" (the fixed seed {fixed} + {retry})"
+        kept = self.session.messages, _finishes(self.session)
         self.session.pop_last_reply()
-        events = self.session.regenerate()
+        try:
+            events = self.session.regenerate()
+        except BaseException:
+            # No room for a new reply (the system prompt grew since): the old one stays.
+            self.session.load_messages(*kept)
+            raise
         self.retries = retry
         self.screen.notice(f"retry with seed {seed}{why}")
         # The session reads the seed when the stream starts, so it stays set until it ends.

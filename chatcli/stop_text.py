@@ -62,9 +62,10 @@ class StopText:
         return [TextDelta(held)] if held else []
 
     def _first_stop(self, text: str) -> int | None:
-        """Where the first stop string in `text` starts, or None."""
-        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        return min(found) if found else None
+        """Where the stop string in `text` that ends first starts, or None: the one a
+        stream fed a character at a time meets first, however the text came in pieces."""
+        found = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in self.stops) if i >= 0]
+        return min(found)[1] if found else None
 
     def _may_begin_stop(self, text: str) -> int:
         """The length of the longest end of `text` that a stop string begins with."""

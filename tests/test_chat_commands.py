@@ -267,3 +267,18 @@ def test_save_alone_says_where_and_last_is_not_a_name(tmp_path):
         "'last' is taken: --resume last opens the newest conversation. Pick another name.",
     )
     assert not (tmp_path / "last.jsonl").exists()
+
+
+def test_a_retry_that_cannot_fit_keeps_the_reply_it_would_have_replaced(tmp_path):
+    model = ScriptedModel(scripted([*b"fine", SPECIAL_IDS["<|assistant_end|>"]]), 128)
+    session = ChatSession(model, ByteTokenizer(), SamplingOptions(temperature=0.0, seed=1))
+    screen = FakeScreen()
+    runner, conversation = commands(session, screen, tmp_path)
+    runner.handle("q" * 60)
+    before = session.messages
+    runner.handle("/system " + "s" * 70)  # now the question alone leaves no room for a reply
+    runner.handle("/retry")
+    assert screen.drawn[-1][0] == "error"
+    assert session.messages[1:] == before  # the question and its reply, as they were
+    assert session.transcript[1][-1] == "stop"
+    assert read_conversation(conversation.path).messages[-1] == before[-1]

@@ -764,11 +764,16 @@ def test_developer_is_system_and_neighbouring_messages_of_one_role_are_one(hello
         {"role": "developer", "content": "Be brief."},
         {"role": "system", "content": "Be kind."},
         {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "Sure."},
+        {"role": "assistant", "content": "What next?"},
+        {"role": "user", "content": "first"},
         {"role": "user", "content": "second"},
     ]
     assert post(server, {"messages": sent}).status_code == 200
     merged = [
         {"role": "system", "content": "Be brief.\n\nBe kind."},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Sure.\n\nWhat next?"}]},
         {"role": "user", "content": "first\n\nsecond"},
     ]
     expected = worker.tokenizer.render_for_completion(merged)

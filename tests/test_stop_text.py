@@ -63,3 +63,10 @@ def test_the_earliest_of_several_stop_strings_wins():
 def test_an_empty_stop_string_is_refused():
     with pytest.raises(ValueError, match="must not be empty"):
         StopText(["ok", ""])
+
+
+def test_the_stop_string_that_ends_first_wins_however_the_text_is_cut():
+    # "bcd" is complete at the 4th character, before "abcdef", which starts earlier.
+    whole, _ = shown(["bcd", "abcdef"], ["abcdef"])
+    by_character, _ = shown(["bcd", "abcdef"], list("abcdef"))
+    assert text(whole) == text(by_character) == "a"

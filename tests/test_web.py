@@ -326,17 +326,60 @@ def test_a_reply_is_drawn_as_markdown_without_running_any_html(browser):
         assert browser.js(f"{q}.querySelectorAll('i, b, c, script').length") == 0
         assert "<i>no</i>" in browser.js(f"{q}.querySelector('p').textContent")
         items = browser.js(f"[...{q}.querySelectorAll('ul')[0].children].map(li => li.innerHTML)")
-        assert items == ["one <em>two</em>", "6*7*7 and 2 * 3 * 4"]  # arithmetic keeps its stars
+        # arithmetic keeps its stars
+        assert items == ["<p>one <em>two</em></p>", "<p>6*7*7 and 2 * 3 * 4</p>"]
         assert browser.js(f"{q}.querySelector('pre code').textContent") == "a *b* <c>"
         links = browser.js(f"[...{q}.querySelectorAll('a')].map(a => [a.href, a.textContent])")
         assert links == [["https://example.com/", "site (https://example.com)"]]
         assert "[bad](javascript:alert(1))" in browser.js(f"{q}.textContent")
-        assert browser.js(f"{q}.querySelectorAll('p')[1].querySelectorAll('br').length") == 1
+        assert (
+            browser.js(f"{q}.querySelectorAll(':scope > p')[1].querySelectorAll('br').length") == 1
+        )
         # The calculator's badge sits where the call was, inside the last list's first item.
         last = browser.js(
             f"[...[...{q}.querySelectorAll('ul')].at(-1).children].map(li => li.textContent)"
         )
         assert last == ["item calc 6*7 = 42 done", "last"]
         assert browser.js(f"{q}.querySelectorAll('.calc-badge').length") == 1
+    finally:
+        server.stop()
+
+
+# What the page draws for a reply's text (renderReply, evaluated in the page itself).
+DRAWN = [
+    ("# Plan\r\nStep one.", "<h1>Plan</h1><p>Step one.</p>"),  # a CRLF reply
+    (
+        "1. Install:\n   ```bash\n   pip install x\n   ```\n2. Run it",
+        "<ol><li><p>Install:</p><pre><code>pip install x</code></pre></li><li><p>Run it</p></li></ol>",
+    ),
+    (
+        "- fruit\n  - apple\n- veg",
+        "<ul><li><p>fruit</p><ul><li><p>apple</p></li></ul></li><li><p>veg</p></li></ul>",
+    ),
+    ("```\ncode\n```python\nmore\n```", "<pre><code>code\n```python\nmore</code></pre>"),
+    (
+        "[w](https://x.org/Foo_(bar)) a_b_c",
+        '<p><a href="https://x.org/Foo_(bar)" target="_blank" rel="noopener noreferrer">w'
+        '<span class="url"> (https://x.org/Foo_(bar))</span></a> a_b_c</p>',
+    ),
+]
+
+
+def test_the_page_draws_markdown_as_it_should_quickly_and_never_loses_a_reply(browser):
+    worker = scripted_worker(reply([*text_tokens("ok"), END]))
+    server = serve_workers([worker], name="scripted-web")
+    try:
+        open_page(browser, server.url)
+        draw = (
+            "(text) => { const el = document.createElement('div'); const t0 = performance.now();"
+            " renderReply(el, {text, tools: []}); return [el.innerHTML, performance.now() - t0]; }"
+        )
+        for text, html in DRAWN:
+            assert browser.js(f"({draw})({json.dumps(text)})")[0] == html
+        # Hostile replies: deep quotes and thousands of unclosed marks draw in milliseconds
+        # (they froze the tab or overflowed the stack).
+        for text in (">" * 4000 + " x", "__x " * 2000, "*x " * 3000, "`c` " * 1000 + "**x " * 1000):
+            html, ms = browser.js(f"({draw})({json.dumps(text)})")
+            assert html and ms < 500, (text[:10], ms)
     finally:
         server.stop()
