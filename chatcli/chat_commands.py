@@ -93,12 +93,6 @@ class Session(Protocol):
     def take_notices(self) -> list[TurnNotice]: ...
 
 
-def _finishes(session: Session) -> list[str | None]:
-    """Each of session.messages' finish_reason where the session knows it."""
-    messages, finishes = _transcript(session)
-    return finishes[len(messages) - len(session.messages) :]
-
-
 def _transcript(session: Session) -> tuple[list[dict[str, Any]], list[str | None]]:
     """The whole conversation and its finish reasons: a local session's transcript keeps
     the exchanges dropped to make room in the context; a server's session drops none."""
@@ -537,14 +531,8 @@ class ChatCommands:
             # Reproducible yet different: the n-th retry of a reply uses the fixed seed + n.
             seed = (fixed + retry) % SEED_RANGE
             why = f" (the fixed seed {fixed} + {retry})"
-        kept = self.session.messages, _finishes(self.session)
-        self.session.pop_last_reply()
-        try:
-            events = self.session.regenerate()
-        except BaseException:
-            # No room for a new reply (the system prompt grew since): the old one stays.
-            self.session.load_messages(*kept)
-            raise
+        self.session.pop_last_reply()  # a session puts it back if no new reply can come
+        events = self.session.regenerate()
         self.retries = retry
         self.screen.notice(f"retry with seed {seed}{why}")
         # The session reads the seed when the stream starts, so it stays set until it ends.
@@ -586,10 +574,6 @@ class ChatCommands:
                 "/save NAME writes a copy under NAME."
             )
             return True
-        if name is not None and name.lower() == "last":
-            raise ChatcliError(
-                "'last' is taken: --resume last opens the newest conversation. Pick another name."
-            )
         model = self.model_info.get("path")
         saved = ConversationFile.create(self.conversations_dir, name, model=_json_value(model))
         messages, finishes = _transcript(self.session)

@@ -34,6 +34,7 @@ from chatcli.errors import ConversationFileError
 
 FORMAT_VERSION = 1
 SUFFIX = ".jsonl"
+LATEST = "last"  # --resume last: the newest conversation, so no file may be named so
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "python", "python_output")
 PREVIEW_CHARS = 60
@@ -162,6 +163,11 @@ class ConversationFile:
                 raise ConversationFileError(
                     f"{name!r} cannot be used as a conversation name; "
                     "use letters, digits, '.', '_' or '-'."
+                )
+            if conversation_id.lower() == LATEST:
+                raise ConversationFileError(
+                    f"{name!r} is taken: --resume {LATEST} opens the newest conversation. "
+                    "Pick another name."
                 )
         try:
             directory.mkdir(parents=True, exist_ok=True)

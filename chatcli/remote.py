@@ -67,6 +67,9 @@ class RemoteSession:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
         self._entries: list[Message] = []
+        self._finishes: list[str | None] = []  # each entry's finish_reason, where known
+        self._popped: tuple[Message, str | None] | None = None  # the reply a /retry replaces
+        self._context_used: int | None = None  # by the conversation's last turn
         self._context_len: int | None = None
         self.last_reply: Reply | None = None
         self.notices: list[TurnNotice] = []
@@ -147,30 +150,46 @@ class RemoteSession:
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + list(self._entries)
 
+    @property
+    def transcript(self) -> tuple[list[Message], list[str | None]]:
+        """The conversation and each message's finish_reason where known (/save keeps them,
+        so /continue on a local model knows a finished reply)."""
+        head: list[str | None] = [None] if self.system else []
+        return self.messages, head + self._finishes
+
     def load_messages(
         self, messages: list[Message], finishes: Sequence[str | None] | None = None
     ) -> None:
         self.system, rest = split_system(messages)
+        kept = zip(messages, finishes or [None] * len(messages), strict=True)
+        self._finishes = [f for m, f in kept if m["role"] != "system"]
         self._entries = [dict(m) for m in rest]
+        self._context_used = None
 
     def set_system(self, text: str | None) -> None:
         self.system = text or None
 
     def clear(self) -> None:
-        self._entries = []
+        self._entries, self._finishes = [], []
         self.last_reply = None
+        self._context_used = None
 
     def undo(self) -> bool:
         """Drop the last exchange (the last user message and whatever followed it)."""
         for i in range(len(self._entries) - 1, -1, -1):
             if self._entries[i]["role"] == "user":
                 del self._entries[i:]
+                del self._finishes[i:]
+                self._context_used = None
                 return True
         return False
 
     def pop_last_reply(self) -> Message | None:
+        """Take the last reply out (for /retry); until a new one comes, it is kept to put
+        back should the server not answer."""
         if self._entries and self._entries[-1]["role"] == "assistant":
-            return self._entries.pop()
+            self._popped = self._entries.pop(), self._finishes.pop()
+            return self._popped[0]
         return None
 
     def take_notices(self) -> list[TurnNotice]:
@@ -183,6 +202,8 @@ class RemoteSession:
         """Add a user message and stream the reply; nothing is sent until iteration starts."""
         self._notice_before_turn()
         self._entries.append({"role": "user", "content": text})
+        self._finishes.append(None)
+        self._popped = None
         return self._stream(added_user=True)
 
     def _notice_before_turn(self) -> None:
@@ -191,13 +212,12 @@ class RemoteSession:
             self.notices.append(
                 TurnNotice("The server runs the calculator itself: tools off has no effect here.")
             )
-        last = self.history_stats[-1] if self.history_stats else None
-        limit = self._context_len or 0
-        if last is not None and limit and last.context_used > CONTEXT_WARN_FRACTION * limit:
+        used, limit = self._context_used, self._context_len or 0
+        if used is not None and limit and used > CONTEXT_WARN_FRACTION * limit:
             # The server keeps nothing between turns and drops nothing: a full context is a 400.
             self.notices.append(
                 TurnNotice(
-                    f"Context {last.context_used}/{limit} tokens: the server will refuse the "
+                    f"Context {used}/{limit} tokens: the server will refuse the "
                     "conversation soon (/clear starts afresh, /undo drops the last exchange)."
                 )
             )
@@ -242,6 +262,8 @@ class RemoteSession:
         seed = self.options.seed if self.options.seed is not None else random.randrange(2**31)
         turn = _Turn()
         answered = False  # the server took the request: from here on a reply is recorded
+        interrupted = False
+        stats: TurnStats | None = None
         t0 = time.perf_counter()
         try:
             if self.model is None:
@@ -272,12 +294,21 @@ class RemoteSession:
         except BaseException:
             # GeneratorExit (the caller closed the iterator: Ctrl-C) or KeyboardInterrupt.
             turn.finish = turn.finish or "interrupted"
+            interrupted = True
             raise
         finally:
-            if answered:
-                self._close_turn(turn, stats, t0)
-            elif added_user and self._entries and self._entries[-1]["role"] == "user":
-                self._entries.pop()  # the server never took the question: take it back
+            if answered or interrupted:
+                # Ctrl-C before the server answered closes the turn empty, as a local
+                # model's does: the question stays, for /retry.
+                self._close_turn(turn, stats or TurnStats(seed=seed), t0)
+            else:
+                if added_user and self._entries and self._entries[-1]["role"] == "user":
+                    self._entries.pop()  # the server never took the question: take it back
+                    self._finishes.pop()
+                if self._popped is not None:  # a /retry the server refused: the reply stays
+                    self._entries.append(self._popped[0])
+                    self._finishes.append(self._popped[1])
+            self._popped = None
 
     def _close_turn(self, turn: _Turn, stats: TurnStats, t0: float) -> None:
         now = time.perf_counter()
@@ -303,6 +334,8 @@ class RemoteSession:
         self.last_reply = reply
         self.history_stats.append(stats)
         self._entries.append(reply.message)
+        self._finishes.append(stats.finish_reason)
+        self._context_used = stats.context_used
 
 
 def _sse_payloads(lines: Iterator[str]) -> Iterator[str]:

@@ -59,22 +59,30 @@ LEAVE_HINT = "(Press Ctrl-D or type /exit to leave)"
 # ---- the input line -----------------------------------------------------------------------------
 
 
+def _closes(line: str) -> bool:
+    # At the line's start: an indented \"\"\" in a pasted block (a docstring) is its text.
+    return line.rstrip() == BLOCK_QUOTES
+
+
 def block_is_open(text: str) -> bool:
     """True while the text is a `\"\"\"` block still waiting for its closing quotes: its
-    first line is `\"\"\"` alone, and no later line is. Quotes inside a line (a docstring
-    pasted, `\"\"\"hi\"\"\" is a string`) are text."""
-    lines = [line.strip() for line in text.strip().split("\n")]
-    return lines[0] == BLOCK_QUOTES and BLOCK_QUOTES not in lines[1:]
+    first line is `\"\"\"` alone, and no later line is (at the line's start). Quotes
+    inside a line (a docstring pasted, `\"\"\"hi\"\"\" is a string`) are text."""
+    first, *rest = text.strip().split("\n")
+    return first.strip() == BLOCK_QUOTES and not any(_closes(line) for line in rest)
 
 
 def message_from_input(text: str) -> str:
     """What the person meant to send: a closed `\"\"\"` block the lines between its quote
-    lines, as typed; anything else loses its outer whitespace."""
+    lines, as typed; anything else (text after a block's closing line too: a paste that
+    holds more, never cut short) the whole text less its outer whitespace."""
     stripped = text.strip()
     lines = stripped.split("\n")
     if len(lines) < 2 or lines[0].strip() != BLOCK_QUOTES or block_is_open(stripped):
         return stripped
-    end = next(i for i in range(1, len(lines)) if lines[i].strip() == BLOCK_QUOTES)
+    end = next(i for i in range(1, len(lines)) if _closes(lines[i]))
+    if end != len(lines) - 1:
+        return stripped
     return "\n".join(lines[1:end])
 
 

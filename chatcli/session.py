@@ -64,6 +64,7 @@ class ChatSession:
         # Exchanges dropped from the model's view to make room in the context: still the
         # conversation's, for /save and /export (transcript).
         self.earlier: list[_Entry] = []
+        self._popped: _Entry | None = None  # the reply a /retry replaces, until a new one comes
         self.warm = WarmCache(self.engine)  # the conversation's K/V, kept across turns
         # The last sample_replies' rows and replies, until one is accepted: its K/V go into
         # the warm cache rather than being prefilled again with the next turn.
@@ -103,7 +104,7 @@ class ChatSession:
         """Replace the conversation (e.g. a resumed file); the cache refills on the next turn.
         finishes: each message's finish_reason where the file kept it (LoadResult's)."""
         self.system, _ = split_system(messages)
-        self.earlier = []
+        self.earlier, self._popped = [], None
         self.entries = [
             _Entry(m, [], f, rendered=True)
             for m, f in zip(messages, finishes or [None] * len(messages), strict=True)
@@ -126,23 +127,32 @@ class ChatSession:
         self._retokenize()
 
     def clear(self) -> None:
-        self.entries, self.earlier = [], []
+        self.entries, self.earlier, self._popped = [], [], None
         self.last_reply = None
         self._forked = None
 
     def undo(self) -> bool:
-        """Drop the last exchange (the last user message and whatever followed it)."""
-        self._forked = None
+        """Drop the last exchange (the last user message and whatever followed it). Exchanges
+        dropped earlier to make room come back into the model's view: the room was made for
+        this one (the next turn drops again what does not fit)."""
+        self._forked = self._popped = None
+        if not self.entries and self.earlier:
+            self.entries, self.earlier = self.earlier, []
         for i in range(len(self.entries) - 1, -1, -1):
             if self.entries[i].message["role"] == "user":
                 del self.entries[i:]
+                if self.earlier:
+                    self.entries, self.earlier = self.earlier + self.entries, []
+                    self._retokenize()  # the first message takes the system prompt again
                 return True
         return False
 
     def pop_last_reply(self) -> Message | None:
-        """Remove the last assistant message (for /retry and /continue)."""
+        """Remove the last assistant message (for /retry and /continue). A /retry that finds
+        no room for a new reply puts it back (regenerate)."""
         if self.entries and self.entries[-1].message["role"] == "assistant":
-            return self.entries.pop().message
+            self._popped = self.entries.pop()
+            return self._popped.message
         return None
 
     def prompt_tokens(self) -> list[int]:
@@ -240,6 +250,7 @@ class ChatSession:
         that a /continue goes on from, which need the room too.
         """
         self._check_fits_alone(text, reply_so_far)
+        self._popped = None
         # What to put back if the message still does not fit after the drops.
         before, notices = [(e, e.tokens) for e in self.entries], len(self.notices)
         earlier = len(self.earlier)
@@ -288,9 +299,15 @@ class ChatSession:
         """Stream a new reply to the last user message (after pop_last_reply), dropping old
         exchanges first where the conversation has outgrown the context (a longer system
         prompt since, or a conversation resumed on a model of a shorter context)."""
+        popped, self._popped = self._popped, None
         if not self.entries or self.entries[-1].message["role"] != "user":
             raise ChatcliError("There is no user message to reply to.")
-        self._ask_again(self.entries.pop())
+        try:
+            self._ask_again(self.entries.pop())
+        except BaseException:
+            if popped is not None:  # no room for a new reply: the old one stays
+                self.entries.append(popped)
+            raise
         return self._stream()
 
     def _ask_again(self, question: _Entry, reply_so_far: int = 0) -> None:

@@ -261,12 +261,13 @@ def test_save_alone_says_where_and_last_is_not_a_name(tmp_path):
     assert screen.drawn[-1][1].startswith(
         f"This conversation is saved already, as {conversation.id} ({conversation.path})"
     )
-    runner.handle("/save last")
-    assert screen.drawn[-1] == (
-        "error",
-        "'last' is taken: --resume last opens the newest conversation. Pick another name.",
-    )
-    assert not (tmp_path / "last.jsonl").exists()
+    for name in ("last", "Last.jsonl"):
+        runner.handle(f"/save {name}")
+        assert screen.drawn[-1] == (
+            "error",
+            f"{name!r} is taken: --resume last opens the newest conversation. Pick another name.",
+        )
+    assert not list(tmp_path.glob("[lL]ast*"))
 
 
 def test_a_retry_that_cannot_fit_keeps_the_reply_it_would_have_replaced(tmp_path):
@@ -282,3 +283,39 @@ def test_a_retry_that_cannot_fit_keeps_the_reply_it_would_have_replaced(tmp_path
     assert session.messages[1:] == before  # the question and its reply, as they were
     assert session.transcript[1][-1] == "stop"
     assert read_conversation(conversation.path).messages[-1] == before[-1]
+
+
+def test_undo_after_drops_brings_the_dropped_exchanges_back_into_view(tmp_path):
+    model = ScriptedModel(scripted([*b"fine", SPECIAL_IDS["<|assistant_end|>"]]), 96)
+    session = ChatSession(model, ByteTokenizer(), SamplingOptions(temperature=0.0, seed=1))
+    screen = FakeScreen()
+    runner, conversation = commands(session, screen, tmp_path)
+    for i in range(6):
+        runner.handle(f"question number {i}")
+    before_drop = len(session.messages)
+    assert before_drop < 12
+    runner.handle("/undo")
+    # Everything but the last exchange is in the model's view again: the room was for it.
+    assert len(session.messages) == 10
+    assert session.messages == read_conversation(conversation.path).messages
+    for _ in range(5):
+        runner.handle("/undo")
+    assert session.messages == read_conversation(conversation.path).messages == []
+    assert session.transcript == ([], [])
+
+
+def test_a_retry_that_cannot_fit_keeps_the_dropped_exchanges_too(tmp_path):
+    model = ScriptedModel(scripted([*b"fine", SPECIAL_IDS["<|assistant_end|>"]]), 128)
+    session = ChatSession(model, ByteTokenizer(), SamplingOptions(temperature=0.0, seed=1))
+    screen = FakeScreen()
+    runner, conversation = commands(session, screen, tmp_path)
+    for i in range(4):
+        runner.handle(f"short {i}")
+    runner.handle("q" * 60)  # older exchanges make room for this one
+    before = session.transcript
+    assert len(before[0]) > len(session.messages)
+    runner.handle("/system " + "s" * 70)
+    runner.handle("/retry")
+    assert screen.drawn[-1][0] == "error"
+    assert session.transcript[0][1:] == before[0]  # behind the new system prompt
+    assert read_conversation(conversation.path).messages[1:] == before[0]

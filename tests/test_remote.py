@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
 
+import httpx
 from fakes import DONE, merged, tool_call, uniform_bytes
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -171,10 +172,13 @@ def test_notices_say_tools_are_server_side_and_warn_of_a_full_context(calc_serve
     list(session.send("one"))
     (notice,) = session.take_notices()
     assert "runs the calculator itself" in notice.text
-    session.history_stats[-1].context_used = 250  # of 256
+    session._context_used = 250  # of 256, as if the turn had used that much
     session.send("two").close()  # never started: nothing is sent
     (notice,) = session.take_notices()
     assert notice.text.startswith("Context 250/256 tokens")
+    session.clear()  # a new conversation: the old one's use says nothing of it
+    session.send("three").close()
+    assert session.take_notices() == []
 
 
 def test_a_call_cut_by_max_tokens_is_cut_not_failed():
@@ -396,3 +400,62 @@ def test_a_chat_whose_every_message_is_refused_leaves_no_conversation_file(tmp_p
     assert result.output.count("The server refused the request (400): no") == 2
     folder = tmp_path / "conversations"
     assert not folder.exists() or not list(folder.iterdir())
+
+
+def flaky_app(refuse: set[int]) -> FastAPI:
+    """A generic server that answers "ok" (finish stop), refusing the requests whose number
+    (from 0) is in `refuse` with a 503."""
+    app = FastAPI()
+    app.state.count = 0
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "flaky", "context_length": 256}]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def completions() -> StreamingResponse | JSONResponse:
+        n, app.state.count = app.state.count, app.state.count + 1
+        if n in refuse:
+            return JSONResponse({"error": {"message": "busy"}}, 503)
+
+        async def body():
+            delta = {"choices": [{"index": 0, "delta": {"content": f"ok{n}"}}]}
+            yield f"data: {json.dumps(delta)}\n\n"
+            end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            yield f"data: {json.dumps(end)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    return app
+
+
+def test_a_retry_the_server_refuses_keeps_the_reply_it_would_have_replaced():
+    with BackgroundServer(flaky_app(refuse={1})) as server:
+        session = RemoteSession(server.url)
+        list(session.send("hi"))
+        before = session.messages
+        session.pop_last_reply()
+        with pytest.raises(ChatcliError, match="busy"):
+            list(session.regenerate())
+        assert session.messages == before
+        assert session.transcript == (before, [None, "stop"])
+        session.pop_last_reply()
+        list(session.regenerate())  # the next one is answered, and replaces it
+        assert session.messages[-1]["content"] == [{"type": "text", "text": "ok2"}]
+
+
+def test_ctrl_c_before_the_server_answers_keeps_the_question_as_a_local_model_does():
+    def interrupted(request: httpx.Request) -> httpx.Response:
+        raise KeyboardInterrupt  # Ctrl-C while the request waits for the server
+
+    session = RemoteSession("http://127.0.0.1:9", model="m")
+    session._context_len = 256
+    session._client = httpx.Client(base_url=session.url, transport=httpx.MockTransport(interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        list(session.send("hi"))
+    assert session.messages == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": []},
+    ]
+    assert session.transcript[1] == [None, "interrupted"]

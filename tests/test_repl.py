@@ -585,6 +585,12 @@ def test_quotes_inside_a_line_are_text_not_a_block():
     assert message_from_input(pasted) == pasted
     assert not block_is_open('"""one line"""')
     assert message_from_input('"""one line"""') == '"""one line"""'
+    # A pasted block holding an indented docstring: that is text, the block goes on.
+    code = '"""\ndef f():\n    """\n    Doc.\n    """\n    return 1\n"""'
+    assert block_is_open(code[: -len('\n"""')])
+    assert message_from_input(code) == 'def f():\n    """\n    Doc.\n    """\n    return 1'
+    # Text after a block's closing line is never dropped: the whole paste is sent.
+    assert message_from_input('"""\nfoo\n"""\nbar') == '"""\nfoo\n"""\nbar'
 
 
 def test_the_conversation_file_holds_every_turn(tmp_path):
