@@ -348,8 +348,16 @@ def read_meta(meta_file: Path) -> tuple[dict[str, Any], GPTConfig]:
 
 
 def read_state_dict(model_file: Path) -> dict[str, torch.Tensor]:
+    if not model_file.exists():  # a link whose file was moved or deleted
+        target = f" (a link to {model_file.resolve()})" if model_file.is_symlink() else ""
+        raise CheckpointError(
+            f"{model_file} is not there{target}. Copy or download the weights again."
+        )
     try:
-        sd = torch.load(model_file, map_location="cpu", weights_only=True, mmap=True)
+        if zipfile.is_zipfile(model_file):
+            sd = torch.load(model_file, map_location="cpu", weights_only=True, mmap=True)
+        else:  # torch's legacy format (before 1.6, or saved so): read whole, no mmap
+            sd = torch.load(model_file, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for truncated zips and foreign pickles
         raise CheckpointError(_unreadable_weights(model_file, e)) from e
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
@@ -588,7 +596,7 @@ def list_checkpoints(base_dir: Path | None = None) -> list[CheckpointSummary]:
                 except CheckpointError as e:
                     # Listed with its problem: a checkpoint left out looked like none at all.
                     path = _model_file(tag_dir, step)
-                    size = path.stat().st_size
+                    size = path.stat().st_size if path.exists() else 0
                     found.append(
                         CheckpointSummary(
                             str(base), source, tag_dir.name, step, "-", 0, size, path, str(e)

@@ -219,6 +219,24 @@ def test_truncated_weights_are_reported_not_raised_raw(tmp_path):
         load_model(folder)
 
 
+def test_weights_behind_a_broken_link_are_named_and_listed_not_raised(tmp_path):
+    folder = _flat(tmp_path)
+    f = folder / "model_000650.pt"
+    f.unlink()
+    f.symlink_to(tmp_path / "moved.pt")  # the download it pointed at was moved
+    with pytest.raises(CheckpointError, match=r"model_000650\.pt is not there \(a link to .*moved"):
+        load_model(folder)
+
+
+def test_weights_in_torchs_legacy_format_load(tmp_path):
+    folder = _flat(tmp_path)
+    f = folder / "model_000650.pt"
+    sd = torch.load(f, weights_only=True)
+    torch.save(sd, f, _use_new_zipfile_serialization=False)  # not a zip: no mmap for it
+    model, _, _ = load_model(folder)
+    assert torch.equal(model.state_dict()["lm_head.weight"], sd["lm_head.weight"].float())
+
+
 def test_weights_file_that_runs_code_is_refused(tmp_path):
     folder = _flat(tmp_path)
     marker = tmp_path / "pwned"
@@ -413,13 +431,16 @@ def test_listing_shows_a_foreign_or_unreadable_checkpoint_with_its_own_file(tmp_
     torch.save({"foo": torch.zeros(2)}, tag / "model_000001.pt")  # tensors, not a GPT
     (tag / "meta_000001.json").write_text(json.dumps(meta))
     (tag / "model_650.pt").write_bytes(b"junk")  # no zero padding in its name
+    (tag / "model_000700.pt").symlink_to(tmp_path / "gone.pt")  # a link to nothing
     found = [c for c in list_checkpoints(tmp_path) if c.name != "embedded"]
     assert [(c.step, c.path.name, c.era, c.num_params) for c in found] == [
         (1, "model_000001.pt", "-", 0),
         (650, "model_650.pt", "-", 0),
+        (700, "model_000700.pt", "-", 0),
     ]
     assert "does not hold a nanochat model" in found[0].problem
     assert found[1].size_bytes == 4 and found[1].problem
+    assert found[2].size_bytes == 0 and "is not there" in found[2].problem
 
 
 @pytest.mark.parametrize("device", ["cuda:", "cuda:01", "gpu"])

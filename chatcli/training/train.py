@@ -50,8 +50,10 @@ class Preset:
     sequence_len: int
     batch_rows: int
     conversations: int
-    steps: int
-    minutes: float  # wall-clock cap: training stops early (schedule compressed) if reached
+    steps: int  # the schedule (warmup, cosine decay, averaging) follows these alone
+    # A wall-clock cap, or None: reached first, it stops the run before its schedule ends
+    # (and says so). It never bends the schedule: a run is the same on any machine.
+    minutes: float | None
     lr: float
     warmup_steps: int = 100
     compile: bool = False
@@ -68,7 +70,7 @@ class Preset:
 
 
 PRESETS = {
-    # Sized so the bf16 checkpoint ships in under 8 MB and trains in ~28 minutes on 2 cores.
+    # Sized so the bf16 checkpoint ships in under 8 MB and trains in ~30 minutes on 2 cores.
     "default": Preset(
         vocab_size=1024,
         n_layer=6,
@@ -78,7 +80,7 @@ PRESETS = {
         batch_rows=8,
         conversations=150_000,
         steps=1700,
-        minutes=27.0,
+        minutes=None,
         lr=3e-3,
         compile=True,
     ),
@@ -92,7 +94,7 @@ PRESETS = {
         batch_rows=8,
         conversations=2_000,
         steps=150,
-        minutes=1.0,
+        minutes=None,
         lr=3e-3,
         warmup_steps=5,
         average_from=0.8,  # so the test run also covers --average-from
@@ -222,7 +224,7 @@ def new_model(preset: Preset, vocab_size: int, seed: int) -> GPT:
 
 
 def lr_at(step: int, progress: float, preset: Preset) -> float:
-    """Linear warmup, then cosine decay to 5% (progress: 0..1 of the step or time budget)."""
+    """Linear warmup, then cosine decay to 5% (progress: 0..1 of the steps)."""
     if step < preset.warmup_steps:
         return preset.lr * (step + 1) / preset.warmup_steps
     return preset.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
@@ -340,7 +342,7 @@ def train(out: Path, preset: Preset, seed: int = 0, log=print) -> Path:
     log(f"model: era E, {model.num_params() / 1e6:.2f}M parameters, {model.config}")
 
     optimizers = make_optimizers(model, preset)
-    budget_s = preset.minutes * 60
+    budget_s = preset.minutes * 60 if preset.minutes is not None else math.inf
     # Compiling costs ~50 s once and makes each step ~1.5x faster on this CPU.
     loss_fn = torch.compile(masked_loss) if preset.compile else masked_loss
     t_train = time.perf_counter()
@@ -348,11 +350,13 @@ def train(out: Path, preset: Preset, seed: int = 0, log=print) -> Path:
     average: WeightAverage | None = None
     average_step = 0
     order = torch.randperm(ids.size(0), generator=torch.Generator().manual_seed(seed))
-    while True:
+    capped = False
+    while step < preset.steps:
         elapsed = time.perf_counter() - t_train
-        progress = max(step / preset.steps, elapsed / budget_s)
-        if progress >= 1.0:
+        if elapsed >= budget_s:
+            capped = True
             break
+        progress = step / preset.steps
         lr = lr_at(step, progress, preset)
         set_lr(optimizers, lr / preset.lr)
         if seen + preset.batch_rows > ids.size(0):
@@ -391,6 +395,7 @@ def train(out: Path, preset: Preset, seed: int = 0, log=print) -> Path:
         "preset": asdict(preset),
         "seed": seed,
         "train_steps": step,
+        "stopped_by": "time cap" if capped else "steps",
         "final_loss": round(ema or 0.0, 4),
         "weights": f"moving average, decay {preset.average_decay}, from step {average_step}"
         if average is not None
@@ -400,13 +405,33 @@ def train(out: Path, preset: Preset, seed: int = 0, log=print) -> Path:
     }
     ckpt = save_checkpoint(model, tokenizer, out, f"d{preset.n_layer}", step, extra)
     log(f"saved {ckpt} after {step} steps, loss {ema:.4f}")
+    if capped:
+        log(
+            f"warning: --minutes stopped the run at step {step} of {preset.steps}, before its "
+            "learning rate had decayed: this is not the preset's model (run it without "
+            "--minutes for that)."
+        )
     if step < 2 * preset.warmup_steps:
-        # The budget counts the one-off compile (~50 s): a short one can end in the warmup.
+        # The cap counts the one-off compile (~50 s): a short one can end in the warmup.
         log(
             f"warning: only {step} steps, and the learning rate warms up over "
             f"{preset.warmup_steps}: this model has barely learned. Give --minutes more time."
         )
     return ckpt
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -418,9 +443,14 @@ def main(argv: list[str] | None = None) -> None:
         "--preset",
         choices=sorted(PRESETS),
         default="default",
-        help="default: the embedded model (~28 min); tiny: a smoke run of the same pipeline",
+        help="default: the embedded model (~30 min); tiny: a smoke run of the same pipeline",
     )
-    parser.add_argument("--minutes", type=float, help="training time budget (overrides preset)")
+    parser.add_argument(
+        "--minutes",
+        type=_positive,
+        help="a time cap: the run stops there even if its steps are not done (none by default)",
+    )
+    parser.add_argument("--steps", type=_positive_int, help="training steps (overrides preset)")
     parser.add_argument(
         "--seed", type=int, default=0, help="seeds the data, the weights and the order (0)"
     )
@@ -438,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     given = {
         "minutes": args.minutes,
+        "steps": args.steps,
         "average_from": args.average_from,
         "optimizer": args.optimizer,
     }
