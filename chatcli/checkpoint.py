@@ -266,7 +266,7 @@ def resolve_checkpoint(
                 "or pass --model PATH to a nanochat checkpoint that has it."
             )
         return resolve_checkpoint(EMBEDDED_DIR, source="sft", tag=tag, step=step)
-    p = Path(path).expanduser()
+    p = Path(path).expanduser().absolute()  # "." names its folder, as a tag and in /model
     if not p.exists():
         base = default_base_dir()
         if (
@@ -283,8 +283,12 @@ def resolve_checkpoint(
         m = _STEP_RE.search(p.name)
         if not m:
             raise CheckpointError(f"{p} is not a model_<step>.pt file.")
-        ref = _ref_in_folder(p.parent, int(m.group(1)), tag or p.parent.name, None)
-        return ref
+        if step is not None and step != int(m.group(1)):
+            raise CheckpointError(
+                f"{p.name} is step {int(m.group(1))}, not --step {step}: pass its folder "
+                f"({p.parent}) with --step, or the step's own file."
+            )
+        return _ref_in_folder(p.parent, int(m.group(1)), tag or p.parent.name, None)
     if _steps_in(p):  # a checkpoint folder or a flat download folder
         return _ref_in_folder(p, step, tag or p.name, None)
     if (p / SOURCES[source]).is_dir():  # a base dir
@@ -295,7 +299,9 @@ def resolve_checkpoint(
         return _ref_in_folder(ckpts / tag, step, tag, source)
     if any(_steps_in(c) for c in p.iterdir() if c.is_dir()):  # e.g. base/chatsft_checkpoints
         tag = tag or _pick_tag(p)
-        return _ref_in_folder(p / tag, step, tag, source)
+        # The folder's name says its source (base_checkpoints: base), whatever --source says.
+        named = next((k for k, v in SOURCES.items() if v == p.name), source)
+        return _ref_in_folder(p / tag, step, tag, named)
     found = [name for name in SOURCES.values() if (p / name).is_dir()]
     if found:
         raise CheckpointError(
@@ -584,11 +590,24 @@ def list_checkpoints(base_dir: Path | None = None) -> list[CheckpointSummary]:
     if (EMBEDDED_DIR / SOURCES["sft"]).is_dir():
         found.append(_summarize("embedded", resolve_checkpoint(None)))
     base = base_dir or default_base_dir()
-    for source, folder_name in SOURCES.items():
-        folder = base / folder_name
+    # What --model takes, listed alike: a base dir's sources, one source's folder of tags
+    # (base/chatsft_checkpoints), or one folder of steps (a download, a tag's folder).
+    named = next((k for k, v in SOURCES.items() if v == base.name), None)
+    if _steps_in(base):
+        folders = [(None, base)]
+    elif named is not None:
+        folders = [(named, base)]
+    else:
+        folders = [(source, base / name) for source, name in SOURCES.items()]
+    for source, folder in folders:
         if not folder.is_dir():
             continue
-        for tag_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
+        tags = (
+            [folder]
+            if folder == base and source is None
+            else sorted(p for p in folder.iterdir() if p.is_dir())
+        )
+        for tag_dir in tags:
             for step in _steps_in(tag_dir):
                 try:
                     ref = _ref_in_folder(tag_dir, step, tag_dir.name, source)

@@ -464,7 +464,7 @@ def models(
     ] = None,
 ) -> None:
     """List the checkpoints chatcli can find."""
-    from chatcli.checkpoint import list_checkpoints
+    from chatcli.checkpoint import default_base_dir, list_checkpoints
     from chatcli.render import make_console, render_notice, render_table
 
     if base_dir is not None and not base_dir.is_dir():
@@ -495,11 +495,14 @@ def models(
     for c in found:
         if c.problem is not None:
             render_notice(errors, f"{c.path}: {c.problem}")
-    if base_dir is not None and all(c.name == "embedded" for c in found):
+    if all(c.name == "embedded" for c in found):
+        # Said for the default base dir too: NANOCHAT_BASE_DIR pointing at the wrong place
+        # looked like a listing with nothing more to find.
+        looked = base_dir or default_base_dir()
         render_notice(
             errors,
-            f"No checkpoints in {base_dir}: it holds no chatsft_checkpoints, base_checkpoints, "
-            "... folder with a model_*.pt.",
+            f"No checkpoints in {looked}: no model_*.pt there, nor in its chatsft_checkpoints, "
+            "base_checkpoints, ... folders." + ("" if base_dir else " --base-dir looks elsewhere."),
         )
 
 

@@ -447,3 +447,32 @@ def test_listing_shows_a_foreign_or_unreadable_checkpoint_with_its_own_file(tmp_
 def test_a_device_name_torch_would_choke_on_is_refused_first(device):
     with pytest.raises(CheckpointError, match="use auto, cpu, cuda, cuda:N or mps"):
         pick_device(device)
+
+
+def test_a_model_file_with_another_step_asked_is_an_error(tmp_path):
+    folder = _flat(tmp_path)
+    assert resolve_checkpoint(folder / "model_000650.pt", step=650).step == 650
+    with pytest.raises(CheckpointError, match=r"model_000650\.pt is step 650, not --step 7"):
+        resolve_checkpoint(folder / "model_000650.pt", step=7)
+
+
+def test_a_relative_path_names_its_folder_and_a_sources_folder_its_source(tmp_path, monkeypatch):
+    folder = _flat(tmp_path)
+    monkeypatch.chdir(folder)
+    ref = resolve_checkpoint(".")
+    assert ref.tag == "download" and ref.model_file == folder / "model_000650.pt"
+    base = tmp_path / "base"
+    (base / "base_checkpoints").mkdir(parents=True)
+    shutil.copytree(folder, base / "base_checkpoints" / "d4")
+    assert resolve_checkpoint(base / "base_checkpoints").source == "base"
+
+
+def test_listing_takes_what_model_takes_a_download_folder_or_a_sources_folder(tmp_path):
+    folder = _flat(tmp_path)
+    [listed] = [c for c in list_checkpoints(folder) if c.name != "embedded"]
+    assert (listed.step, listed.path, listed.problem) == (650, folder / "model_000650.pt", None)
+    base = tmp_path / "base"
+    (base / "base_checkpoints").mkdir(parents=True)
+    shutil.copytree(folder, base / "base_checkpoints" / "d4")
+    [listed] = [c for c in list_checkpoints(base / "base_checkpoints") if c.name != "embedded"]
+    assert (listed.source, listed.tag, listed.step) == ("base", "d4", 650)
