@@ -6,6 +6,8 @@ that row's tokens so far, so every expected sequence below is written out in ful
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from fakes import (
@@ -507,3 +509,14 @@ def test_a_long_prefill_runs_on_every_core_and_decode_stays_on_the_callers_threa
         torch.set_num_threads(before)
     long_len = len(long_prompt)
     assert model.threads == [(long_len, 3), (1, 1), (1, 1), (len(PROMPT), 1), (1, 1), (1, 1)]
+
+
+def test_decode_time_leaves_out_the_callers_time_between_tokens():
+    # A slow consumer (a terminal drawing each token) does not make the decode look slow.
+    model = ScriptedModel(reply(list(b"abcdefgh")))
+    engine = Engine(model, ByteTokenizer())
+    stats = GenerationStats()
+    for _ in engine.generate([1, 2, 3], max_tokens=6, temperature=0.0, stats=stats):
+        time.sleep(0.02)
+    assert stats.steps == 6
+    assert stats.decode_s < 0.02  # 5 sleeps of 20 ms fell between the steps, outside them
