@@ -406,6 +406,7 @@ def serve(
     step: int | None = None,
     dtype: str = "auto",
     quantize: str = "none",
+    softcap: float | None = None,
     model_name: str | None = None,
     log_level: str = "info",
     on_ready: Callable[[dict[str, Any]], None] | None = None,
@@ -425,7 +426,13 @@ def serve(
         replicas = []
         for i, dev in enumerate(worker_devices(device, workers)):
             m, tokenizer, _ = load_model(
-                model, source=source, step=step, device=dev, dtype=dtype, quantize=quantize
+                model,
+                source=source,
+                step=step,
+                device=dev,
+                dtype=dtype,
+                quantize=quantize,
+                softcap=softcap,
             )
             replicas.append(Worker(m, tokenizer, name=str(i), cache_slots=cache_slots))
         # torch's thread count is the process's: the generation threads take it up when they

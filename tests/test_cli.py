@@ -386,3 +386,23 @@ def test_help_gives_the_built_in_defaults_the_settings_have():
         f"{defaults.markdown} (default)",
     ):
         assert shown in out, shown
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
+def test_softcap_must_be_a_positive_number(value):
+    for command in ("once", "chat", "serve", "bench"):
+        result = runner.invoke(app, [command, "--softcap", value])
+        assert result.exit_code != 0
+        assert "must be a number above 0" in result.output
+
+
+def test_softcap_is_shown_in_help_and_taken_by_serve_and_bench():
+    for command in ("once", "chat", "serve", "bench"):
+        assert "--softcap" in runner.invoke(app, [command, "--help"]).output
+
+
+def test_bench_takes_quantize_none_as_float32_and_says_what_it_measures():
+    help_text = runner.invoke(app, ["bench", "--help"]).output
+    assert "baseline runs the model the plain way" in " ".join(help_text.split())
+    bad = runner.invoke(app, ["bench", "--quantize", "int3"])
+    assert "float32 (or none)" in bad.output
