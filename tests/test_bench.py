@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -194,7 +195,9 @@ def test_each_measured_turn_is_timed_again_from_the_state_before_it(monkeypatch,
     monkeypatch.setattr(bench.ChatSession, "__post_init__", remember)
     best = bench._chat_ttft(model, tokenizer, plain=plain)
 
+    dropped = best.pop("chat_dropped")
     assert set(best) == {"ttft1", "ttft5", "ttft10"} and min(best.values()) > 0
+    assert dropped == 0.0  # ten short turns fit the context: nothing was rebuilt
     samples = bench.TTFT_SAMPLES
     assert samples > 1 and len(prefilled) == 10 + (samples - 1) * len(bench.TURNS)
     # Walk the calls turn by turn: a measured turn's tries prefill exactly what its first
@@ -237,3 +240,10 @@ def test_fp16_copies_read_by_our_step_kernel_are_reported_as_its_own(monkeypatch
         assert result["one_row_kernels"] == result["sample_rows_kernels"] == []
     else:
         assert result["step_kernel"] is None and result["one_row_kernels"] != []
+
+
+def test_a_chat_that_outgrows_a_short_context_is_flagged_not_passed_off(monkeypatch):
+    monkeypatch.setattr(bench, "CHAT_SECONDS", 0.0)  # one chat
+    model, tokenizer, _ = load_model(None, device="cpu")
+    monkeypatch.setattr(model, "config", replace(model.config, sequence_len=96))  # too short
+    assert bench._chat_ttft(model, tokenizer, plain=False)["chat_dropped"] == 1.0
