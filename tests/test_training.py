@@ -15,7 +15,7 @@ from chatcli.checkpoint import load_model
 from chatcli.engine import Engine
 from chatcli.model import ERAS, GPT, GPTConfig
 from chatcli.special_tokens import SPECIAL_TOKENS
-from chatcli.training.train import PRESETS, WeightAverage, train
+from chatcli.training.train import PRESETS, WeightAverage, main, train
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +94,27 @@ def test_a_run_that_ends_in_the_warmup_says_the_model_has_barely_learned(tmp_pat
     logs: list[str] = []
     train(tmp_path, preset, seed=0, log=logs.append)
     assert any(line.startswith("warning: only") and "barely learned" in line for line in logs)
+    # and that the cap, not the steps, ended it: not the preset's model
+    assert any("--minutes stopped the run" in line for line in logs)
+    meta = json.loads(next((tmp_path / "chatsft_checkpoints").glob("*/meta_*.json")).read_text())
+    assert meta["stopped_by"] == "time cap"
+
+
+def test_the_schedule_follows_the_steps_alone_so_a_run_is_repeatable(tmp_path, tiny_run):
+    # Same preset and seed, another run, the host's speed whatever it is: the same weights.
+    _, ckpt, _ = tiny_run
+    again = train(tmp_path, PRESETS["tiny"], seed=0, log=lambda _: None)
+    for name in ("model_000150.pt",):
+        assert (ckpt / name).read_bytes() == (again / name).read_bytes()
+    meta = json.loads((ckpt / "meta_000150.json").read_text())
+    assert (meta["train_steps"], meta["stopped_by"]) == (150, "steps")
+
+
+@pytest.mark.parametrize("minutes", ["0", "-1", "nan"])
+def test_a_time_cap_must_be_above_zero(minutes, capsys):
+    with pytest.raises(SystemExit):
+        main(["--out", "/tmp/never", "--preset", "tiny", "--minutes", minutes])
+    assert "must be more than 0" in capsys.readouterr().err
 
 
 def test_a_whole_run_gives_no_such_warning(tiny_run):
