@@ -235,12 +235,21 @@ def test_samples_against_a_server_is_refused_when_typed_not_after_the_message(tm
     assert runner.samples_next is None  # the next message is an ordinary turn
 
 
-def test_save_and_export_write_the_exchanges_the_context_dropped_too(tmp_path):
-    # A 96-token context: each ~30-token exchange pushes older ones out of the model's view.
-    model = ScriptedModel(scripted([*b"fine", SPECIAL_IDS["<|assistant_end|>"]]), 96)
+def real_session(
+    tmp_path: Path, context: int
+) -> tuple[ChatSession, FakeScreen, ChatCommands, ConversationFile]:
+    """Commands over a real ChatSession whose scripted model answers "fine" in a context of
+    `context` tokens: what it drops to make room, and when, is the session's own."""
+    model = ScriptedModel(scripted([*b"fine", SPECIAL_IDS["<|assistant_end|>"]]), context)
     session = ChatSession(model, ByteTokenizer(), SamplingOptions(temperature=0.0, seed=1))
     screen = FakeScreen()
     runner, conversation = commands(session, screen, tmp_path)
+    return session, screen, runner, conversation
+
+
+def test_save_and_export_write_the_exchanges_the_context_dropped_too(tmp_path):
+    # A 96-token context: each ~30-token exchange pushes older ones out of the model's view.
+    session, screen, runner, conversation = real_session(tmp_path, context=96)
     for i in range(6):
         runner.handle(f"question number {i}")
     assert len(session.messages) < 12  # some were dropped from the model's view
@@ -271,10 +280,7 @@ def test_save_alone_says_where_and_last_is_not_a_name(tmp_path):
 
 
 def test_a_retry_that_cannot_fit_keeps_the_reply_it_would_have_replaced(tmp_path):
-    model = ScriptedModel(scripted([*b"fine", SPECIAL_IDS["<|assistant_end|>"]]), 128)
-    session = ChatSession(model, ByteTokenizer(), SamplingOptions(temperature=0.0, seed=1))
-    screen = FakeScreen()
-    runner, conversation = commands(session, screen, tmp_path)
+    session, screen, runner, conversation = real_session(tmp_path, context=128)
     runner.handle("q" * 60)
     before = session.messages
     runner.handle("/system " + "s" * 70)  # now the question alone leaves no room for a reply
@@ -286,10 +292,7 @@ def test_a_retry_that_cannot_fit_keeps_the_reply_it_would_have_replaced(tmp_path
 
 
 def test_undo_after_drops_brings_the_dropped_exchanges_back_into_view(tmp_path):
-    model = ScriptedModel(scripted([*b"fine", SPECIAL_IDS["<|assistant_end|>"]]), 96)
-    session = ChatSession(model, ByteTokenizer(), SamplingOptions(temperature=0.0, seed=1))
-    screen = FakeScreen()
-    runner, conversation = commands(session, screen, tmp_path)
+    session, _, runner, conversation = real_session(tmp_path, context=96)
     for i in range(6):
         runner.handle(f"question number {i}")
     before_drop = len(session.messages)
@@ -305,10 +308,7 @@ def test_undo_after_drops_brings_the_dropped_exchanges_back_into_view(tmp_path):
 
 
 def test_a_retry_that_cannot_fit_keeps_the_dropped_exchanges_too(tmp_path):
-    model = ScriptedModel(scripted([*b"fine", SPECIAL_IDS["<|assistant_end|>"]]), 128)
-    session = ChatSession(model, ByteTokenizer(), SamplingOptions(temperature=0.0, seed=1))
-    screen = FakeScreen()
-    runner, conversation = commands(session, screen, tmp_path)
+    session, screen, runner, conversation = real_session(tmp_path, context=128)
     for i in range(4):
         runner.handle(f"short {i}")
     runner.handle("q" * 60)  # older exchanges make room for this one
