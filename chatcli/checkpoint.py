@@ -285,8 +285,9 @@ def resolve_checkpoint(
             raise CheckpointError(f"{p} is not a model_<step>.pt file.")
         if step is not None and step != int(m.group(1)):
             raise CheckpointError(
-                f"{p.name} is step {int(m.group(1))}, not --step {step}: pass its folder "
-                f"({p.parent}) with --step, or the step's own file."
+                f"{p.name} is step {int(m.group(1))}, but step {step} was asked (--step, "
+                f"CHATCLI_STEP or the config's step): pass its folder ({p.parent}) to pick a "
+                "step, or leave the step out."
             )
         return _ref_in_folder(p.parent, int(m.group(1)), tag or p.parent.name, None)
     if _steps_in(p):  # a checkpoint folder or a flat download folder
@@ -590,23 +591,20 @@ def list_checkpoints(base_dir: Path | None = None) -> list[CheckpointSummary]:
     if (EMBEDDED_DIR / SOURCES["sft"]).is_dir():
         found.append(_summarize("embedded", resolve_checkpoint(None)))
     base = base_dir or default_base_dir()
+
     # What --model takes, listed alike: a base dir's sources, one source's folder of tags
     # (base/chatsft_checkpoints), or one folder of steps (a download, a tag's folder).
+    def tags_in(folder: Path) -> list[Path]:
+        return sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
     named = next((k for k, v in SOURCES.items() if v == base.name), None)
+    places: list[tuple[str | None, list[Path]]] = []
     if _steps_in(base):
-        folders = [(None, base)]
-    elif named is not None:
-        folders = [(named, base)]
-    else:
-        folders = [(source, base / name) for source, name in SOURCES.items()]
-    for source, folder in folders:
-        if not folder.is_dir():
-            continue
-        tags = (
-            [folder]
-            if folder == base and source is None
-            else sorted(p for p in folder.iterdir() if p.is_dir())
-        )
+        places.append((None, [base]))
+    if named is not None:
+        places.append((named, [t for t in tags_in(base) if t.name not in SOURCES.values()]))
+    places += [(source, tags_in(base / name)) for source, name in SOURCES.items()]
+    for source, tags in places:
         for tag_dir in tags:
             for step in _steps_in(tag_dir):
                 try:

@@ -195,6 +195,8 @@ def _load_session(
     if url is not None:
         from chatcli.remote import RemoteSession
 
+        if softcap is not None:
+            raise ChatcliError("--softcap is a local model's: a server at --url applies its own.")
         # Only an explicit --model names the server's model: a checkpoint path from the
         # config file means nothing to a server.
         remote = RemoteSession(
@@ -620,6 +622,8 @@ def bench(
             )
         if synthetic is not None and model is not None:
             raise ChatcliError("Pass --model or --synthetic, not both.")
+        if synthetic is not None and softcap is not None:
+            raise ChatcliError("--softcap is a checkpoint's: a --synthetic model caps at 15.")
         if synthetic is not None:
             if synthetic not in SYNTHETIC_DEPTHS:
                 raise ChatcliError(f"--synthetic takes one of {', '.join(SYNTHETIC_DEPTHS)}.")

@@ -452,7 +452,9 @@ def test_a_device_name_torch_would_choke_on_is_refused_first(device):
 def test_a_model_file_with_another_step_asked_is_an_error(tmp_path):
     folder = _flat(tmp_path)
     assert resolve_checkpoint(folder / "model_000650.pt", step=650).step == 650
-    with pytest.raises(CheckpointError, match=r"model_000650\.pt is step 650, not --step 7"):
+    with pytest.raises(
+        CheckpointError, match=r"model_000650\.pt is step 650, but step 7 was asked"
+    ):
         resolve_checkpoint(folder / "model_000650.pt", step=7)
 
 
@@ -476,3 +478,24 @@ def test_listing_takes_what_model_takes_a_download_folder_or_a_sources_folder(tm
     shutil.copytree(folder, base / "base_checkpoints" / "d4")
     [listed] = [c for c in list_checkpoints(base / "base_checkpoints") if c.name != "embedded"]
     assert (listed.source, listed.tag, listed.step) == ("base", "d4", 650)
+
+
+def test_listing_a_base_dir_with_weights_at_its_top_too_keeps_its_sources(tmp_path):
+    *_, tok = _files("E")
+    base = tmp_path / "nc"
+    _flat(tmp_path)
+    shutil.copytree(tmp_path / "download", base / "chatsft_checkpoints" / "d4")
+    (base / "tokenizer").mkdir()
+    shutil.copy(tok, base / "tokenizer" / "tokenizer.pkl")
+    shutil.copy(base / "chatsft_checkpoints" / "d4" / "model_000650.pt", base)  # a stray copy
+    shutil.copy(base / "chatsft_checkpoints" / "d4" / "meta_000650.json", base)
+    listed = {(c.source, c.tag, c.step) for c in list_checkpoints(base) if c.name != "embedded"}
+    assert ("sft", "d4", 650) in listed and (None, "nc", 650) in listed
+    # a base dir named like a source (x/base_checkpoints/chatsft_checkpoints/d4): what
+    # --model finds there is listed too
+    odd = tmp_path / "x" / "base_checkpoints"
+    shutil.copytree(base / "chatsft_checkpoints", odd / "chatsft_checkpoints")
+    shutil.copytree(base / "tokenizer", odd / "tokenizer")
+    listed = {(c.source, c.tag, c.step) for c in list_checkpoints(odd) if c.name != "embedded"}
+    assert listed == {("sft", "d4", 650)}
+    assert resolve_checkpoint(odd).source == "sft"

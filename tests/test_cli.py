@@ -406,3 +406,10 @@ def test_bench_takes_quantize_none_as_float32_and_says_what_it_measures():
     assert "baseline runs the model the plain way" in " ".join(help_text.split())
     bad = runner.invoke(app, ["bench", "--quantize", "int3"])
     assert "float32 (or none)" in bad.output
+
+
+def test_softcap_with_a_synthetic_model_or_a_server_is_refused_not_ignored():
+    bench = runner.invoke(app, ["bench", "--synthetic", "d4", "--softcap", "20"])
+    assert bench.exit_code == 1 and "a --synthetic model caps at 15" in bench.stderr
+    once = runner.invoke(app, ["once", "hi", "--url", "http://127.0.0.1:9", "--softcap", "20"])
+    assert once.exit_code == 1 and "--softcap is a local model's" in once.stderr

@@ -120,3 +120,11 @@ def test_a_time_cap_must_be_above_zero(minutes, capsys):
 def test_a_whole_run_gives_no_such_warning(tiny_run):
     _, _, logs = tiny_run
     assert not any("barely learned" in line for line in logs)
+
+
+def test_too_few_steps_asked_says_more_steps_not_more_minutes(tmp_path):
+    preset = dataclasses.replace(PRESETS["tiny"], steps=6, conversations=200)
+    logs: list[str] = []
+    train(tmp_path, preset, seed=0, log=logs.append)
+    [warning] = [line for line in logs if "barely learned" in line]
+    assert warning.endswith("Give it more --steps.")

@@ -417,7 +417,8 @@ def train(out: Path, preset: Preset, seed: int = 0, log=print) -> Path:
         # The cap counts the one-off compile (~50 s): a short one can end in the warmup.
         log(
             f"warning: only {step} steps, and the learning rate warms up over "
-            f"{preset.warmup_steps}: this model has barely learned. Give --minutes more time."
+            f"{preset.warmup_steps}: this model has barely learned. Give "
+            + ("--minutes more time." if capped else "it more --steps.")
         )
     return ckpt
 
