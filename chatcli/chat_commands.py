@@ -282,10 +282,11 @@ class ChatCommands:
                 message, question = question, None
                 self._save(lambda c: c.append_message(message))
 
-        self.show_notices()
-        renderer = self.screen.renderer(raw=self.raw and self._session_has_raw())
+        renderer: ReplyView | None = None
         first = True
         try:
+            self.show_notices()
+            renderer = self.screen.renderer(raw=self.raw and self._session_has_raw())
             for event in events:
                 if first:
                     save_question()  # a reply has begun: a killed process keeps the question
@@ -294,15 +295,27 @@ class ChatCommands:
                 renderer.handle(event)
         except KeyboardInterrupt:
             _close(events)
-            renderer.finish("interrupted")
+            if renderer is not None:
+                renderer.finish("interrupted")
+            else:
+                self.screen.interrupted()
+            messages = self.session.messages
+            if question is not None and messages and messages[-1]["role"] == "user":
+                # Ctrl-C before the session's turn began (its stream never ran, so nothing
+                # closed it): the question goes, unsaved, rather than wait without a reply.
+                self.session.undo()
+                question = None
+                self.screen.notice("Stopped before the reply began: your message was dropped.")
         except BaseException:
             _close(events)  # a failure outside the stream must still end the session's turn
-            renderer.finish("error")
+            if renderer is not None:
+                renderer.finish("error")
             save_question()
             self._save_reply(before, replace)  # the session closed the turn: keep both in step
             raise
         else:
             reply = self.session.last_reply
+            assert renderer is not None  # made before the stream ran
             renderer.finish(reply.stats.finish_reason if reply is not None else "stop")
         save_question()
         self.show_notices()

@@ -438,26 +438,33 @@ class ChatSession:
     ) -> Iterator[StreamEvent]:
         """The reply to the conversation, going on from `prefix` (a /continue: the reply so
         far, its masks where they were kept, else read from its tokens)."""
-        opts = self.options
-        seed = opts.seed if opts.seed is not None else random.randrange(2**31)
+        # What the finally below closes the turn with, set before anything can be
+        # interrupted: a Ctrl-C from the first line on leaves a reply (if an empty one), never
+        # a question without one.
         prefix = list(prefix or [])
-        prompt = self.prompt_tokens() + prefix
-        stats = TurnStats(tokens_in=len(prompt), context_len=self.context_len, seed=seed)
-        # A continued reply keeps what it had, and picks up where it stopped: inside a
-        # calculator call, or with the rest of the calculator's result still to write.
-        resume, masks = self.engine.replay_tool_use(prefix)
-        if prefix_masks is not None and len(prefix_masks) == len(prefix):
-            masks = list(prefix_masks)  # as generated: the model may have written an output
-        if not opts.tools:
-            resume = None  # the calculator is off: nothing queued is forced
-        decoder = TokenDecoder(self.tokenizer, raw=self.raw, tools=opts.tools)
-        decoder.resume(prefix, masks)
         tokens: list[int] = list(prefix)
+        kept = prefix_masks is not None and len(prefix_masks) == len(prefix)
+        masks: list[int] = list(prefix_masks) if kept else [1] * len(prefix)  # type: ignore[arg-type]
         n_before = len(tokens)
         gen = GenerationStats()
+        stats = TurnStats(context_len=self.context_len)
         t0 = time.perf_counter()
         finish = "interrupted"
         try:
+            opts = self.options
+            stats.seed = opts.seed if opts.seed is not None else random.randrange(2**31)
+            seed = stats.seed
+            prompt = self.prompt_tokens() + prefix
+            stats.tokens_in = len(prompt)
+            # A continued reply keeps what it had, and picks up where it stopped: inside a
+            # calculator call, or with the rest of the calculator's result still to write.
+            resume, replayed = self.engine.replay_tool_use(prefix)
+            if not kept:
+                masks = replayed  # else as generated: the model may have written an output
+            if not opts.tools:
+                resume = None  # the calculator is off: nothing queued is forced
+            decoder = TokenDecoder(self.tokenizer, raw=self.raw, tools=opts.tools)
+            decoder.resume(prefix, masks)
             with torch.inference_mode():
                 logits, stats.prefill_tokens = self.warm.prefill(prompt)
                 t_prefill = time.perf_counter() - t0

@@ -319,3 +319,25 @@ def test_a_retry_that_cannot_fit_keeps_the_dropped_exchanges_too(tmp_path):
     assert screen.drawn[-1][0] == "error"
     assert session.transcript[0][1:] == before[0]  # behind the new system prompt
     assert read_conversation(conversation.path).messages[1:] == before[0]
+
+
+def test_ctrl_c_before_the_reply_began_drops_the_question_rather_than_leave_it_waiting(
+    tmp_path,
+):
+    session, screen, runner, conversation = real_session(tmp_path, context=128)
+
+    def interrupted_renderer(raw: bool):  # Ctrl-C lands while the screen gets ready
+        raise KeyboardInterrupt
+
+    real = screen.renderer
+    screen.renderer = interrupted_renderer  # type: ignore[method-assign]
+    runner.handle("hello")
+    screen.renderer = real  # type: ignore[method-assign]
+    assert session.messages == []
+    assert screen.drawn[-1] == (
+        "notice",
+        "Stopped before the reply began: your message was dropped.",
+    )
+    runner.handle("hello again")  # the next message is taken: nothing waits for a reply
+    assert [m["role"] for m in session.messages] == ["user", "assistant"]
+    assert read_conversation(conversation.path).messages == session.messages

@@ -446,3 +446,16 @@ def test_continue_with_the_tools_off_forces_nothing():
     run(session.continue_reply())
     assert session.last_reply.tokens == [*call, *own[:-1]]
     assert 0 not in session.last_reply.masks  # the model's own, every token
+
+
+def test_ctrl_c_while_a_turn_sets_up_still_closes_it_with_a_reply(monkeypatch):
+    session = ChatSession(ScriptedModel(reply([*b"ok", END])), ByteTokenizer(), greedy())
+
+    def interrupted(tokens):  # Ctrl-C lands before the prefill, in the turn's set-up
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session.engine, "replay_tool_use", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(session.send("q"))
+    assert [m["role"] for m in session.messages] == ["user", "assistant"]
+    assert session.last_reply.stats.finish_reason == "interrupted"
