@@ -83,12 +83,15 @@ def test_chat_session_in_a_real_terminal(tmp_path):
             # here): Ctrl-C can come after this one ended (it then lands at the next prompt).
             # Drop that turn and try again.
             if child.expect([r"\[interrupted\]", r"\(Press Ctrl-D", r"Interrupted\."]) == 0:
-                break
+                # Stopped mid-turn: its status line. Stopped before the turn began (the
+                # Ctrl-C beat the reply's first step): the question was dropped; again.
+                if child.expect([STATUS, "Stopped before the reply began"]) == 0:
+                    break
+                continue
             type_line(child, "/undo")
             child.expect_exact("Undone:")
         else:
             pytest.fail("every reply ended before Ctrl-C could stop it")
-        child.expect(STATUS)
         assert child.match.group(1) == "interrupted"
 
         for line, echo in (("/temperature 0.3", "temperature = 0.3"), ("/top_k 50", "top_k = 50")):
