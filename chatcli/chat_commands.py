@@ -66,6 +66,12 @@ class Session(Protocol):
     def messages(self) -> list[dict[str, Any]]: ...
 
     @property
+    def transcript(self) -> tuple[list[dict[str, Any]], list[str | None]]:
+        """The whole conversation (exchanges dropped for the context included) and each
+        message's finish_reason where known: what /save and /export write."""
+        ...
+
+    @property
     def context_len(self) -> int: ...
 
     def send(self, text: str) -> Iterator[StreamEvent]: ...
@@ -91,15 +97,6 @@ class Session(Protocol):
     ) -> None: ...
 
     def take_notices(self) -> list[TurnNotice]: ...
-
-
-def _transcript(session: Session) -> tuple[list[dict[str, Any]], list[str | None]]:
-    """The whole conversation and its finish reasons: a local session's transcript keeps
-    the exchanges dropped to make room in the context; a server's session drops none."""
-    transcript = getattr(session, "transcript", None)
-    if transcript is not None:
-        return transcript
-    return session.messages, [None] * len(session.messages)
 
 
 class ReplyView(Protocol):
@@ -579,17 +576,17 @@ class ChatCommands:
     # ---- files ----------------------------------------------------------------------------------
 
     def cmd_save(self, name: str | None) -> bool:
-        current = self.conversation.path if self.conversation is not None else None
-        if name is None and current is not None:
-            cid = self.conversation.id if self.conversation is not None else None
+        current = self.conversation
+        if name is None and current is not None and current.path is not None:
             self.screen.notice(
-                f"This conversation is saved already, as {cid} ({current}); every turn is. "
+                f"This conversation is saved already, as {current.id} ({current.path}); every "
+                "turn is. "
                 "/save NAME writes a copy under NAME."
             )
             return True
         model = self.model_info.get("path")
         saved = ConversationFile.create(self.conversations_dir, name, model=_json_value(model))
-        messages, finishes = _transcript(self.session)
+        messages, finishes = self.session.transcript
         saved.append_all(messages, finishes)
         self.conversation = saved
         count = sum(m["role"] != "system" for m in messages)
@@ -634,7 +631,7 @@ class ChatCommands:
     def cmd_export(self, arg: tuple[str, str]) -> bool:
         fmt, where = arg
         path = Path(where).expanduser()
-        messages, _ = _transcript(self.session)
+        messages, _ = self.session.transcript
         text = export_markdown(messages) if fmt == "md" else export_json(messages)
         try:
             path.write_text(text, encoding="utf-8")

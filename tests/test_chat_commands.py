@@ -98,6 +98,10 @@ class FakeSession:
     def messages(self) -> list[dict]:
         return list(self.entries)
 
+    @property
+    def transcript(self) -> tuple[list[dict], list[str | None]]:
+        return self.messages, [None] * len(self.messages)
+
     def send(self, text: str) -> Iterator[StreamEvent]:
         self.entries.append({"role": "user", "content": text})
         done = reply(self.replies.pop(0))

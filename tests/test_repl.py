@@ -141,6 +141,10 @@ class FakeSession:
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + list(self.entries)
 
+    @property
+    def transcript(self) -> tuple[list[dict], list[str | None]]:
+        return self.messages, [None] * len(self.messages)
+
     def _next_stream(self, prefix: list[StreamEvent] | None = None) -> FakeStream:
         stream = FakeStream(self, self.script.popleft(), list(prefix or []))
         self.streams.append(stream)

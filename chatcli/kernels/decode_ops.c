@@ -1009,7 +1009,11 @@ static void attend(const struct rows_model *m, const struct rows_layer *w, const
  * two by measured time: the same seed could draw other samples. */
 static long planned_threads(void) {
 #ifdef _OPENMP
-    return omp_get_num_procs();
+    /* Asked once: libgomp asks the kernel for the affinity mask on every call, and this is
+     * every decode step's. Concurrent first calls store the same number. */
+    static long procs = 0;
+    if (!procs) procs = omp_get_num_procs();
+    return procs;
 #else
     return 1;
 #endif
