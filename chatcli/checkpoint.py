@@ -194,11 +194,32 @@ def _steps_in(folder: Path) -> list[int]:
 def _pick_tag(checkpoints_dir: Path) -> str:
     tags = [p for p in checkpoints_dir.iterdir() if p.is_dir() and _steps_in(p)]
     if not tags:
-        raise CheckpointError(f"No checkpoints (model_*.pt) in any folder of {checkpoints_dir}.")
+        raise CheckpointError(
+            f"No checkpoints (model_*.pt) in any folder of {checkpoints_dir}."
+            + _other_sources_hint(checkpoints_dir.parent)
+        )
     depth = [(int(p.name[1:]), p.name) for p in tags if re.fullmatch(r"d\d+", p.name)]
     if depth:
         return max(depth)[1]
     return max(tags, key=lambda p: p.stat().st_mtime).name
+
+
+def _other_sources_hint(base: Path) -> str:
+    """' Its base_checkpoints has some: --source base.' where another source of this base
+    dir holds checkpoints (an SFT run that crashed leaves base and mid ones)."""
+    have = [
+        k
+        for k, name in SOURCES.items()
+        if (base / name).is_dir()
+        and any(c.is_dir() and _steps_in(c) for c in (base / name).iterdir())
+    ]
+    if not have:
+        return ""
+    return f" Checkpoints of {', '.join(have)} are there: pick one with --source {have[0]}."
+
+
+def _tags_in(checkpoints_dir: Path) -> list[str]:
+    return sorted(p.name for p in checkpoints_dir.iterdir() if p.is_dir() and _steps_in(p))
 
 
 def _find_tokenizer(folder: Path) -> Path:
@@ -238,8 +259,44 @@ def _ref_in_folder(
             f"No step {step} in {folder}; steps there: {', '.join(map(str, steps))}."
         )
     model_file = _model_file(folder, step)
-    meta_file = folder / f"meta_{model_file.name[len('model_') : -len('.pt')]}.json"
-    return CheckpointRef(model_file, meta_file, _find_tokenizer(folder), step, tag, source)
+    meta_file = _meta_file(model_file)
+    tokenizer_file = _find_tokenizer(folder)
+    if model_file.exists() and not meta_file.is_file():
+        # nanochat writes the weights before the meta: a run stopped between the two, or a
+        # download that missed the meta, leaves this. Loading an older step unasked would
+        # answer as another model, so say which steps are whole.
+        whole = [s for s in steps if _meta_file(_model_file(folder, s)).is_file()]
+        fix = (
+            f", or load a whole step with --step {whole[-1]} (steps with a meta: "
+            f"{', '.join(map(str, whole))})"
+            if whole
+            else ""
+        )
+        raise CheckpointError(
+            f"{model_file.name} in {folder} has no {meta_file.name} beside it (it holds the "
+            f"model_config): a save cut short, or a download without it. Copy {meta_file.name} "
+            f"there{fix}."
+        )
+    return CheckpointRef(model_file, meta_file, tokenizer_file, step, tag, source)
+
+
+def _no_tag_for(p: Path, tag: str | None) -> None:
+    """A tag picks a folder in a base dir; a checkpoint folder or file has picked already."""
+    folder = p.parent if p.is_file() else p
+    if tag is not None and tag != folder.name:
+        raise CheckpointError(
+            f"{p} is one checkpoint already, so tag {tag!r} cannot pick another: leave the "
+            "tag out, or pass the base dir that holds the tag."
+        )
+
+
+def _source_of(folder: Path) -> str | None:
+    """'base' for base_checkpoints/d20: a tag folder's parent says which training it is."""
+    return next((k for k, v in SOURCES.items() if v == folder.parent.name), None)
+
+
+def _meta_file(model_file: Path) -> Path:
+    return model_file.with_name(f"meta_{model_file.name[len('model_') : -len('.pt')]}.json")
 
 
 def resolve_checkpoint(
@@ -289,14 +346,20 @@ def resolve_checkpoint(
                 f"CHATCLI_STEP or the config's step): pass its folder ({p.parent}) to pick a "
                 "step, or leave the step out."
             )
-        return _ref_in_folder(p.parent, int(m.group(1)), tag or p.parent.name, None)
+        _no_tag_for(p, tag)
+        return _ref_in_folder(p.parent, int(m.group(1)), p.parent.name, _source_of(p.parent))
     if _steps_in(p):  # a checkpoint folder or a flat download folder
-        return _ref_in_folder(p, step, tag or p.name, None)
+        _no_tag_for(p, tag)
+        return _ref_in_folder(p, step, p.name, _source_of(p))
     if (p / SOURCES[source]).is_dir():  # a base dir
         ckpts = p / SOURCES[source]
         tag = tag or _pick_tag(ckpts)
         if not (ckpts / tag).is_dir():
-            raise CheckpointError(f"No tag {tag!r} in {ckpts}.")
+            tags = _tags_in(ckpts)
+            raise CheckpointError(
+                f"No tag {tag!r} in {ckpts}; "
+                + (f"tags there: {', '.join(tags)}." if tags else "it holds no checkpoints.")
+            )
         return _ref_in_folder(ckpts / tag, step, tag, source)
     if any(_steps_in(c) for c in p.iterdir() if c.is_dir()):  # e.g. base/chatsft_checkpoints
         tag = tag or _pick_tag(p)
@@ -368,7 +431,16 @@ def read_state_dict(model_file: Path) -> dict[str, torch.Tensor]:
     except Exception as e:  # torch raises many types for truncated zips and foreign pickles
         raise CheckpointError(_unreadable_weights(model_file, e)) from e
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise CheckpointError(f"{model_file} does not hold a state_dict of tensors.")
+        held = (
+            f"a dict with keys {_short(sorted(map(str, sd)))}"
+            if isinstance(sd, dict)
+            else f"a {type(sd).__name__}"
+        )
+        raise CheckpointError(
+            f"{model_file} holds {held}, not a state_dict of tensors: nanochat's model_*.pt "
+            "is the model's state_dict itself. Save model.state_dict() alone, or pass the "
+            "folder of a nanochat checkpoint."
+        )
     # torch.compile'd models save their keys under an `_orig_mod.` prefix.
     return {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
 
@@ -389,6 +461,14 @@ def check_state_dict(
     model: GPT, sd: dict[str, torch.Tensor], model_file: Path, config: GPTConfig
 ) -> None:
     expected = model.state_dict()
+    layers = {int(m[1]) for k in sd if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
+    if layers and max(layers) + 1 != config.n_layer:
+        # Said first: otherwise the keys of the layers one side lacks read as a broken file.
+        raise CheckpointError(
+            f"{model_file}: the meta's model_config says n_layer={config.n_layer}, but the "
+            f"weights have {max(layers) + 1} layers. The meta file belongs to another model: "
+            "copy the one saved with these weights."
+        )
     missing = sorted(set(expected) - set(sd))
     unknown = sorted(set(sd) - set(expected))
     if missing or unknown:

@@ -93,8 +93,12 @@ class KVCache:
         """
         if not 0 <= pos <= self.pos:
             raise ValueError(f"cannot rewind to {pos}: the cache holds {self.pos} positions")
+        if pos > 0 and prev_token is None:
+            # Era E mixes the previous token's embedding into the next one (smear): without
+            # it the step after the rewind would quietly compute different logits.
+            raise ValueError(f"rewinding to {pos} needs the token at {pos - 1} (prev_token)")
         self.pos = pos
-        if pos == 0 or prev_token is None:
+        if pos == 0:
             self.prev_token = None
         else:
             self.prev_token = torch.full(

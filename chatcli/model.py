@@ -455,8 +455,11 @@ class GPT(nn.Module):
     def init_rotary(self) -> None:
         """(Re)compute the rotary tables on the model's device, in the era's table dtype."""
         hd, device = self.config.head_dim, self.lm_head.weight.device
-        inv_freq = self.arch.rope_base ** (
-            -torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd
+        # 1 / base**(c/hd), not base**(-c/hd): the two differ in the last bit for about a
+        # third of the channels, and eras A-C round the tables to bf16, where such a bit can
+        # tip an entry to the next bf16 step (head_dim 128 from position 104 on).
+        inv_freq = 1.0 / (
+            self.arch.rope_base ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd)
         )
         t = torch.arange(self.max_positions, dtype=torch.float32, device=device)
         angles = torch.outer(t, inv_freq)

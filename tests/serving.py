@@ -9,9 +9,9 @@ tokens then take ids 256..264, exactly the layout of fakes.ByteTokenizer, so fak
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
+from reference import REFERENCE
 
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 pytest.importorskip("uvicorn", reason="needs the serve extra: pip install -e '.[serve]'")
@@ -24,7 +24,7 @@ from chatcli.server import BackgroundServer, Limits, Worker, create_app
 from chatcli.special_tokens import ASSISTANT_END
 from chatcli.tokenizer import Tokenizer
 
-REFERENCE_E = Path("/work/shared/fixtures/nanochat-reference/E")
+REFERENCE_E = REFERENCE / "E"
 END = 256 + 4  # <|assistant_end|> in the byte layout
 assert ByteTokenizer().encode_special(ASSISTANT_END) == END
 

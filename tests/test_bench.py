@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
+from reference import REFERENCE, needs_reference
 
 from chatcli import bench
 from chatcli.bench import matrix_params, run_bench, synthetic_model, weight_bytes_per_token
@@ -16,10 +16,10 @@ from chatcli.native_kernels import rows_step
 from chatcli.warm_cache import WarmCache
 from tests.test_model import _random_model
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference" / "E"
+FIXTURE = REFERENCE / "E"
 
 
-@pytest.mark.skipif(not FIXTURE.is_dir(), reason="shared fixtures not present")
+@needs_reference
 def test_bench_reports_every_measure_and_identical_greedy_output():
     model, tokenizer, _ = load_model(FIXTURE, device="cpu")
     result = run_bench(model, tokenizer, "fixture E")
@@ -224,7 +224,7 @@ def test_each_measured_turn_is_timed_again_from_the_state_before_it(monkeypatch,
         assert tries[-1][0] != "interrupted" and tries[-1][1] > 1, (turn, tries)
 
 
-@pytest.mark.skipif(not FIXTURE.is_dir(), reason="shared fixtures not present")
+@needs_reference
 def test_fp16_copies_read_by_our_step_kernel_are_reported_as_its_own(monkeypatch):
     # Where rows_step reads the fp16 copies' panels itself, the copies' own product kernels
     # (fbgemm, f16_rows) serve no decode step, and the bench does not name them.

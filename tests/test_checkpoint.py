@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference import REFERENCE, needs_reference
 
 from chatcli.checkpoint import (
     Precision,
@@ -25,8 +26,7 @@ from chatcli.engine import Engine
 from chatcli.errors import CheckpointError
 from chatcli.native_kernels import rows_step
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures not present")
+FIXTURES = REFERENCE
 PROMPT = torch.tensor([[503, 504, 87, 459, 349, 32, 49, 505, 506]])
 
 
@@ -56,6 +56,7 @@ def _reference_logits(era: str = "E") -> torch.Tensor:
 # ---- layouts ---------------------------------------------------------------------------------
 
 
+@needs_reference
 def test_base_dir_picks_largest_depth_tag_and_last_step(tmp_path):
     _, _, tok = _files()
     for tag in ("d4", "d12", "d8"):
@@ -76,6 +77,7 @@ def test_base_dir_picks_largest_depth_tag_and_last_step(tmp_path):
         resolve_checkpoint(tmp_path, source="base")
 
 
+@needs_reference
 def test_flat_download_folder_and_model_file_load(tmp_path):
     folder = _flat(tmp_path)
     want = _reference_logits()
@@ -86,6 +88,7 @@ def test_flat_download_folder_and_model_file_load(tmp_path):
         assert tokenizer.get_vocab_size() == 512
 
 
+@needs_reference
 def test_tag_is_found_in_nanochat_base_dir_env(tmp_path, monkeypatch):
     base = tmp_path / "base"
     shutil.copytree(FIXTURES / "E", base)
@@ -94,6 +97,7 @@ def test_tag_is_found_in_nanochat_base_dir_env(tmp_path, monkeypatch):
     assert model.info.tag == "d4" and model.arch.era == "E"
 
 
+@needs_reference
 def test_compiled_prefix_padded_vocab_and_bf16_weights_load_as_the_reference(tmp_path):
     sd, _meta, _ = _files()
     changed = {}
@@ -122,6 +126,7 @@ def test_compiled_prefix_padded_vocab_and_bf16_weights_load_as_the_reference(tmp
         ("E", torch.bfloat16, True),  # wte fp32, the value embeddings narrow
     ],
 )
+@needs_reference
 def test_bf16_embedding_tables_stay_as_saved_and_answer_as_widened_ones(
     tmp_path, era, dtype, only_values, monkeypatch
 ):
@@ -175,6 +180,7 @@ def test_bf16_embedding_tables_stay_as_saved_and_answer_as_widened_ones(
     assert run(ours, 4) == run(theirs, 4)
 
 
+@needs_reference
 def test_softcap_override_changes_the_cap():
     model, _, _ = load_model(FIXTURES / "A", device="cpu", softcap=20.0)
     assert model.arch.softcap == 20.0
@@ -198,10 +204,11 @@ def test_missing_path_says_what_to_pass(tmp_path):
         load_model(tmp_path / "nowhere")
 
 
+@needs_reference
 def test_missing_meta_and_tokenizer_are_named(tmp_path):
     folder = _flat(tmp_path)
     (folder / "meta_000650.json").unlink()
-    with pytest.raises(CheckpointError, match=r"Missing meta file .*meta_000650\.json"):
+    with pytest.raises(CheckpointError, match=r"has no meta_000650\.json beside it"):
         load_model(folder)
     folder = _flat(tmp_path / "b")
     (folder / "tokenizer.pkl").unlink()
@@ -209,6 +216,64 @@ def test_missing_meta_and_tokenizer_are_named(tmp_path):
         load_model(folder)
 
 
+def test_a_newest_step_without_its_meta_names_the_whole_steps(tmp_path):
+    # nanochat saves the weights, then the meta: a run stopped between the two leaves this.
+    for step in (1, 2):
+        (tmp_path / f"model_{step:06d}.pt").touch()
+    (tmp_path / "meta_000001.json").touch()
+    (tmp_path / "tokenizer.pkl").touch()
+    with pytest.raises(
+        CheckpointError,
+        match=r"model_000002\.pt .* has no meta_000002\.json .* --step 1 \(steps with a meta: 1\)",
+    ):
+        resolve_checkpoint(tmp_path)
+    assert resolve_checkpoint(tmp_path, step=1).step == 1
+
+
+def test_a_source_without_checkpoints_points_at_the_sources_that_have_them(tmp_path):
+    (tmp_path / "chatsft_checkpoints" / "d20").mkdir(parents=True)  # an SFT run that crashed
+    (tmp_path / "base_checkpoints" / "d20").mkdir(parents=True)
+    (tmp_path / "base_checkpoints" / "d20" / "model_000100.pt").touch()
+    with pytest.raises(CheckpointError, match=r"Checkpoints of base are there: .*--source base"):
+        resolve_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match=r"No tag 'd32' .*; tags there: d20\."):
+        resolve_checkpoint(tmp_path, source="base", tag="d32")
+
+
+def test_a_tag_cannot_repick_a_checkpoint_folder_and_its_parent_names_the_source(tmp_path):
+    folder = tmp_path / "base_checkpoints" / "d4"
+    folder.mkdir(parents=True)
+    (folder / "model_000001.pt").touch()
+    (folder / "meta_000001.json").touch()
+    (folder / "tokenizer.pkl").touch()
+    ref = resolve_checkpoint(folder)
+    assert (ref.tag, ref.source) == ("d4", "base")
+    assert resolve_checkpoint(folder / "model_000001.pt").source == "base"
+    with pytest.raises(CheckpointError, match=r"tag 'd32' cannot pick another"):
+        resolve_checkpoint(folder, tag="d32")
+
+
+@needs_reference
+def test_a_meta_with_another_layer_count_is_blamed_on_the_meta(tmp_path):
+    _, meta, _ = _files()
+    for layers in (6, 3):
+        meta["model_config"]["n_layer"] = layers
+        folder = _flat(tmp_path / str(layers), meta=meta)
+        with pytest.raises(
+            CheckpointError, match=rf"says n_layer={layers}, but the weights have 4 layers"
+        ):
+            load_model(folder)
+
+
+@needs_reference
+def test_weights_wrapped_in_another_dict_say_what_they_hold(tmp_path):
+    sd, _, _ = _files()
+    folder = _flat(tmp_path, sd={"model": sd, "step": torch.tensor(1)})
+    with pytest.raises(CheckpointError, match=r"holds a dict with keys model, step, not a state"):
+        load_model(folder)
+
+
+@needs_reference
 def test_truncated_weights_are_reported_not_raised_raw(tmp_path):
     folder = _flat(tmp_path)
     f = folder / "model_000650.pt"
@@ -219,6 +284,7 @@ def test_truncated_weights_are_reported_not_raised_raw(tmp_path):
         load_model(folder)
 
 
+@needs_reference
 def test_weights_behind_a_broken_link_are_named_and_listed_not_raised(tmp_path):
     folder = _flat(tmp_path)
     f = folder / "model_000650.pt"
@@ -228,6 +294,7 @@ def test_weights_behind_a_broken_link_are_named_and_listed_not_raised(tmp_path):
         load_model(folder)
 
 
+@needs_reference
 def test_weights_in_torchs_legacy_format_load(tmp_path):
     folder = _flat(tmp_path)
     f = folder / "model_000650.pt"
@@ -237,6 +304,7 @@ def test_weights_in_torchs_legacy_format_load(tmp_path):
     assert torch.equal(model.state_dict()["lm_head.weight"], sd["lm_head.weight"].float())
 
 
+@needs_reference
 def test_weights_file_that_runs_code_is_refused(tmp_path):
     folder = _flat(tmp_path)
     marker = tmp_path / "pwned"
@@ -251,12 +319,14 @@ def test_weights_file_that_runs_code_is_refused(tmp_path):
     assert not marker.exists()
 
 
+@needs_reference
 def test_meta_without_model_config(tmp_path):
     folder = _flat(tmp_path, meta={"step": 1})
     with pytest.raises(CheckpointError, match="no model_config"):
         load_model(folder)
 
 
+@needs_reference
 def test_meta_with_broken_json_or_missing_keys(tmp_path):
     folder = _flat(tmp_path)
     (folder / "meta_000650.json").write_text("{not json")
@@ -268,6 +338,7 @@ def test_meta_with_broken_json_or_missing_keys(tmp_path):
         load_model(_flat(tmp_path / "b", meta=meta))
 
 
+@needs_reference
 def test_shapes_contradicting_meta(tmp_path):
     _, meta, _ = _files()
     meta["model_config"]["n_embd"] = 128
@@ -277,6 +348,7 @@ def test_shapes_contradicting_meta(tmp_path):
         load_model(_flat(tmp_path, meta=meta))
 
 
+@needs_reference
 def test_tokenizer_vocab_must_equal_model_vocab(tmp_path):
     _, meta, _ = _files()
     meta["model_config"]["vocab_size"] = 500
@@ -286,6 +358,7 @@ def test_tokenizer_vocab_must_equal_model_vocab(tmp_path):
         load_model(_flat(tmp_path, meta=meta))
 
 
+@needs_reference
 def test_unknown_and_missing_keys_are_listed(tmp_path):
     sd, _, _ = _files()
     extra = dict(sd, **{"transformer.h.0.attn.c_x.weight": torch.zeros(1)})
@@ -296,6 +369,7 @@ def test_unknown_and_missing_keys_are_listed(tmp_path):
         load_model(_flat(tmp_path / "b", sd=fewer))
 
 
+@needs_reference
 def test_hostile_tokenizer_pickle_is_refused_and_runs_nothing(tmp_path):
     folder = _flat(tmp_path)
     marker = tmp_path / "pwned"
@@ -422,6 +496,7 @@ def test_mps_on_a_machine_without_it_is_a_fix_it_error(monkeypatch):
     assert pick_device("cpu") == torch.device("cpu")
 
 
+@needs_reference
 def test_listing_shows_a_foreign_or_unreadable_checkpoint_with_its_own_file(tmp_path):
     _, meta, tok = _files("E")
     tag = tmp_path / "chatsft_checkpoints" / "d21"
@@ -449,6 +524,7 @@ def test_a_device_name_torch_would_choke_on_is_refused_first(device):
         pick_device(device)
 
 
+@needs_reference
 def test_a_model_file_with_another_step_asked_is_an_error(tmp_path):
     folder = _flat(tmp_path)
     assert resolve_checkpoint(folder / "model_000650.pt", step=650).step == 650
@@ -458,6 +534,7 @@ def test_a_model_file_with_another_step_asked_is_an_error(tmp_path):
         resolve_checkpoint(folder / "model_000650.pt", step=7)
 
 
+@needs_reference
 def test_a_relative_path_names_its_folder_and_a_sources_folder_its_source(tmp_path, monkeypatch):
     folder = _flat(tmp_path)
     monkeypatch.chdir(folder)
@@ -469,6 +546,7 @@ def test_a_relative_path_names_its_folder_and_a_sources_folder_its_source(tmp_pa
     assert resolve_checkpoint(base / "base_checkpoints").source == "base"
 
 
+@needs_reference
 def test_listing_takes_what_model_takes_a_download_folder_or_a_sources_folder(tmp_path):
     folder = _flat(tmp_path)
     [listed] = [c for c in list_checkpoints(folder) if c.name != "embedded"]
@@ -480,6 +558,7 @@ def test_listing_takes_what_model_takes_a_download_folder_or_a_sources_folder(tm
     assert (listed.source, listed.tag, listed.step) == ("base", "d4", 650)
 
 
+@needs_reference
 def test_listing_a_base_dir_with_weights_at_its_top_too_keeps_its_sources(tmp_path):
     *_, tok = _files("E")
     base = tmp_path / "nc"

@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from reference import REFERENCE, needs_reference
 from typer.testing import CliRunner
 
 from chatcli.cli import app
 from chatcli.conversation_store import latest_conversation, read_conversation
 from chatcli.settings import conversations_dir
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference" / "E"
-needs_fixture = pytest.mark.skipif(not FIXTURE.is_dir(), reason="shared fixtures not present")
+FIXTURE = REFERENCE / "E"
+needs_fixture = needs_reference
 runner = CliRunner()
 
 

@@ -142,6 +142,15 @@ def test_rewind_outside_what_the_cache_holds_raises(pos):
     assert c.get_pos() == 3
 
 
+def test_rewind_past_zero_needs_the_previous_token():
+    # Without it era E's smear would silently mix nothing into the next token.
+    c = cache()
+    fill(c, 3)
+    with pytest.raises(ValueError, match="needs the token at 1"):
+        c.rewind(2, prev_token=None)
+    assert c.get_pos() == 3
+
+
 def test_prefill_from_a_cache_without_a_previous_token_clears_it():
     dst = cache(batch_size=2)
     fill(dst, 2)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from reference import REFERENCE, needs_reference
 
 from chatcli.checkpoint import load_model
 from chatcli.engine import Engine
@@ -23,8 +23,8 @@ from chatcli.model import (
 from chatcli.native_kernels import rows_step
 from chatcli.special_tokens import ASSISTANT_END
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures not present")
+FIXTURES = REFERENCE
+needs_fixtures = needs_reference
 
 
 def _expected(era: str) -> dict:
@@ -147,6 +147,24 @@ def test_window_pattern_is_tiled_and_the_last_layer_is_long():
     config = GPTConfig(2048, 100, 4, 4, 4, 64, window_pattern="S")
     assert window_sizes(config, ERAS["E"])[-1] == 2048
     assert window_sizes(config, ERAS["A"]) == [2048] * 4
+
+
+@pytest.mark.parametrize("era", ["A", "E"])
+def test_rotary_tables_are_the_references_bit_for_bit(era):
+    # nanochat computes 1 / base**(c/hd). base**(-c/hd) differs in the last bit for some
+    # channels, and after era A's bf16 rounding whole table entries move (head_dim 128, the
+    # released d20/d32, from position 104): a small model's 16 channels never show it.
+    config = GPTConfig(2048, 100, 1, 1, 1, 128)
+    model = GPT(config, ERAS[era])
+    model.init_rotary()
+    base = ERAS[era].rope_base
+    inv_freq = 1.0 / (base ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128))
+    angles = torch.outer(torch.arange(20480, dtype=torch.float32), inv_freq)
+    cos, sin = angles.cos(), angles.sin()
+    if ERAS[era].rope_tables_bf16:
+        cos, sin = cos.bfloat16().float(), sin.bfloat16().float()
+    assert torch.equal(model.cos[0, :, 0], cos)
+    assert torch.equal(model.sin[0, :, 0], sin)
 
 
 def test_forward_refuses_positions_past_the_rotary_tables():

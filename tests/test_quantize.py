@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatcli.native_kernels import f16_matvec, rows_step, unavailable_reason
+from chatcli.native_kernels import f16_matvec, f16_rows, rows_step, unavailable_reason
 from chatcli.quantize import (
     INT4_GROUP_SIZE,
     NATIVE_INT8_MAX_ROWS,
@@ -229,6 +229,21 @@ def test_fbgemm_fp16_serves_many_rows_as_the_rounded_weights_would():
     assert got.shape == (300, 384)
     torch.testing.assert_close(got, x @ w.half().float().t(), atol=1e-5, rtol=1e-5)
     assert not torch.equal(got, x @ w.t())  # the weights were rounded
+
+
+@pytest.mark.skipif(f16_rows() is None, reason=f"no native kernel: {unavailable_reason()}")
+def test_fp16_keeps_its_plain_copy_only_once_a_row_reads_it():
+    # A model decoding through rows_step reads the panels alone: the plain copy for one-row
+    # products comes from them at the first such product, the same halves, not at load.
+    w = _matrix(seed=11)
+    copy = Fp16Weight(w)
+    assert copy.half_panels is not None and copy._plain is None
+    x = torch.randn(256, generator=torch.Generator().manual_seed(12))
+    got = copy.matvec(x)
+    assert copy._plain is not None and torch.equal(copy.weight, w.half())
+    torch.testing.assert_close(got, w.half().float() @ x, atol=1e-5, rtol=1e-5)
+    # Without panels nothing else holds the halves: the copy is made with the weight.
+    assert Fp16Weight(w, use_fbgemm=False, use_native=False)._plain is not None
 
 
 def test_fp16_through_torch_mv_serves_one_row():

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from fakes import DONE, SPECIAL_IDS, ByteTokenizer, ScriptedModel, reply, tool_call
+from reference import REFERENCE
 
 from chatcli.errors import ChatcliError, ContextOverflowError
 from chatcli.model import ERAS, GPT, GPTConfig
@@ -22,7 +21,7 @@ from chatcli.special_tokens import (
 from chatcli.stream import TextDelta, ToolResult
 from chatcli.tokenizer import Tokenizer
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
+FIXTURES = REFERENCE
 
 
 @pytest.fixture(scope="module")

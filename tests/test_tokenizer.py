@@ -6,13 +6,14 @@ import pickle
 from pathlib import Path
 
 import pytest
+from reference import REFERENCE, needs_reference
 
 from chatcli.errors import TokenizerError
 from chatcli.special_tokens import SPECIAL_TOKENS
 from chatcli.tokenizer import Tokenizer
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nanochat-reference"
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures not present")
+FIXTURES = REFERENCE
+pytestmark = needs_reference
 
 
 @pytest.fixture(scope="module")
