@@ -29,8 +29,8 @@ MAX_SEED = 2**63 - 1
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask for (nanochat's chat_web limits by default): they keep one
-    client from taking all the memory or a worker for minutes."""
+    """What one request may ask for (nanochat's chat_web limits by default), and how many may
+    wait: they keep one client from taking all the memory or a worker for minutes."""
 
     max_messages: int = 500
     max_message_chars: int = 8000
@@ -41,6 +41,12 @@ class Limits:
     max_max_tokens: int = 4096
     max_stops: int = 4  # OpenAI's limit
     max_stop_chars: int = 200
+    # 32000 characters escaped as JSON take at most 12 bytes each ("\ud83d\ude00" is one
+    # emoji): 384 KB, plus the messages' framing. A larger body is refused unread.
+    max_body_bytes: int = 1024 * 1024
+    # Requests waiting for a worker: more get a 429 (the client retries) rather than a
+    # wait with no end.
+    max_queue: int = 64
 
 
 # ---- requests -----------------------------------------------------------------------------------

@@ -1,9 +1,13 @@
 """`chatcli serve`: an OpenAI-compatible HTTP API (and a chat page) over a pool of workers.
 
 Owns: the HTTP surface: POST /v1/chat/completions (streamed as server-sent events or whole),
-GET /v1/models, /health, /stats and the chat page at /; turning conversations into prompt
-tokens and stream events into OpenAI chunks; loading one model replica per worker. What a
-valid request is, and the error bodies that name a bad field, are chatcli.api_requests'.
+GET (and HEAD) /v1/models, /health, /stats and the chat page at /; turning conversations into
+prompt tokens and stream events into OpenAI chunks; loading one model replica per worker; the
+guards a server on this machine needs against web pages the user visits (JSON bodies only, so
+no form or text/plain post slips past the browser's preflight; on a loopback address, only
+loopback Host names, against DNS rebinding); and a shutdown that ends open generations at
+once. What a valid request is, and the error bodies that name a bad field, are
+chatcli.api_requests'.
 
 The calculator runs here, inside the engine. A call reaches clients twice over: as an inline
 marker in `content` (`[calc 1234*56 = 69104]`, see chatcli.calc_markers) that any OpenAI client
@@ -15,13 +19,16 @@ carrying `chatcli_tool` has exactly the marker as its content, so a client that 
 from the field can skip that content. Assistant messages sent back are read for markers,
 so a multi-turn conversation replays its calculator calls exactly.
 
-Knows nothing of threads or devices beyond asking the WorkerPool, and nothing of the terminal.
+Knows nothing of devices or generation threads beyond asking the WorkerPool, and nothing of
+the terminal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import ipaddress
 import json
 import logging
 import random
@@ -29,7 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -42,6 +49,7 @@ from pydantic import (
     ValidationError,
 )
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chatcli.api_requests import (
     ChatMessage,
@@ -54,15 +62,30 @@ from chatcli.calc_markers import format_marker, parts_from_text
 from chatcli.errors import ChatcliError, ConfigError, TokenizerError
 from chatcli.stream import StreamEvent, TextDelta, ToolResult
 from chatcli.turns import SamplingOptions
-from chatcli.worker_pool import Finished, GenerationParams, Worker, WorkerPool
+from chatcli.worker_pool import (
+    Finished,
+    GenerationParams,
+    ShuttingDown,
+    Waiting,
+    Worker,
+    WorkerPool,
+)
 
-__all__ = ["BackgroundServer", "Limits", "Worker", "WorkerPool", "create_app", "serve"]
+__all__ = ["BackgroundServer", "Limits", "Worker", "WorkerPool", "create_app", "run_app", "serve"]
 
 log = logging.getLogger(__name__)
 MAX_PORT = 65535
 # The engine says "context" when the model's context, not max_tokens, cut the reply; OpenAI
 # has one word for both.
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
+# The Host names a server on a loopback address answers to (any port).
+LOOPBACK_HOSTNAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+# A queued stream says it is alive this often, so proxies that cut idle connections do not.
+WAITING_EVERY_S = 10.0
+WAITING_COMMENT = ": waiting for a worker\n\n"  # an SSE comment: clients skip it
+RETRY_AFTER_S = 5  # a full queue's hint; a reply takes seconds, the queue drains in tens
+# uvicorn's wait for open connections at shutdown; the pool ends generations well before.
+GRACE_S = 5
 
 
 # ---- from requests to prompts, from events to chunks --------------------------------------------
@@ -161,15 +184,106 @@ def _page() -> str:
     return (resources.files("chatcli") / "web" / "index.html").read_text(encoding="utf-8")
 
 
+def hostname_of(host: str) -> str:
+    """The name in a Host header, without its port: "localhost:8000" -> "localhost",
+    "[::1]:8000" -> "::1" (starlette's TrustedHostMiddleware cuts at the first ':', which
+    leaves "["). A malformed header comes back whole, so it matches no name."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, bracket, rest = host[1:].partition("]")
+        return name if bracket and (not rest or rest.startswith(":")) else host
+    return host.partition(":")[0] if host.count(":") == 1 else host
+
+
+def hosts_to_check(bind_host: str) -> frozenset[str] | None:
+    """The Host names a server listening on `bind_host` answers: on a loopback address only
+    loopback names, or a web page could rebind its own name to 127.0.0.1 and read the
+    replies; elsewhere (0.0.0.0, a LAN address) any (None), as the network names it."""
+    try:
+        loopback = bind_host == "localhost" or ipaddress.ip_address(bind_host).is_loopback
+    except ValueError:
+        loopback = False
+    return LOOPBACK_HOSTNAMES | {bind_host.lower()} if loopback else None
+
+
+class _HostCheck:
+    """ASGI middleware: a 400 for a request whose Host is not one of `allowed`."""
+
+    def __init__(self, app: ASGIApp, allowed: Collection[str]) -> None:
+        self.app = app
+        self.allowed = frozenset(h.lower() for h in allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if hostname_of(header) not in self.allowed:
+                message = (
+                    f"The Host header {header!r} is not a name of this machine: this server "
+                    "listens on a loopback address and answers only localhost, 127.0.0.1 and "
+                    "[::1] (a guard against DNS rebinding, by which a web page reaches local "
+                    "servers). Use one of those names, or serve with --host 0.0.0.0 to take "
+                    "requests for any name."
+                )
+                await JSONResponse(error_body(message), 400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _media_type(content_type: str) -> str:
+    """A Content-Type without its parameters, lowercase: "application/json; charset=utf-8"
+    -> "application/json"."""
+    return content_type.partition(";")[0].strip().lower()
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None once it is over `limit` bytes: refused on its
+    Content-Length, or read no further than the limit when it comes chunked without one."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async with contextlib.aclosing(request.stream()) as chunks:
+        async for chunk in chunks:
+            body += chunk
+            if len(body) > limit:
+                return None
+    return bytes(body)
+
+
+def _prompt_of(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:
+    """A conversation's prompt tokens. Tens of milliseconds for a long one: run it in a
+    thread, so open streams go on meanwhile."""
+    return tokenizer.render_for_completion(conversation_of(messages))
+
+
 def create_app(
-    workers: Sequence[Worker] | WorkerPool, limits: Limits = Limits(), model_name: str = "chatcli"
+    workers: Sequence[Worker] | WorkerPool,
+    limits: Limits = Limits(),
+    model_name: str = "chatcli",
+    *,
+    allowed_hosts: Collection[str] | None = None,
+    waiting_every: float = WAITING_EVERY_S,
 ) -> FastAPI:
-    """The HTTP app over `workers` (all replicas of one model)."""
+    """The HTTP app over `workers` (all replicas of one model).
+
+    allowed_hosts: the Host names (any port) it answers, others get a 400; None for any.
+    serve() fills it from --host (hosts_to_check). waiting_every: seconds between the
+    keep-alive comments of a stream queued for a worker.
+    """
     pool = workers if isinstance(workers, WorkerPool) else WorkerPool(workers)
     defaults = SamplingOptions()
     started = int(time.time())
-    app = FastAPI(title="chatcli", version="0.1.0")
+    # No /docs, /redoc or /openapi.json: public pages the API does not need, and /docs pulls
+    # its scripts from a CDN.
+    app = FastAPI(title="chatcli", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.pool = pool
+    if allowed_hosts is not None:
+        app.add_middleware(_HostCheck, allowed=allowed_hosts)
+
+    def get(path: str, **kwargs: Any) -> Callable[..., Any]:
+        # HEAD too, as Starlette's own routes do (FastAPI's GET does not): uptime monitors
+        # ask with HEAD. uvicorn sends the headers and leaves out the body.
+        return app.api_route(path, methods=["GET", "HEAD"], **kwargs)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -181,16 +295,16 @@ def create_app(
         message = f"{exc.detail}: {request.method} {request.url.path}"
         return JSONResponse(error_body(message), exc.status_code, headers=exc.headers)
 
-    @app.get("/", response_class=HTMLResponse)
+    @get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         return HTMLResponse(_page())
 
-    @app.get("/health")
+    @get("/health")
     async def health() -> dict[str, Any]:
         idle = sum(not w.busy for w in pool.workers)
         return {"status": "ok", "model": model_name, "workers": len(pool.workers), "idle": idle}
 
-    @app.get("/stats")
+    @get("/stats")
     async def stats() -> dict[str, Any]:
         return {"model": model_name, "uptime_s": int(time.time()) - started, **pool.describe()}
 
@@ -202,11 +316,11 @@ def create_app(
         "context_length": pool.context_len,
     }
 
-    @app.get("/v1/models")
+    @get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [model_entry]}
 
-    @app.get("/v1/models/{model_id:path}", response_model=None)
+    @get("/v1/models/{model_id:path}", response_model=None)
     async def model(model_id: str) -> dict[str, Any] | JSONResponse:
         if model_id == model_name:
             return model_entry
@@ -217,8 +331,25 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         # The body is validated here rather than by a typed parameter so the limits can be
         # handed to the validators as context; errors go through the same 400 handler.
+        # JSON only: text/plain and form posts are the ones any web page may send here
+        # without the browser asking first, so taking them would let it run the model.
+        media_type = _media_type(request.headers.get("content-type", ""))
+        if media_type != "application/json":
+            message = (
+                f"The body must be JSON, sent with Content-Type: application/json (got "
+                f"{media_type or 'no Content-Type'}). With curl, add "
+                "-H 'Content-Type: application/json'."
+            )
+            return JSONResponse(error_body(message), status_code=415)
+        raw = await _read_body(request, limits.max_body_bytes)
+        if raw is None:
+            message = (
+                f"The body is over {limits.max_body_bytes} bytes, this server's limit. "
+                "Send fewer or shorter messages."
+            )
+            return JSONResponse(error_body(message), status_code=413)
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             return JSONResponse(error_body("The body is not valid JSON."), status_code=400)
         except RecursionError:  # Python's JSON parser recurses once per nested [ or {
@@ -228,7 +359,7 @@ def create_app(
         except ValidationError as e:
             raise RequestValidationError(e.errors()) from None
         try:
-            prompt = pool.tokenizer.render_for_completion(conversation_of(req.messages))
+            prompt = await asyncio.to_thread(_prompt_of, pool.tokenizer, req.messages)
         except TokenizerError as e:
             return JSONResponse(error_body(str(e), "messages"), status_code=400)
         room = pool.context_len - len(prompt)
@@ -257,9 +388,21 @@ def create_app(
                 stop=tuple(req.stop or ()),
             ),
         )
+        if pool.closed:
+            return _shutting_down()
+        if pool.queue_full(limits.max_queue):
+            message = (
+                f"{pool.waiting} requests are already waiting for a worker, this server's "
+                "limit. Try again in a few seconds."
+            )
+            return JSONResponse(
+                error_body(message, type_="server_error", code="queue_full"),
+                status_code=429,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         if req.stream:
             return StreamingResponse(
-                _stream(pool, turn),
+                _stream(pool, turn, waiting_every),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -268,19 +411,31 @@ def create_app(
     return app
 
 
-async def _stream(pool: WorkerPool, turn: _Turn) -> AsyncIterator[str]:
+def _shutting_down_body() -> dict[str, Any]:
+    return error_body(str(ShuttingDown()), type_="server_error", code="server_shutting_down")
+
+
+def _shutting_down() -> JSONResponse:
+    return JSONResponse(_shutting_down_body(), status_code=503)
+
+
+async def _stream(pool: WorkerPool, turn: _Turn, waiting_every: float) -> AsyncIterator[str]:
     """The SSE body. When the client disconnects, Starlette cancels this generator at its
     current await; leaving `pool.generate` then stops the generation and frees the worker."""
     yield sse(turn.chunk({"role": "assistant", "content": ""}))
     try:
-        async for item in pool.generate(turn.prompt, turn.params):
-            if isinstance(item, Finished):
+        async for item in pool.generate(turn.prompt, turn.params, waiting_every):
+            if isinstance(item, Waiting):
+                yield WAITING_COMMENT
+            elif isinstance(item, Finished):
                 reason = FINISH_REASONS.get(item.finish_reason, item.finish_reason)
                 yield sse(turn.chunk({}, finish_reason=reason, usage=usage_of(item)))
             else:
                 for delta in deltas_of(item):
                     yield sse(turn.chunk(delta))
-    except Exception as e:  # the headers are gone: report in-band, as OpenAI servers do
+    except ShuttingDown:  # the headers are gone: report in-band, as OpenAI servers do
+        yield sse(_shutting_down_body())
+    except Exception as e:
         log.exception("generation failed")
         yield sse(error_body(f"Generation failed: {e}", type_="server_error"))
     yield sse("[DONE]")
@@ -294,6 +449,7 @@ async def _complete(pool: WorkerPool, turn: _Turn, request: Request) -> Response
         async for item in pool.generate(turn.prompt, turn.params):
             if isinstance(item, Finished):
                 return events, item
+            assert not isinstance(item, Waiting)  # only sent when asked for
             events += item
         raise AssertionError("a generation always ends with Finished")
 
@@ -305,6 +461,8 @@ async def _complete(pool: WorkerPool, turn: _Turn, request: Request) -> Response
             return Response(status_code=499)
     try:
         events, finished = task.result()
+    except ShuttingDown:
+        return _shutting_down()
     except Exception as e:
         log.exception("generation failed")
         return JSONResponse(
@@ -393,6 +551,29 @@ def _bind_error(host: str, port: int, e: OSError) -> str:
     return f"{where} Check --host and --port."
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's Server, that closes the pool first when it shuts down (Ctrl-C, SIGTERM,
+    BackgroundServer.stop): open streams then end at once with an error event and [DONE],
+    queued and non-streamed requests with a 503, instead of running on through the grace
+    period and being cut off mid-body, a CancelledError logged for each."""
+
+    def __init__(self, config: uvicorn.Config, pool: WorkerPool | None) -> None:
+        super().__init__(config)
+        self.pool = pool
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        await super().shutdown(sockets)
+
+
+def run_app(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
+    """Serve `app` (create_app's or any ASGI app) on the listening `sock` until Ctrl-C or
+    SIGTERM, in this thread."""
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=GRACE_S)
+    _Server(config, getattr(app.state, "pool", None)).run(sockets=[sock])
+
+
 def serve(
     model: str | None = None,
     host: str = "127.0.0.1",
@@ -412,7 +593,8 @@ def serve(
     on_ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Load one replica of `model` per worker and serve until interrupted. Each worker keeps
-    `cache_slots` conversations' K/V warm (worker_pool.Worker).
+    `cache_slots` conversations' K/V warm (worker_pool.Worker). On a loopback `host` only
+    loopback Host names are answered (hosts_to_check).
 
     on_ready gets {"url", "model", "devices", "cpu_threads"} once the models are loaded, just
     before the first request can come in: the CLI's cue to say where the server is.
@@ -440,7 +622,7 @@ def serve(
         plan = apply_cpu_plan(replicas[0].engine.model)
         info = replicas[0].engine.model.info
         name = model_name or ("chatcli-default" if info.embedded else info.tag or "chatcli")
-        app = create_app(replicas, limits, name)
+        app = create_app(replicas, limits, name, allowed_hosts=hosts_to_check(host))
         if on_ready is not None:
             shown = f"[{host}]" if ":" in host else host
             devices = [w.device for w in replicas]
@@ -454,8 +636,7 @@ def serve(
                     "cpu_threads": threads,
                 }
             )
-        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run(sockets=[sock])
+        run_app(app, sock, log_level)
     finally:
         sock.close()
 
@@ -470,7 +651,7 @@ class BackgroundServer:
         self._sock = _listen(host, port)
         self.host, self.port = self._sock.getsockname()[:2]
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
+        self._server = _Server(config, getattr(app.state, "pool", None))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )

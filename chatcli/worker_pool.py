@@ -6,7 +6,8 @@ every worker is busy), and running the Engine's synchronous generator in a threa
 loop stays free, passing its stream events back through an asyncio queue. A generation whose
 consumer goes away (a client disconnect cancels it) is told to stop and its worker returns to
 the pool as soon as the thread lets go of the model: never earlier, so no two generations ever
-share a model.
+share a model. Closing the pool (the server is shutting down) stops every running generation
+and refuses every queued and later request with ShuttingDown.
 
 Knows nothing of HTTP or the OpenAI format: it takes prompt token ids and yields batches of
 chatcli.stream events, then one Finished.
@@ -39,6 +40,19 @@ class GenerationParams:
     top_p: float | None  # None: off
     seed: int
     stop: tuple[str, ...] = ()  # the reply ends before the first of these in its text
+
+
+class ShuttingDown(Exception):
+    """The pool was closed: a queued request never runs, a running one was stopped."""
+
+    def __init__(self) -> None:
+        super().__init__("The server is shutting down.")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Yielded while a request is still queued for a worker, every `waiting_every` seconds:
+    the consumer's cue to show it is alive (a stream's keep-alive comment)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,7 @@ class Worker:
         self.busy = False
         self.requests_served = 0
         self.tokens_served = 0
+        self.requests_interrupted = 0  # stopped early: the client left, or the server closed
 
     @property
     def context_len(self) -> int:
@@ -146,6 +161,7 @@ class Worker:
             "busy": self.busy,
             "requests_served": self.requests_served,
             "tokens_served": self.tokens_served,
+            "requests_interrupted": self.requests_interrupted,
             "cache_slots": len(self.slots),
         }
 
@@ -157,11 +173,14 @@ class WorkerPool:
         if not workers:
             raise ValueError("a WorkerPool needs at least one worker")
         self.workers = list(workers)
-        # Python >= 3.10: the queue binds to the event loop on first use, not here.
-        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
+        # Python >= 3.10: the queue binds to the event loop on first use, not here. None in
+        # it is the closed pool's answer: each waiter that takes it puts it back for the next.
+        self._idle: asyncio.Queue[Worker | None] = asyncio.Queue()
         for w in self.workers:
             self._idle.put_nowait(w)
         self.waiting = 0  # requests queued for a worker right now
+        self.closed = False
+        self._running: set[threading.Event] = set()  # the stop events of running generations
 
     @property
     def tokenizer(self) -> Any:
@@ -172,13 +191,33 @@ class WorkerPool:
     def context_len(self) -> int:
         return self.workers[0].context_len
 
+    def queue_full(self, max_queue: int) -> bool:
+        """Whether a new request would find every worker busy and `max_queue` already waiting."""
+        return self._idle.empty() and self.waiting >= max_queue
+
+    def close(self) -> None:
+        """Stop every running generation and refuse every queued and later request (both
+        raise ShuttingDown in `generate`). On the event loop; a stopped generation ends
+        after the model step it is in."""
+        if self.closed:
+            return
+        self.closed = True
+        for stop in self._running:
+            stop.set()
+        self._idle.put_nowait(None)
+
     async def acquire(self) -> Worker:
+        if self.closed:
+            raise ShuttingDown()
         self.waiting += 1
         try:
             # Cancelling this wait (the client left while queued) takes no worker with it.
             worker = await self._idle.get()
         finally:
             self.waiting -= 1
+        if worker is None or self.closed:
+            self._idle.put_nowait(worker)  # for the next waiter, which must learn it too
+            raise ShuttingDown()
         worker.busy = True
         return worker
 
@@ -187,18 +226,35 @@ class WorkerPool:
         self._idle.put_nowait(worker)
 
     async def generate(
-        self, prompt: list[int], params: GenerationParams
-    ) -> AsyncIterator[list[StreamEvent] | Finished]:
+        self, prompt: list[int], params: GenerationParams, waiting_every: float | None = None
+    ) -> AsyncIterator[list[StreamEvent] | Finished | Waiting]:
         """Wait for a worker, then yield batches of events and finally one Finished.
 
         Each batch holds every event the thread produced since the consumer last looked, so a
         slow consumer gets fewer, larger batches instead of falling behind one token at a time.
-        Closing or cancelling this iterator stops the generation.
+        With `waiting_every`, a Waiting comes every that many seconds the request is queued.
+        Closing or cancelling this iterator stops the generation. Raises ShuttingDown when
+        the pool is closed before or during the generation.
         """
-        worker = await self.acquire()
+        getting = asyncio.ensure_future(self.acquire())
+        try:
+            while not getting.done():
+                await asyncio.wait({getting}, timeout=waiting_every)
+                if not getting.done():
+                    yield Waiting()
+        except BaseException:  # closed or cancelled while queued
+            # cancel() is False once the task is done: it may hold a worker, to give back.
+            if not getting.cancel() and getting.exception() is None:
+                self.release(getting.result())
+            raise
+        worker = getting.result()
+        if self.closed:  # closed between the worker's coming free and this resuming
+            self.release(worker)
+            raise ShuttingDown()
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[list[StreamEvent] | Finished | BaseException] = asyncio.Queue()
         stop = threading.Event()
+        self._running.add(stop)
 
         def to_loop(item: list[StreamEvent] | Finished | BaseException) -> None:
             try:
@@ -209,7 +265,9 @@ class WorkerPool:
         def done(result: Finished | Exception) -> None:
             # On the loop. Runs whether or not anyone still reads `items`: the worker must
             # come back to the pool even when its client has gone.
-            if isinstance(result, Finished):
+            if isinstance(result, Finished) and result.finish_reason == "interrupted":
+                worker.requests_interrupted += 1
+            elif isinstance(result, Finished):
                 worker.requests_served += 1
                 worker.tokens_served += result.completion_tokens
             self.release(worker)
@@ -237,6 +295,9 @@ class WorkerPool:
                     if isinstance(item, Finished):
                         if batch:
                             yield batch
+                        # Only close() stops a generation whose consumer is still here.
+                        if item.finish_reason == "interrupted" and self.closed:
+                            raise ShuttingDown()
                         yield item
                         return
                     batch += item
@@ -246,6 +307,7 @@ class WorkerPool:
                 yield batch
         finally:
             stop.set()
+            self._running.discard(stop)
 
     def describe(self) -> dict[str, Any]:
         busy = sum(w.busy for w in self.workers)
@@ -256,4 +318,5 @@ class WorkerPool:
             "queue_length": self.waiting,
             "requests_served": sum(w.requests_served for w in self.workers),
             "tokens_served": sum(w.tokens_served for w in self.workers),
+            "requests_interrupted": sum(w.requests_interrupted for w in self.workers),
         }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fakes import merged
 
@@ -98,3 +100,27 @@ def test_the_scanner_holds_back_only_what_could_be_a_marker():
 
 def test_an_unclosed_marker_comes_out_as_text_at_the_end():
     assert feed_all(["x [calc 1+", "1"]) == [TextDelta("x "), TextDelta("[calc 1+1")]
+
+
+def test_text_full_of_unclosed_openings_is_text_and_a_marker_after_them_is_found():
+    openings = "[calc " * 1000
+    assert parts_from_text(openings) == [{"type": "text", "text": openings}]
+    assert parts_from_text(openings + "1+1 = 2]") == [
+        {"type": "text", "text": openings[: -len("[calc ")]},
+        {"type": "python", "text": "1+1"},
+        {"type": "python_output", "text": "2"},
+    ]
+    assert merged(feed_all([openings, "6*7]"])) == [
+        TextDelta(openings[: -len("[calc ")]),
+        ToolCallStart(),
+        ToolCallDelta("6*7"),
+        ToolResult("6*7", None),
+    ]
+
+
+def test_reading_markers_takes_linear_time():
+    # 1 MB of openings: a quadratic scan takes minutes, a linear one milliseconds.
+    openings = "[calc " * (1_000_000 // 6)
+    started = time.perf_counter()
+    parts_from_text(openings)
+    assert time.perf_counter() - started < 1.0

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -29,10 +32,20 @@ from serving import (
 
 from chatcli.cli import app as cli_app
 from chatcli.errors import ChatcliError, ConfigError
-from chatcli.server import BackgroundServer, Limits, _listen, create_app, worker_devices
+from chatcli.server import (
+    LOOPBACK_HOSTNAMES,
+    BackgroundServer,
+    Limits,
+    _listen,
+    create_app,
+    hostname_of,
+    hosts_to_check,
+    worker_devices,
+)
 from chatcli.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
 
 HI = {"messages": [{"role": "user", "content": "hi"}]}
+JSON = {"Content-Type": "application/json"}
 # <|bos|> <|user_start|> h i <|user_end|> <|assistant_start|>
 HI_PROMPT_TOKENS = 6
 
@@ -439,7 +452,9 @@ def test_limits_are_configurable():
 
 def test_a_body_that_is_not_json_is_a_400(hello):
     server, _ = hello
-    response = httpx.post(f"{server.url}/v1/chat/completions", content=b"{nope", timeout=10)
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions", content=b"{nope", headers=JSON, timeout=10
+    )
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
 
@@ -462,11 +477,17 @@ def test_a_client_that_disconnects_mid_stream_frees_its_worker():
         stats = httpx.get(f"{server.url}/stats").json()
         assert stats["busy"] == 0
         assert stats["workers"][0]["busy"] is False
+        # Stopped early, so not served: /stats counts it apart, its tokens nowhere.
+        served = {k: stats[k] for k in ("requests_served", "tokens_served", "requests_interrupted")}
+        assert served == {"requests_served": 0, "tokens_served": 0, "requests_interrupted": 1}
+        assert stats["workers"][0]["requests_interrupted"] == 1
         # The next request gets the freed worker.
         response = post(server, {**HI, "max_tokens": 2})
         assert response.status_code == 200
         assert response.json()["usage"]["completion_tokens"] == 2
         assert len(worker.engine.model.calls) <= steps_at_stop + 3
+        stats = httpx.get(f"{server.url}/stats").json()
+        assert (stats["requests_served"], stats["tokens_served"]) == (1, 2)
     finally:
         server.stop()
 
@@ -488,8 +509,9 @@ def test_a_client_that_leaves_while_queued_never_takes_a_worker():
             assert worker.busy  # still the first request's
         assert wait_until(lambda: not worker.busy, timeout=5)
         assert post(server, {**HI, "max_tokens": 2}).status_code == 200
-        # The first and the last request ran; the one that left the queue never did.
-        assert worker.requests_served == 2
+        # The first request ran until its client left, the last to the end; the one that
+        # left the queue never ran.
+        assert (worker.requests_interrupted, worker.requests_served) == (1, 1)
     finally:
         server.stop()
 
@@ -662,6 +684,9 @@ def test_serve_loads_the_checkpoint_and_says_where_it_listens():
         assert info["cpu_threads"] == 1  # a small model decodes on one thread, as in a chat
         assert info["url"].startswith("http://127.0.0.1:")
         assert wait_until(lambda: _answers(info["url"] + "/health"), timeout=30)
+        # On 127.0.0.1 it answers loopback names only (--host sets the guard).
+        rebound = httpx.get(info["url"] + "/health", headers={"Host": "evil.example"})
+        assert rebound.status_code == 400
         stats = httpx.get(info["url"] + "/stats").json()
         assert [w["name"] for w in stats["workers"]] == ["0", "1"]
         assert [w["cache_slots"] for w in stats["workers"]] == [3, 3]
@@ -791,7 +816,10 @@ def test_errors_outside_the_api_have_openais_shape_too(hello):
     assert wrong_method.headers["allow"] == "POST"
     assert wrong_method.json()["error"]["type"] == "invalid_request_error"
     nested = httpx.post(
-        f"{server.url}/v1/chat/completions", content="[" * 100000 + "]" * 100000, timeout=30
+        f"{server.url}/v1/chat/completions",
+        content="[" * 100000 + "]" * 100000,
+        headers=JSON,
+        timeout=30,
     )
     assert nested.status_code == 400
     assert "nested too deeply" in nested.json()["error"]["message"]
@@ -806,3 +834,237 @@ def test_a_model_is_retrieved_by_its_id(hello):
     other = httpx.get(f"{server.url}/v1/models/gpt-4o", timeout=30)
     assert other.status_code == 404
     assert other.json()["error"]["code"] == "model_not_found"
+
+
+# ---- guards against web pages and floods --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"],
+)
+def test_a_body_not_sent_as_json_is_a_415_that_says_which_header(hello, content_type):
+    # text/plain and forms are what any web page may post here without a preflight.
+    server, worker = hello
+    calls = len(worker.engine.model.calls)
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions", content=json.dumps(HI), headers=headers, timeout=10
+    )
+    assert response.status_code == 415
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "-H 'Content-Type: application/json'" in error["message"]
+    assert len(worker.engine.model.calls) == calls
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON"])
+def test_json_with_parameters_or_capitals_is_taken(hello, content_type):
+    server, _ = hello
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        content=json.dumps(HI),
+        headers={"Content-Type": content_type},
+        timeout=10,
+    )
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("host", "name"),
+    [
+        ("localhost:8000", "localhost"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("[::1]:8000", "::1"),
+        ("[::1]", "::1"),
+        ("LocalHost", "localhost"),
+        ("[::1]x", "[::1]x"),
+        ("evil.example:80", "evil.example"),
+    ],
+)
+def test_the_hostname_is_read_without_its_port_ipv6_included(host, name):
+    assert hostname_of(host) == name
+
+
+def test_only_a_loopback_server_checks_host_names():
+    assert hosts_to_check("127.0.0.1") == LOOPBACK_HOSTNAMES
+    assert hosts_to_check("::1") == LOOPBACK_HOSTNAMES
+    assert hosts_to_check("localhost") == LOOPBACK_HOSTNAMES
+    assert hosts_to_check("127.0.0.2") == LOOPBACK_HOSTNAMES | {"127.0.0.2"}
+    assert hosts_to_check("0.0.0.0") is None
+    assert hosts_to_check("192.168.1.5") is None
+    assert hosts_to_check("::") is None
+
+
+def test_a_loopback_server_refuses_other_host_names_against_dns_rebinding():
+    worker = scripted_worker(reply([END]))
+    app = create_app([worker], allowed_hosts=LOOPBACK_HOSTNAMES)
+    with BackgroundServer(app) as server:
+        for host in ("localhost:8000", "127.0.0.1:1", "[::1]:8000", "LOCALHOST"):
+            assert httpx.get(f"{server.url}/health", headers={"Host": host}).status_code == 200
+        for host in ("evil.example:8000", "127.0.0.1.evil.example", "[::2]:8000", "::1:80"):
+            for method, path in (("GET", "/"), ("POST", "/v1/chat/completions")):
+                response = httpx.request(
+                    method, f"{server.url}{path}", json=HI, headers={"Host": host}, timeout=10
+                )
+                assert response.status_code == 400, (host, path)
+                assert "DNS rebinding" in response.json()["error"]["message"]
+    assert worker.engine.model.calls == []
+
+
+def test_a_body_over_the_limit_is_a_413_by_its_length_or_as_it_streams():
+    server = serve_workers([scripted_worker(reply([END]))], Limits(max_body_bytes=1000))
+    url = f"{server.url}/v1/chat/completions"
+    long = {"messages": [{"role": "user", "content": "x" * 2000}]}
+    try:
+        by_length = httpx.post(url, json=long, timeout=10)
+
+        def chunked(body: bytes):  # no Content-Length: httpx sends it chunked
+            for at in range(0, len(body), 300):
+                yield body[at : at + 300]
+
+        as_sent = httpx.post(url, content=chunked(json.dumps(long).encode()), headers=JSON)
+        small = httpx.post(url, content=chunked(json.dumps(HI).encode()), headers=JSON)
+    finally:
+        server.stop()
+    assert "content-length" not in as_sent.request.headers
+    for response in (by_length, as_sent):
+        assert response.status_code == 413
+        assert "over 1000 bytes" in response.json()["error"]["message"]
+    assert small.status_code == 200
+
+
+def test_the_default_body_limit_is_one_mebibyte(hello):
+    server, _ = hello
+    assert Limits().max_body_bytes == 1024 * 1024
+    body = {"messages": [{"role": "user", "content": "x" * (1024 * 1024)}]}
+    assert post(server, body).status_code == 413
+
+
+def test_prompts_are_prepared_off_the_event_loop(hello):
+    # A long conversation takes a while to tokenize: on the loop, it stalls every stream.
+    server, worker = hello
+    threads = []
+    render = worker.tokenizer.render_for_completion
+
+    def recording(conversation):
+        threads.append(threading.current_thread())
+        return render(conversation)
+
+    worker.tokenizer.render_for_completion = recording
+    try:
+        assert post(server, HI).status_code == 200
+    finally:
+        del worker.tokenizer.render_for_completion
+    assert len(threads) == 1
+    assert threads[0] is not server._thread  # the thread uvicorn's event loop runs on
+
+
+def test_a_full_queue_is_a_429_and_a_queued_stream_says_it_is_waiting():
+    worker = scripted_worker(uniform_bytes, delay=0.02, sequence_len=8192)
+    app = create_app([worker], Limits(max_queue=1), waiting_every=0.05)
+    body = {**HI, "stream": True, "max_tokens": 4096}
+    with BackgroundServer(app) as server:
+        url = f"{server.url}/v1/chat/completions"
+        with httpx.stream("POST", url, json=body, timeout=10) as running:
+            # (Each iterator is kept: a dropped one closes its response.)
+            running_lines = running.iter_lines()
+            next(x for x in running_lines if '"content": "' in x and '"role"' not in x)
+            with httpx.stream("POST", url, json=body, timeout=10) as queued:
+                lines = queued.iter_lines()
+                assert next(lines).startswith('data: {"id"')  # the role chunk, at once
+                assert next(line for line in lines if line) == ": waiting for a worker"
+                full = post(server, HI)
+                assert full.status_code == 429
+                assert full.headers["retry-after"] == "5"
+                error = full.json()["error"]
+                assert (error["type"], error["code"]) == ("server_error", "queue_full")
+                assert "1 requests are already waiting" in error["message"]
+        assert wait_until(lambda: not worker.busy, timeout=5)
+        assert post(server, {**HI, "max_tokens": 2}).status_code == 200
+
+
+def test_get_routes_answer_head_and_the_api_docs_are_not_served(hello):
+    server, _ = hello
+    for path in ("/", "/health", "/stats", "/v1/models", "/v1/models/scripted"):
+        got = httpx.get(f"{server.url}{path}", timeout=10)
+        head = httpx.head(f"{server.url}{path}", timeout=10)
+        assert (head.status_code, head.content) == (200, b""), path
+        assert head.headers["content-type"] == got.headers["content-type"]
+    options = httpx.options(f"{server.url}/health", timeout=10)  # no CORS: not allowed
+    assert options.status_code == 405
+    assert set(options.headers["allow"].split(", ")) == {"GET", "HEAD"}
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        response = httpx.get(f"{server.url}{path}", timeout=10)
+        assert response.status_code == 404
+        assert response.json()["error"]["message"] == f"Not Found: GET {path}"
+
+
+# ---- shutting down ------------------------------------------------------------------------------
+
+TESTS = Path(__file__).parent
+# A server in its own process, as `chatcli serve` runs, on one slow worker whose replies never
+# end: the port on the first line of stdout.
+SLOW_SERVER = """
+from fakes import uniform_bytes
+from serving import scripted_worker
+from chatcli.server import _listen, create_app, run_app
+sock = _listen("127.0.0.1", 0)
+print(sock.getsockname()[1], flush=True)
+try:
+    run_app(create_app([scripted_worker(uniform_bytes, delay=0.02, sequence_len=8192)]), sock)
+except KeyboardInterrupt:
+    pass
+"""
+
+
+def test_ctrl_c_ends_open_streams_with_an_error_and_done_and_exits_at_once():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_SERVER],
+        cwd=TESTS,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{proc.stdout.readline().strip()}"
+        assert wait_until(lambda: _answers(url + "/health"), timeout=30)
+        queued: list[httpx.Response] = []
+        body = {**HI, "max_tokens": 4096}
+        with httpx.stream(
+            "POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=30
+        ) as response:
+            lines = response.iter_lines()
+            seen = [next(line for line in lines if '"content": "' in line and '"role"' not in line)]
+            waiter = threading.Thread(
+                target=lambda: queued.append(
+                    httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+                )
+            )
+            waiter.start()
+            assert wait_until(lambda: httpx.get(f"{url}/stats").json()["queue_length"] == 1)
+            proc.send_signal(signal.SIGINT)
+            signalled = time.monotonic()
+            seen += list(lines)  # to the end of the body: it must close cleanly
+            waiter.join(timeout=30)
+        assert proc.wait(timeout=30) == 0
+        took = time.monotonic() - signalled
+        stderr = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    events = [line for line in seen if line]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error == {
+        "message": "The server is shutting down.",
+        "type": "server_error",
+        "param": None,
+        "code": "server_shutting_down",
+    }
+    (refused,) = queued
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "server_shutting_down"
+    assert took < 3  # uvicorn's grace period is 5 s: nobody waited it out
+    assert "Traceback" not in stderr and "CancelledError" not in stderr
