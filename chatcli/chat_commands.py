@@ -44,6 +44,7 @@ from chatcli.conversation_store import (
 from chatcli.errors import ChatcliError, ConversationFileError
 from chatcli.settings import Settings, format_setting
 from chatcli.stream import StreamEvent
+from chatcli.terminal import interrupts_held, quiet_keyboard
 
 if TYPE_CHECKING:
     from chatcli.turns import Reply, SamplingOptions, TurnNotice, TurnStats
@@ -281,45 +282,55 @@ class ChatCommands:
 
         renderer: ReplyView | None = None
         first = True
-        try:
-            self.show_notices()
-            renderer = self.screen.renderer(raw=self.raw and self._session_has_raw())
-            for event in events:
-                if first:
-                    save_question()  # a reply has begun: a killed process keeps the question
-                    self.show_notices()  # e.g. old exchanges dropped to make room
-                    first = False
-                renderer.handle(event)
-        except KeyboardInterrupt:
-            _close(events)
-            if renderer is not None:
-                renderer.finish("interrupted")
+        interrupted, failure = False, None
+        with quiet_keyboard():  # keys typed meanwhile wait for the prompt, not the reply
+            try:
+                self.show_notices()
+                renderer = self.screen.renderer(raw=self.raw and self._session_has_raw())
+                for event in events:
+                    if first:
+                        save_question()  # a reply has begun: a killed process keeps the question
+                        self.show_notices()  # e.g. old exchanges dropped to make room
+                        first = False
+                    renderer.handle(event)
+            except KeyboardInterrupt:
+                interrupted = True
+            except BaseException as e:
+                failure = e
+        # Closing the turn: a second Ctrl-C here would leave it half closed (unmarked, the
+        # file a message behind the session).
+        with interrupts_held():
+            if interrupted:
+                _close(events)
+                if renderer is not None:
+                    renderer.finish("interrupted")
+                else:
+                    self.screen.interrupted()
+                messages = self.session.messages
+                if question is not None and messages and messages[-1]["role"] == "user":
+                    # Ctrl-C before the session's turn began (its stream never ran, so
+                    # nothing closed it): the question goes, unsaved, rather than wait
+                    # without a reply.
+                    self.session.undo()
+                    question = None
+                    self.screen.notice("Stopped before the reply began: your message was dropped.")
+            elif failure is not None:
+                _close(events)  # a failure outside the stream must still end the turn
+                if renderer is not None:
+                    renderer.finish("error")
+                save_question()
+                self._save_reply(before, replace)  # the session closed the turn: keep in step
+                raise failure
             else:
-                self.screen.interrupted()
-            messages = self.session.messages
-            if question is not None and messages and messages[-1]["role"] == "user":
-                # Ctrl-C before the session's turn began (its stream never ran, so nothing
-                # closed it): the question goes, unsaved, rather than wait without a reply.
-                self.session.undo()
-                question = None
-                self.screen.notice("Stopped before the reply began: your message was dropped.")
-        except BaseException:
-            _close(events)  # a failure outside the stream must still end the session's turn
-            if renderer is not None:
-                renderer.finish("error")
+                reply = self.session.last_reply
+                assert renderer is not None  # made before the stream ran
+                renderer.finish(reply.stats.finish_reason if reply is not None else "stop")
             save_question()
-            self._save_reply(before, replace)  # the session closed the turn: keep both in step
-            raise
-        else:
+            self.show_notices()
             reply = self.session.last_reply
-            assert renderer is not None  # made before the stream ran
-            renderer.finish(reply.stats.finish_reason if reply is not None else "stop")
-        save_question()
-        self.show_notices()
-        reply = self.session.last_reply
-        if reply is not None and reply is not before:
-            self.screen.status(reply.stats.as_dict())
-        self._save_reply(before, replace)
+            if reply is not None and reply is not before:
+                self.screen.status(reply.stats.as_dict())
+            self._save_reply(before, replace)
 
     def _save_reply(self, before: Reply | None, replace: bool) -> None:
         reply = self.session.last_reply

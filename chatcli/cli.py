@@ -415,6 +415,7 @@ def _read_prompt(prompt: str | None) -> str:
 
 def _once_stream(session: Any, console: Console, settings: Settings, text: str) -> None:
     from chatcli.render import ReplyRenderer, render_notice, render_status, use_markdown
+    from chatcli.terminal import quiet_keyboard
 
     renderer = ReplyRenderer(console, markdown=use_markdown(console, settings.markdown))
     events = session.send(text)
@@ -424,8 +425,9 @@ def _once_stream(session: Any, console: Console, settings: Settings, text: str) 
     # not an interruption, and its one-line error goes to stderr, not after the text.
     finish = "error"
     try:
-        for event in events:
-            renderer.handle(event)
+        with quiet_keyboard():  # keys typed meanwhile would be drawn into the reply
+            for event in events:
+                renderer.handle(event)
         finish = session.last_reply.stats.finish_reason
     except KeyboardInterrupt:
         finish = "interrupted"

@@ -59,31 +59,46 @@ LEAVE_HINT = "(Press Ctrl-D or type /exit to leave)"
 # ---- the input line -----------------------------------------------------------------------------
 
 
+def _opens(first_line: str) -> bool:
+    """Whether a message's first line opens a block: it starts with the quotes, and text
+    may follow them (`\"\"\"Hello`, as in ollama), but a line that closes its own quotes
+    too (`\"\"\"hi\"\"\"`) is text."""
+    line = first_line.strip()
+    return line.startswith(BLOCK_QUOTES) and line.count(BLOCK_QUOTES) == 1
+
+
 def _closes(line: str) -> bool:
-    # At the line's start: an indented \"\"\" in a pasted block (a docstring) is its text.
-    return line.rstrip() == BLOCK_QUOTES
+    """Whether a later line closes the block: it ends with the quotes (`last line\"\"\"`, or
+    the quotes alone) and starts at the line's start. Pasted code keeps its own: an indented
+    `\"\"\"` ends a docstring, and `\"\"\"doc\"\"\"` holds a pair."""
+    end = line.rstrip()
+    return (
+        end.endswith(BLOCK_QUOTES) and not line[:1].isspace() and end.count(BLOCK_QUOTES) % 2 == 1
+    )
 
 
 def block_is_open(text: str) -> bool:
-    """True while the text is a `\"\"\"` block still waiting for its closing quotes: its
-    first line is `\"\"\"` alone, and no later line is (at the line's start). Quotes
-    inside a line (a docstring pasted, `\"\"\"hi\"\"\" is a string`) are text."""
+    """True while the text is a `\"\"\"` block still waiting for its closing quotes."""
     first, *rest = text.strip().split("\n")
-    return first.strip() == BLOCK_QUOTES and not any(_closes(line) for line in rest)
+    return _opens(first) and not any(_closes(line) for line in rest)
 
 
 def message_from_input(text: str) -> str:
-    """What the person meant to send: a closed `\"\"\"` block the lines between its quote
-    lines, as typed; anything else (text after a block's closing line too: a paste that
+    """What the person meant to send: a closed `\"\"\"` block the text between its quotes,
+    as typed (its lines, with what follows the opening quotes and what precedes the
+    closing ones); anything else (text after a block's closing line too: a paste that
     holds more, never cut short) the whole text less its outer whitespace."""
     stripped = text.strip()
     lines = stripped.split("\n")
-    if len(lines) < 2 or lines[0].strip() != BLOCK_QUOTES or block_is_open(stripped):
+    if len(lines) < 2 or not _opens(lines[0]) or block_is_open(stripped):
         return stripped
     end = next(i for i in range(1, len(lines)) if _closes(lines[i]))
     if end != len(lines) - 1:
         return stripped
-    return "\n".join(lines[1:end])
+    first = lines[0].strip()[len(BLOCK_QUOTES) :]
+    last = lines[end].rstrip()[: -len(BLOCK_QUOTES)]
+    body = ([first] if first else []) + lines[1:end] + ([last] if last else [])
+    return "\n".join(body)
 
 
 class CommandCompleter(Completer):
@@ -220,7 +235,10 @@ class ChatUI:
             buffer = event.current_buffer
             state = buffer.complete_state
             if state is not None and state.current_completion is not None:
-                buffer.complete_state = None  # keep the picked command; its argument comes next
+                buffer.complete_state = None  # keep the pick
+                if buffer.text.endswith(" "):
+                    return  # a command that takes an argument: it comes next
+                buffer.validate_and_handle()  # /stats, /clear, or a picked argument: done
             elif block_is_open(buffer.text):
                 buffer.newline(copy_margin=False)
             else:

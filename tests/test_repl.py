@@ -597,6 +597,35 @@ def test_quotes_inside_a_line_are_text_not_a_block():
     assert message_from_input('"""\nfoo\n"""\nbar') == '"""\nfoo\n"""\nbar'
 
 
+def test_text_may_follow_the_opening_quotes_and_precede_the_closing_ones():
+    # ollama's habit: """Hello opens a block, a line ending in """ closes it.
+    assert block_is_open('"""Hello there')
+    assert block_is_open('"""Hello there\nmore')
+    assert not block_is_open('"""Hello there\nlast line"""')
+    assert message_from_input('"""Hello there\nlast line"""') == "Hello there\nlast line"
+    assert message_from_input('"""Hello\n  b\n"""') == "Hello\n  b"
+    # Pasted code keeps its own quotes: a docstring's pair, or an indented closing line.
+    code = '"""Look:\ndef f():\n    """Doc."""\n    return 1  # """\nok?"""'
+    assert block_is_open(code[: -len('\nok?"""')])
+    assert message_from_input(code) == 'Look:\ndef f():\n    """Doc."""\n    return 1  # """\nok?'
+
+
+def test_a_block_opened_with_text_is_sent_as_one_message(tmp_path):
+    session = FakeSession()
+    chat(session, tmp_path, keys='"""Hello there' + ENTER + 'second"""' + ENTER + CTRL_D)
+    users = [m["content"] for m in session.entries if m["role"] == "user"]
+    assert users == ["Hello there\nsecond"]
+
+
+def test_enter_on_a_picked_command_without_arguments_runs_it(tmp_path):
+    # Tab completes /sta to /stats; one Enter then runs it (a command that takes an
+    # argument completes with a space and waits for it).
+    session = FakeSession()
+    chunks = ["/sta", "\t", ENTER, "/tem", "\t", ENTER, "0.5" + ENTER, CTRL_D]
+    run = chat(session, tmp_path, chunks=chunks)
+    assert run.lines == ["No turns yet.", "temperature = 0.5"]
+
+
 def test_the_conversation_file_holds_every_turn(tmp_path):
     session = FakeSession("Hi!", "Fine.", "Bye.")
     run = chat(session, tmp_path, "hello", "how are you?", "bye", "/undo")

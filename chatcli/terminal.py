@@ -1,0 +1,81 @@
+"""The keyboard around a streamed reply: what the terminal does with keys and Ctrl-C while the
+model writes, and while the turn closes.
+
+Owns: turning the terminal's echo off while a reply streams (`quiet_keyboard`), and letting
+a Ctrl-C go while a turn is being closed (`interrupts_held`). Standard library only; both are
+no-ops where there is no terminal (pipes, tests) or no signal to hold (another thread).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import TextIO
+
+try:
+    import termios
+except ImportError:  # Windows: its console does not echo into the reply the same way
+    termios = None  # type: ignore[assignment]
+
+
+@contextmanager
+def quiet_keyboard(stream: TextIO | None = None) -> Iterator[None]:
+    """Echo off on the terminal behind `stream` (stdin by default) until the block ends.
+
+    In the terminal's normal (cooked) mode every key typed while a reply streams is drawn
+    into the reply, and Ctrl-C draws "^C": the live view then erases the wrong rows and
+    leaves duplicate lines in scrollback. With echo off the keys are still kept, in the
+    terminal's input queue, and the next prompt reads them (type-ahead is not lost)."""
+    fd = _terminal_fd(sys.stdin if stream is None else stream)
+    if fd is None:
+        yield
+        return
+    try:
+        before = termios.tcgetattr(fd)
+        quiet = list(before)
+        quiet[3] &= ~(termios.ECHO | getattr(termios, "ECHOCTL", 0))  # the local modes
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW: keep what was typed ahead
+    except (termios.error, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        with suppress(termios.error, OSError):  # the terminal went away (a closed window)
+            termios.tcsetattr(fd, termios.TCSANOW, before)
+
+
+def _terminal_fd(stream: TextIO | None) -> int | None:
+    if termios is None or stream is None:
+        return None
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # pytest's capture, a closed stream
+        return None
+    return fd if os.isatty(fd) else None
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C is let go until the block ends.
+
+    For closing a turn a Ctrl-C already stopped (commit the reply's last lines, mark it
+    interrupted, show its status, save it): a second, impatient Ctrl-C there would leave the
+    reply unmarked and the saved file a message behind the session. The turn is stopping
+    anyway, and closing it takes milliseconds."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread gets signals, and only it may set their handlers
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:  # a handler Python did not install: it could not be put back
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
