@@ -137,7 +137,8 @@ class Screen(Protocol):
         ...
 
     def ask(self, question: str) -> str | None:
-        """A one-line answer; None when the person declined (Ctrl-C or Ctrl-D)."""
+        """A one-line answer; None when the person declined (Ctrl-C). Ctrl-D, or the end of
+        piped input, is an empty answer, as Enter."""
         ...
 
     def recap(self, messages: Sequence[Mapping[str, object]]) -> None:

@@ -332,6 +332,22 @@ def resolve_checkpoint(
             and (base / SOURCES[source] / path).is_dir()
         ):
             return _ref_in_folder(base / SOURCES[source] / path, step, path, source)
+        if isinstance(path, str) and os.sep not in path:  # a bare word: meant as a tag
+            elsewhere = [k for k, v in SOURCES.items() if (base / v / path).is_dir()]
+            if elsewhere:
+                raise CheckpointError(
+                    f"No tag {path!r} in {base / SOURCES[source]}, but "
+                    + " and ".join(f"{SOURCES[k]} has one" for k in elsewhere)
+                    + f": add --source {elsewhere[0]}."
+                )
+            tags = _tags_in(base / SOURCES[source]) if (base / SOURCES[source]).is_dir() else []
+            raise CheckpointError(
+                f"No model named {path!r}: no such file or folder here, and no such tag in "
+                f"{base / SOURCES[source]}"
+                + (f" (tags there: {', '.join(tags)})" if tags else "")
+                + ". Pass a checkpoint's path, or a tag (NANOCHAT_BASE_DIR names another "
+                "base dir)."
+            )
         raise CheckpointError(
             f"No model at {p}. Pass a nanochat base dir, a checkpoint folder, a model_*.pt "
             f"file, or a tag found in {base / SOURCES[source]}."

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from chatcli.errors import ConversationFileError
+from chatcli.turns import readable_text
 
 FORMAT_VERSION = 1
 SUFFIX = ".jsonl"
@@ -355,7 +356,9 @@ class NewConversation:
 
 def _encode(record: dict[str, Any]) -> bytes:
     # json.dumps escapes newlines inside strings, so one record is always one line.
-    return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    # readable_text: a lone surrogate (a byte that was not UTF-8) would fail the encoding,
+    # and with it the save of a turn already shown.
+    return (readable_text(json.dumps(record, ensure_ascii=False)) + "\n").encode("utf-8")
 
 
 def _set_system(messages: list[dict[str, Any]], text: str | None) -> None:

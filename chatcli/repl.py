@@ -14,6 +14,7 @@ exits the process.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -34,6 +35,7 @@ from chatcli.commands import COMMANDS, SYSTEM_CLEAR, CommandError, find_command
 from chatcli.conversation_store import SUFFIX, ConversationSink
 from chatcli.render import (
     ReplyRenderer,
+    make_console,
     render_error,
     render_hint,
     render_interrupted,
@@ -46,6 +48,7 @@ from chatcli.render import (
     use_markdown,
 )
 from chatcli.settings import Settings, history_path
+from chatcli.turns import readable_text
 
 if TYPE_CHECKING:
     from chatcli.render import Console  # Rich's console: only render.py calls into it
@@ -189,11 +192,18 @@ class ChatUI:
         input: Input | None = None,
         output: Output | None = None,
         lines: TextIO | None = None,
+        notes: Console | None = None,
     ) -> None:
         self.console = console
         self.markdown_mode = settings.markdown
         self._input, self._output = input, output
         self._lines = lines
+        # Notices, status lines and errors: the terminal's, or stderr's where stdin is piped,
+        # so stdout holds the replies (and command output) alone for whatever reads it.
+        if notes is None:
+            notes = console if lines is None else make_console(file=sys.stderr)
+        self.notes = notes
+        self.errors = 0  # errors shown: piped input exits 1 after any
         self._cancelled_empty = False  # set by Ctrl-C at the prompt: was the line empty?
         self._question: PromptSession[str] | None = None  # for /samples; no history of its own
         # No prompt at all on a pipe: prompt-toolkit would warn "Input is not a terminal" and
@@ -262,9 +272,10 @@ class ChatUI:
         Raises EOFError on Ctrl-D at an empty line, or at the end of piped input."""
         if self._lines is not None:
             try:
-                return read_piped_message(self._lines)
+                message = read_piped_message(self._lines)
             except KeyboardInterrupt:
                 raise EOFError from None  # Ctrl-C while waiting on a pipe: leave
+            return readable_text(message)
         assert self._prompt is not None
         try:
             text = self._prompt.prompt()
@@ -272,25 +283,28 @@ class ChatUI:
             if self._cancelled_empty:
                 render_hint(self.console, LEAVE_HINT)
             return None
-        return message_from_input(text)
+        return readable_text(message_from_input(text))
 
     def ask(self, question: str) -> str | None:
-        """A one-line answer to a question; None on Ctrl-C or Ctrl-D (or the end of piped
-        input)."""
+        """A one-line answer to a question; None on Ctrl-C. Ctrl-D, or the end of piped
+        input, answers as Enter does ("", the question's default): a script that ends
+        after /samples keeps the reply the question offers."""
         if self._lines is not None:
             try:
                 line = self._lines.readline()
             except KeyboardInterrupt:
                 return None
-            return line.strip() if line else None
+            return readable_text(line.strip())
         if self._question is None:
             self._question = PromptSession(
                 history=InMemoryHistory(), input=self._input, output=self._output
             )
         try:
-            return self._question.prompt(question).strip()
-        except (KeyboardInterrupt, EOFError):
+            return readable_text(self._question.prompt(question).strip())
+        except KeyboardInterrupt:
             return None
+        except EOFError:
+            return ""
 
     # ---- drawing (render.py does it) ------------------------------------------------------------
 
@@ -300,13 +314,14 @@ class ChatUI:
         return ReplyRenderer(self.console, markdown=markdown)
 
     def notice(self, message: str) -> None:
-        render_notice(self.console, message)
+        render_notice(self.notes, message)
 
     def error(self, message: str) -> None:
-        render_error(self.console, message)
+        self.errors += 1
+        render_error(self.notes, message)
 
     def status(self, stats: Mapping[str, object]) -> None:
-        render_status(self.console, stats)
+        render_status(self.notes, stats)
 
     def text(self, message: str) -> None:
         render_text(self.console, message)
@@ -340,11 +355,16 @@ def run_repl(
     input: Input | None = None,
     output: Output | None = None,
     lines: TextIO | None = None,
+    notes: Console | None = None,
 ) -> int:
     """The interactive session; returns the exit code. `input`/`output` are prompt-toolkit's
     (a pipe input and DummyOutput in tests); None means the real terminal. `lines`, a stream
-    that is not a terminal (piped stdin), replaces the prompt: one message a line, until its end."""
-    ui = ChatUI(console, settings, conversations_dir, input=input, output=output, lines=lines)
+    that is not a terminal (piped stdin), replaces the prompt: one message a line, until its
+    end; then notices, status lines and errors go to `notes` (stderr's console by default),
+    and any error makes the exit code 1, as a script expects."""
+    ui = ChatUI(
+        console, settings, conversations_dir, input=input, output=output, lines=lines, notes=notes
+    )
     commands = ChatCommands(session, ui, settings, conversation, conversations_dir, model_info)
     while True:
         try:
@@ -359,4 +379,4 @@ def run_repl(
         except KeyboardInterrupt:
             ui.notice("Interrupted.")  # Ctrl-C during a command, not during a reply
     commands.goodbye()
-    return 0
+    return 1 if lines is not None and ui.errors else 0

@@ -31,6 +31,7 @@ from chatcli.turns import (
     SamplingOptions,
     TurnNotice,
     TurnStats,
+    readable_text,
     split_system,
 )
 from chatcli.warm_cache import WarmCache
@@ -115,6 +116,7 @@ class ChatSession:
     def set_system(self, text: str | None) -> None:
         """Set (or with None remove) the system prompt. One that leaves no room in the
         context for a message and a reply is refused, the old one kept."""
+        text = readable_text(text) if text else text
         if text:
             cost = self._system_cost(text)
             # <|bos|>, <|user_start|>, <|user_end|>, <|assistant_start|> around it
@@ -249,6 +251,7 @@ class ChatSession:
         dropped: the conversation stays as it was. reply_so_far: the tokens of a reply to it
         that a /continue goes on from, which need the room too.
         """
+        text = readable_text(text)
         self._check_fits_alone(text, reply_so_far)
         self._popped = None
         # What to put back if the message still does not fit after the drops.

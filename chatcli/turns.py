@@ -7,10 +7,29 @@ importing torch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 Message = dict[str, Any]
+_ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def readable_text(text: str) -> str:
+    """`text` as UTF-8 can hold it. Python keeps bytes that were not UTF-8 (in argv, a pipe
+    in the C locale, a file) as lone surrogates, which the tokenizer and the conversation
+    file cannot encode: a turn would fail halfway, its reply saved without its question.
+    Escaped bytes are read again as UTF-8 (a character split across escapes comes back
+    whole), and what still is not a character becomes U+FFFD, as a terminal shows it."""
+    if text.isascii():
+        return text
+    text = _ESCAPED_BYTES.sub(
+        lambda m: bytes(ord(c) - 0xDC00 for c in m[0]).decode("utf-8", "replace"), text
+    )
+    return _SURROGATE.sub("\ufffd", text)
+
+
 CONTEXT_WARN_FRACTION = 0.8  # warn when a prompt takes more of the context than this
 
 

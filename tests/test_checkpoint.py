@@ -204,6 +204,21 @@ def test_missing_path_says_what_to_pass(tmp_path):
         load_model(tmp_path / "nowhere")
 
 
+def test_a_bare_tag_found_only_under_another_source_names_it(tmp_path, monkeypatch):
+    (tmp_path / "base_checkpoints" / "d8").mkdir(parents=True)
+    (tmp_path / "chatsft_checkpoints" / "d4").mkdir(parents=True)
+    (tmp_path / "chatsft_checkpoints" / "d4" / "model_000001.pt").touch()
+    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        CheckpointError, match=r"No tag 'd8' .* base_checkpoints has one: add --source base"
+    ):
+        resolve_checkpoint("d8")
+    # Not a path under the current folder: the word was a tag, and the tags are listed.
+    with pytest.raises(CheckpointError, match=r"No model named 'd9': .*\(tags there: d4\)"):
+        resolve_checkpoint("d9")
+
+
 @needs_reference
 def test_missing_meta_and_tokenizer_are_named(tmp_path):
     folder = _flat(tmp_path)

@@ -584,3 +584,11 @@ def test_a_snapshot_keeps_each_replys_finish_reason(tmp_path: Path) -> None:
     result = read_conversation(conv.path)
     assert result.messages == messages
     assert result.finishes == [None, None, "length"]
+
+
+def test_a_message_holding_bytes_that_were_not_utf8_is_saved_readable(tmp_path: Path) -> None:
+    # A lone surrogate (b"\xff" read with surrogateescape) would fail the write of a turn
+    # already shown: it is saved as U+FFFD instead.
+    conv = ConversationFile.create(tmp_path, model="m")
+    conv.append_message({"role": "user", "content": "hi\udcff"})
+    assert read_conversation(conv.path).messages == [{"role": "user", "content": "hi\ufffd"}]

@@ -241,6 +241,7 @@ class Run:
     out: str
     conversation: ConversationFile
     folder: Path
+    notes: str = ""  # piped input: the notices, status lines and errors (stderr's)
 
     @property
     def all_lines(self) -> list[str]:
@@ -271,6 +272,7 @@ def chat(
     keys: str | None = None,
     chunks: list[str] | None = None,
     piped: str | None = None,
+    notes_apart: bool = False,
 ) -> Run:
     """Types each line and Enter, then Ctrl-D; or exactly `keys` when given; or each of
     `chunks` a moment apart; or, with `piped`, reads that text as a piped stdin."""
@@ -280,6 +282,12 @@ def chat(
     folder = tmp_path / "conversations"
     conversation = ConversationFile.create(folder, model="fake")
     if piped is not None:
+        # One console for both unless asked: most tests read the whole chat in order.
+        notes = (
+            Console(file=StringIO(), width=width, color_system=None, theme=CHAT_THEME)
+            if notes_apart
+            else console
+        )
         code = run_repl(
             session,
             settings=settings or Settings(history=False),
@@ -287,8 +295,10 @@ def chat(
             conversation=conversation,
             conversations_dir=folder,
             lines=StringIO(piped),
+            notes=notes,
         )
-        return Run(code, console.file.getvalue(), conversation, folder)
+        apart = notes.file.getvalue() if notes_apart else ""
+        return Run(code, console.file.getvalue(), conversation, folder, apart)
     typed = keys if keys is not None else "".join(line + ENTER for line in lines) + CTRL_D
     with create_pipe_input() as pipe:
         if chunks is None:
@@ -874,12 +884,42 @@ def test_piped_input_is_one_message_a_line_with_plain_output_and_no_prompt(tmp_p
     assert session.options.temperature == 0.3
 
 
+def test_piped_input_keeps_notices_status_and_errors_off_stdout_and_exits_1_on_an_error(
+    tmp_path,
+):
+    session = FakeSession("Four.")
+    run = chat(session, tmp_path, piped="What is 2+2?\n/nosuch\n", notes_apart=True)
+    assert run.all_lines == ["Four."]  # stdout: the reply alone
+    notes = [line.rstrip() for line in run.notes.splitlines()]
+    assert notes[0] == status(1)
+    assert notes[1].startswith("Error: Unknown command /nosuch")
+    assert notes[-1].startswith("Saved as ")
+    assert run.code == 1
+    assert chat(FakeSession("ok"), tmp_path / "b", piped="hi\n", notes_apart=True).code == 0
+
+
 def test_piped_input_keeps_a_triple_quote_block_and_answers_samples_questions(tmp_path):
     session = FakeSession("one", "left", "right")
     run = chat(session, tmp_path, piped='"""\nfirst line\nsecond line\n"""\n/samples 2\nq\n2\n')
     assert session.entries[0] == {"role": "user", "content": "first line\nsecond line"}
     assert "Kept reply 2." in run.lines
     assert session.entries[-1]["content"] == [{"type": "text", "text": "right"}]
+
+
+def test_piped_bytes_that_are_not_utf8_are_sent_and_saved_as_replacement_characters(tmp_path):
+    # b"hi\xff" read with surrogateescape: a lone surrogate that the conversation file
+    # could not encode, so the turn failed halfway before.
+    session = FakeSession("Hello!")
+    run = chat(session, tmp_path, piped="hi\udcff\n")
+    assert session.entries[0] == {"role": "user", "content": "hi\ufffd"}
+    assert [m["content"] for m in run.saved()][:1] == ["hi\ufffd"]
+
+
+def test_piped_input_that_ends_at_the_samples_question_keeps_its_default(tmp_path):
+    session = FakeSession("left", "right")
+    run = chat(session, tmp_path, piped="/samples 2\nq\n")
+    assert "Kept reply 1." in run.lines
+    assert session.entries[-1]["content"] == [{"type": "text", "text": "left"}]
 
 
 def test_piped_input_sends_a_block_left_open_at_the_end(tmp_path):
@@ -902,7 +942,7 @@ def test_a_setting_command_alone_shows_the_value_and_changes_nothing(tmp_path):
 
 
 def piped_chat(session, conversation, folder: Path, text: str) -> list[str]:
-    """run_repl over piped lines; the console's lines."""
+    """run_repl over piped lines; the console's lines (notices and errors too, in order)."""
     console = Console(file=StringIO(), width=200, color_system=None, theme=CHAT_THEME)
     run_repl(
         session,
@@ -911,6 +951,7 @@ def piped_chat(session, conversation, folder: Path, text: str) -> list[str]:
         conversation=conversation,
         conversations_dir=folder,
         lines=StringIO(text),
+        notes=console,
     )
     return [line.rstrip() for line in console.file.getvalue().splitlines()]
 
