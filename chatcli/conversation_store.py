@@ -423,7 +423,7 @@ def read_conversation(path: Path) -> LoadResult:
         data = path.read_bytes()
     except FileNotFoundError:
         raise ConversationFileError(
-            f"No conversation file at {path}. /history lists the saved conversations."
+            f"No conversation file at {path}. /history (in a chat) lists the saved conversations."
         ) from None
     except OSError as e:
         raise _not_a_conversation(path, str(e)) from None
@@ -589,7 +589,8 @@ def resolve_conversation(directory: Path, name_or_id: str) -> Path:
             f"{name_or_id!r} matches {len(matches)} conversations ({shown}); type more of the id."
         )
     raise ConversationFileError(
-        f"No conversation {name_or_id!r} in {directory}. /history lists the saved ones."
+        f"No conversation {name_or_id!r} in {directory}. /history (in a chat) lists the "
+        f"saved ones; {LATEST!r} names the newest."
     )
 
 
