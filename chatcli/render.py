@@ -5,7 +5,8 @@ chat_commands.py hand a console through and never call Rich themselves.
 Owns the theme, the console set-up, and the live reply renderer. The renderer never redraws
 the whole answer: in markdown mode the reply is cut into blocks (paragraphs, fenced code,
 headings, top-level list items); a block is printed once, when it is finished, and stays in
-scrollback; only the block still being written is repainted (a transient Rich `Live`).
+scrollback; only the block still being written is repainted (a transient Rich `Live`), and
+of a long one only what fits on the screen, so a repaint costs a screenful at most.
 
 Does not know: tokens, tokenizers or torch (it consumes the events of stream.py), prompts and
 key bindings (repl), what a command does (chat_commands), or where settings come from (cli).
@@ -16,15 +17,18 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.markdown import Markdown
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.segment import Segment
 from rich.table import Table
@@ -160,7 +164,8 @@ def _markdown_badge(
     """The badge in Markdown source: `[calc 12*7 = 84]` as in plain mode, escaped so that
     neither `*` nor `[` is read as Markdown, inside <kbd>, the one inline tag Rich draws in a
     style of its own (the theme's markdown.kbd: dim, as the plain badge)."""
-    return f"<kbd>{_markdown_escape(f'[{format_badge(expression, output, cut, off)}]')}</kbd>"
+    badge = _markdown_escape(f"[{format_badge(expression, output, cut, off)}]")
+    return f"{_TAG}kbd>{badge}{_TAG}/kbd>"  # tags of ours: see _TAG
 
 
 def _code_span(text: str) -> str:
@@ -177,7 +182,38 @@ _FENCE_OPEN = re.compile(r"^( *)(`{3,}|~{3,})(.*)$")
 _FENCE_CLOSE = re.compile(r"^ *(`{3,}|~{3,}) *$")
 _HEADING = re.compile(r"^ {0,3}#{1,6}(\s|$)")
 # Only items at column 0 split the reply: nested items stay with their parent.
-_LIST_ITEM = re.compile(r"^(?:[-+*]|(\d{1,9})[.)])(\s|$)")
+# Groups: the bullet, or the number and its delimiter.
+_LIST_ITEM = re.compile(r"^(?:([-+*])|(\d{1,9})([.)]))(?=\s|$)")
+# A table's second line: | --- | :-: |
+_TABLE_RULE = re.compile(r"^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
+# What a line's text sits in: list markers and quote marks (`1. `, `- > `).
+_CONTAINER = re.compile(r"^ {0,3}(?:(?:[-+*]|\d{1,9}[.)])(?: +|$)|> ?)*")
+_SPACE = re.compile(r"\s+")
+# Rows of prose drawn above the screen's top, in case it wraps into fewer rows than its
+# characters would fill.
+LIVE_MARGIN_ROWS = 8
+
+
+def _indent(line: str) -> int:
+    spaced = line.expandtabs(4)
+    return len(spaced) - len(spaced.lstrip(" "))
+
+
+def _list_kind(line: str) -> str | None:
+    """Which list a top-level item belongs to: its bullet, or its number's delimiter. Items of
+    one kind make one list; a new kind starts another (CommonMark)."""
+    item = _LIST_ITEM.match(line)
+    return None if item is None else item.group(1) or item.group(3)
+
+
+def _content_column(line: str) -> int:
+    """Where a list item's text starts (CommonMark): after its marker and 1-4 spaces. A line
+    indented that far after a blank line still belongs to the item."""
+    item = _LIST_ITEM.match(line)
+    assert item is not None
+    rest = line[item.end() :].expandtabs(4)
+    spaces = len(rest) - len(rest.lstrip(" "))
+    return item.end() + (spaces if 1 <= spaces <= 4 and rest.strip() else 1)
 
 
 @dataclass(frozen=True)
@@ -190,16 +226,22 @@ class _Block:
 
 class _BlockSplitter:
     """Cuts streamed markdown into blocks at line ends. A blank line ends a block (except in
-    a code fence); a closing fence ends the fenced block; a heading is a block of its own; a
-    new top-level list item starts a block, so a long list is committed item by item."""
+    a code fence, or before a line indented into the open list item); a closing fence ends a
+    fenced block of its own; a heading is a block of its own; a new top-level list item
+    starts a block, so a long list is committed item by item."""
 
     def __init__(self) -> None:
         self._lines: list[str] = []  # complete lines of the open block
         self._partial = ""  # the line being written
         self._fence: str | None = None  # the opening fence while inside fenced code
-        self._fence_indent = 0
-        self._blank_before = False
-        self._last_was_item: bool | None = None  # None: nothing committed yet
+        self._fence_indent = 0  # what fenced lines are moved left by (see _dedent)
+        self._fence_at = 0  # the opening fence's index in _lines
+        self._item_column: int | None = None  # the open block's list item's content column
+        # Blank lines after an open list item's text: kept out until the next line shows
+        # whether the item goes on (a paragraph or code indented into it) or has ended.
+        self._blank_lines = 0
+        self._committed_any = False
+        self._last_list: str | None = None  # the list kind of the last block committed
 
     def feed(self, text: str) -> list[_Block]:
         """Adds text; returns the blocks it finished."""
@@ -212,14 +254,51 @@ class _BlockSplitter:
 
     def close(self) -> list[_Block]:
         """The reply is over: the open block, if any, is finished as it stands."""
-        if self._partial:
-            self._lines.append(self._dedent(self._partial))
-            self._partial = ""
-        return self._commit()
+        done = self._take_line(self._partial) if self._partial else []
+        self._partial = ""
+        return done + self._commit()
 
     def open_block(self) -> _Block | None:
-        lines = [*self._lines, self._dedent(self._partial)] if self._partial else self._lines
-        return self._block(lines)
+        if not self._partial:
+            return self._block(self._lines)
+        blanks = [""] * self._blank_lines
+        return self._block([*self._lines, *blanks, self._dedent(self._partial)])
+
+    def live_block(self, height: int, width: int) -> _Block | None:
+        """The open block as the live area draws it. Once it is taller than a screen of
+        `height` rows and `width` columns, only its tail, behind what gives the tail its
+        meaning: the opening fence (the language, and that it is code), a table's header, a
+        list item's marker. So a repaint costs about a screenful however long the block
+        grows; the whole block is drawn once, when it is committed."""
+        lines = self._lines
+        rest = [*[""] * self._blank_lines, self._dedent(self._partial)] if self._partial else []
+        n = len(lines) + len(rest)
+
+        def line(i: int) -> str:
+            return lines[i] if i < len(lines) else rest[i - len(lines)]
+
+        code = self._fence is not None
+        table = not code and n > 1 and "|" in line(0) and _TABLE_RULE.match(line(1)) is not None
+        first = self._fence_at + 1 if code else 2 if table else 0  # the first line to cut
+        # A line of code or a row takes a row at least; prose is counted by its characters,
+        # and may take fewer rows than they would fill (markup takes room in the source only).
+        rows = height + (1 if code or table else LIVE_MARGIN_ROWS)
+        start, offset = _tail_start(line, n, first, rows, width, lines_fill=code or table)
+        if (start, offset) == (first, 0):
+            return self.open_block()
+        marker = "" if table else _CONTAINER.match(line(0))[0]
+        # "…" stands for what was cut, and keeps a cut line from reading as a new block.
+        head = [f"{marker}…"] if marker and start > 0 else []
+        if code:
+            head.append(line(self._fence_at))
+        elif table:
+            head += [line(0), line(1)]
+        cut = line(start)[max(offset, len(marker)) if start == 0 else offset :]
+        if code or table or (marker and offset == 0):
+            tail = cut  # a whole line of code, a row, or an item's own line as it is
+        else:
+            tail = f"{marker if start == 0 else ''}…{cut.lstrip()}"
+        return self._block([*head, tail, *(line(i) for i in range(start + 1, n))])
 
     def _take_line(self, line: str) -> list[_Block]:
         if self._fence is not None:
@@ -227,22 +306,36 @@ class _BlockSplitter:
             closing = _FENCE_CLOSE.match(line)
             if closing and closing.group(1).startswith(self._fence):
                 self._fence = None
-                return self._commit()
+                # Code inside a list item ends there, the item does not.
+                return self._commit() if self._item_column is None else []
             return []
         if not line.strip():
+            if self._item_column is None:
+                return self._commit()
+            self._blank_lines += 1
+            return []
+        # Indented into the open list item: its text, code or nested list, whatever it is.
+        inside_item = self._item_column is not None and _indent(line) >= self._item_column
+        done: list[_Block] = []
+        if self._blank_lines and inside_item:
+            self._lines += [""] * self._blank_lines
+            self._blank_lines = 0
+        elif self._blank_lines:
             done = self._commit()
-            self._blank_before = self._last_was_item is not None
-            return done
         fence = _FENCE_OPEN.match(line)
         if fence and fence.group(2)[0] == "`" and "`" in fence.group(3):
             fence = None  # a backtick fence's info string may not hold backticks: inline code
         heading = _HEADING.match(line)
-        done = self._commit() if fence or heading or self._starts_item(line) else []
+        if not inside_item and (fence or heading or self._starts_item(line)):
+            done += self._commit()
         if fence:
-            self._fence, self._fence_indent = fence.group(2), len(fence.group(1))
+            self._fence, self._fence_at = fence.group(2), len(self._lines)
+            self._fence_indent = 0 if inside_item else len(fence.group(1))
             line = self._dedent(line)
+        if not self._lines and _LIST_ITEM.match(line):
+            self._item_column = _content_column(line)
         self._lines.append(line)
-        if heading:
+        if heading and not inside_item:
             done += self._commit()
         return done
 
@@ -251,13 +344,14 @@ class _BlockSplitter:
         if item is None:
             return False
         # As in CommonMark, only a bullet or "1." may interrupt a paragraph; "2019. was" may not.
-        number = item.group(1)
+        number = item.group(2)
         in_list = not self._lines or _LIST_ITEM.match(self._lines[0]) is not None
         return number is None or int(number) == 1 or in_list
 
     def _dedent(self, line: str) -> str:
-        """Fenced code is moved left by its fence's indent, so a fence inside a list item still
-        renders as code when it stands alone as a block."""
+        """Fenced code is moved left by its fence's indent, so a fence indented less than a
+        list item's text still renders as code when it stands alone as a block. (Code
+        inside the item is not moved: it is drawn in the item.)"""
         if self._fence is None:
             return line
         indent = len(line) - len(line.lstrip(" "))
@@ -266,37 +360,118 @@ class _BlockSplitter:
     def _block(self, lines: list[str]) -> _Block | None:
         if not "".join(lines).strip():
             return None
-        is_item = _LIST_ITEM.match(lines[0]) is not None
-        # Rich's Markdown puts a blank line between top-level blocks; items of one list touch.
-        gap = self._last_was_item is not None and (
-            self._blank_before or not (is_item and self._last_was_item)
-        )
+        # Rich's Markdown puts a blank line between top-level blocks; items of one list touch,
+        # also where the model left a blank line between them.
+        kind = _list_kind(lines[0])
+        gap = self._committed_any and (kind is None or kind != self._last_list)
         return _Block("\n".join(lines), gap)
 
     def _commit(self) -> list[_Block]:
         block = self._block(self._lines)
         self._lines = []
+        self._item_column, self._blank_lines = None, 0
         if block is None:
             return []
-        self._last_was_item = _LIST_ITEM.match(block.text) is not None
-        self._blank_before = False
+        self._committed_any, self._last_list = True, _list_kind(block.text)
         return [block]
 
 
+def _tail_start(
+    line: Callable[[int], str], n: int, first: int, rows: int, width: int, lines_fill: bool
+) -> tuple[int, int]:
+    """Where the tail of lines `first`..n-1 that fills `rows` rows of `width` columns
+    starts: (line, offset in it); (first, 0) when all of them fit. A line takes at least
+    len/width rows (code wraps too); in code and tables (`lines_fill`) it also takes one row
+    at least, while prose lines flow together, so for them only the characters count. A cut
+    through prose moves by a screenful at a time, not on every token: a paragraph cut at a
+    new place would reflow the whole screen."""
+    budget = rows * width
+    chars = 0
+    for i in range(n - 1, first - 1, -1):
+        size = len(line(i))
+        if chars + size >= budget:  # the cut is inside line i
+            offset = (size - (budget - chars)) // budget * budget
+            if offset and not lines_fill:
+                space = _SPACE.search(line(i), offset, offset + width)  # at a word
+                offset = space.end() if space else offset
+            if offset:
+                return i, offset
+            break
+        chars += size + 1
+        if n - i >= (rows if lines_fill else 4 * rows):
+            break
+    else:
+        return first, 0
+    if not lines_fill:  # a whole-line cut: at a multiple of `rows`, while that stays cheap
+        rounded = max(first, i - i % rows)
+        if sum(len(line(j)) for j in range(rounded, i)) <= budget:
+            return rounded, 0
+    return i, 0
+
+
 _STAR_IN_ARITHMETIC = re.compile(r"(?<=[\d)])\*(?=[\d(])")
-# Code spans and autolinks (<http://...>): escapes would show in both.
-_CODE_SPAN_SPLIT = re.compile(r"(`+[^`]*`+|<[A-Za-z][A-Za-z0-9+.-]*:[^<>\s]*>)")
+# A `<` not escaped already: Markdown reads `<String>`, `<iostream>` or `<b and c>` as HTML,
+# and Rich drops HTML, text and all.
+_OPEN_ANGLE = re.compile(r"(?<!\\)((?:\\\\)*)<")
+# Code spans and URL autolinks (<http://...>): escapes would show in both. (Markdown takes
+# any <scheme:text> for a link, but a model writing <std::string> means the text.)
+_CODE_SPAN_SPLIT = re.compile(r"(`+[^`]*`+|<[A-Za-z][A-Za-z0-9+.-]*://[^<>\s]*>|<mailto:[^<>\s]*>)")
+# The `<` of the badges' own <kbd> tags, until _markdown_kept has escaped the model's `<`.
+# A control character: visible() has made every one in the model's text a picture.
+_TAG = "\x02"
 
 
-def _arithmetic_kept(text: str) -> str:
-    """Markdown source whose `*` between digits (6*7*7, (2+3)*4) stays a star: Markdown reads
-    `*7*` as emphasis and the reply would show 677. Code, fenced or inline, is left as it is."""
-    if _FENCE_OPEN.match(text.partition("\n")[0]) or text.startswith(("    ", "\t")):
-        return text
-    pieces = _CODE_SPAN_SPLIT.split(text)  # the odd pieces are code spans
+def _prose_kept(text: str) -> str:
+    """Running text (no code blocks) with its arithmetic `*` and its `<` escaped, except in
+    code spans and autolinks."""
+    pieces = _CODE_SPAN_SPLIT.split(text)  # the odd pieces are code spans and links
     return "".join(
-        piece if i % 2 else _STAR_IN_ARITHMETIC.sub(r"\*", piece) for i, piece in enumerate(pieces)
+        piece if i % 2 else _OPEN_ANGLE.sub(r"\1\\<", _STAR_IN_ARITHMETIC.sub(r"\*", piece))
+        for i, piece in enumerate(pieces)
     )
+
+
+def _markdown_kept(text: str) -> str:
+    """Markdown source that shows what the model wrote: a `*` between digits stays a star
+    (6*7*7 would read as emphasis and show 677) and a `<` stays a `<` (see _OPEN_ANGLE).
+    Code, fenced, indented or inline, is left as it is."""
+    first = text.partition("\n")[0]
+    base = _content_column(first) if _LIST_ITEM.match(first) else 0  # code is 4 in from it
+    kept: list[str] = []
+    prose: list[str] = []  # lines of running text: a code span may go over a line end
+
+    def keep(code_line: str) -> None:
+        if prose:
+            kept.append(_prose_kept("\n".join(prose)))
+            prose.clear()
+        kept.append(code_line)
+
+    fence: str | None = None
+    indented = False  # inside indented code
+    after_blank = True  # indented code starts a block or follows a blank line
+    for line in text.split("\n"):
+        if fence is not None:
+            closing = _FENCE_CLOSE.match(line)
+            if closing and closing.group(1).startswith(fence):
+                fence = None
+            keep(line)
+            continue
+        if not line.strip():
+            after_blank = True
+            keep(line)  # a blank line ends a paragraph, and any code span with it
+            continue
+        indented = _indent(line) >= base + 4 and (after_blank or indented)
+        after_blank = False
+        opening = _FENCE_OPEN.match(line)
+        if opening and not indented and not (opening[2][0] == "`" and "`" in opening[3]):
+            fence = opening[2]
+        if fence is not None or indented:
+            keep(line)
+        else:
+            prose.append(line)
+    if prose:
+        kept.append(_prose_kept("\n".join(prose)))
+    return "\n".join(kept).replace(_TAG, "<")
 
 
 class _BlockView:
@@ -313,7 +488,7 @@ class _BlockView:
         if self.block is None:
             return
         # hyperlinks off: a link shows its URL, where many terminals would hide it
-        markdown = Markdown(_arithmetic_kept(self.block.text), hyperlinks=False)
+        markdown = Markdown(_markdown_kept(self.block.text), hyperlinks=False)
         lines = console.render_lines(markdown, options, pad=False)
         while lines and Segment.get_line_length(lines[0]) == 0:
             del lines[0]
@@ -327,14 +502,15 @@ class _BlockView:
 
 
 class _OpenBlockView:
-    """The live area's renderable: always the splitter's current open block, so printing a
-    finished block above the live area never repaints stale text below it."""
+    """The live area's renderable: always the tail of the splitter's current open block, so
+    printing a finished block above the live area never repaints stale text below it."""
 
     def __init__(self, splitter: _BlockSplitter) -> None:
         self.splitter = splitter
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield _BlockView(self.splitter.open_block(), tail=True)
+        block = self.splitter.live_block(options.size.height, options.max_width)
+        yield _BlockView(block, tail=True)
 
 
 # --- the reply ---------------------------------------------------------------------------
@@ -360,6 +536,13 @@ class ReplyRenderer:
         self._blocks = _BlockSplitter()
         self._live: Live | None = None
         self._last_paint = 0.0
+        self._unpainted = False  # text in the open block that the screen does not show yet
+        # The repaint of text that came too soon after the last one, due when the interval
+        # is up: without it, that text would wait for the next token, which may be seconds
+        # away (a slow server, a calculator call drawing nothing). It runs on a timer thread:
+        # _lock keeps it and the writer from using the splitter or the console at once.
+        self._trailing_paint: threading.Timer | None = None
+        self._lock = threading.Lock()
         self._finished = False
 
     def handle(self, event: StreamEvent) -> None:
@@ -382,11 +565,15 @@ class ReplyRenderer:
         self._finished = True
         interrupted = finish_reason == "interrupted"
         if self.markdown:
-            for block in self._blocks.close():
-                self.console.print(_BlockView(block))
-            if self._live is not None:
-                self._live.stop()  # the open block is empty now, so nothing is left behind
-                self._live = None
+            with self._lock:
+                if self._trailing_paint is not None:
+                    self._trailing_paint.cancel()
+                    self._trailing_paint = None
+                for block in self._blocks.close():
+                    self.console.print(_BlockView(block))
+                if self._live is not None:
+                    self._live.stop()  # the open block is empty now: nothing is left behind
+                    self._live = None
             if interrupted:
                 self.console.print(Text("[interrupted]", style="interrupted"))
             return
@@ -400,27 +587,55 @@ class ReplyRenderer:
         if not self.markdown:
             self._print_plain(plain)
             return
-        finished = self._blocks.feed(source)
-        if self._live is None and self.console.is_terminal and not self.console.is_dumb_terminal:
-            self._live = Live(
-                _OpenBlockView(self._blocks),
-                console=self.console,
-                transient=True,
-                auto_refresh=False,
-                redirect_stdout=False,
-                redirect_stderr=False,
-            )
-            self._live.start()
-        for block in finished:
-            # Printed above the live area; the live area is repainted below it by Rich.
-            self.console.print(_BlockView(block))
-        now = time.monotonic()
-        if self._live is not None and (
-            finished or now - self._last_paint >= self._refresh_interval_s
-        ):
-            if not finished:
+        with self._lock:
+            finished = self._blocks.feed(source)
+            console = self.console
+            if self._live is None and console.is_terminal and not console.is_dumb_terminal:
+                self._live = Live(
+                    _OpenBlockView(self._blocks),
+                    console=console,
+                    transient=True,
+                    auto_refresh=False,
+                    redirect_stdout=False,
+                    redirect_stderr=False,
+                )
+                self._live.start()
+            for block in finished:
+                # Printed above the live area; the live area is repainted below it by Rich.
+                console.print(_BlockView(block))
+            if self._live is None:
+                return
+            if finished:
+                self._painted()
+                return
+            wait = self._last_paint + self._refresh_interval_s - time.monotonic()
+            if wait <= 0:
                 self._live.refresh()
-            self._last_paint = now
+                self._painted()
+                return
+            self._unpainted = True
+            if self._trailing_paint is None:
+                self._trailing_paint = threading.Timer(wait, self._paint_trailing)
+                self._trailing_paint.daemon = True  # never keeps the program from exiting
+                self._trailing_paint.start()
+
+    def _paint_trailing(self) -> None:
+        with self._lock:
+            if self._trailing_paint is not threading.current_thread():
+                return  # cancelled, too late to stop it: a repaint came first
+            self._trailing_paint = None
+            if self._live is not None and self._unpainted:
+                self._live.refresh()
+                self._painted()
+
+    def _painted(self) -> None:
+        """The screen shows the open block as it stands. The interval counts from the end of
+        a repaint: however long one takes, writing gets the time between."""
+        self._last_paint = time.monotonic()
+        self._unpainted = False
+        if self._trailing_paint is not None:
+            self._trailing_paint.cancel()
+            self._trailing_paint = None
 
     def _print_plain(self, text: Text) -> None:
         # soft_wrap: no line breaks of Rich's own; each piece lands where the last one ended.
@@ -525,13 +740,74 @@ def render_banner(console: Console, info: Mapping[str, object]) -> None:
 PIPED_TABLE_WIDTH = 10_000  # wider than any row: a table not on a terminal is never folded
 
 
-def render_table(console: Console, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
-    """A small table; a header of "" leaves the header row out."""
-    table = Table(box=box.SIMPLE_HEAD, show_header=any(headers), show_edge=False, pad_edge=False)
-    for header in headers:
-        table.add_column(header, overflow="fold")
+# A cell that is a number, with its unit if any: 2455, 0.12s, 1,234,567, 561.0M, 3.87x, 2.1 GB.
+_NUMBER = re.compile(r"^[-+]?\d[\d,]*(?:\.\d+)?(?: ?[A-Za-z%/]+)?$")
+_NO_NUMBER = ("", "-")  # what a numeric column may show where it has no number
+
+
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int | None] = ()
+) -> Table:
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        show_header=any(headers),
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=bool(widths),  # squeezed: two spaces between columns, not three
+    )
+    for header, width in zip(headers, widths or [None] * len(headers), strict=True):
+        table.add_column(header, overflow="fold", width=width)
     for row in rows:
-        table.add_row(*(visible(cell) for cell in row))
+        table.add_row(*row)
+    return table
+
+
+def _squeezed_widths(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], room: int
+) -> list[int | None]:
+    """Widths for a table that does not fit in `room` columns (its text, gaps left out).
+    Rich, left to itself, folds every column alike: 2455 became 245 over 5. Here a numeric
+    column is as wide as its longest number; then, while room is left, as its header's
+    longest word, and (once the text columns have their natural width) as its whole header,
+    the smallest steps first. Text columns (None) get what is left, and fold."""
+    columns = [[row[i] if i < len(row) else "" for row in rows] for i in range(len(headers))]
+    widths: list[int | None] = [
+        max(map(cell_len, column))
+        if any(_NUMBER.match(cell) for cell in column)
+        and all(_NUMBER.match(cell) or cell in _NO_NUMBER for cell in column)
+        else None
+        for column in columns
+    ]
+    text = [
+        max(map(cell_len, (header, *column)))
+        for header, column, width in zip(headers, columns, widths, strict=True)
+        if width is None
+    ]
+
+    def widen(wanted: Callable[[str], int], spare: int) -> int:
+        steps = sorted(
+            (wanted(header) - width, i)
+            for i, (header, width) in enumerate(zip(headers, widths, strict=True))
+            if width is not None and wanted(header) > width
+        )
+        for step, i in steps:
+            if step <= spare:
+                widths[i] = wanted(headers[i])
+                spare -= step
+        return spare
+
+    least = sum(min(4, width) for width in text)  # what text columns keep at least
+    spare = room - least - sum(width or 0 for width in widths)
+    spare = widen(lambda header: max(map(cell_len, header.split()), default=0), spare)
+    widen(cell_len, spare - (sum(text) - least))
+    return widths
+
+
+def render_table(console: Console, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A small table; a header of "" leaves the header row out. On a terminal too narrow for
+    it, numbers stay whole and text folds (_squeezed_widths)."""
+    cells = [[visible(cell) for cell in row] for row in rows]
+    table = _table(headers, cells)
     if not console.is_terminal:
         # Into a pipe or a file, rows at their natural width: folded at Rich's default 80
         # columns, a path split over lines and `chatcli models | grep` missed it. (A
@@ -539,6 +815,13 @@ def render_table(console: Console, headers: Sequence[str], rows: Iterable[Sequen
         console = Console(
             file=console.file, width=PIPED_TABLE_WIDTH, color_system=None, highlight=False
         )
+    else:
+        unbounded = console.options.update_width(PIPED_TABLE_WIDTH)
+        if Measurement.get(console, unbounded, table).maximum > console.width:
+            ones = _table(headers, cells, [1] * len(headers))  # as wide as its gaps, and 1 a column
+            gaps = Measurement.get(console, unbounded, ones).maximum - len(headers)
+            widths = _squeezed_widths(headers, cells, console.width - gaps)
+            table = _table(headers, cells, widths)
     console.print(table)
 
 
@@ -583,26 +866,44 @@ def render_recap(console: Console, messages: Sequence[Mapping[str, object]]) -> 
             _print_line(console, reply_text(parts))  # type: ignore[arg-type]
 
 
+# The narrowest panel that still reads well: about 26 columns of text inside its border.
+MIN_PANEL_WIDTH = 30
+PANEL_GAP = 1  # columns between two panels side by side
+
+
+def panels_per_row(width: int, count: int) -> int:
+    """How many of `count` panels go side by side on a `width`-column terminal: as many as
+    get MIN_PANEL_WIDTH each, spread evenly over the rows they need (4 on 100 columns: 2
+    and 2, not 3 and 1); 1 stacks them."""
+    fit = max(1, (width + PANEL_GAP) // (MIN_PANEL_WIDTH + PANEL_GAP))
+    rows = -(-count // fit)  # ceil
+    return -(-count // rows) if count else 1
+
+
 def render_replies(
     console: Console,
     replies: Sequence[tuple[Sequence[Mapping[str, str]], str]],
     tools: bool = True,
 ) -> None:
     """Alternative replies, each given as its parts and a subtitle, in panels titled 1..N:
-    side by side when each can have 40 columns, one after another otherwise. tools: whether
-    the calculator ran for them (reply_text)."""
+    side by side, in rows of as many as fit (panels_per_row), one after another where not
+    even two fit. tools: whether the calculator ran for them (reply_text)."""
     panels = [
         Panel(
             reply_text(parts, tools), title=str(i), subtitle=visible(subtitle), title_align="left"
         )
         for i, (parts, subtitle) in enumerate(replies, start=1)
     ]
-    if console.width < 40 * len(panels):
+    per_row = panels_per_row(console.width, len(panels))
+    if per_row == 1:
         for panel in panels:
             console.print(panel)
         return
-    grid = Table.grid(expand=True, padding=(0, 1))
-    for _ in panels:
+    # One grid, so the panels of a shorter last row line up under those above.
+    grid = Table.grid(expand=True, padding=(0, PANEL_GAP))  # a grid's padding collapses
+    for _ in range(per_row):
         grid.add_column(ratio=1)
-    grid.add_row(*panels)
+    for start in range(0, len(panels), per_row):
+        row = panels[start : start + per_row]
+        grid.add_row(*row, *[""] * (per_row - len(row)))
     console.print(grid)

@@ -1,17 +1,21 @@
 from __future__ import annotations
 
 import re
+import time
 from io import StringIO
 
 import pytest
 from rich.console import Console
+from rich.markdown import Markdown
 
+import chatcli.render as render_module
 from chatcli.errors import ConfigError
 from chatcli.render import (
     CHAT_THEME,
     ReplyRenderer,
     format_badge,
     make_console,
+    panels_per_row,
     render_banner,
     render_error,
     render_notice,
@@ -446,7 +450,7 @@ def _line_of(text: str, lines: list[str]) -> int:
     return index
 
 
-def test_replies_sit_side_by_side_when_each_gets_40_columns():
+def test_replies_sit_side_by_side_when_each_gets_30_columns():
     con, out = console()  # 80 columns: room for two
     render_replies(con, [([{"type": "text", "text": "left"}], "1 tok"), ([], "0 tok")])
     lines = out.getvalue().splitlines()
@@ -454,12 +458,49 @@ def test_replies_sit_side_by_side_when_each_gets_40_columns():
     assert _line_of("1 tok", lines) == _line_of("0 tok", lines) == 2
 
 
-def test_replies_stack_when_a_row_would_be_narrower_than_40_columns_each():
-    con, out = console()  # 80 columns: too few for three
+def test_replies_that_do_not_fit_in_one_row_wrap_into_rows_of_panels():
+    con, out = console()  # 80 columns: two to a row
     texts = ("left", "middle", "right")
     render_replies(con, [([{"type": "text", "text": t}], f"{i} tok") for i, t in enumerate(texts)])
     lines = out.getvalue().splitlines()
-    assert [_line_of(t, lines) for t in texts] == [1, 4, 7]
+    assert [_line_of(t, lines) for t in texts] == [1, 1, 4]
+    assert lines[4].index("right") == lines[1].index("left")  # under the first
+
+
+def test_four_replies_on_100_columns_sit_two_by_two():
+    con, out = console()
+    con.width = 100
+    texts = ("one", "two", "three", "four")
+    render_replies(con, [([{"type": "text", "text": t}], "") for t in texts])
+    lines = out.getvalue().splitlines()
+    assert [_line_of(t, lines) for t in texts] == [1, 1, 4, 4]
+
+
+def test_replies_stack_when_two_panels_would_be_narrower_than_30_columns():
+    con, out = console()
+    con.width = 50
+    render_replies(con, [([{"type": "text", "text": t}], "") for t in ("left", "right")])
+    lines = out.getvalue().splitlines()
+    assert [_line_of(t, lines) for t in ("left", "right")] == [1, 4]
+
+
+@pytest.mark.parametrize(
+    ("width", "count", "per_row"),
+    [
+        (100, 3, 3),
+        (100, 4, 2),
+        (100, 5, 3),
+        (80, 2, 2),
+        (80, 3, 2),
+        (61, 2, 2),
+        (60, 2, 1),
+        (124, 4, 4),
+        (200, 8, 4),
+        (120, 1, 1),
+    ],
+)
+def test_panels_per_row_fits_30_column_panels_and_evens_out_the_rows(width, count, per_row):
+    assert panels_per_row(width, count) == per_row
 
 
 def test_a_table_into_a_pipe_keeps_each_row_on_one_line():
@@ -539,9 +580,9 @@ def test_a_recap_shows_the_last_question_and_its_reply():
     ["~~~\nx = 2*3*4\n~~~", "```python\nx = 2*3*4", "see <http://x.example/2*3*4>"],
 )
 def test_code_and_autolinks_keep_their_stars_unescaped(source):
-    from chatcli.render import _arithmetic_kept
+    from chatcli.render import _markdown_kept
 
-    assert _arithmetic_kept(source) == source
+    assert _markdown_kept(source) == source
 
 
 def test_text_from_a_server_in_status_tables_and_banner_is_made_visible():
@@ -556,3 +597,233 @@ def test_text_from_a_server_in_status_tables_and_banner_is_made_visible():
 
 def test_a_carriage_return_is_dropped_not_pictured():
     assert visible("one\r\ntwo") == "one\ntwo"
+
+
+# --- long blocks: a repaint costs a screenful --------------------------------------------
+
+LONG_OPEN_BLOCKS = {
+    "code": "```python\n" + "".join(f"x_{n} = f({n})\n" for n in range(2000)),
+    "table": "| n | square |\n|---|---|\n" + "".join(f"| {n} | {n * n} |\n" for n in range(2000)),
+    "paragraph": " ".join(f"word{n}" for n in range(20_000)),
+    "code in a list item": "1. Run:\n\n   ```bash\n"
+    + "".join(f"   echo {n}\n" for n in range(2000)),
+}
+# What the live view keeps above its tail, so the tail is drawn as what it is.
+LIVE_CONTEXT = {
+    "code": "```python\n",
+    "table": "| n | square |\n|---|---|\n",
+    "paragraph": "…",
+    "code in a list item": "1. …\n   ```bash\n",
+}
+
+
+@pytest.fixture
+def markdown_sources(monkeypatch) -> list[str]:
+    """Every Markdown source the renderer draws, in order."""
+    sources: list[str] = []
+
+    class RecordedMarkdown(render_module.Markdown):
+        def __init__(self, markup: str, **kwargs) -> None:
+            sources.append(markup)
+            super().__init__(markup, **kwargs)
+
+    monkeypatch.setattr(render_module, "Markdown", RecordedMarkdown)
+    return sources
+
+
+@pytest.mark.parametrize("kind", LONG_OPEN_BLOCKS)
+def test_repainting_a_long_open_block_draws_about_a_screenful_of_it(kind, markdown_sources):
+    con = Console(file=StringIO(), width=100, height=30, force_terminal=True, theme=CHAT_THEME)
+    renderer = ReplyRenderer(con, markdown=True, refresh_interval_s=0)
+    source = LONG_OPEN_BLOCKS[kind]
+    step = len(source) // 20
+    for i in range(0, len(source), step):
+        renderer.handle(TextDelta(source[i : i + step]))
+    repaints = markdown_sources[2:]  # once it is longer than a screen
+    assert len(repaints) >= 18
+    for drawn in repaints:
+        assert drawn.startswith(LIVE_CONTEXT[kind])
+        # 30 rows of 100 columns: a few screenfuls at most, where the whole is 20-190k
+        assert len(drawn) <= 8_000 and drawn.count("\n") <= 160
+    markdown_sources.clear()
+    renderer.finish("stop")
+    assert markdown_sources == [source.rstrip("\n")]  # the whole block, drawn once
+
+
+def test_a_1000_line_code_block_streams_token_by_token_in_seconds_each_line_once():
+    con = Console(file=StringIO(), width=100, height=30, force_terminal=True, color_system=None)
+    renderer = ReplyRenderer(con, markdown=True, refresh_interval_s=0.01)
+    lines = [f"value_{n} = compute({n}) * 2" for n in range(1000)]
+    source = "```python\n" + "\n".join(lines) + "\n```\n"
+    start = time.monotonic()
+    for i in range(0, len(source), 4):
+        renderer.handle(TextDelta(source[i : i + 4]))
+    renderer.finish("stop")
+    # Repainting the whole open block on every token took minutes here.
+    assert time.monotonic() - start < 10
+    screen = replay(con.file.getvalue(), height=30)
+    assert [row.strip() for row in screen if row.strip()] == lines
+
+
+def test_a_live_tail_of_a_long_paragraph_keeps_its_place_for_a_while():
+    splitter = render_module._BlockSplitter()
+    splitter.feed(" ".join(f"word{n}" for n in range(5000)))
+    tail = splitter.live_block(height=30, width=100)
+    splitter.feed(" more words")  # a cut that moved with each token would reflow the screen
+    assert splitter.live_block(height=30, width=100).text == tail.text + " more words"
+
+
+# --- text that looks like HTML ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "shown"),
+    [
+        ("In Rust, use Vec<String> for a list.", "In Rust, use Vec<String> for a list."),
+        ("#include <iostream>", "#include <iostream>"),
+        ("If a<b and c>d then swap.", "If a<b and c>d then swap."),
+        ("<div>\nhello\n</div>", "<div> hello </div>"),
+        ("Press <kbd>Ctrl</kbd> or \\<b>.", "Press <kbd>Ctrl</kbd> or <b>."),
+    ],
+)
+def test_markdown_shows_text_that_looks_like_html_as_it_was_written(reply, shown):
+    con, out = console(terminal=True)
+    renderer = ReplyRenderer(con, markdown=True, refresh_interval_s=0)
+    renderer.handle(TextDelta(reply))
+    assert shown in " ".join(replay(out.getvalue(), height=25))  # the live view
+    renderer.finish("stop")
+    assert shown in " ".join(replay(out.getvalue(), height=25))  # the committed block
+
+
+def test_angle_brackets_in_code_stay_as_they_are_without_backslashes():
+    reply = (
+        "Use `Vec<T>` here:\n\n"
+        "```cpp\n#include <vector>\n```\n"
+        "- in a list:\n\n      template <typename T>\n"
+    )
+    out = markdown_render([TextDelta(reply)])
+    assert "Use Vec<T> here:" in out
+    assert "#include <vector>" in out and "template <typename T>" in out
+    assert "\\" not in out
+
+
+@pytest.mark.parametrize(
+    ("source", "kept"),
+    [
+        ("a<b", "a\\<b"),
+        ("a\\<b", "a\\<b"),  # escaped already
+        ("`a<b` a<b", "`a<b` a\\<b"),
+        ("<std::string>, <http://x.example>", "\\<std::string>, <http://x.example>"),
+        ("1. x\n\n       a<b\n   c<d", "1. x\n\n       a<b\n   c\\<d"),  # code in the item
+    ],
+)
+def test_markdown_kept_escapes_angle_brackets_outside_code(source, kept):
+    assert render_module._markdown_kept(source) == kept
+
+
+# --- lists written over several blocks ---------------------------------------------------
+
+LIST_REPLIES = [
+    "- a\n\n  more a\n- b\n",
+    "1. Step:\n\n   ```bash\n   ls -la\n   ```\n2. Next\n",
+    "- a\n\n- b\n",
+    "1. Install:\n\n   ```bash\n   pip install x\n   ```\n\n   Then run it.\n2. Done\n\nBye.\n",
+    "- a\n  ```\n  x\n  ```\n- b\n",
+    "- a\n\n   - deep\n\n  back\n\nAfter.\n",
+    "- a\n\n* b\n",
+    "1. a\n```\ncode\n```\n",
+]
+
+
+def drawn_whole(reply: str) -> list[str]:
+    """What Rich draws for the whole reply at once (less the blank line before a list)."""
+    con, out = console()
+    con.print(Markdown(reply, hyperlinks=False))
+    return lines_of(out.getvalue().lstrip("\n"))
+
+
+@pytest.mark.parametrize("reply", LIST_REPLIES)
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_a_streamed_list_is_drawn_as_the_whole_reply_would_be(reply, chunk):
+    con, out = console()
+    stream_markdown(con, reply, chunk=chunk)
+    assert lines_of(out.getvalue()) == drawn_whole(reply)
+
+
+@pytest.mark.parametrize("reply", LIST_REPLIES[:2])
+def test_a_streamed_list_on_a_terminal_leaves_the_whole_reply_in_scrollback(reply):
+    con, out = console(terminal=True, height=8)
+    stream_markdown(con, reply, chunk=2)
+    assert replay(out.getvalue(), height=8)[:-1] == drawn_whole(reply)
+
+
+# --- the repaint interval -----------------------------------------------------------------
+
+
+def wait_for(text: str, out: StringIO, seconds: float = 3) -> bool:
+    deadline = time.monotonic() + seconds
+    while text not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return text in out.getvalue()
+
+
+def test_text_held_back_by_the_repaint_interval_shows_without_waiting_for_more():
+    con, out = console(terminal=True)
+    renderer = ReplyRenderer(con, markdown=True, refresh_interval_s=0.5)
+    renderer.handle(TextDelta("Hello"))  # painted: nothing was before
+    renderer.handle(TextDelta(", world"))  # too soon after: held back
+    assert "world" not in out.getvalue()
+    assert wait_for("Hello, world", out)  # then painted, though no token came
+    drawn = out.getvalue()
+    time.sleep(0.7)
+    assert out.getvalue() == drawn  # nothing changed, nothing repainted
+    renderer.finish("stop")
+    assert replay(out.getvalue(), height=25) == ["Hello, world", ""]
+
+
+def test_a_finished_reply_is_not_repainted_by_a_late_timer():
+    con, out = console(terminal=True)
+    renderer = ReplyRenderer(con, markdown=True, refresh_interval_s=0.1)
+    renderer.handle(TextDelta("Hello"))
+    renderer.handle(TextDelta(", world"))
+    renderer.finish("stop")
+    drawn = out.getvalue()
+    time.sleep(0.3)
+    assert out.getvalue() == drawn
+    assert replay(drawn, height=25) == ["Hello, world", ""]
+
+
+# --- tables on a narrow terminal ----------------------------------------------------------
+
+STATS_HEADERS = ("turn", "ttft", "prefill tok/s", "decode tok/s", "in", "out", "finish")
+STATS_ROWS = [
+    ("1", "0.12s", "2455", "120", "35", "20", "stop"),
+    ("2", "0.09s", "3120", "118", "61", "48", "length"),
+]
+
+
+def test_a_narrow_terminal_folds_a_tables_text_but_never_a_number():
+    con, out = console(terminal=True)
+    con.width = 40
+    render_table(con, STATS_HEADERS, STATS_ROWS)
+    lines = out.getvalue().splitlines()
+    assert max(map(len, lines)) <= 40
+    words = {word for line in lines for word in line.split()}
+    assert {cell for row in STATS_ROWS for cell in row[:-1]} <= words
+    assert {"turn", "ttft", "in", "out", "prefill", "tok/s", "stop"} <= words
+
+
+def test_a_table_that_fits_keeps_its_natural_layout():
+    con, out = console(terminal=True)
+    render_table(con, STATS_HEADERS, STATS_ROWS)
+    assert lines_of(out.getvalue())[0].split() == [
+        "turn",
+        "ttft",
+        "prefill",
+        "tok/s",
+        "decode",
+        "tok/s",
+        "in",
+        "out",
+        "finish",
+    ]
