@@ -4,7 +4,7 @@ chat_commands.py hand a console through and never call Rich themselves.
 
 Owns the theme, the console set-up, and the live reply renderer. The renderer never redraws
 the whole answer: in markdown mode the reply is cut into blocks (paragraphs, fenced code,
-headings, top-level list items); a block is printed once, when it is finished, and stays in
+headings, top-level list items: chatcli.markdown_blocks); a block is printed once, when it is finished, and stays in
 scrollback; only the block still being written is repainted (a transient Rich `Live`), and
 of a long one only what fits on the screen, so a repaint costs a screenful at most.
 
@@ -20,7 +20,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import IO
 
 from rich import box
@@ -36,6 +35,7 @@ from rich.text import Text
 from rich.theme import Theme
 
 from chatcli.errors import ConfigError
+from chatcli.markdown_blocks import TAG, Block, BlockSplitter, markdown_kept
 from chatcli.stream import SpecialToken, StreamEvent, TextDelta, ToolResult
 
 CHAT_THEME = Theme(
@@ -165,7 +165,7 @@ def _markdown_badge(
     neither `*` nor `[` is read as Markdown, inside <kbd>, the one inline tag Rich draws in a
     style of its own (the theme's markdown.kbd: dim, as the plain badge)."""
     badge = _markdown_escape(f"[{format_badge(expression, output, cut, off)}]")
-    return f"{_TAG}kbd>{badge}{_TAG}/kbd>"  # tags of ours: see _TAG
+    return f"{TAG}kbd>{badge}{TAG}/kbd>"  # tags of ours: see TAG
 
 
 def _code_span(text: str) -> str:
@@ -176,311 +176,13 @@ def _code_span(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-# --- markdown blocks --------------------------------------------------------------------
-
-_FENCE_OPEN = re.compile(r"^( *)(`{3,}|~{3,})(.*)$")
-_FENCE_CLOSE = re.compile(r"^ *(`{3,}|~{3,}) *$")
-_HEADING = re.compile(r"^ {0,3}#{1,6}(\s|$)")
-# Only items at column 0 split the reply: nested items stay with their parent.
-# Groups: the bullet, or the number and its delimiter.
-_LIST_ITEM = re.compile(r"^(?:([-+*])|(\d{1,9})([.)]))(?=\s|$)")
-# A table's second line: | --- | :-: |
-_TABLE_RULE = re.compile(r"^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
-# What a line's text sits in: list markers and quote marks (`1. `, `- > `).
-_CONTAINER = re.compile(r"^ {0,3}(?:(?:[-+*]|\d{1,9}[.)])(?: +|$)|> ?)*")
-_SPACE = re.compile(r"\s+")
-# Rows of prose drawn above the screen's top, in case it wraps into fewer rows than its
-# characters would fill.
-LIVE_MARGIN_ROWS = 8
-
-
-def _indent(line: str) -> int:
-    spaced = line.expandtabs(4)
-    return len(spaced) - len(spaced.lstrip(" "))
-
-
-def _list_kind(line: str) -> str | None:
-    """Which list a top-level item belongs to: its bullet, or its number's delimiter. Items of
-    one kind make one list; a new kind starts another (CommonMark)."""
-    item = _LIST_ITEM.match(line)
-    return None if item is None else item.group(1) or item.group(3)
-
-
-def _content_column(line: str) -> int:
-    """Where a list item's text starts (CommonMark): after its marker and 1-4 spaces. A line
-    indented that far after a blank line still belongs to the item."""
-    item = _LIST_ITEM.match(line)
-    assert item is not None
-    rest = line[item.end() :].expandtabs(4)
-    spaces = len(rest) - len(rest.lstrip(" "))
-    return item.end() + (spaces if 1 <= spaces <= 4 and rest.strip() else 1)
-
-
-@dataclass(frozen=True)
-class _Block:
-    """One block of markdown source, and whether a blank line goes before it."""
-
-    text: str
-    gap: bool
-
-
-class _BlockSplitter:
-    """Cuts streamed markdown into blocks at line ends. A blank line ends a block (except in
-    a code fence, or before a line indented into the open list item); a closing fence ends a
-    fenced block of its own; a heading is a block of its own; a new top-level list item
-    starts a block, so a long list is committed item by item."""
-
-    def __init__(self) -> None:
-        self._lines: list[str] = []  # complete lines of the open block
-        self._partial = ""  # the line being written
-        self._fence: str | None = None  # the opening fence while inside fenced code
-        self._fence_indent = 0  # what fenced lines are moved left by (see _dedent)
-        self._fence_at = 0  # the opening fence's index in _lines
-        self._item_column: int | None = None  # the open block's list item's content column
-        # Blank lines after an open list item's text: kept out until the next line shows
-        # whether the item goes on (a paragraph or code indented into it) or has ended.
-        self._blank_lines = 0
-        self._committed_any = False
-        self._last_list: str | None = None  # the list kind of the last block committed
-
-    def feed(self, text: str) -> list[_Block]:
-        """Adds text; returns the blocks it finished."""
-        self._partial += text
-        done: list[_Block] = []
-        while "\n" in self._partial:
-            line, self._partial = self._partial.split("\n", 1)
-            done += self._take_line(line.rstrip("\r"))
-        return done
-
-    def close(self) -> list[_Block]:
-        """The reply is over: the open block, if any, is finished as it stands."""
-        done = self._take_line(self._partial) if self._partial else []
-        self._partial = ""
-        return done + self._commit()
-
-    def open_block(self) -> _Block | None:
-        if not self._partial:
-            return self._block(self._lines)
-        blanks = [""] * self._blank_lines
-        return self._block([*self._lines, *blanks, self._dedent(self._partial)])
-
-    def live_block(self, height: int, width: int) -> _Block | None:
-        """The open block as the live area draws it. Once it is taller than a screen of
-        `height` rows and `width` columns, only its tail, behind what gives the tail its
-        meaning: the opening fence (the language, and that it is code), a table's header, a
-        list item's marker. So a repaint costs about a screenful however long the block
-        grows; the whole block is drawn once, when it is committed."""
-        lines = self._lines
-        rest = [*[""] * self._blank_lines, self._dedent(self._partial)] if self._partial else []
-        n = len(lines) + len(rest)
-
-        def line(i: int) -> str:
-            return lines[i] if i < len(lines) else rest[i - len(lines)]
-
-        code = self._fence is not None
-        table = not code and n > 1 and "|" in line(0) and _TABLE_RULE.match(line(1)) is not None
-        first = self._fence_at + 1 if code else 2 if table else 0  # the first line to cut
-        # A line of code or a row takes a row at least; prose is counted by its characters,
-        # and may take fewer rows than they would fill (markup takes room in the source only).
-        rows = height + (1 if code or table else LIVE_MARGIN_ROWS)
-        start, offset = _tail_start(line, n, first, rows, width, lines_fill=code or table)
-        if (start, offset) == (first, 0):
-            return self.open_block()
-        marker = "" if table else _CONTAINER.match(line(0))[0]
-        # "…" stands for what was cut, and keeps a cut line from reading as a new block.
-        head = [f"{marker}…"] if marker and start > 0 else []
-        if code:
-            head.append(line(self._fence_at))
-        elif table:
-            head += [line(0), line(1)]
-        cut = line(start)[max(offset, len(marker)) if start == 0 else offset :]
-        if code or table or (marker and offset == 0):
-            tail = cut  # a whole line of code, a row, or an item's own line as it is
-        else:
-            tail = f"{marker if start == 0 else ''}…{cut.lstrip()}"
-        return self._block([*head, tail, *(line(i) for i in range(start + 1, n))])
-
-    def _take_line(self, line: str) -> list[_Block]:
-        if self._fence is not None:
-            self._lines.append(self._dedent(line))
-            closing = _FENCE_CLOSE.match(line)
-            if closing and closing.group(1).startswith(self._fence):
-                self._fence = None
-                # Code inside a list item ends there, the item does not.
-                return self._commit() if self._item_column is None else []
-            return []
-        if not line.strip():
-            if self._item_column is None:
-                return self._commit()
-            self._blank_lines += 1
-            return []
-        # Indented into the open list item: its text, code or nested list, whatever it is.
-        inside_item = self._item_column is not None and _indent(line) >= self._item_column
-        done: list[_Block] = []
-        if self._blank_lines and inside_item:
-            self._lines += [""] * self._blank_lines
-            self._blank_lines = 0
-        elif self._blank_lines:
-            done = self._commit()
-        fence = _FENCE_OPEN.match(line)
-        if fence and fence.group(2)[0] == "`" and "`" in fence.group(3):
-            fence = None  # a backtick fence's info string may not hold backticks: inline code
-        heading = _HEADING.match(line)
-        if not inside_item and (fence or heading or self._starts_item(line)):
-            done += self._commit()
-        if fence:
-            self._fence, self._fence_at = fence.group(2), len(self._lines)
-            self._fence_indent = 0 if inside_item else len(fence.group(1))
-            line = self._dedent(line)
-        if not self._lines and _LIST_ITEM.match(line):
-            self._item_column = _content_column(line)
-        self._lines.append(line)
-        if heading and not inside_item:
-            done += self._commit()
-        return done
-
-    def _starts_item(self, line: str) -> bool:
-        item = _LIST_ITEM.match(line)
-        if item is None:
-            return False
-        # As in CommonMark, only a bullet or "1." may interrupt a paragraph; "2019. was" may not.
-        number = item.group(2)
-        in_list = not self._lines or _LIST_ITEM.match(self._lines[0]) is not None
-        return number is None or int(number) == 1 or in_list
-
-    def _dedent(self, line: str) -> str:
-        """Fenced code is moved left by its fence's indent, so a fence indented less than a
-        list item's text still renders as code when it stands alone as a block. (Code
-        inside the item is not moved: it is drawn in the item.)"""
-        if self._fence is None:
-            return line
-        indent = len(line) - len(line.lstrip(" "))
-        return line[min(indent, self._fence_indent) :]
-
-    def _block(self, lines: list[str]) -> _Block | None:
-        if not "".join(lines).strip():
-            return None
-        # Rich's Markdown puts a blank line between top-level blocks; items of one list touch,
-        # also where the model left a blank line between them.
-        kind = _list_kind(lines[0])
-        gap = self._committed_any and (kind is None or kind != self._last_list)
-        return _Block("\n".join(lines), gap)
-
-    def _commit(self) -> list[_Block]:
-        block = self._block(self._lines)
-        self._lines = []
-        self._item_column, self._blank_lines = None, 0
-        if block is None:
-            return []
-        self._committed_any, self._last_list = True, _list_kind(block.text)
-        return [block]
-
-
-def _tail_start(
-    line: Callable[[int], str], n: int, first: int, rows: int, width: int, lines_fill: bool
-) -> tuple[int, int]:
-    """Where the tail of lines `first`..n-1 that fills `rows` rows of `width` columns
-    starts: (line, offset in it); (first, 0) when all of them fit. A line takes at least
-    len/width rows (code wraps too); in code and tables (`lines_fill`) it also takes one row
-    at least, while prose lines flow together, so for them only the characters count. A cut
-    through prose moves by a screenful at a time, not on every token: a paragraph cut at a
-    new place would reflow the whole screen."""
-    budget = rows * width
-    chars = 0
-    for i in range(n - 1, first - 1, -1):
-        size = len(line(i))
-        if chars + size >= budget:  # the cut is inside line i
-            offset = (size - (budget - chars)) // budget * budget
-            if offset and not lines_fill:
-                space = _SPACE.search(line(i), offset, offset + width)  # at a word
-                offset = space.end() if space else offset
-            if offset:
-                return i, offset
-            break
-        chars += size + 1
-        if n - i >= (rows if lines_fill else 4 * rows):
-            break
-    else:
-        return first, 0
-    if not lines_fill:  # a whole-line cut: at a multiple of `rows`, while that stays cheap
-        rounded = max(first, i - i % rows)
-        if sum(len(line(j)) for j in range(rounded, i)) <= budget:
-            return rounded, 0
-    return i, 0
-
-
-_STAR_IN_ARITHMETIC = re.compile(r"(?<=[\d)])\*(?=[\d(])")
-# A `<` not escaped already: Markdown reads `<String>`, `<iostream>` or `<b and c>` as HTML,
-# and Rich drops HTML, text and all.
-_OPEN_ANGLE = re.compile(r"(?<!\\)((?:\\\\)*)<")
-# Code spans and URL autolinks (<http://...>): escapes would show in both. (Markdown takes
-# any <scheme:text> for a link, but a model writing <std::string> means the text.)
-_CODE_SPAN_SPLIT = re.compile(r"(`+[^`]*`+|<[A-Za-z][A-Za-z0-9+.-]*://[^<>\s]*>|<mailto:[^<>\s]*>)")
-# The `<` of the badges' own <kbd> tags, until _markdown_kept has escaped the model's `<`.
-# A control character: visible() has made every one in the model's text a picture.
-_TAG = "\x02"
-
-
-def _prose_kept(text: str) -> str:
-    """Running text (no code blocks) with its arithmetic `*` and its `<` escaped, except in
-    code spans and autolinks."""
-    pieces = _CODE_SPAN_SPLIT.split(text)  # the odd pieces are code spans and links
-    return "".join(
-        piece if i % 2 else _OPEN_ANGLE.sub(r"\1\\<", _STAR_IN_ARITHMETIC.sub(r"\*", piece))
-        for i, piece in enumerate(pieces)
-    )
-
-
-def _markdown_kept(text: str) -> str:
-    """Markdown source that shows what the model wrote: a `*` between digits stays a star
-    (6*7*7 would read as emphasis and show 677) and a `<` stays a `<` (see _OPEN_ANGLE).
-    Code, fenced, indented or inline, is left as it is."""
-    first = text.partition("\n")[0]
-    base = _content_column(first) if _LIST_ITEM.match(first) else 0  # code is 4 in from it
-    kept: list[str] = []
-    prose: list[str] = []  # lines of running text: a code span may go over a line end
-
-    def keep(code_line: str) -> None:
-        if prose:
-            kept.append(_prose_kept("\n".join(prose)))
-            prose.clear()
-        kept.append(code_line)
-
-    fence: str | None = None
-    indented = False  # inside indented code
-    after_blank = True  # indented code starts a block or follows a blank line
-    for line in text.split("\n"):
-        if fence is not None:
-            closing = _FENCE_CLOSE.match(line)
-            if closing and closing.group(1).startswith(fence):
-                fence = None
-            keep(line)
-            continue
-        if not line.strip():
-            after_blank = True
-            keep(line)  # a blank line ends a paragraph, and any code span with it
-            continue
-        indented = _indent(line) >= base + 4 and (after_blank or indented)
-        after_blank = False
-        opening = _FENCE_OPEN.match(line)
-        if opening and not indented and not (opening[2][0] == "`" and "`" in opening[3]):
-            fence = opening[2]
-        if fence is not None or indented:
-            keep(line)
-        else:
-            prose.append(line)
-    if prose:
-        kept.append(_prose_kept("\n".join(prose)))
-    return "\n".join(kept).replace(_TAG, "<")
-
-
 class _BlockView:
     """Draws one block as markdown. Rich puts a blank line before a list; it is dropped here
-    because `_Block.gap` decides spacing. With `tail`, only the last lines that fit on screen
+    because `Block.gap` decides spacing. With `tail`, only the last lines that fit on screen
     are drawn, so a live area never outgrows the screen (rows pushed into scrollback could not
     be erased and would stay there as duplicates)."""
 
-    def __init__(self, block: _Block | None, tail: bool = False) -> None:
+    def __init__(self, block: Block | None, tail: bool = False) -> None:
         self.block = block
         self.tail = tail
 
@@ -488,7 +190,7 @@ class _BlockView:
         if self.block is None:
             return
         # hyperlinks off: a link shows its URL, where many terminals would hide it
-        markdown = Markdown(_markdown_kept(self.block.text), hyperlinks=False)
+        markdown = Markdown(markdown_kept(self.block.text), hyperlinks=False)
         lines = console.render_lines(markdown, options, pad=False)
         while lines and Segment.get_line_length(lines[0]) == 0:
             del lines[0]
@@ -505,7 +207,7 @@ class _OpenBlockView:
     """The live area's renderable: always the tail of the splitter's current open block, so
     printing a finished block above the live area never repaints stale text below it."""
 
-    def __init__(self, splitter: _BlockSplitter) -> None:
+    def __init__(self, splitter: BlockSplitter) -> None:
         self.splitter = splitter
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -533,7 +235,7 @@ class ReplyRenderer:
         self.markdown = markdown
         self._refresh_interval_s = refresh_interval_s  # repaints of the open block, at most
         self._at_line_start = True  # plain mode: whether the cursor is at column 0
-        self._blocks = _BlockSplitter()
+        self._blocks = BlockSplitter()
         self._live: Live | None = None
         self._last_paint = 0.0
         self._unpainted = False  # text in the open block that the screen does not show yet

@@ -575,16 +575,6 @@ def test_a_recap_shows_the_last_question_and_its_reply():
     ]
 
 
-@pytest.mark.parametrize(
-    "source",
-    ["~~~\nx = 2*3*4\n~~~", "```python\nx = 2*3*4", "see <http://x.example/2*3*4>"],
-)
-def test_code_and_autolinks_keep_their_stars_unescaped(source):
-    from chatcli.render import _markdown_kept
-
-    assert _markdown_kept(source) == source
-
-
 def test_text_from_a_server_in_status_tables_and_banner_is_made_visible():
     con, out = console(terminal=True)
     render_status(con, {"finish_reason": "stop\x1b[2J"})
@@ -665,14 +655,6 @@ def test_a_1000_line_code_block_streams_token_by_token_in_seconds_each_line_once
     assert [row.strip() for row in screen if row.strip()] == lines
 
 
-def test_a_live_tail_of_a_long_paragraph_keeps_its_place_for_a_while():
-    splitter = render_module._BlockSplitter()
-    splitter.feed(" ".join(f"word{n}" for n in range(5000)))
-    tail = splitter.live_block(height=30, width=100)
-    splitter.feed(" more words")  # a cut that moved with each token would reflow the screen
-    assert splitter.live_block(height=30, width=100).text == tail.text + " more words"
-
-
 # --- text that looks like HTML ------------------------------------------------------------
 
 
@@ -705,20 +687,6 @@ def test_angle_brackets_in_code_stay_as_they_are_without_backslashes():
     assert "Use Vec<T> here:" in out
     assert "#include <vector>" in out and "template <typename T>" in out
     assert "\\" not in out
-
-
-@pytest.mark.parametrize(
-    ("source", "kept"),
-    [
-        ("a<b", "a\\<b"),
-        ("a\\<b", "a\\<b"),  # escaped already
-        ("`a<b` a<b", "`a<b` a\\<b"),
-        ("<std::string>, <http://x.example>", "\\<std::string>, <http://x.example>"),
-        ("1. x\n\n       a<b\n   c<d", "1. x\n\n       a<b\n   c\\<d"),  # code in the item
-    ],
-)
-def test_markdown_kept_escapes_angle_brackets_outside_code(source, kept):
-    assert render_module._markdown_kept(source) == kept
 
 
 # --- lists written over several blocks ---------------------------------------------------

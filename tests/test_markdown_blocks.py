@@ -1,0 +1,33 @@
+import pytest
+
+from chatcli.markdown_blocks import BlockSplitter, markdown_kept
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["~~~\nx = 2*3*4\n~~~", "```python\nx = 2*3*4", "see <http://x.example/2*3*4>"],
+)
+def test_code_and_autolinks_keep_their_stars_unescaped(source):
+    assert markdown_kept(source) == source
+
+
+def test_a_live_tail_of_a_long_paragraph_keeps_its_place_for_a_while():
+    splitter = BlockSplitter()
+    splitter.feed(" ".join(f"word{n}" for n in range(5000)))
+    tail = splitter.live_block(height=30, width=100)
+    splitter.feed(" more words")  # a cut that moved with each token would reflow the screen
+    assert splitter.live_block(height=30, width=100).text == tail.text + " more words"
+
+
+@pytest.mark.parametrize(
+    ("source", "kept"),
+    [
+        ("a<b", "a\\<b"),
+        ("a\\<b", "a\\<b"),  # escaped already
+        ("`a<b` a<b", "`a<b` a\\<b"),
+        ("<std::string>, <http://x.example>", "\\<std::string>, <http://x.example>"),
+        ("1. x\n\n       a<b\n   c<d", "1. x\n\n       a<b\n   c\\<d"),  # code in the item
+    ],
+)
+def test_markdown_kept_escapes_angle_brackets_outside_code(source, kept):
+    assert markdown_kept(source) == kept
