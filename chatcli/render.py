@@ -356,16 +356,17 @@ def _number(stats: Mapping[str, object], key: str) -> float | None:
 
 def render_status(console: Console, stats: Mapping[str, object]) -> None:
     """`ttft 0.12s · prefill 850 tok/s · decode 120 tok/s · 35 in / 20 out · ctx 55/512 · stop`;
-    a piece whose numbers are missing is left out."""
+    a piece whose numbers are missing is left out, and so is a time or a speed of 0: not
+    measured (a reply stopped before its prefill or its first token), not a measurement."""
     pieces = []
     ttft, prefill, decode = (_number(stats, k) for k in ("ttft_s", "prefill_tps", "decode_tps"))
     tokens_in, tokens_out = _number(stats, "tokens_in"), _number(stats, "tokens_out")
     used, length = _number(stats, "context_used"), _number(stats, "context_len")
-    if ttft is not None:
+    if ttft:
         pieces.append(f"ttft {ttft:.2f}s")
-    if prefill is not None:
+    if prefill:
         pieces.append(f"prefill {prefill:.0f} tok/s")
-    if decode is not None:
+    if decode:
         pieces.append(f"decode {decode:.0f} tok/s")
     if tokens_in is not None and tokens_out is not None:
         pieces.append(f"{tokens_in:.0f} in / {tokens_out:.0f} out")

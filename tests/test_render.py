@@ -795,3 +795,11 @@ def test_a_table_that_fits_keeps_its_natural_layout():
         "out",
         "finish",
     ]
+
+
+def test_a_status_line_leaves_out_what_was_not_measured():
+    # Stopped during the prefill: no speeds of 0 that read as measurements.
+    con, out = console()
+    stats = {"ttft_s": 0.0, "prefill_tps": 0.0, "decode_tps": 0.0, "tokens_in": 12}
+    render_status(con, {**stats, "tokens_out": 0, "finish_reason": "interrupted"})
+    assert out.getvalue().strip() == "12 in / 0 out · interrupted"
