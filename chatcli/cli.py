@@ -1,4 +1,4 @@
-"""The `chatcli` command: chat, once, models, config path.
+"""The `chatcli` command: chat, once, models, serve, bench, config path; -h and --version.
 
 Owns: flags, settings precedence (flag > CHATCLI_* env > config file > default), turning
 project errors into one red line and an exit code. Typer lives only here. torch is imported
@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
+from chatcli import __version__
 from chatcli.errors import ChatcliError, ConversationFileError
 from chatcli.openmp_wait import choose_openmp_wait
 from chatcli.settings import (
@@ -37,33 +39,87 @@ except ImportError:  # older typer runs on click itself
     from click import ClickException as _ClickError
 
 
-class _OneLineErrors(TyperGroup):
+class _FlagsShowNoType:
+    """typer 0.29's help writes a type after every flag (`--json <bool>`), as if it took a
+    value; a flag takes none, so its type column stays empty."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]  # a click Command's
+        for param in params:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+        return params
+
+
+class _Command(_FlagsShowNoType, TyperCommand):
+    pass
+
+
+class _OneLineErrors(_FlagsShowNoType, TyperGroup):
     """Click's own errors (an unknown option, a value of the wrong type) end like every other
     error: one red line on stderr saying what to fix, exit code 1 (click's would be a usage
-    box and 2). A bare `chatcli` still prints the help."""
+    box and 2). A bare `chatcli` (or `chatcli config`) prints the help and exits 0, as git
+    does: nothing went wrong."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
+        argv = kwargs.get("args", args[0] if args else None)
+        argv = sys.argv[1:] if argv is None else list(argv)
         try:
             # Not standalone: click raises its errors and returns typer.Exit's code.
             code = super().main(*args, standalone_mode=False, **kwargs)
         except _ClickError as e:
             if type(e).__name__ == "NoArgsIsHelpError":
-                sys.exit(2)  # a bare `chatcli`: the help was printed as the error was made
+                sys.exit(0)  # the help was printed, on stdout, as the error was made
             # format_message names the parameter ("Invalid value for '--step': ...").
             message = e.format_message() if hasattr(e, "format_message") else str(e)
             message = " ".join(message.split())
             if not message.endswith((".", "?", "!")):
                 message += "."
             ctx = getattr(e, "ctx", None)
-            if ctx is not None:
+            prompt = _prompt_taken_for_option(e, argv)
+            if ctx is not None and prompt is not None:
+                message += (
+                    f" A prompt that starts with - goes after --: "
+                    f"{ctx.command_path} -- {_shell_quote(prompt)}"
+                )
+            elif ctx is not None:
                 message += f" See {ctx.command_path} --help."
             sys.exit(_fail(message).exit_code)
         except typer.Abort:
             sys.exit(_fail("Aborted.").exit_code)
         sys.exit(code if isinstance(code, int) else 0)
 
+
+def _prompt_taken_for_option(error: Exception, argv: list[str]) -> str | None:
+    """`chatcli once "-5 + 3"`: click reads the prompt as options (-5, -space, ...) and
+    reports the first it does not know. The argument, when it reads as a prompt (a number, or
+    words with spaces: no option has either), else None."""
+    ctx = getattr(error, "ctx", None)
+    name = getattr(error, "option_name", None)
+    if type(error).__name__ != "NoSuchOption" or ctx is None or ctx.command.name != "once":
+        return None
+    if not name or name.startswith("--"):
+        return None
+    arg = next((a for a in argv if a.startswith(name)), name)
+    looks_like_prompt = arg[1:2].isdigit() or arg[1:2] == "." or len(arg.split()) > 1
+    return arg if looks_like_prompt else None
+
+
+def _shell_quote(text: str) -> str:
+    """Quoted for a POSIX shell, in double quotes where that needs no escaping."""
+    return f'"{text}"' if not set(text) & set('"$`\\!') else shlex.quote(text)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"chatcli {__version__}")
+        raise typer.Exit()
+
+
+# -h as well as --help, on every command (sub-commands inherit it).
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
     name="chatcli",
@@ -73,9 +129,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings=HELP_OPTIONS,
 )
-config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
+config_app = typer.Typer(
+    cls=_OneLineErrors, help="Inspect the configuration.", no_args_is_help=True
+)
 app.add_typer(config_app, name="config")
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    pass
+
 
 # ---- shared options ----------------------------------------------------------------------------
 
@@ -107,7 +179,8 @@ TopKOpt = Annotated[
     str | None, typer.Option("--top-k", metavar="K", help="1 to 1000; 0 or off = off (default 50).")
 ]
 TopPOpt = Annotated[
-    str | None, typer.Option("--top-p", metavar="P", help="0 < P < 1; 1 or off = off (default).")
+    str | None,
+    typer.Option("--top-p", metavar="P", help="Above 0, at most 1; 1 or off = off (default)."),
 ]
 MaxTokOpt = Annotated[
     str | None,
@@ -154,13 +227,38 @@ SoftcapOpt = Annotated[
 ]
 
 
+# The flags that pick or shape the model chatcli loads: a server at --url ignores them.
+LOCAL_MODEL_FLAGS = {
+    "source": "--source",
+    "step": "--step",
+    "device": "--device",
+    "dtype": "--dtype",
+    "quantize": "--quantize",
+    "compile_model": "--compile",
+    "softcap": "--softcap",
+}
+
+
 def _settings(**flags: Any) -> Settings:
-    return load_settings(flags=flags, env=os.environ, config_file=config_path())
+    # config_file follows CHATCLI_CONFIG, which must then name a file that exists.
+    return load_settings(flags=flags, env=os.environ)
 
 
 def _setting_flags(params: dict[str, Any]) -> dict[str, Any]:
     """A command's parameters that are settings (the rest, like --json, are not)."""
     return {name: value for name, value in params.items() if name in SETTING_NAMES}
+
+
+def _local_model_flags(params: dict[str, Any]) -> list[str]:
+    """The local-model flags given on the command line. Their values from the config file or
+    CHATCLI_* are not here (None, False): those are defaults, not asked for this run."""
+    return [flag for name, flag in LOCAL_MODEL_FLAGS.items() if params[name] not in (None, False)]
+
+
+def _server_url(url: str | None) -> str | None:
+    """--url or CHATCLI_URL; empty means no server, so `--url ""` overrides an exported
+    CHATCLI_URL and runs the local model."""
+    return (url or "").strip() or None
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -190,13 +288,26 @@ def _load_session(
     api_key: str | None = None,
     model_flag: str | None = None,
     compile_model: bool = False,
+    local_flags: list[str] | None = None,
 ) -> tuple[Any, dict]:
-    """A session and its banner info: a local model, or a client of a server at `url`."""
+    """A session and its banner info: a local model, or a client of a server at `url`.
+    `local_flags` are the local-model flags given, refused with a server rather than ignored."""
     if url is not None:
-        from chatcli.remote import RemoteSession
-
-        if softcap is not None:
-            raise ChatcliError("--softcap is a local model's: a server at --url applies its own.")
+        if local_flags:
+            named = ", ".join(local_flags)
+            raise ChatcliError(
+                f"{named} is a local model's: it picks or shapes the model chatcli loads, "
+                f"and a server at --url chooses its own. Drop {named} or --url."
+                if len(local_flags) == 1
+                else f"{named} are a local model's: they pick or shape the model chatcli "
+                "loads, and a server at --url chooses its own. Drop them or --url."
+            )
+        try:
+            from chatcli.remote import RemoteSession
+        except ImportError as e:
+            if (e.name or "").startswith("chatcli"):
+                raise  # a bug of ours, not a missing extra
+            raise ChatcliError("--url needs the serve extra: pip install -e '.[serve]'") from None
         # Only an explicit --model names the server's model: a checkpoint path from the
         # config file means nothing to a server.
         remote = RemoteSession(
@@ -246,7 +357,7 @@ def banner_info(info: dict) -> dict:
 # ---- chat ---------------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=_Command)
 def chat(
     model: ModelOpt = None,
     source: SourceOpt = None,
@@ -276,6 +387,8 @@ def chat(
     softcap: SoftcapOpt = None,
 ) -> None:
     """Start an interactive chat session."""
+    url = _server_url(url)
+    local_flags = _local_model_flags(locals())
     from chatcli.conversation_store import (
         ConversationFile,
         ConversationSink,
@@ -287,9 +400,13 @@ def chat(
     from chatcli.render import make_console, render_banner, render_notice, render_recap
     from chatcli.repl import run_repl
 
+    # Piped stdin (`echo hi | chatcli chat`): messages line by line, no prompt, and stdout
+    # holds the replies only: the banner and what cli.py says of a resume go to stderr.
+    piped = sys.stdin is not None and not sys.stdin.isatty()
     try:
         settings = _settings(**_setting_flags(locals()))
         console = make_console()
+        notes = make_console(file=sys.stderr) if piped else console
         folder = conversations_dir()
         loaded = path = None
         if resume is not None:  # a name that finds nothing should not wait for the model
@@ -300,12 +417,14 @@ def chat(
                 raise ChatcliError(f"No saved conversation to resume in {folder}.")
             loaded = read_conversation(path)
         waiting = f"Connecting to {url}…" if url else "Loading model…"
-        with console.status(waiting, spinner="dots"):
-            session, info = _load_session(settings, softcap, url, api_key, model, compile_model)
-        render_banner(console, info)
+        with notes.status(waiting, spinner="dots"):
+            session, info = _load_session(
+                settings, softcap, url, api_key, model, compile_model, local_flags
+            )
+        render_banner(notes, info)
         if loaded is not None and path is not None:
             for warning in loaded.warnings:
-                render_notice(console, warning)
+                render_notice(notes, warning)
             session.load_messages(loaded.messages, loaded.finishes)
             # Read just above: its name, not the header's id, is what --resume takes again.
             conversation: ConversationSink | None = ConversationFile(path, path.stem)
@@ -313,17 +432,15 @@ def chat(
                 try:
                     conversation.append_snapshot(loaded.messages, loaded.finishes)
                 except ConversationFileError as e:
-                    render_notice(console, f"{e} This conversation is not saved from here on.")
+                    render_notice(notes, f"{e} This conversation is not saved from here on.")
                     conversation = None
             count = sum(1 for m in loaded.messages if m["role"] != "system")
-            render_notice(console, f"Resumed {path.name}: {count} messages.")
-            render_recap(console, loaded.messages)
-            conversation = _system_on_resume(
-                console, session, settings.system, system, conversation
-            )
+            render_notice(notes, f"Resumed {path.name}: {count} messages.")
+            render_recap(notes, loaded.messages)
+            conversation = _system_on_resume(notes, session, settings.system, system, conversation)
             if system is None and settings.system and settings.system != session.system:
                 render_notice(
-                    console,
+                    notes,
                     "This conversation keeps its own system prompt, not the configured one "
                     "(/system shows it; --system with --resume replaces it).",
                 )
@@ -334,8 +451,6 @@ def chat(
         raise _fail(str(e)) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    # Piped stdin (`echo hi | chatcli chat`): messages line by line, no prompt.
-    piped = sys.stdin is not None and not sys.stdin.isatty()
     code = run_repl(
         session,
         settings=settings,
@@ -351,10 +466,14 @@ def chat(
 # ---- once ---------------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=_Command)
 def once(
     prompt: Annotated[
-        str | None, typer.Argument(help="The message; '-' or none reads it from stdin.")
+        list[str] | None,
+        typer.Argument(
+            metavar="PROMPT",
+            help="The message, quoted or not (its words are joined); '-' or none reads stdin.",
+        ),
     ] = None,
     model: ModelOpt = None,
     source: SourceOpt = None,
@@ -385,10 +504,14 @@ def once(
     """Answer one message and exit."""
     from chatcli.render import make_console
 
+    url = _server_url(url)
+    local_flags = _local_model_flags(locals())
     try:
         settings = _settings(**_setting_flags(locals()))
         text = _read_prompt(prompt)
-        session, info = _load_session(settings, softcap, url, api_key, model, compile_model)
+        session, info = _load_session(
+            settings, softcap, url, api_key, model, compile_model, local_flags
+        )
         console = make_console()
         if as_json:
             _once_json(session, info, text)
@@ -400,13 +523,17 @@ def once(
         raise typer.Exit(130) from None
 
 
-def _read_prompt(prompt: str | None) -> str:
-    if prompt is None or prompt == "-":
+def _read_prompt(words: list[str] | None) -> str:
+    """The prompt from its words (`chatcli once What is 2+2`, as ollama takes them), or from
+    stdin for none or `-`."""
+    if not words or words == ["-"]:
         if sys.stdin is None or sys.stdin.isatty():
             raise ChatcliError(
                 'No prompt given. Usage: chatcli once "What is 12*7?" (or pipe it in).'
             )
         prompt = sys.stdin.read()
+    else:
+        prompt = " ".join(words)
     prompt = prompt.strip()
     if not prompt:
         raise ChatcliError("The prompt is empty.")
@@ -472,7 +599,7 @@ def _once_json(session: Any, info: dict, text: str) -> None:
 # ---- models and config --------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=_Command)
 def models(
     base_dir: Annotated[
         Path | None,
@@ -522,7 +649,7 @@ def models(
         )
 
 
-@app.command()
+@app.command(cls=_Command)
 def serve(
     model: ModelOpt = None,
     source: SourceOpt = None,
@@ -591,7 +718,7 @@ BENCH_HELP = (
 )
 
 
-@app.command(help=BENCH_HELP)
+@app.command(cls=_Command, help=BENCH_HELP)
 def bench(
     model: ModelOpt = None,
     synthetic: Annotated[
@@ -645,7 +772,7 @@ def bench(
     render_bench(make_console(), result)
 
 
-@config_app.command("path")
+@config_app.command("path", cls=_Command)
 def config_path_command() -> None:
     """Print the config file's path (it may not exist yet)."""
     typer.echo(str(config_path()))

@@ -133,15 +133,22 @@ class RemoteSession:
         if response.status_code < 400:
             return
         response.read()
+        code = response.status_code
         message = _error_message(response)
-        if response.status_code in (401, 403):
-            raise ChatcliError(f"{self.url} refused the API key: {message}. Pass --api-key.")
-        if response.status_code == 404:
+        if message is None:  # no error body of an API's (an HTML page): the status says it
+            said = f"{code} {response.reason_phrase}".strip()
+            refused = f"The server refused the request: {said}."
+        else:
+            said = message
+            refused = f"The server refused the request ({code}): {message}"
+        if code in (401, 403):
+            raise ChatcliError(f"{self.url} refused the API key: {said}. Pass --api-key.")
+        if code == 404:
             raise ChatcliError(
                 f"{self.url} has no OpenAI-compatible API at {response.request.url.path} "
-                f"({message}). Point --url at the server's root."
+                f"({said}). Point --url at the server's root."
             )
-        raise ChatcliError(f"The server refused the request ({response.status_code}): {message}")
+        raise ChatcliError(refused)
 
     # ---- the conversation ---------------------------------------------------------------------
 
@@ -426,17 +433,18 @@ def _events_of_tool(tool: dict[str, Any]) -> list[StreamEvent]:
     return events
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: httpx.Response) -> str | None:
     """The message of an OpenAI-style error body (or ollama's and llama.cpp's `{"error":
-    "..."}`, FastAPI's `{"detail": "..."}`), else the start of whatever came."""
+    "..."}`, FastAPI's `{"detail": "..."}`), on one line; None for a body that has none (an
+    HTML error page, from a server that is no API, is not a message to print)."""
     try:
         body = response.json()
-    except json.JSONDecodeError:
-        body = None
+    except ValueError:  # not JSON, or not even text
+        return None
     if isinstance(body, dict):
         error = body.get("error", body.get("detail"))
         if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        if isinstance(error, str) and error:
-            return error
-    return response.text.strip()[:300] or response.reason_phrase
+            error = str(error["message"])
+        if isinstance(error, str) and error.strip():
+            return " ".join(error.split())
+    return None

@@ -326,12 +326,18 @@ def history_path(env: Mapping[str, str] | None = None) -> Path:
     return user_dir(env) / "input_history"
 
 
-def read_config_file(path: Path) -> dict[str, object]:
-    """The validated settings set in a TOML file; {} when the file does not exist."""
+def read_config_file(path: Path, named_by: str | None = None) -> dict[str, object]:
+    """The validated settings set in a TOML file; {} when the file does not exist, unless a
+    variable (`named_by`, CHATCLI_CONFIG) named it: then that path is a mistake to report."""
     source = f"config file {path}"
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if named_by is not None:
+            raise ConfigError(
+                f"{named_by}={path}: no such file. Create it (config.example.toml shows every "
+                f"key) or unset {named_by}."
+            ) from None
         return {}
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(
@@ -385,14 +391,16 @@ def load_settings(
 ) -> Settings:
     """Merge defaults < config file < env vars < flags into one Settings.
 
-    `env` defaults to os.environ and `config_file` to config_path(env). Every source is
-    validated in full, even where a later one overrides a value, so a broken config file is
-    reported rather than hidden by a flag.
+    `env` defaults to os.environ and `config_file` to config_path(env); a file that
+    CHATCLI_CONFIG names must exist (the default one need not). Every source is validated in
+    full, even where a later one overrides a value, so a broken config file is reported rather
+    than hidden by a flag.
     """
     env = os.environ if env is None else env
+    named = config_file is None and _env_path(env, ENV_CONFIG) is not None
     path = config_path(env) if config_file is None else config_file
     merged: dict[str, object] = {}
-    merged.update(read_config_file(path))
+    merged.update(read_config_file(path, named_by=ENV_CONFIG if named else None))
     merged.update(read_env(env))
     merged.update(read_flags(flags or {}))
     return Settings(**merged)  # type: ignore[arg-type]  # values are typed by their rules

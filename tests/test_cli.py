@@ -163,13 +163,23 @@ def test_chat_with_piped_stdin_answers_each_line_in_plain_text():
     # No trailing newline: the last line is answered all the same.
     result = runner.invoke(app, ["chat", "-t", "0"], input="/top_k 7\nWhat is 1234*56?")
     assert result.exit_code == 0, result.output
-    assert result.stderr == ""  # no "Input is not a terminal" warning
+    assert "Input is not a terminal" not in result.stderr
     assert "\r" not in result.stdout and ">>>" not in result.stdout
-    lines = result.stdout.splitlines()
-    reply = lines[lines.index("top_k = 7") + 1]
+    reply = next(line for line in result.stdout.splitlines() if line.startswith("[calc"))
     assert reply.startswith("[calc 1234*56 = 69104]") and reply.endswith("69104.")
-    assert lines[-2].endswith(" · stop")  # the reply's status line
-    assert lines[-1].startswith("Saved as ")
+    said = (result.stdout + result.stderr).splitlines()
+    assert "top_k = 7" in said
+    assert said[-1].startswith("Saved as ")
+
+
+def test_chat_with_piped_stdin_keeps_the_banner_out_of_stdout():
+    # `printf 'What is 2+2?\n' | chatcli chat > replies.txt`: the file holds the replies.
+    result = runner.invoke(app, ["chat", "-t", "0", "--max-tokens", "4"], input="hi\n")
+    assert result.exit_code == 0, result.output
+    assert "Type /help for commands, Ctrl-D to exit." in result.stderr.splitlines()
+    assert "embedded default model" in result.stderr.splitlines()
+    assert "chatcli · " not in result.stdout and "/help" not in result.stdout
+    assert result.stdout.strip()  # the reply
 
 
 def test_system_given_with_resume_replaces_the_conversations_own(monkeypatch):
@@ -179,15 +189,17 @@ def test_system_given_with_resume_replaces_the_conversations_own(monkeypatch):
         app, ["chat", "-r", "last", "--system", "Be terse.", "--max-tokens", "4"], input="/system"
     )
     assert resumed.exit_code == 0, resumed.output
-    assert "The system prompt is --system's from here on." in resumed.stdout
-    assert resumed.stdout.splitlines()[-2:-1] == ["System prompt: Be terse."]
+    # Piped: what cli.py says of the resume goes to stderr, as the banner does.
+    assert "The system prompt is --system's from here on." in resumed.stderr
+    assert "Resumed " in resumed.stderr and "Resumed " not in resumed.stdout
+    assert "System prompt: Be terse." in resumed.stdout + resumed.stderr
     path = latest_conversation(conversations_dir())
     assert read_conversation(path).messages[0] == {"role": "system", "content": "Be terse."}
     # A configured system prompt (not the flag) leaves the conversation's own, and says so.
     monkeypatch.setenv("CHATCLI_SYSTEM", "Be loud.")
     again = runner.invoke(app, ["chat", "-r", "last", "--max-tokens", "4"], input="/system")
     assert again.exit_code == 0, again.output
-    assert "keeps its own system prompt" in again.stdout
+    assert "keeps its own system prompt" in again.stderr
     assert read_conversation(path).messages[0] == {"role": "system", "content": "Be terse."}
 
 
@@ -413,3 +425,142 @@ def test_softcap_with_a_synthetic_model_or_a_server_is_refused_not_ignored():
     assert bench.exit_code == 1 and "a --synthetic model caps at 15" in bench.stderr
     once = runner.invoke(app, ["once", "hi", "--url", "http://127.0.0.1:9", "--softcap", "20"])
     assert once.exit_code == 1 and "--softcap is a local model's" in once.stderr
+
+
+@pytest.mark.parametrize("command", [["once", "hi"], ["chat"]])
+def test_url_without_the_serve_extra_says_how_to_install_it(command, monkeypatch):
+    monkeypatch.setitem(sys.modules, "httpx", None)  # `import httpx` fails, as uninstalled
+    monkeypatch.delitem(sys.modules, "chatcli.remote", raising=False)  # imported afresh
+    result = runner.invoke(app, [*command, "--url", "http://127.0.0.1:9"], input="hi\n")
+    assert result.exit_code == 1
+    assert result.stderr == "Error: --url needs the serve extra: pip install -e '.[serve]'\n"
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--source", "base"],
+        ["--step", "1"],
+        ["--device", "cpu"],
+        ["--dtype", "float32"],
+        ["--quantize", "int8"],
+        ["--compile"],
+        ["--softcap", "20"],
+    ],
+)
+@pytest.mark.parametrize("command", [["once", "hi"], ["chat"]])
+def test_local_model_flags_with_a_server_are_refused_not_ignored(command, flag):
+    result = runner.invoke(app, [*command, "--url", "http://127.0.0.1:9", *flag], input="hi\n")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {flag[0]} is a local model's: it picks or shapes the model chatcli loads, "
+        f"and a server at --url chooses its own. Drop {flag[0]} or --url.\n"
+    )
+
+
+def test_several_local_model_flags_with_a_server_are_named_together():
+    args = ["once", "hi", "--url", "http://127.0.0.1:9", "--device", "cpu", "--compile"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: --device, --compile are a local model's:")
+
+
+def test_local_model_settings_from_the_environment_do_not_stop_a_server(monkeypatch):
+    # Only the flags given for this run are refused: CHATCLI_QUANTIZE is a standing default.
+    monkeypatch.setenv("CHATCLI_QUANTIZE", "int8")
+    result = runner.invoke(app, ["once", "hi", "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: Cannot reach http://127.0.0.1:9:")
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_an_empty_url_means_the_local_model(how, monkeypatch):
+    monkeypatch.setenv("CHATCLI_URL", "http://127.0.0.1:9" if how == "flag" else "")
+    args = ["once", "What is 2+2?", "-t", "0", "--max-tokens", "4", "--json"]
+    result = runner.invoke(app, [*args, "--url", ""] if how == "flag" else args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["model"] == "embedded default model"
+
+
+def test_once_takes_the_words_of_its_prompt_unquoted():
+    options = ["-t", "0", "--max-tokens", "12", "--json"]
+    quoted = runner.invoke(app, ["once", "What is 1234*56?", *options])
+    words = runner.invoke(app, ["once", "What", "is", "1234*56?", *options])
+    assert quoted.exit_code == words.exit_code == 0, words.output
+    assert json.loads(words.stdout)["text"] == json.loads(quoted.stdout)["text"]
+    assert json.loads(words.stdout)["usage"] == json.loads(quoted.stdout)["usage"]
+
+
+def test_a_prompt_that_starts_with_a_dash_is_told_to_go_after_double_dash():
+    result = runner.invoke(app, ["once", "-5 + 3"])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: No such option: -5. A prompt that starts with - goes after --: "
+        'chatcli once -- "-5 + 3"\n'
+    )
+    number = runner.invoke(app, ["once", "-12"])
+    assert number.stderr.endswith('goes after --: chatcli once -- "-12"\n')
+    fixed = runner.invoke(app, ["once", "-t", "0", "--max-tokens", "2", "--", "-5 + 3"])
+    assert fixed.exit_code == 0, fixed.output
+
+
+@pytest.mark.parametrize(
+    "command", [[], ["chat"], ["once"], ["serve"], ["bench"], ["models"], ["config"]]
+)
+def test_help_shows_no_value_after_a_flag_and_takes_h(command):
+    full = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    short = runner.invoke(app, [*command, "-h"], env={"COLUMNS": "200"})
+    assert full.exit_code == short.exit_code == 0
+    assert short.stdout == full.stdout
+    assert "<bool>" not in full.stdout
+    assert "--help" in full.stdout
+
+
+def test_version_prints_the_version():
+    from chatcli import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout == f"chatcli {__version__}\n"
+
+
+@pytest.mark.parametrize("command", [[], ["config"]])
+def test_a_bare_group_prints_its_help_and_exits_0(command):
+    result = runner.invoke(app, command)
+    assert result.exit_code == 0
+    assert result.stdout.lstrip().startswith(" ".join(["Usage: chatcli", *command]))
+
+
+def test_help_gives_the_top_p_range_the_settings_check():
+    out = " ".join(runner.invoke(app, ["once", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    assert "--top-p P Above 0, at most 1; 1 or off = off (default)." in out
+
+
+def test_a_chatcli_config_that_does_not_exist_is_an_error(tmp_path, monkeypatch):
+    missing = tmp_path / "nope.toml"
+    monkeypatch.setenv("CHATCLI_CONFIG", str(missing))
+    result = runner.invoke(app, ["once", "hi"])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: CHATCLI_CONFIG={missing}: no such file. Create it (config.example.toml "
+        "shows every key) or unset CHATCLI_CONFIG.\n"
+    )
+
+
+def test_readme_gives_every_parameter_of_load_model_and_engine_generate():
+    import inspect
+    import re
+    from pathlib import Path
+
+    from chatcli.checkpoint import load_model
+    from chatcli.engine import Engine
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    for shown_as, function in (
+        ("# load_model(", load_model),
+        ("`Engine.generate(", Engine.generate),
+    ):
+        start = readme.index(shown_as)
+        shown = set(re.findall(r"\w+", readme[start : readme.index(")", start)]))
+        missing = set(inspect.signature(function).parameters) - {"self"} - shown
+        assert not missing, (shown_as, missing)

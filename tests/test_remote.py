@@ -382,6 +382,28 @@ def test_a_server_that_says_no_context_and_answers_errors_as_plain_strings():
     assert console.file.getvalue() == "5 in / 2 out\n"  # no "ctx 7/0"
 
 
+def test_a_server_that_is_no_api_is_named_by_its_status_not_its_html_page():
+    # `python3 -m http.server`: an HTML page for a 404 (GET) and a 501 (POST).
+    page = "<!DOCTYPE HTML>\n<html>\n<head><title>Error response</title></head>\n</html>\n"
+
+    def http_server(request: httpx.Request) -> httpx.Response:
+        status = 404 if request.method == "GET" else 501
+        return httpx.Response(status, text=page, headers={"Content-Type": "text/html"})
+
+    session = RemoteSession("http://127.0.0.1:9")
+    session._client = httpx.Client(base_url=session.url, transport=httpx.MockTransport(http_server))
+    with pytest.raises(ChatcliError) as info:
+        session.describe()
+    assert str(info.value) == (
+        "http://127.0.0.1:9 has no OpenAI-compatible API at /v1/models (404 Not Found). "
+        "Point --url at the server's root."
+    )
+    session.model, session._context_len = "m", 0
+    with pytest.raises(ChatcliError) as info:
+        list(session.send("hi"))
+    assert str(info.value) == "The server refused the request: 501 Not Implemented."
+
+
 def test_a_chat_whose_every_message_is_refused_leaves_no_conversation_file(tmp_path, monkeypatch):
     monkeypatch.setenv("CHATCLI_HOME", str(tmp_path))
     app = FastAPI()
@@ -396,8 +418,9 @@ def test_a_chat_whose_every_message_is_refused_leaves_no_conversation_file(tmp_p
 
     with BackgroundServer(app) as server:
         result = CliRunner().invoke(cli_app, ["chat", "--url", server.url], input="hi\nhello\n")
-    assert result.exit_code == 0, result.output
-    assert result.output.count("The server refused the request (400): no") == 2
+    # Piped: each refusal is one line on stderr, and a script is told by the exit code.
+    assert result.exit_code == 1, result.output
+    assert result.stderr.count("Error: The server refused the request (400): no\n") == 2
     folder = tmp_path / "conversations"
     assert not folder.exists() or not list(folder.iterdir())
 

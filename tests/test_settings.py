@@ -123,6 +123,18 @@ def test_config_file_path_comes_from_env_when_not_given(tmp_path: Path) -> None:
     assert settings.max_tokens == 64
 
 
+def test_a_config_file_that_chatcli_config_names_must_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "c.toml"
+    with pytest.raises(ConfigError) as info:
+        load_settings(env={"CHATCLI_CONFIG": str(missing)})
+    assert str(info.value) == (
+        f"CHATCLI_CONFIG={missing}: no such file. Create it (config.example.toml shows every "
+        "key) or unset CHATCLI_CONFIG."
+    )
+    # The default file may well not exist: that is no mistake of the user's.
+    assert load_settings(env={"CHATCLI_HOME": str(tmp_path)}) == Settings()
+
+
 def test_config_file_error_names_file_and_key(tmp_path: Path) -> None:
     config = write_config(tmp_path, 'temperature = "hot"\n')
     with pytest.raises(ConfigError) as info:
