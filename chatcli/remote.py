@@ -68,6 +68,10 @@ class RemoteSession:
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
         self._entries: list[Message] = []
         self._finishes: list[str | None] = []  # each entry's finish_reason, where known
+        # Exchanges dropped from what is sent, oldest first, as the server's context ran out:
+        # still the conversation's, for /save and /export (as a local session keeps them).
+        self._earlier: list[Message] = []
+        self._earlier_finishes: list[str | None] = []
         self._popped: tuple[Message, str | None] | None = None  # the reply a /retry replaces
         self._context_used: int | None = None  # by the conversation's last turn
         self._context_len: int | None = None
@@ -143,6 +147,8 @@ class RemoteSession:
             refused = f"The server refused the request ({code}): {message}"
         if code in (401, 403):
             raise ChatcliError(f"{self.url} refused the API key: {said}. Pass --api-key.")
+        if code == 400 and _error_code(response) == "context_length_exceeded":
+            raise _ContextFull(refused)
         if code == 404:
             raise ChatcliError(
                 f"{self.url} has no OpenAI-compatible API at {response.request.url.path} "
@@ -161,8 +167,9 @@ class RemoteSession:
     def transcript(self) -> tuple[list[Message], list[str | None]]:
         """The conversation and each message's finish_reason where known (/save keeps them,
         so /continue on a local model knows a finished reply)."""
-        head: list[str | None] = [None] if self.system else []
-        return self.messages, head + self._finishes
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        messages = head + self._earlier + self._entries
+        return messages, [None] * len(head) + self._earlier_finishes + self._finishes
 
     def load_messages(
         self, messages: list[Message], finishes: Sequence[str | None] | None = None
@@ -171,6 +178,7 @@ class RemoteSession:
         kept = zip(messages, finishes or [None] * len(messages), strict=True)
         self._finishes = [f for m, f in kept if m["role"] != "system"]
         self._entries = [dict(m) for m in rest]
+        self._earlier, self._earlier_finishes = [], []
         self._context_used = None
 
     def set_system(self, text: str | None) -> None:
@@ -178,6 +186,7 @@ class RemoteSession:
 
     def clear(self) -> None:
         self._entries, self._finishes = [], []
+        self._earlier, self._earlier_finishes = [], []
         self.last_reply = None
         self._context_used = None
 
@@ -221,11 +230,12 @@ class RemoteSession:
             )
         used, limit = self._context_used, self._context_len or 0
         if used is not None and limit and used > CONTEXT_WARN_FRACTION * limit:
-            # The server keeps nothing between turns and drops nothing: a full context is a 400.
+            # The server keeps nothing between turns: once the conversation passes its
+            # context, the oldest exchanges stop being sent (_drop_oldest).
             self.notices.append(
                 TurnNotice(
-                    f"Context {used}/{limit} tokens: the server will refuse the "
-                    "conversation soon (/clear starts afresh, /undo drops the last exchange)."
+                    f"Context {used}/{limit} tokens: the oldest exchanges will soon be left "
+                    "out of what the server sees (/clear starts afresh)."
                 )
             )
 
@@ -276,17 +286,32 @@ class RemoteSession:
             if self.model is None:
                 self.describe()  # servers like vLLM insist on the right model name
             stats = TurnStats(context_len=self.context_len, seed=seed)
-            with self._client.stream(
-                "POST", "/v1/chat/completions", json=self._body(seed)
-            ) as response:
-                self._raise_for_status(response)
-                answered = True
-                for payload in _sse_payloads(response.iter_lines()):
-                    for event in turn.read(payload):
-                        if turn.first_at is None and isinstance(event, TextDelta | ToolResult):
-                            turn.first_at = time.perf_counter()
-                            stats.ttft_s = turn.first_at - t0
-                        yield event
+            dropped = 0
+            while True:
+                try:
+                    with self._client.stream(
+                        "POST", "/v1/chat/completions", json=self._body(seed)
+                    ) as response:
+                        self._raise_for_status(response)
+                        answered = True
+                        if dropped:
+                            self._notice_dropped(dropped)
+                        for payload in _sse_payloads(response.iter_lines()):
+                            for event in turn.read(payload):
+                                if turn.first_at is None and isinstance(
+                                    event, TextDelta | ToolResult
+                                ):
+                                    turn.first_at = time.perf_counter()
+                                    stats.ttft_s = turn.first_at - t0
+                                yield event
+                    break
+                except _ContextFull:
+                    # The server keeps nothing between turns, so the conversation it is
+                    # sent must fit: drop the oldest exchange and ask again, as a local
+                    # session does. What cannot fit even alone is the server's to refuse.
+                    if not self._drop_oldest():
+                        raise
+                    dropped += 1
             yield from turn.end()
             if turn.finish is None:
                 raise ChatcliError(f"{self.url} ended the stream before the reply was finished.")
@@ -316,6 +341,27 @@ class RemoteSession:
                     self._entries.append(self._popped[0])
                     self._finishes.append(self._popped[1])
             self._popped = None
+
+    def _drop_oldest(self) -> bool:
+        """Move the oldest exchange (never the system prompt, nor the turn being asked)
+        into `_earlier`; False when there is none to drop."""
+        ask = max((i for i, m in enumerate(self._entries) if m["role"] == "user"), default=0)
+        if ask == 0:
+            return False
+        end = next((i for i in range(1, ask + 1) if self._entries[i]["role"] == "user"), ask)
+        self._earlier += self._entries[:end]
+        self._earlier_finishes += self._finishes[:end]
+        del self._entries[:end], self._finishes[:end]
+        return True
+
+    def _notice_dropped(self, dropped: int) -> None:
+        self._context_used = None
+        self.notices.append(
+            TurnNotice(
+                f"Context full: dropped the {dropped} oldest exchange"
+                f"{'s' if dropped > 1 else ''} (the system prompt is kept)."
+            )
+        )
 
     def _close_turn(self, turn: _Turn, stats: TurnStats, t0: float) -> None:
         now = time.perf_counter()
@@ -431,6 +477,20 @@ def _events_of_tool(tool: dict[str, Any]) -> list[StreamEvent]:
     if tool.get("status") == "cut":
         events[-1] = ToolResult(expression, output, cut=True)
     return events
+
+
+class _ContextFull(ChatcliError):
+    """The server's 400 for a conversation longer than its model's context."""
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    """An OpenAI-style error body's `code` (chatcli's server and vLLM say
+    "context_length_exceeded" for a conversation that does not fit)."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def _error_message(response: httpx.Response) -> str | None:

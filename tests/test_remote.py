@@ -482,3 +482,35 @@ def test_ctrl_c_before_the_server_answers_keeps_the_question_as_a_local_model_do
         {"role": "assistant", "content": []},
     ]
     assert session.transcript[1] == [None, "interrupted"]
+
+
+def test_a_conversation_past_the_servers_context_drops_its_oldest_exchanges():
+    # The server keeps nothing between turns: each request carries the whole conversation,
+    # and one past its 64-token context is a 400 (context_length_exceeded). The session
+    # drops the oldest exchange and asks again, as a local session makes room.
+    sentence = [*text_tokens(" ok."), END]
+    server = serve_workers([scripted_worker(lambda h: sentence[min(len(h), 4)], sequence_len=64)])
+    try:
+        session = RemoteSession(server.url, system="Be brief.")
+        for question in ("question one", "question two", "question 333"):
+            events = merged(list(session.send(question)))
+            assert events == [TextDelta(" ok.")]
+        assert [n.text for n in session.take_notices()][-1] == (
+            "Context full: dropped the 1 oldest exchange (the system prompt is kept)."
+        )
+        sent = [m["content"] for m in session.messages if m["role"] == "user"]
+        assert sent == ["question two", "question 333"]
+        assert session.messages[0] == {"role": "system", "content": "Be brief."}
+        # Still the conversation's: /save and /export write every exchange.
+        messages, finishes = session.transcript
+        assert [m["content"] for m in messages if m["role"] == "user"] == [
+            "question one",
+            "question two",
+            "question 333",
+        ]
+        assert len(finishes) == len(messages) and finishes[-1] == "stop"
+        # A message that cannot fit even alone is still the server's to refuse.
+        with pytest.raises(ChatcliError, match="context"):
+            list(session.send("x" * 80))
+    finally:
+        server.stop()
