@@ -109,8 +109,10 @@ class ReplyView(Protocol):
 
 
 class Screen(Protocol):
-    """What the commands need of the terminal (repl.ChatUI): places to draw, and one question
-    asked of the person for /samples."""
+    """What the commands need of the terminal (repl.ChatUI): places to draw, one question
+    asked of the person for /samples, and how replies are drawn (/markdown sets it)."""
+
+    markdown_mode: str  # auto, always or never
 
     def renderer(self, raw: bool = False) -> ReplyView:
         """A view for one reply; `raw`: the reply is exact token text, special tokens
@@ -428,6 +430,7 @@ class ChatCommands:
             "seed": options.seed,
             "tools": options.tools,
             "raw": self.raw,
+            "markdown": self.screen.markdown_mode,
         }
 
     def _show_setting(self, name: str) -> bool:
@@ -466,6 +469,10 @@ class ChatCommands:
             return True
         return self._echo("raw", value)
 
+    def cmd_markdown(self, value: str) -> bool:
+        self.screen.markdown_mode = value  # from the next reply on
+        return self._echo("markdown", value)
+
     def _session_has_raw(self) -> bool:
         # ChatSession.raw makes its decoder emit special tokens; other sessions lack it.
         return hasattr(self.session, "raw")
@@ -498,7 +505,6 @@ class ChatCommands:
                 (name, format_setting(name, value))
                 for name, value in self._setting_values().items()
             ),
-            ("markdown", self.settings.markdown),
             ("system", format_setting("system", self.session.system)),
             (
                 "context",

@@ -544,7 +544,13 @@ def _once_stream(session: Any, console: Console, settings: Settings, text: str) 
     from chatcli.render import ReplyRenderer, render_notice, render_status, use_markdown
     from chatcli.terminal import quiet_keyboard
 
-    renderer = ReplyRenderer(console, markdown=use_markdown(console, settings.markdown))
+    # The raw setting (config or CHATCLI_RAW) shows the special tokens, as in a chat: exact
+    # token text, never read as Markdown. A server's session has no tokens to show.
+    raw = settings.raw and hasattr(session, "raw")
+    if raw:
+        session.raw = True
+    markdown = not raw and use_markdown(console, settings.markdown)
+    renderer = ReplyRenderer(console, markdown=markdown)
     events = session.send(text)
     for notice in session.take_notices():
         render_notice(console, notice.text)

@@ -234,6 +234,13 @@ _SPECS = (
         details=_setting_details("raw"),
     ),
     CommandSpec(
+        "markdown",
+        "/markdown auto|always|never",
+        "Draw replies as Markdown: auto (on a colour terminal), always or never",
+        _setting,
+        details=_setting_details("markdown"),
+    ),
+    CommandSpec(
         "samples",
         "/samples N",
         "Next reply only: N alternatives side by side",

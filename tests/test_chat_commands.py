@@ -38,6 +38,7 @@ class FakeScreen:
 
     def __init__(self, *answers: str | None) -> None:
         self.answers = list(answers)
+        self.markdown_mode = "auto"
         self.questions: list[str] = []
         self.drawn: list[tuple[str, object]] = []
 

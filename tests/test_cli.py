@@ -564,3 +564,13 @@ def test_readme_gives_every_parameter_of_load_model_and_engine_generate():
         shown = set(re.findall(r"\w+", readme[start : readme.index(")", start)]))
         missing = set(inspect.signature(function).parameters) - {"self"} - shown
         assert not missing, (shown_as, missing)
+
+
+def test_once_shows_the_special_tokens_when_raw_is_set(monkeypatch):
+    # raw in the config or CHATCLI_RAW: what `chat` shows, `once` shows too.
+    args = ["once", "What is 2*3?", "-t", "0", "--max-tokens", "24"]
+    plain = runner.invoke(app, args)
+    monkeypatch.setenv("CHATCLI_RAW", "1")
+    raw = runner.invoke(app, args)
+    assert raw.exit_code == 0, raw.output
+    assert "<|python_start|>" in raw.stdout and "<|python_start|>" not in plain.stdout

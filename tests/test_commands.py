@@ -39,6 +39,7 @@ SPEC_COMMANDS = [
     "stats",
     "tools",
     "raw",
+    "markdown",
     "samples",
     "model",
     "exit",
@@ -238,6 +239,7 @@ def test_every_command_parses_its_usage_example(name: str) -> None:
         "md|json": "md",
         "PATH": "out.md",
         "on|off": "on",
+        "auto|always|never": "never",
     }
     words = COMMANDS[name].usage.split()
     line = " ".join([words[0], *(examples[w] for w in words[1:])])

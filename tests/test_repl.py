@@ -1062,3 +1062,13 @@ def test_load_shows_where_the_conversation_left_off(tmp_path):
     lines = piped_chat(FakeSession(), None, folder, f"/load {conv.id}\n")
     start = lines.index(f"Loaded 4 messages from {conv.id}.")
     assert lines[start + 1 : start + 4] == ["… 2 earlier messages", "> q2", "a2"]
+
+
+def test_markdown_switches_how_the_next_replies_are_drawn(tmp_path):
+    # The console here is not a terminal: auto draws plain text, always draws Markdown.
+    session = FakeSession("**bold** text", "**bold** text")
+    run = chat(session, tmp_path, "one", "/markdown always", "two", "/markdown")
+    assert run.lines[0] == "**bold** text"
+    assert "markdown = always" in run.lines
+    assert "bold text" in run.lines[run.lines.index("markdown = always") + 1]
+    assert run.lines[-1] == "markdown = always (/markdown auto|always|never changes it)"
