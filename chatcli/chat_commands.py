@@ -650,13 +650,16 @@ class ChatCommands:
         fmt, where = arg
         path = Path(where).expanduser()
         messages, _ = self.session.transcript
+        count = sum(m["role"] != "system" for m in messages)  # as /save and /load count
+        if not count:
+            raise ChatcliError("Nothing to export yet: the conversation has no messages.")
         text = export_markdown(messages) if fmt == "md" else export_json(messages)
         try:
             path.write_text(text, encoding="utf-8")
         except OSError as e:
             raise ChatcliError(f"Cannot write {path} ({e}). Pick another path.") from None
         kind = "Markdown" if fmt == "md" else "JSON"
-        self.screen.notice(f"Wrote {len(messages)} messages to {path} as {kind}.")
+        self.screen.notice(f"Wrote {count} messages to {path} as {kind}.")
         return True
 
     # ---- information ----------------------------------------------------------------------------

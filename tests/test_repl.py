@@ -772,6 +772,14 @@ def test_export_writes_markdown_and_json(tmp_path):
     assert json.loads(js.read_text())["messages"][0] == {"role": "user", "content": "hello"}
 
 
+def test_export_counts_messages_as_save_does_and_refuses_an_empty_conversation(tmp_path):
+    md = tmp_path / "chat.md"
+    run = chat(FakeSession("Hi!"), tmp_path, f"/export md {md}", "/system Be brief.", "hello",
+               f"/export md {md}")  # fmt: skip
+    assert run.lines[0] == "Error: Nothing to export yet: the conversation has no messages."
+    assert f"Wrote 2 messages to {md} as Markdown." in run.lines  # the system prompt aside
+
+
 def test_stats_tabulates_every_turn(tmp_path):
     run = chat(FakeSession("a", "b c"), tmp_path, "one", "two", "/stats")
     rows = [line.split() for line in run.lines if line.split()[:1] in (["1"], ["2"])]
