@@ -552,6 +552,14 @@ class ChatCommands:
     def cmd_retry(self, _: None) -> bool:
         options = self.session.options
         fixed = options.seed
+        messages = self.session.messages
+        if messages and messages[-1]["role"] == "user":
+            # A question left without its reply (a resumed file): its first answer, not a
+            # retry, so a fixed seed answers as it would have.
+            self.retries = 0
+            self.screen.notice("Answering the last question.")
+            self.stream(self.session.regenerate(), replace=False)
+            return True
         retry = self.retries + 1
         if fixed is None:
             seed, why = random.randrange(SEED_RANGE), ""
@@ -626,7 +634,17 @@ class ChatCommands:
         count = sum(1 for m in loaded.messages if m["role"] != "system")
         self.screen.notice(f"Loaded {count} messages from {self.conversation.id}.")
         self.screen.recap(loaded.messages)
+        self.hint_unanswered()
         return True
+
+    def hint_unanswered(self) -> None:
+        """After a resume or /load: a conversation that ends in a question (chatcli was stopped
+        mid-turn) says at once what to do with it, not after the next message is refused."""
+        messages = self.session.messages
+        if messages and messages[-1]["role"] == "user":
+            self.screen.notice(
+                "The last question has no reply yet: /retry answers it, /undo drops it."
+            )
 
     def cmd_history(self, _: None) -> bool:
         summaries = list_conversations(self.conversations_dir)

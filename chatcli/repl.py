@@ -366,6 +366,7 @@ def run_repl(
         console, settings, conversations_dir, input=input, output=output, lines=lines, notes=notes
     )
     commands = ChatCommands(session, ui, settings, conversation, conversations_dir, model_info)
+    commands.hint_unanswered()  # a resumed conversation that ends in a question
     while True:
         try:
             line = ui.read_message()

@@ -1045,9 +1045,15 @@ def test_a_file_that_ends_in_a_question_asks_for_retry_or_undo_first(tmp_path):
     conv.append_message({"role": "user", "content": "stopped mid-turn"})
     session = FakeSession("the reply")
     lines = piped_chat(session, None, folder, f"/load {conv.id}\nanother\n/retry\n")
-    assert "Error: The last question has no reply yet: /retry answers it, /undo drops it." in lines
+    hint = "The last question has no reply yet: /retry answers it, /undo drops it."
+    # Said at once after the recap, and again for a message sent before it is answered.
+    assert lines.index(hint) < lines.index(f"Error: {hint}")
+    assert "Answering the last question." in lines  # its first answer, not a retry
+    assert not any(line.startswith("retry with seed") for line in lines)
     assert [m["content"] for m in session.messages if m["role"] == "user"] == ["stopped mid-turn"]
     assert session.messages[-1]["role"] == "assistant"
+    saved = read_conversation(conv.path).messages
+    assert [m["role"] for m in saved] == ["user", "assistant"]
 
 
 def test_a_conversation_loaded_from_elsewhere_is_resumed_by_its_path(tmp_path):
