@@ -609,7 +609,10 @@ def _once_json(session: Any, info: dict, text: str) -> None:
 def models(
     base_dir: Annotated[
         Path | None,
-        typer.Option(help="nanochat base dir (default: $NANOCHAT_BASE_DIR or ~/.cache/nanochat)."),
+        typer.Option(
+            help="A folder to list: a nanochat base dir (default: $NANOCHAT_BASE_DIR or "
+            "~/.cache/nanochat), one source's folder, or a download's folder."
+        ),
     ] = None,
 ) -> None:
     """List the checkpoints chatcli can find."""
@@ -618,8 +621,9 @@ def models(
 
     if base_dir is not None and not base_dir.is_dir():
         raise _fail(
-            f"No folder at {base_dir}. Pass --base-dir a nanochat base dir "
-            "(the folder that holds chatsft_checkpoints, base_checkpoints, ...)."
+            f"No folder at {base_dir}. Pass --base-dir a folder: a nanochat base dir (the "
+            "one that holds chatsft_checkpoints, base_checkpoints, ...), one of those, or a "
+            "download's folder of model_*.pt files."
         )
     try:
         found = list_checkpoints(base_dir)
