@@ -101,7 +101,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(BaseModel):
     """The OpenAI chat completions request, as far as chatcli reads it; unknown fields (user,
-    presence_penalty, ...) are ignored, as OpenAI-compatible servers commonly do."""
+    metadata, ...) are ignored, as OpenAI-compatible servers commonly do."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
@@ -123,6 +123,8 @@ class ChatRequest(BaseModel):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
+    frequency_penalty: float | None = None  # 0 (OpenAI's default) asks for nothing
+    presence_penalty: float | None = None
 
     @field_validator("stream", mode="before")
     @classmethod
@@ -258,6 +260,16 @@ class ChatRequest(BaseModel):
     def _logprobs(cls, value: Any) -> Any:
         if value:
             raise ValueError("log probabilities are not supported")
+        return value
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _penalty(cls, value: float | None) -> float | None:
+        if value:
+            raise ValueError(
+                "repetition penalties are not supported: leave it out or 0 (temperature, "
+                "top_k and top_p shape the sampling here)"
+            )
         return value
 
     @field_validator("response_format")

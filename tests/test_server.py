@@ -306,6 +306,8 @@ BAD_REQUESTS = [
     ("logprobs", {**HI, "logprobs": True}, "logprobs"),
     ("top_logprobs", {**HI, "top_logprobs": 2}, "top_logprobs"),
     ("json replies", {**HI, "response_format": {"type": "json_object"}}, "response_format"),
+    ("a frequency penalty", {**HI, "frequency_penalty": 0.5}, "frequency_penalty"),
+    ("a presence penalty", {**HI, "presence_penalty": -1}, "presence_penalty"),
     ("an empty stop sequence", {**HI, "stop": ""}, "stop"),
     ("five stop sequences", {**HI, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ("a long stop sequence", {**HI, "stop": "x" * 201}, "stop"),
@@ -419,6 +421,9 @@ def test_limits_at_their_bounds_are_accepted(hello):
     assert response.json()["error"]["code"] == "context_length_exceeded"
     edge = {**HI, "temperature": 0, "top_k": 0, "top_p": 1e-6, "max_tokens": 1, "seed": 0}
     assert post(server, edge).status_code == 200
+    # OpenAI's defaults, sent by some clients on every request, ask for nothing to refuse.
+    defaults = {**HI, "frequency_penalty": 0, "presence_penalty": 0.0, "tool_choice": "none"}
+    assert post(server, defaults).status_code == 200
 
 
 def test_a_prompt_longer_than_the_context_is_refused(hello):
