@@ -286,8 +286,10 @@ class ChatCommands:
         renderer: ReplyView | None = None
         first = True
         interrupted, failure = False, None
-        with quiet_keyboard():  # keys typed meanwhile wait for the prompt, not the reply
-            try:
+        try:
+            # Keys typed meanwhile wait for the prompt, not the reply. Inside the try: a
+            # Ctrl-C while the terminal's modes are put back still closes the turn below.
+            with quiet_keyboard():
                 self.show_notices()
                 renderer = self.screen.renderer(raw=self.raw and self._session_has_raw())
                 for event in events:
@@ -296,10 +298,10 @@ class ChatCommands:
                         self.show_notices()  # e.g. old exchanges dropped to make room
                         first = False
                     renderer.handle(event)
-            except KeyboardInterrupt:
-                interrupted = True
-            except BaseException as e:
-                failure = e
+        except KeyboardInterrupt:
+            interrupted = True
+        except BaseException as e:
+            failure = e
         # Closing the turn: a second Ctrl-C here would leave it half closed (unmarked, the
         # file a message behind the session).
         with interrupts_held():

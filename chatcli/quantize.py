@@ -274,14 +274,6 @@ class Int8Weight:
             self.nbytes = N * K + N * 2
 
     @property
-    def weight(self) -> torch.Tensor:
-        """The plain fp16 copy (N, K), made on first use."""
-        if self._plain is None:
-            blocks = self._panels.view(-1, self.in_features, self._rows.panel)
-            self._plain = blocks.permute(0, 2, 1).reshape(self.out_features, -1).contiguous()
-        return self._plain
-
-    @property
     def one_row_kernel(self) -> str:
         """What a product of one row runs (reported by `chatcli bench`)."""
         if self._kernel is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -147,7 +148,7 @@ class RemoteSession:
             refused = f"The server refused the request ({code}): {message}"
         if code in (401, 403):
             raise ChatcliError(f"{self.url} refused the API key: {said}. Pass --api-key.")
-        if code == 400 and _error_code(response) == "context_length_exceeded":
+        if code == 400 and _context_full(response):
             raise _ContextFull(refused)
         if code == 404:
             raise ChatcliError(
@@ -279,6 +280,7 @@ class RemoteSession:
         seed = self.options.seed if self.options.seed is not None else random.randrange(2**31)
         turn = _Turn()
         answered = False  # the server took the request: from here on a reply is recorded
+        earlier = len(self._earlier)  # exchanges dropped before this turn
         interrupted = False
         stats: TurnStats | None = None
         t0 = time.perf_counter()
@@ -329,6 +331,10 @@ class RemoteSession:
             interrupted = True
             raise
         finally:
+            if not answered:
+                # Exchanges dropped for a request the server never took come back: the
+                # conversation stays as it was (a local session puts them back too).
+                self._put_back(earlier)
             if answered or interrupted:
                 # Ctrl-C before the server answered closes the turn empty, as a local
                 # model's does: the question stays, for /retry.
@@ -353,6 +359,12 @@ class RemoteSession:
         self._earlier_finishes += self._finishes[:end]
         del self._entries[:end], self._finishes[:end]
         return True
+
+    def _put_back(self, earlier: int) -> None:
+        """Undo _drop_oldest back to `earlier` dropped exchanges."""
+        self._entries[:0] = self._earlier[earlier:]
+        self._finishes[:0] = self._earlier_finishes[earlier:]
+        del self._earlier[earlier:], self._earlier_finishes[earlier:]
 
     def _notice_dropped(self, dropped: int) -> None:
         self._context_used = None
@@ -483,14 +495,23 @@ class _ContextFull(ChatcliError):
     """The server's 400 for a conversation longer than its model's context."""
 
 
-def _error_code(response: httpx.Response) -> str | None:
-    """An OpenAI-style error body's `code` (chatcli's server and vLLM say
-    "context_length_exceeded" for a conversation that does not fit)."""
+# How servers say a conversation does not fit: chatcli's code (OpenAI's too), llama.cpp's
+# type, and the message vLLM and others write ("maximum context length is 4096 tokens").
+_CONTEXT_FULL_CODES = {"context_length_exceeded", "exceed_context_size_error"}
+_CONTEXT_FULL_MESSAGE = re.compile(r"maximum context length|exceeds? (the )?context", re.I)
+
+
+def _context_full(response: httpx.Response) -> bool:
+    """Whether a 400 says the conversation is longer than the model's context."""
     try:
         error = response.json().get("error")
     except (ValueError, AttributeError):
-        return None
-    return error.get("code") if isinstance(error, dict) else None
+        return False
+    if not isinstance(error, dict):
+        return False
+    if error.get("code") in _CONTEXT_FULL_CODES or error.get("type") in _CONTEXT_FULL_CODES:
+        return True
+    return bool(_CONTEXT_FULL_MESSAGE.search(str(error.get("message", ""))))
 
 
 def _error_message(response: httpx.Response) -> str | None:

@@ -45,8 +45,10 @@ def quiet_keyboard(stream: TextIO | None = None) -> Iterator[None]:
     try:
         yield
     finally:
-        with suppress(termios.error, OSError):  # the terminal went away (a closed window)
-            termios.tcsetattr(fd, termios.TCSANOW, before)
+        # Put back unless the job went to the background meanwhile (Ctrl-Z, bg): SIGTTOU.
+        with suppress(termios.error, OSError):  # or the terminal went away (a closed window)
+            if os.tcgetpgrp(fd) == os.getpgrp():
+                termios.tcsetattr(fd, termios.TCSANOW, before)
 
 
 def _terminal_fd(stream: TextIO | None) -> int | None:
@@ -54,9 +56,14 @@ def _terminal_fd(stream: TextIO | None) -> int | None:
         return None
     try:
         fd = stream.fileno()
+        # Only the terminal's foreground job may set its modes: from a background one
+        # (`chatcli once ... &`) tcsetattr stops the whole process with SIGTTOU, and a
+        # background job's keys are not read anyway.
+        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+            return None
     except (AttributeError, OSError, ValueError):  # pytest's capture, a closed stream
         return None
-    return fd if os.isatty(fd) else None
+    return fd
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from rich.console import Console
 from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
 from typer.testing import CliRunner
 
+from chatcli import remote as remote_module
 from chatcli.cli import app as cli_app
 from chatcli.errors import ChatcliError
 from chatcli.remote import RemoteSession
@@ -509,8 +510,30 @@ def test_a_conversation_past_the_servers_context_drops_its_oldest_exchanges():
             "question 333",
         ]
         assert len(finishes) == len(messages) and finishes[-1] == "stop"
-        # A message that cannot fit even alone is still the server's to refuse.
+        # A message that cannot fit even alone is still the server's to refuse, and the
+        # exchanges dropped while trying come back: the conversation is as it was.
+        before = session.messages, session.transcript
         with pytest.raises(ChatcliError, match="context"):
             list(session.send("x" * 80))
+        assert (session.messages, session.transcript) == before
+        assert not any("dropped" in n.text for n in session.take_notices())
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        {"message": "too long", "code": "context_length_exceeded"},  # chatcli's, OpenAI's
+        {"message": "too long", "type": "exceed_context_size_error", "code": 400},  # llama.cpp
+        {  # vLLM: an int code, the reason in the message
+            "message": "This model's maximum context length is 4096 tokens. However, you "
+            "requested 5000 tokens.",
+            "code": 400,
+        },
+    ],
+)
+def test_each_servers_way_of_saying_the_context_is_full_is_read(error):
+    response = httpx.Response(400, json={"error": error})
+    assert remote_module._context_full(response)
+    assert not remote_module._context_full(httpx.Response(400, json={"error": {"message": "bad"}}))
