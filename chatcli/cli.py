@@ -102,9 +102,18 @@ def _prompt_taken_for_option(error: Exception, argv: list[str]) -> str | None:
         return None
     if not name or name.startswith("--"):
         return None
-    arg = next((a for a in argv if a.startswith(name)), name)
+    at = next((i for i, a in enumerate(argv) if a.startswith(name)), None)
+    arg = name if at is None else argv[at]
     looks_like_prompt = arg[1:2].isdigit() or arg[1:2] == "." or len(arg.split()) > 1
-    return arg if looks_like_prompt else None
+    if not looks_like_prompt:
+        return None
+    # The prompt's other words follow it (`once -5 + 3`), up to an option of chatcli's.
+    words = [arg]
+    for word in argv[at + 1 :] if at is not None else []:
+        if word.startswith("--"):
+            break
+        words.append(word)
+    return " ".join(words)
 
 
 def _shell_quote(text: str) -> str:

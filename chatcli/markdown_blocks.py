@@ -114,14 +114,19 @@ class BlockSplitter:
 
         code = self._fence is not None
         table = not code and n > 1 and "|" in line(0) and _TABLE_RULE.match(line(1)) is not None
+        # Code indented 4 spaces: each line its own row, as in a fence, with no head to keep.
+        indented = n > 0 and not code and not table and _indent(line(0)) >= 4
+        whole_lines = code or table or indented
         first = self._fence_at + 1 if code else 2 if table else 0  # the first line to cut
         # A line of code or a row takes a row at least; prose is counted by its characters,
         # and may take fewer rows than they would fill (markup takes room in the source only).
-        rows = height + (1 if code or table else LIVE_MARGIN_ROWS)
-        start, offset = _tail_start(line, n, first, rows, width, lines_fill=code or table)
+        rows = height + (1 if whole_lines else LIVE_MARGIN_ROWS)
+        start, offset = _tail_start(line, n, first, rows, width, lines_fill=whole_lines)
         if (start, offset) == (first, 0):
             return self.open_block()
-        marker = "" if table else _CONTAINER.match(line(0))[0]
+        container = _CONTAINER.match(line(0))[0]
+        # Spaces alone are no container: a list marker or a quote mark is.
+        marker = "" if table or indented or not container.strip() else container
         # "…" stands for what was cut, and keeps a cut line from reading as a new block.
         head = [f"{marker}…"] if marker and start > 0 else []
         if code:
@@ -129,7 +134,7 @@ class BlockSplitter:
         elif table:
             head += [line(0), line(1)]
         cut = line(start)[max(offset, len(marker)) if start == 0 else offset :]
-        if code or table or (marker and offset == 0):
+        if whole_lines or (marker and offset == 0):
             tail = cut  # a whole line of code, a row, or an item's own line as it is
         else:
             tail = f"{marker if start == 0 else ''}…{cut.lstrip()}"

@@ -500,6 +500,9 @@ def test_a_prompt_that_starts_with_a_dash_is_told_to_go_after_double_dash():
     )
     number = runner.invoke(app, ["once", "-12"])
     assert number.stderr.endswith('goes after --: chatcli once -- "-12"\n')
+    # Unquoted, its other words are the prompt's too (up to an option of chatcli's).
+    words = runner.invoke(app, ["once", "-5", "+", "3", "--json"])
+    assert words.stderr.endswith('goes after --: chatcli once -- "-5 + 3"\n')
     fixed = runner.invoke(app, ["once", "-t", "0", "--max-tokens", "2", "--", "-5 + 3"])
     assert fixed.exit_code == 0, fixed.output
 

@@ -31,3 +31,13 @@ def test_a_live_tail_of_a_long_paragraph_keeps_its_place_for_a_while():
 )
 def test_markdown_kept_escapes_angle_brackets_outside_code(source, kept):
     assert markdown_kept(source) == kept
+
+
+def test_the_live_tail_of_indented_code_stays_code():
+    # Four spaces make code: its tail is whole indented lines, not a paragraph reflowed.
+    splitter = BlockSplitter()
+    splitter.feed("".join(f"    value_{n} = f({n})\n" for n in range(400)))
+    tail = splitter.live_block(height=20, width=80).text.split("\n")
+    assert 20 <= len(tail) <= 25
+    assert all(line.startswith("    value_") for line in tail if line)
+    assert tail[-1] == "    value_399 = f(399)" or tail[-2] == "    value_399 = f(399)"

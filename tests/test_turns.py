@@ -4,7 +4,7 @@ from chatcli.turns import readable_text
 def test_bytes_that_were_not_utf8_become_replacement_characters():
     assert readable_text("hi\udcff") == "hi\ufffd"  # b"hi\xff" read with surrogateescape
     assert readable_text("x\ud800y") == "x\ufffdy"  # a lone surrogate from anywhere else
-    ("hi\ufffd").encode("utf-8")  # what comes out always encodes
+    assert readable_text("a\udcff\ud800b").encode("utf-8") == "a\ufffd\ufffdb".encode()
 
 
 def test_utf8_split_across_escaped_bytes_comes_back_whole():
