@@ -466,7 +466,10 @@ def _unreadable_weights(model_file: Path, error: Exception) -> str:
     options that mean nothing to someone who downloaded the file."""
     if not zipfile.is_zipfile(model_file):  # a torch checkpoint is a zip archive
         size = model_file.stat().st_size
-        why = f"it is not a whole torch checkpoint ({size:,} bytes: empty, cut short or another format)"
+        why = (
+            f"it is not a whole torch checkpoint ({size:,} bytes: empty, cut short or "
+            "another format)"
+        )
     else:
         first = str(error).splitlines()[0].split(". ")[0] if str(error) else type(error).__name__
         why = f"it is damaged, or holds more than a plain state_dict of tensors ({first})"

@@ -216,7 +216,8 @@ CompileOpt = Annotated[
     bool,
     typer.Option(
         "--compile",
-        help="torch.compile a large model where our kernels do not run its decode (slow first start, cached; eager fallback).",
+        help="torch.compile a large model where our kernels do not run its decode (slow "
+        "first start, cached; eager fallback).",
     ),
 ]
 

@@ -4,9 +4,10 @@ chat_commands.py hand a console through and never call Rich themselves.
 
 Owns the theme, the console set-up, and the live reply renderer. The renderer never redraws
 the whole answer: in markdown mode the reply is cut into blocks (paragraphs, fenced code,
-headings, top-level list items: chatcli.markdown_blocks); a block is printed once, when it is finished, and stays in
-scrollback; only the block still being written is repainted (a transient Rich `Live`), and
-of a long one only what fits on the screen, so a repaint costs a screenful at most.
+headings, top-level list items: chatcli.markdown_blocks cuts them); a block is printed
+once, when it is finished, and stays in scrollback; only the block still being written is
+repainted (a transient Rich `Live`), and of a long one only what fits on the screen, so a
+repaint costs a screenful at most.
 
 Does not know: tokens, tokenizers or torch (it consumes the events of stream.py), prompts and
 key bindings (repl), what a command does (chat_commands), or where settings come from (cli).

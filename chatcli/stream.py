@@ -7,8 +7,8 @@ reading the calculator tool protocol out of the stream. The model writes
 own next token (mask 1) follows instead. Also turns a finished reply into nanochat message parts.
 
 Does not know: torch, the model or the engine (only that it asks chatcli.calculator, which
-this module asks too, to tell a refused call from one the stream cut), how events are drawn (render.py), or anything of
-the tokenizer beyond the two methods of `TokenText`.
+this module asks too, to tell a refused call from one the stream cut), how events are drawn
+(render.py), or anything of the tokenizer beyond the two methods of `TokenText`.
 """
 
 from __future__ import annotations
