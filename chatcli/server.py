@@ -26,9 +26,7 @@ the terminal.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
-import ipaddress
 import json
 import logging
 import random
@@ -49,7 +47,6 @@ from pydantic import (
     ValidationError,
 )
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chatcli.api_requests import (
     ChatMessage,
@@ -60,6 +57,7 @@ from chatcli.api_requests import (
 )
 from chatcli.calc_markers import format_marker, parts_from_text
 from chatcli.errors import ChatcliError, ConfigError, TokenizerError
+from chatcli.http_guards import HostCheck, hosts_to_check, media_type, read_body
 from chatcli.stream import StreamEvent, TextDelta, ToolResult
 from chatcli.turns import SamplingOptions
 from chatcli.worker_pool import (
@@ -78,8 +76,6 @@ MAX_PORT = 65535
 # The engine says "context" when the model's context, not max_tokens, cut the reply; OpenAI
 # has one word for both.
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
-# The Host names a server on a loopback address answers to (any port).
-LOOPBACK_HOSTNAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # A queued stream says it is alive this often, so proxies that cut idle connections do not.
 WAITING_EVERY_S = 10.0
 WAITING_COMMENT = ": waiting for a worker\n\n"  # an SSE comment: clients skip it
@@ -184,72 +180,6 @@ def _page() -> str:
     return (resources.files("chatcli") / "web" / "index.html").read_text(encoding="utf-8")
 
 
-def hostname_of(host: str) -> str:
-    """The name in a Host header, without its port: "localhost:8000" -> "localhost",
-    "[::1]:8000" -> "::1" (starlette's TrustedHostMiddleware cuts at the first ':', which
-    leaves "["). A malformed header comes back whole, so it matches no name."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        name, bracket, rest = host[1:].partition("]")
-        return name if bracket and (not rest or rest.startswith(":")) else host
-    return host.partition(":")[0] if host.count(":") == 1 else host
-
-
-def hosts_to_check(bind_host: str) -> frozenset[str] | None:
-    """The Host names a server listening on `bind_host` answers: on a loopback address only
-    loopback names, or a web page could rebind its own name to 127.0.0.1 and read the
-    replies; elsewhere (0.0.0.0, a LAN address) any (None), as the network names it."""
-    try:
-        loopback = bind_host == "localhost" or ipaddress.ip_address(bind_host).is_loopback
-    except ValueError:
-        loopback = False
-    return LOOPBACK_HOSTNAMES | {bind_host.lower()} if loopback else None
-
-
-class _HostCheck:
-    """ASGI middleware: a 400 for a request whose Host is not one of `allowed`."""
-
-    def __init__(self, app: ASGIApp, allowed: Collection[str]) -> None:
-        self.app = app
-        self.allowed = frozenset(h.lower() for h in allowed)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-            if hostname_of(header) not in self.allowed:
-                message = (
-                    f"The Host header {header!r} is not a name of this machine: this server "
-                    "listens on a loopback address and answers only localhost, 127.0.0.1 and "
-                    "[::1] (a guard against DNS rebinding, by which a web page reaches local "
-                    "servers). Use one of those names, or serve with --host 0.0.0.0 to take "
-                    "requests for any name."
-                )
-                await JSONResponse(error_body(message), 400)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _media_type(content_type: str) -> str:
-    """A Content-Type without its parameters, lowercase: "application/json; charset=utf-8"
-    -> "application/json"."""
-    return content_type.partition(";")[0].strip().lower()
-
-
-async def _read_body(request: Request, limit: int) -> bytes | None:
-    """The request's body, or None once it is over `limit` bytes: refused on its
-    Content-Length, or read no further than the limit when it comes chunked without one."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    body = bytearray()
-    async with contextlib.aclosing(request.stream()) as chunks:
-        async for chunk in chunks:
-            body += chunk
-            if len(body) > limit:
-                return None
-    return bytes(body)
-
-
 def _prompt_of(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:
     """A conversation's prompt tokens. Tens of milliseconds for a long one: run it in a
     thread, so open streams go on meanwhile."""
@@ -278,7 +208,7 @@ def create_app(
     app = FastAPI(title="chatcli", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.pool = pool
     if allowed_hosts is not None:
-        app.add_middleware(_HostCheck, allowed=allowed_hosts)
+        app.add_middleware(HostCheck, allowed=allowed_hosts)
 
     def get(path: str, **kwargs: Any) -> Callable[..., Any]:
         # HEAD too, as Starlette's own routes do (FastAPI's GET does not): uptime monitors
@@ -333,15 +263,15 @@ def create_app(
         # handed to the validators as context; errors go through the same 400 handler.
         # JSON only: text/plain and form posts are the ones any web page may send here
         # without the browser asking first, so taking them would let it run the model.
-        media_type = _media_type(request.headers.get("content-type", ""))
-        if media_type != "application/json":
+        sent_as = media_type(request.headers.get("content-type", ""))
+        if sent_as != "application/json":
             message = (
                 f"The body must be JSON, sent with Content-Type: application/json (got "
-                f"{media_type or 'no Content-Type'}). With curl, add "
+                f"{sent_as or 'no Content-Type'}). With curl, add "
                 "-H 'Content-Type: application/json'."
             )
             return JSONResponse(error_body(message), status_code=415)
-        raw = await _read_body(request, limits.max_body_bytes)
+        raw = await read_body(request, limits.max_body_bytes)
         if raw is None:
             message = (
                 f"The body is over {limits.max_body_bytes} bytes, this server's limit. "

@@ -32,14 +32,12 @@ from serving import (
 
 from chatcli.cli import app as cli_app
 from chatcli.errors import ChatcliError, ConfigError
+from chatcli.http_guards import LOOPBACK_HOSTNAMES
 from chatcli.server import (
-    LOOPBACK_HOSTNAMES,
     BackgroundServer,
     Limits,
     _listen,
     create_app,
-    hostname_of,
-    hosts_to_check,
     worker_devices,
 )
 from chatcli.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
@@ -873,32 +871,6 @@ def test_json_with_parameters_or_capitals_is_taken(hello, content_type):
         timeout=10,
     )
     assert response.status_code == 200
-
-
-@pytest.mark.parametrize(
-    ("host", "name"),
-    [
-        ("localhost:8000", "localhost"),
-        ("127.0.0.1", "127.0.0.1"),
-        ("[::1]:8000", "::1"),
-        ("[::1]", "::1"),
-        ("LocalHost", "localhost"),
-        ("[::1]x", "[::1]x"),
-        ("evil.example:80", "evil.example"),
-    ],
-)
-def test_the_hostname_is_read_without_its_port_ipv6_included(host, name):
-    assert hostname_of(host) == name
-
-
-def test_only_a_loopback_server_checks_host_names():
-    assert hosts_to_check("127.0.0.1") == LOOPBACK_HOSTNAMES
-    assert hosts_to_check("::1") == LOOPBACK_HOSTNAMES
-    assert hosts_to_check("localhost") == LOOPBACK_HOSTNAMES
-    assert hosts_to_check("127.0.0.2") == LOOPBACK_HOSTNAMES | {"127.0.0.2"}
-    assert hosts_to_check("0.0.0.0") is None
-    assert hosts_to_check("192.168.1.5") is None
-    assert hosts_to_check("::") is None
 
 
 def test_a_loopback_server_refuses_other_host_names_against_dns_rebinding():
