@@ -1,25 +1,49 @@
 """The `chatcli` command: chat, once, models, serve, bench, config path; -h and --version.
 
-Owns: flags, settings precedence (flag > CHATCLI_* env > config file > default), turning
-project errors into one red line and an exit code. Typer lives only here. torch is imported
+Owns: the commands and their flags, settings precedence (flag > CHATCLI_* env > config file >
+default), turning project errors into one red line and an exit code (the shared options and
+click's own errors: chatcli.cli_options). Typer lives only in these two. torch is imported
 only by the commands that load a model, so `chatcli --help` stays fast.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
 
-from chatcli import __version__
+from chatcli.cli_options import (
+    HELP_OPTIONS,
+    ApiKeyOpt,
+    Command,
+    CompileOpt,
+    DeviceOpt,
+    DtypeOpt,
+    MarkdownOpt,
+    MaxTokOpt,
+    ModelOpt,
+    OneLineErrors,
+    QuantizeOpt,
+    SeedOpt,
+    SoftcapOpt,
+    SourceOpt,
+    StepOpt,
+    SystemOpt,
+    TempOpt,
+    ToolsOpt,
+    TopKOpt,
+    TopPOpt,
+    UrlOpt,
+    fail,
+    local_model_flags,
+    print_version,
+    server_url,
+)
 from chatcli.errors import ChatcliError, ConversationFileError
 from chatcli.openmp_wait import choose_openmp_wait
 from chatcli.settings import (
@@ -33,106 +57,10 @@ from chatcli.settings import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-try:  # typer 0.2x carries its own copy of click; its errors derive from TyperException
-    from typer import TyperException as _ClickError
-except ImportError:  # older typer runs on click itself
-    from click import ClickException as _ClickError
-
-
-class _FlagsShowNoType:
-    """typer 0.29's help writes a type after every flag (`--json <bool>`), as if it took a
-    value; a flag takes none, so its type column stays empty."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)  # type: ignore[misc]  # a click Command's
-        for param in params:
-            if getattr(param, "is_flag", False):
-                param.metavar = ""
-        return params
-
-
-class _Command(_FlagsShowNoType, TyperCommand):
-    pass
-
-
-class _OneLineErrors(_FlagsShowNoType, TyperGroup):
-    """Click's own errors (an unknown option, a value of the wrong type) end like every other
-    error: one red line on stderr saying what to fix, exit code 1 (click's would be a usage
-    box and 2). A bare `chatcli` (or `chatcli config`) prints the help and exits 0, as git
-    does: nothing went wrong."""
-
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
-        argv = kwargs.get("args", args[0] if args else None)
-        argv = sys.argv[1:] if argv is None else list(argv)
-        try:
-            # Not standalone: click raises its errors and returns typer.Exit's code.
-            code = super().main(*args, standalone_mode=False, **kwargs)
-        except _ClickError as e:
-            if type(e).__name__ == "NoArgsIsHelpError":
-                sys.exit(0)  # the help was printed, on stdout, as the error was made
-            # format_message names the parameter ("Invalid value for '--step': ...").
-            message = e.format_message() if hasattr(e, "format_message") else str(e)
-            message = " ".join(message.split())
-            if not message.endswith((".", "?", "!")):
-                message += "."
-            ctx = getattr(e, "ctx", None)
-            prompt = _prompt_taken_for_option(e, argv)
-            if ctx is not None and prompt is not None:
-                message += (
-                    f" A prompt that starts with - goes after --: "
-                    f"{ctx.command_path} -- {_shell_quote(prompt)}"
-                )
-            elif ctx is not None:
-                message += f" See {ctx.command_path} --help."
-            sys.exit(_fail(message).exit_code)
-        except typer.Abort:
-            sys.exit(_fail("Aborted.").exit_code)
-        sys.exit(code if isinstance(code, int) else 0)
-
-
-def _prompt_taken_for_option(error: Exception, argv: list[str]) -> str | None:
-    """`chatcli once "-5 + 3"`: click reads the prompt as options (-5, -space, ...) and
-    reports the first it does not know. The argument, when it reads as a prompt (a number, or
-    words with spaces: no option has either), else None."""
-    ctx = getattr(error, "ctx", None)
-    name = getattr(error, "option_name", None)
-    if type(error).__name__ != "NoSuchOption" or ctx is None or ctx.command.name != "once":
-        return None
-    if not name or name.startswith("--"):
-        return None
-    at = next((i for i, a in enumerate(argv) if a.startswith(name)), None)
-    arg = name if at is None else argv[at]
-    looks_like_prompt = arg[1:2].isdigit() or arg[1:2] == "." or len(arg.split()) > 1
-    if not looks_like_prompt:
-        return None
-    # The prompt's other words follow it (`once -5 + 3`), up to an option of chatcli's.
-    words = [arg]
-    for word in argv[at + 1 :] if at is not None else []:
-        if word.startswith("--"):
-            break
-        words.append(word)
-    return " ".join(words)
-
-
-def _shell_quote(text: str) -> str:
-    """Quoted for a POSIX shell, in double quotes where that needs no escaping."""
-    return f'"{text}"' if not set(text) & set('"$`\\!') else shlex.quote(text)
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"chatcli {__version__}")
-        raise typer.Exit()
-
-
-# -h as well as --help, on every command (sub-commands inherit it).
-HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
     name="chatcli",
-    cls=_OneLineErrors,
+    cls=OneLineErrors,
     help="Chat with nanochat-family GPT models in the terminal. "
     "Runs an embedded demo model when no --model is given.",
     no_args_is_help=True,
@@ -140,9 +68,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings=HELP_OPTIONS,
 )
-config_app = typer.Typer(
-    cls=_OneLineErrors, help="Inspect the configuration.", no_args_is_help=True
-)
+config_app = typer.Typer(cls=OneLineErrors, help="Inspect the configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 
@@ -151,102 +77,11 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+            "--version", callback=print_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
 ) -> None:
     pass
-
-
-# ---- shared options ----------------------------------------------------------------------------
-
-ModelOpt = Annotated[
-    str | None,
-    typer.Option("--model", "-m", help="Checkpoint: base dir, folder, model_*.pt or tag."),
-]
-# Each default is the built-in one; the config file or CHATCLI_<NAME> may set another.
-SourceOpt = Annotated[
-    str | None, typer.Option(help="Checkpoint kind: sft (default), rl, base or mid.")
-]
-# Text, checked by settings.validate_setting like the config's and CHATCLI_STEP: "latest" too.
-StepOpt = Annotated[
-    str | None, typer.Option(metavar="N|latest", help="Checkpoint step (default: latest).")
-]
-DeviceOpt = Annotated[str | None, typer.Option(help="auto (default), cpu, cuda, cuda:N or mps.")]
-DtypeOpt = Annotated[str | None, typer.Option(help="auto (default), float32 or bfloat16.")]
-QuantizeOpt = Annotated[
-    str | None,
-    typer.Option(help="CPU decode weights: none (default), int8 or int4 (big models)."),
-]
-# Sampling flags are read as text and checked by settings.validate_setting, as the slash
-# commands are: the same ranges, the same "off", the same messages.
-TempOpt = Annotated[
-    str | None,
-    typer.Option("--temperature", "-t", metavar="T", help="0 to 2; 0 = greedy (default 0.6)."),
-]
-TopKOpt = Annotated[
-    str | None, typer.Option("--top-k", metavar="K", help="1 to 1000; 0 or off = off (default 50).")
-]
-TopPOpt = Annotated[
-    str | None,
-    typer.Option("--top-p", metavar="P", help="Above 0, at most 1; 1 or off = off (default)."),
-]
-MaxTokOpt = Annotated[
-    str | None,
-    typer.Option("--max-tokens", metavar="N", help="Reply length limit, 1 to 65536 (default 512)."),
-]
-SeedOpt = Annotated[str | None, typer.Option(help="An integer, or 'random' (default).")]
-SystemOpt = Annotated[str | None, typer.Option(help="System prompt (default: none).")]
-MarkdownOpt = Annotated[str | None, typer.Option(help="auto (default), always or never.")]
-ToolsOpt = Annotated[
-    bool | None, typer.Option("--tools/--no-tools", help="Calculator tool (default: on).")
-]
-UrlOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--url",
-        envvar="CHATCLI_URL",
-        help="Chat with an OpenAI-compatible server (chatcli serve, vLLM, ollama) instead.",
-    ),
-]
-ApiKeyOpt = Annotated[
-    str | None, typer.Option("--api-key", envvar="CHATCLI_API_KEY", help="Bearer token for --url.")
-]
-CompileOpt = Annotated[
-    bool,
-    typer.Option(
-        "--compile",
-        help="torch.compile a large model where our kernels do not run its decode (slow "
-        "first start, cached; eager fallback).",
-    ),
-]
-
-
-def _softcap(value: float | None) -> float | None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"must be a number above 0 (nanochat's is 15), not {value}")
-    return value
-
-
-SoftcapOpt = Annotated[
-    float | None,
-    typer.Option(
-        callback=_softcap,
-        help="The logit softcap (default: 15); a Mar 2 - 8 2026 variant of nanochat used 20.",
-    ),
-]
-
-
-# The flags that pick or shape the model chatcli loads: a server at --url ignores them.
-LOCAL_MODEL_FLAGS = {
-    "source": "--source",
-    "step": "--step",
-    "device": "--device",
-    "dtype": "--dtype",
-    "quantize": "--quantize",
-    "compile_model": "--compile",
-    "softcap": "--softcap",
-}
 
 
 def _settings(**flags: Any) -> Settings:
@@ -257,25 +92,6 @@ def _settings(**flags: Any) -> Settings:
 def _setting_flags(params: dict[str, Any]) -> dict[str, Any]:
     """A command's parameters that are settings (the rest, like --json, are not)."""
     return {name: value for name, value in params.items() if name in SETTING_NAMES}
-
-
-def _local_model_flags(params: dict[str, Any]) -> list[str]:
-    """The local-model flags given on the command line. Their values from the config file or
-    CHATCLI_* are not here (None, False): those are defaults, not asked for this run."""
-    return [flag for name, flag in LOCAL_MODEL_FLAGS.items() if params[name] not in (None, False)]
-
-
-def _server_url(url: str | None) -> str | None:
-    """--url or CHATCLI_URL; empty means no server, so `--url ""` overrides an exported
-    CHATCLI_URL and runs the local model."""
-    return (url or "").strip() or None
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    from chatcli.render import make_console, render_error
-
-    render_error(make_console(file=sys.stderr), message)
-    return typer.Exit(code)
 
 
 def _sampling(settings: Settings):
@@ -367,7 +183,7 @@ def banner_info(info: dict) -> dict:
 # ---- chat ---------------------------------------------------------------------------------------
 
 
-@app.command(cls=_Command)
+@app.command(cls=Command)
 def chat(
     model: ModelOpt = None,
     source: SourceOpt = None,
@@ -397,8 +213,8 @@ def chat(
     softcap: SoftcapOpt = None,
 ) -> None:
     """Start an interactive chat session."""
-    url = _server_url(url)
-    local_flags = _local_model_flags(locals())
+    url = server_url(url)
+    local_flags = local_model_flags(locals())
     from chatcli.conversation_store import (
         ConversationFile,
         ConversationSink,
@@ -458,7 +274,7 @@ def chat(
             # Its file is made at the first message: a session that says nothing leaves none.
             conversation = NewConversation(folder, model=info["path"], system=session.system)
     except ChatcliError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     code = run_repl(
@@ -476,7 +292,7 @@ def chat(
 # ---- once ---------------------------------------------------------------------------------------
 
 
-@app.command(cls=_Command)
+@app.command(cls=Command)
 def once(
     prompt: Annotated[
         list[str] | None,
@@ -514,8 +330,8 @@ def once(
     """Answer one message and exit."""
     from chatcli.render import make_console
 
-    url = _server_url(url)
-    local_flags = _local_model_flags(locals())
+    url = server_url(url)
+    local_flags = local_model_flags(locals())
     try:
         settings = _settings(**_setting_flags(locals()))
         text = _read_prompt(prompt)
@@ -528,7 +344,7 @@ def once(
         else:
             _once_stream(session, console, settings, text)
     except ChatcliError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -615,7 +431,7 @@ def _once_json(session: Any, info: dict, text: str) -> None:
 # ---- models and config --------------------------------------------------------------------------
 
 
-@app.command(cls=_Command)
+@app.command(cls=Command)
 def models(
     base_dir: Annotated[
         Path | None,
@@ -630,7 +446,7 @@ def models(
     from chatcli.render import make_console, render_notice, render_table
 
     if base_dir is not None and not base_dir.is_dir():
-        raise _fail(
+        raise fail(
             f"No folder at {base_dir}. Pass --base-dir a folder: a nanochat base dir (the "
             "one that holds chatsft_checkpoints, base_checkpoints, ...), one of those, or a "
             "download's folder of model_*.pt files."
@@ -638,7 +454,7 @@ def models(
     try:
         found = list_checkpoints(base_dir)
     except ChatcliError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     console = make_console()
     rows = [
         (
@@ -669,7 +485,7 @@ def models(
         )
 
 
-@app.command(cls=_Command)
+@app.command(cls=Command)
 def serve(
     model: ModelOpt = None,
     source: SourceOpt = None,
@@ -697,7 +513,7 @@ def serve(
         from chatcli.server import Limits
         from chatcli.server import serve as run_server
     except ImportError:
-        raise _fail("chatcli serve needs the serve extra: pip install -e '.[serve]'") from None
+        raise fail("chatcli serve needs the serve extra: pip install -e '.[serve]'") from None
     try:
         s = _settings(
             model=model, source=source, step=step, device=device, dtype=dtype, quantize=quantize
@@ -721,7 +537,7 @@ def serve(
             ),
         )
     except ChatcliError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -738,7 +554,7 @@ BENCH_HELP = (
 )
 
 
-@app.command(cls=_Command, help=BENCH_HELP)
+@app.command(cls=Command, help=BENCH_HELP)
 def bench(
     model: ModelOpt = None,
     synthetic: Annotated[
@@ -785,14 +601,14 @@ def bench(
         typer.echo(f"Measuring {label}, baseline and ours in turn…", err=True)
         result = run_bench(net, tokenizer, label, precision=quantize)
     except ChatcliError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
     render_bench(make_console(), result)
 
 
-@config_app.command("path", cls=_Command)
+@config_app.command("path", cls=Command)
 def config_path_command() -> None:
     """Print the config file's path (it may not exist yet)."""
     typer.echo(str(config_path()))
