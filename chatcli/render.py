@@ -20,6 +20,7 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO
 
@@ -38,6 +39,7 @@ from rich.theme import Theme
 from chatcli.errors import ConfigError
 from chatcli.markdown_blocks import TAG, Block, BlockSplitter, markdown_kept
 from chatcli.stream import SpecialToken, StreamEvent, TextDelta, ToolResult
+from chatcli.terminal import interrupts_deferred
 
 CHAT_THEME = Theme(
     {
@@ -237,6 +239,7 @@ class ReplyRenderer:
         self._refresh_interval_s = refresh_interval_s  # repaints of the open block, at most
         self._at_line_start = True  # plain mode: whether the cursor is at column 0
         self._blocks = BlockSplitter()
+        self._unprinted: deque[Block] = deque()  # finished blocks not yet printed
         self._live: Live | None = None
         self._last_paint = 0.0
         self._unpainted = False  # text in the open block that the screen does not show yet
@@ -272,8 +275,8 @@ class ReplyRenderer:
                 if self._trailing_paint is not None:
                     self._trailing_paint.cancel()
                     self._trailing_paint = None
-                for block in self._blocks.close():
-                    self.console.print(_BlockView(block))
+                self._unprinted.extend(self._blocks.close())
+                self._print_finished()
                 if self._live is not None:
                     self._live.stop()  # the open block is empty now: nothing is left behind
                     self._live = None
@@ -292,6 +295,7 @@ class ReplyRenderer:
             return
         with self._lock:
             finished = self._blocks.feed(source)
+            self._unprinted.extend(finished)
             console = self.console
             if self._live is None and console.is_terminal and not console.is_dumb_terminal:
                 self._live = Live(
@@ -303,9 +307,7 @@ class ReplyRenderer:
                     redirect_stderr=False,
                 )
                 self._live.start()
-            for block in finished:
-                # Printed above the live area; the live area is repainted below it by Rich.
-                console.print(_BlockView(block))
+            self._print_finished()
             if self._live is None:
                 return
             if finished:
@@ -321,6 +323,16 @@ class ReplyRenderer:
                 self._trailing_paint = threading.Timer(wait, self._paint_trailing)
                 self._trailing_paint.daemon = True  # never keeps the program from exiting
                 self._trailing_paint.start()
+
+    def _print_finished(self) -> None:
+        """Prints the finished blocks, each whole and once: above the live area, which Rich
+        repaints below them. A block leaves the queue only once printed, and a Ctrl-C waits
+        for the block being printed, so one that lands meanwhile loses nothing: finish()
+        prints what is still queued."""
+        while self._unprinted:
+            with interrupts_deferred():
+                self.console.print(_BlockView(self._unprinted[0]))
+                self._unprinted.popleft()
 
     def _paint_trailing(self) -> None:
         with self._lock:

@@ -1,8 +1,9 @@
 """The keyboard around a streamed reply: what the terminal does with keys and Ctrl-C while the
 model writes, and while the turn closes.
 
-Owns: turning the terminal's echo off while a reply streams (`quiet_keyboard`), and letting
-a Ctrl-C go while a turn is being closed (`interrupts_held`). Standard library only; both are
+Owns: turning the terminal's echo off while a reply streams (`quiet_keyboard`), letting a
+Ctrl-C go while a turn is being closed (`interrupts_held`), and holding one back until a
+block of the reply is drawn whole (`interrupts_deferred`). Standard library only; both are
 no-ops where there is no terminal (pipes, tests) or no signal to hold (another thread).
 """
 
@@ -86,3 +87,27 @@ def interrupts_held() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """A Ctrl-C that comes while the block runs is raised when it ends, not inside it.
+
+    For drawing a finished block of a reply (a 1000-line code block takes ~0.3 s): cut
+    halfway, the block would be half on the screen and gone from the renderer's hands. The
+    Ctrl-C still stops the reply, a block later."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or previous is signal.SIG_IGN:  # held already: it stays let go
+        yield
+        return
+    pressed = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from io import StringIO
 
@@ -807,3 +809,39 @@ def test_a_status_line_leaves_out_what_was_not_measured():
     stats = {"ttft_s": 0.0, "prefill_tps": 0.0, "decode_tps": 0.0, "tokens_in": 12}
     render_status(con, {**stats, "tokens_out": 0, "finish_reason": "interrupted"})
     assert out.getvalue().strip() == "12 in / 0 out · interrupted"
+
+
+# --- Ctrl-C while a finished block is drawn ----------------------------------------------
+
+
+def _interrupting_print(con: Console, how: str) -> None:
+    """Makes the console's first print of a finished block meet a Ctrl-C: raised in the
+    middle of it ("raise"), or sent as a real SIGINT while it draws ("signal")."""
+    original, met = con.print, []
+
+    def print_(*args, **kwargs):
+        finished_block = args and type(args[0]).__name__ == "_BlockView"
+        if finished_block and not met:
+            met.append(1)
+            if how == "raise":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler would run here, mid-print, were it not held
+        return original(*args, **kwargs)
+
+    con.print = print_
+
+
+@pytest.mark.parametrize("how", ["raise", "signal"])
+def test_a_ctrl_c_while_a_finished_block_is_drawn_loses_none_of_it(how):
+    con, out = console(terminal=True)
+    renderer = ReplyRenderer(con, markdown=True, refresh_interval_s=0)
+    renderer.handle(TextDelta("Intro line.\n\n"))
+    _interrupting_print(con, how)
+    code = "".join(f"line_{n} = {n}\n" for n in range(40))
+    with pytest.raises(KeyboardInterrupt):
+        renderer.handle(TextDelta(f"```python\n{code}```\n\nAfter"))
+    renderer.finish("interrupted")
+    rows = [row.strip() for row in replay(out.getvalue(), height=25) if row.strip()]
+    assert rows.count("line_39 = 39") == rows.count("line_0 = 0") == 1
+    assert rows[0] == "Intro line." and rows[-2:] == ["After", "[interrupted]"]

@@ -106,3 +106,25 @@ def test_a_ctrl_c_while_the_turn_closes_is_let_go_and_the_handler_comes_back():
     )
     assert done.stdout.split("\n")[:2] == ["closed", "interrupted after"], done.stderr
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_deferred_ctrl_c_comes_after_the_block_and_a_held_one_not_at_all():
+    script = """
+        import os, signal, time
+        from chatcli.terminal import interrupts_deferred, interrupts_held
+        try:
+            with interrupts_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.1)
+                print("drawn whole")
+        except KeyboardInterrupt:
+            print("then stopped")
+        with interrupts_held(), interrupts_deferred():  # closing a turn: let go, not raised
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+        print("closed")
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split("\n")[:3] == ["drawn whole", "then stopped", "closed"], done.stderr
