@@ -27,7 +27,7 @@ from prompt_toolkit.filters import has_focus
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.input import Input
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
-from prompt_toolkit.output import Output
+from prompt_toolkit.output import Output, create_output
 from prompt_toolkit.styles import Style
 
 from chatcli.chat_commands import ChatCommands, Session
@@ -102,6 +102,18 @@ def message_from_input(text: str) -> str:
     last = lines[end].rstrip()[: -len(BLOCK_QUOTES)]
     body = ([first] if first else []) + lines[1:end] + ([last] if last else [])
     return "\n".join(body)
+
+
+def prompt_output() -> Output | None:
+    """Where the prompt draws: None (stdout) on a terminal. With stdout piped (`chatcli chat
+    | tee log`) prompt-toolkit would draw its prompt and escape codes into the pipe, and
+    read keys against a screen it cannot see: it draws on stderr's terminal instead, and
+    stdout carries the replies alone."""
+    if sys.stdout is not None and sys.stdout.isatty():
+        return None
+    if sys.stderr is None or not sys.stderr.isatty():
+        return None  # no terminal at all: prompt-toolkit's own fallback
+    return create_output(always_prefer_tty=True)
 
 
 class CommandCompleter(Completer):
@@ -196,6 +208,8 @@ class ChatUI:
     ) -> None:
         self.console = console
         self.markdown_mode = settings.markdown
+        if output is None and lines is None:
+            output = prompt_output()
         self._input, self._output = input, output
         self._lines = lines
         # Notices, status lines and errors: the terminal's, or stderr's where stdin is piped,

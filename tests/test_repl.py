@@ -1086,3 +1086,21 @@ def test_markdown_switches_how_the_next_replies_are_drawn(tmp_path):
     assert "markdown = always" in run.lines
     assert "bold text" in run.lines[run.lines.index("markdown = always") + 1]
     assert run.lines[-1] == "markdown = always (/markdown auto|always|never changes it)"
+
+
+def test_with_stdout_piped_the_prompt_draws_on_the_terminal_behind_stderr(monkeypatch):
+    # `chatcli chat | tee log`: the prompt and its escape codes stay out of the pipe.
+    import os
+    import pty
+
+    from chatcli.repl import prompt_output
+
+    leader, follower = pty.openpty()
+    with os.fdopen(follower, "w") as terminal:
+        monkeypatch.setattr("sys.stdout", StringIO())
+        monkeypatch.setattr("sys.stderr", terminal)
+        output = prompt_output()
+        assert output is not None and output.fileno() == follower
+        monkeypatch.setattr("sys.stderr", StringIO())  # no terminal anywhere
+        assert prompt_output() is None
+    os.close(leader)
