@@ -229,16 +229,6 @@ class RemoteSession:
             self.notices.append(
                 TurnNotice("The server runs the calculator itself: tools off has no effect here.")
             )
-        used, limit = self._context_used, self._context_len or 0
-        if used is not None and limit and used > CONTEXT_WARN_FRACTION * limit:
-            # The server keeps nothing between turns: once the conversation passes its
-            # context, the oldest exchanges stop being sent (_drop_oldest).
-            self.notices.append(
-                TurnNotice(
-                    f"Context {used}/{limit} tokens: the oldest exchanges will soon be left "
-                    "out of what the server sees (/clear starts afresh)."
-                )
-            )
 
     def regenerate(self) -> Iterator[StreamEvent]:
         if not self._entries or self._entries[-1]["role"] != "user":
@@ -401,6 +391,16 @@ class RemoteSession:
         self._entries.append(reply.message)
         self._finishes.append(stats.finish_reason)
         self._context_used = stats.context_used
+        limit = self._context_len or 0
+        if limit and stats.context_used > CONTEXT_WARN_FRACTION * limit:
+            # Said after the reply, as a local session does. The server keeps nothing
+            # between turns: past its context, the oldest exchanges stop being sent.
+            self.notices.append(
+                TurnNotice(
+                    f"Context {stats.context_used}/{limit} tokens: the next turns leave the "
+                    "oldest exchanges out of what the server sees (/clear starts afresh)."
+                )
+            )
 
 
 def _sse_payloads(lines: Iterator[str]) -> Iterator[str]:

@@ -173,12 +173,13 @@ def test_notices_say_tools_are_server_side_and_warn_of_a_full_context(calc_serve
     list(session.send("one"))
     (notice,) = session.take_notices()
     assert "runs the calculator itself" in notice.text
-    session._context_used = 250  # of 256, as if the turn had used that much
-    session.send("two").close()  # never started: nothing is sent
+    session.clear()
+    list(session.send("x" * 200))  # with the prompt's and the reply's tokens: 221 of 256
+    # Said after the reply, as a local session says it, not at the next message.
     (notice,) = session.take_notices()
-    assert notice.text.startswith("Context 250/256 tokens")
+    assert notice.text.startswith("Context 221/256 tokens: the next turns leave the oldest")
     session.clear()  # a new conversation: the old one's use says nothing of it
-    session.send("three").close()
+    list(session.send("three"))
     assert session.take_notices() == []
 
 
@@ -496,9 +497,8 @@ def test_a_conversation_past_the_servers_context_drops_its_oldest_exchanges():
         for question in ("question one", "question two", "question 333"):
             events = merged(list(session.send(question)))
             assert events == [TextDelta(" ok.")]
-        assert [n.text for n in session.take_notices()][-1] == (
-            "Context full: dropped the 1 oldest exchange (the system prompt is kept)."
-        )
+        notices = [n.text for n in session.take_notices()]
+        assert "Context full: dropped the 1 oldest exchange (the system prompt is kept)." in notices
         sent = [m["content"] for m in session.messages if m["role"] == "user"]
         assert sent == ["question two", "question 333"]
         assert session.messages[0] == {"role": "system", "content": "Be brief."}
