@@ -249,7 +249,13 @@ def _tail_start(
     return i, 0
 
 
-_STAR_IN_ARITHMETIC = re.compile(r"(?<=[\d)])\*(?=[\d(])")
+# A `*` between a word (or a closing bracket) and a word (or an opening one), as in 6*7*7,
+# 3*x + 2*y or a*b*c: arithmetic. Markdown would read a pair as emphasis and drop both
+# (677, 3x + 2y). Emphasis keeps its stars: `*it*` and `**bold**` have a space or a star
+# on their outer side.
+_STAR_IN_ARITHMETIC = re.compile(r"(?<=[\w)])\*(?=[\w(])")
+# A name wrapped in double underscores (__init__, __name__): Markdown would read it as bold.
+_DUNDER = re.compile(r"(?<![\w\\])__(\w+?)__(?!\w)")
 # A `<` not escaped already: Markdown reads `<String>`, `<iostream>` or `<b and c>` as HTML,
 # and Rich drops HTML, text and all.
 _OPEN_ANGLE = re.compile(r"(?<!\\)((?:\\\\)*)<")
@@ -266,9 +272,13 @@ def _prose_kept(text: str) -> str:
     code spans and autolinks."""
     pieces = _CODE_SPAN_SPLIT.split(text)  # the odd pieces are code spans and links
     return "".join(
-        piece if i % 2 else _OPEN_ANGLE.sub(r"\1\\<", _STAR_IN_ARITHMETIC.sub(r"\*", piece))
+        piece if i % 2 else _OPEN_ANGLE.sub(r"\1\\<", _kept_stars(piece))
         for i, piece in enumerate(pieces)
     )
+
+
+def _kept_stars(text: str) -> str:
+    return _DUNDER.sub(r"\_\_\1\_\_", _STAR_IN_ARITHMETIC.sub(r"\*", text))
 
 
 def markdown_kept(text: str) -> str:

@@ -845,3 +845,16 @@ def test_a_ctrl_c_while_a_finished_block_is_drawn_loses_none_of_it(how):
     rows = [row.strip() for row in replay(out.getvalue(), height=25) if row.strip()]
     assert rows.count("line_39 = 39") == rows.count("line_0 = 0") == 1
     assert rows[0] == "Intro line." and rows[-2:] == ["After", "[interrupted]"]
+
+
+@pytest.mark.parametrize(
+    ("reply", "shown"),
+    [
+        ("Solve 3*x + 2*y = 7.", "Solve 3*x + 2*y = 7."),
+        ("Then a*b*c is 24.", "Then a*b*c is 24."),
+        ("Define __init__ and __repr__ first.", "Define __init__ and __repr__ first."),
+        ("Keep **bold** and *italic* as they are.", "Keep bold and italic as they are."),
+    ],
+)
+def test_algebra_and_dunder_names_keep_their_marks_while_emphasis_still_works(reply, shown):
+    assert shown in markdown_render([TextDelta(reply)])
