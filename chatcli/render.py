@@ -459,6 +459,9 @@ PIPED_TABLE_WIDTH = 10_000  # wider than any row: a table not on a terminal is n
 # A cell that is a number, with its unit if any: 2455, 0.12s, 1,234,567, 561.0M, 3.87x, 2.1 GB.
 _NUMBER = re.compile(r"^[-+]?\d[\d,]*(?:\.\d+)?(?: ?[A-Za-z%/]+)?$")
 _NO_NUMBER = ("", "-")  # what a numeric column may show where it has no number
+TOKEN_CELLS = 24  # a token cell this short is kept whole (_unbroken)
+# A date, a time, an id: one or two words with digits in them (words alone may fold).
+_TOKEN = re.compile(r"^(?=.*\d)\S+(?: \S+)?$")
 
 
 def _table(
@@ -478,6 +481,17 @@ def _table(
     return table
 
 
+def _unbroken(column: Sequence[str]) -> bool:
+    """Whether a column's cells are kept whole on a narrow terminal: numbers (2455, 0.12s),
+    and short tokens such as a date and time or an id (`2026-11-26 09:19`, a conversation's
+    id to copy into /load): cut in two, they no longer read, or no longer paste."""
+    filled = [cell for cell in column if cell not in _NO_NUMBER]
+    return bool(filled) and all(
+        _NUMBER.match(cell) or (_TOKEN.match(cell) and cell_len(cell) <= TOKEN_CELLS)
+        for cell in filled
+    )
+
+
 def _squeezed_widths(
     headers: Sequence[str], rows: Sequence[Sequence[str]], room: int
 ) -> list[int | None]:
@@ -488,11 +502,7 @@ def _squeezed_widths(
     the smallest steps first. Text columns (None) get what is left, and fold."""
     columns = [[row[i] if i < len(row) else "" for row in rows] for i in range(len(headers))]
     widths: list[int | None] = [
-        max(map(cell_len, column))
-        if any(_NUMBER.match(cell) for cell in column)
-        and all(_NUMBER.match(cell) or cell in _NO_NUMBER for cell in column)
-        else None
-        for column in columns
+        max(map(cell_len, column)) if _unbroken(column) else None for column in columns
     ]
     text = [
         max(map(cell_len, (header, *column)))
@@ -514,6 +524,8 @@ def _squeezed_widths(
 
     least = sum(min(4, width) for width in text)  # what text columns keep at least
     spare = room - least - sum(width or 0 for width in widths)
+    if spare < 0:  # not even the unbroken columns fit: Rich folds every column alike
+        return [None] * len(headers)
     spare = widen(lambda header: max(map(cell_len, header.split()), default=0), spare)
     widen(cell_len, spare - (sum(text) - least))
     return widths

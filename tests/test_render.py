@@ -858,3 +858,21 @@ def test_a_ctrl_c_while_a_finished_block_is_drawn_loses_none_of_it(how):
 )
 def test_algebra_and_dunder_names_keep_their_marks_while_emphasis_still_works(reply, shown):
     assert shown in markdown_render([TextDelta(reply)])
+
+
+def test_a_narrow_history_table_keeps_dates_and_ids_whole():
+    # An id cut in two no longer pastes into /load; a date cut in two no longer reads.
+    con, out = console(terminal=True)
+    con.width = 50
+    rows = [("* 20261126-091901-8cd2", "2026-11-26 09:19", "6", "hi there, what is 2+2 and more")]
+    render_table(con, ("id", "modified", "messages", "preview"), rows)
+    text = out.getvalue()
+    assert "20261126-091901-8cd2" in text and "2026-11-26 09:19" in text
+    assert max(map(len, text.splitlines())) <= 50
+
+
+def test_a_table_too_narrow_for_its_numbers_folds_every_column_alike():
+    con, out = console(terminal=True)
+    con.width = 24
+    render_table(con, STATS_HEADERS, STATS_ROWS)
+    assert max(map(len, out.getvalue().splitlines())) <= 24
