@@ -281,6 +281,9 @@ def _kept_stars(text: str) -> str:
     return _DUNDER.sub(r"\_\_\1\_\_", _STAR_IN_ARITHMETIC.sub(r"\*", text))
 
 
+_QUOTE_MARKS = re.compile(r"^ {0,3}(?:> ?)+")
+
+
 def markdown_kept(text: str) -> str:
     """Markdown source that shows what the model wrote: a `*` between digits stays a star
     (6*7*7 would read as emphasis and show 677) and a `<` stays a `<` (see _OPEN_ANGLE).
@@ -300,19 +303,20 @@ def markdown_kept(text: str) -> str:
     indented = False  # inside indented code
     after_blank = True  # indented code starts a block or follows a blank line
     for line in text.split("\n"):
+        body = _QUOTE_MARKS.sub("", line)  # inside a quote, code is read after its marks
         if fence is not None:
-            closing = _FENCE_CLOSE.match(line)
+            closing = _FENCE_CLOSE.match(body)
             if closing and closing.group(1).startswith(fence):
                 fence = None
             keep(line)
             continue
-        if not line.strip():
+        if not body.strip():
             after_blank = True
             keep(line)  # a blank line ends a paragraph, and any code span with it
             continue
-        indented = _indent(line) >= base + 4 and (after_blank or indented)
+        indented = _indent(body) >= base + 4 and (after_blank or indented)
         after_blank = False
-        opening = _FENCE_OPEN.match(line)
+        opening = _FENCE_OPEN.match(body)
         if opening and not indented and not (opening[2][0] == "`" and "`" in opening[3]):
             fence = opening[2]
         if fence is not None or indented:

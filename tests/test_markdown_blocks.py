@@ -41,3 +41,18 @@ def test_the_live_tail_of_indented_code_stays_code():
     assert 20 <= len(tail) <= 25
     assert all(line.startswith("    value_") for line in tail if line)
     assert tail[-1] == "    value_399 = f(399)" or tail[-2] == "    value_399 = f(399)"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "> Quoted indented code:\n>\n>     Vec<String> x = 6*7*7;",
+        "> ```js\n> const s = a<b;\n> ```",
+    ],
+)
+def test_code_inside_a_quote_is_left_as_written(source):
+    assert markdown_kept(source) == source
+
+
+def test_prose_inside_a_quote_is_still_kept():
+    assert markdown_kept("> a<b and 3*x") == "> a\\<b and 3\\*x"
