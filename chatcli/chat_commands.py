@@ -696,9 +696,11 @@ class ChatCommands:
         rows = [
             (
                 str(i),
-                f"{s.ttft_s:.2f}s",
-                f"{s.prefill_tps:.0f}",
-                f"{s.decode_tps:.0f}",
+                # 0: not measured (stopped before the prefill or the first token), as the
+                # status line leaves it out
+                f"{s.ttft_s:.2f}s" if s.ttft_s else "-",
+                f"{s.prefill_tps:.0f}" if s.prefill_tps else "-",
+                f"{s.decode_tps:.0f}" if s.decode_tps else "-",
                 str(s.tokens_in),
                 str(s.tokens_out),
                 s.finish_reason,

@@ -789,6 +789,16 @@ def test_stats_tabulates_every_turn(tmp_path):
     ]
 
 
+def test_stats_shows_a_dash_for_what_a_turn_did_not_measure(tmp_path):
+    session = FakeSession("a")
+    run = chat(session, tmp_path, "one")
+    session.history_stats.append(TurnStats(tokens_in=12, finish_reason="interrupted"))
+    commands_run = chat(session, tmp_path / "b", "/stats")
+    rows = [line.split() for line in commands_run.lines if line.split()[:1] == ["2"]]
+    assert rows == [["2", "-", "-", "-", "12", "0", "interrupted"]]
+    assert run.code == 0
+
+
 def test_model_shows_the_model_info(tmp_path):
     run = chat(FakeSession(), tmp_path, "/model")
     table = {line.split()[0]: line.split()[1] for line in run.lines if line.strip()}
