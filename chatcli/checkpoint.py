@@ -1,9 +1,9 @@
 """Finding and loading nanochat checkpoints, safely, with errors that say how to fix them.
 
-Owns: resolving what a user points at (a nanochat base dir, a checkpoint folder, a flat
-download folder, a model_*.pt file, a tag, or nothing = the embedded default model), reading
-meta and weights (`torch.load(weights_only=True)`: no code runs), checking every key and shape
-against the meta, choosing device and dtype, and building the model. Knows nothing about
+Owns: reading meta and weights (`torch.load(weights_only=True)`: no code runs), checking
+every key and shape against the meta, choosing device and dtype, building the model, and
+listing what is on disk. Which files a user points at (a base dir, a folder, a file, a tag,
+or nothing = the embedded default model) is chatcli.checkpoint_paths'. Knows nothing about
 generation or the terminal.
 """
 

@@ -226,13 +226,15 @@ def chat(
     from chatcli.render import make_console, render_banner, render_notice, render_recap
     from chatcli.repl import run_repl
 
-    # Piped stdin (`echo hi | chatcli chat`): messages line by line, no prompt, and stdout
-    # holds the replies only: the banner and what cli.py says of a resume go to stderr.
+    # Piped stdin (`echo hi | chatcli chat`): messages line by line, no prompt. Piped either
+    # way (`chatcli chat | tee log` too), stdout holds the replies only: the banner, notices,
+    # status lines and errors go to stderr.
     piped = sys.stdin is not None and not sys.stdin.isatty()
+    stdout_piped = sys.stdout is not None and not sys.stdout.isatty()
     try:
         settings = _settings(**_setting_flags(locals()))
         console = make_console()
-        notes = make_console(file=sys.stderr) if piped else console
+        notes = make_console(file=sys.stderr) if piped or stdout_piped else console
         folder = conversations_dir()
         loaded = path = None
         if resume is not None:  # a name that finds nothing should not wait for the model
@@ -285,6 +287,7 @@ def chat(
         conversations_dir=folder,
         model_info=info,
         lines=sys.stdin if piped else None,
+        notes=notes,
     )
     raise typer.Exit(code)
 
@@ -368,7 +371,7 @@ def _read_prompt(words: list[str] | None) -> str:
 
 def _once_stream(session: Any, console: Console, settings: Settings, text: str) -> None:
     from chatcli.render import ReplyRenderer, render_notice, render_status, use_markdown
-    from chatcli.terminal import quiet_keyboard
+    from chatcli.terminal import interrupts_held, quiet_keyboard
 
     # The raw setting (config or CHATCLI_RAW) shows the special tokens, as in a chat: exact
     # token text, never read as Markdown. A server's session has no tokens to show.
@@ -393,7 +396,8 @@ def _once_stream(session: Any, console: Console, settings: Settings, text: str) 
         raise
     finally:
         events.close()
-        renderer.finish(finish)
+        with interrupts_held():  # a Ctrl-C now would leave the live view up, the cursor hidden
+            renderer.finish(finish)
     if console.is_terminal:
         render_status(console, session.last_reply.stats.as_dict())
 

@@ -252,8 +252,10 @@ def _tail_start(
 # A `*` between a word (or a closing bracket) and a word (or an opening one), as in 6*7*7,
 # 3*x + 2*y or a*b*c: arithmetic. Markdown would read a pair as emphasis and drop both
 # (677, 3x + 2y). Emphasis keeps its stars: `*it*` and `**bold**` have a space or a star
-# on their outer side.
-_STAR_IN_ARITHMETIC = re.compile(r"(?<=[\w)])\*(?=[\w(])")
+# on their outer side. A power, 2**10, is arithmetic too (between digits only: the closing
+# stars of **bold**text stand between letters). ASCII words only: Chinese or Japanese text
+# has no spaces around its emphasis.
+_STAR_IN_ARITHMETIC = re.compile(r"(?<=[\w)])\*(?=[\w(])|(?<=[\d)])\*\*(?=[\d(])", re.ASCII)
 # A name wrapped in double underscores (__init__, __name__): Markdown would read it as bold.
 _DUNDER = re.compile(r"(?<![\w\\])__(\w+?)__(?!\w)")
 # A `<` not escaped already: Markdown reads `<String>`, `<iostream>` or `<b and c>` as HTML,
@@ -278,7 +280,8 @@ def _prose_kept(text: str) -> str:
 
 
 def _kept_stars(text: str) -> str:
-    return _DUNDER.sub(r"\_\_\1\_\_", _STAR_IN_ARITHMETIC.sub(r"\*", text))
+    stars = _STAR_IN_ARITHMETIC.sub(lambda m: m[0].replace("*", "\\*"), text)
+    return _DUNDER.sub(r"\_\_\1\_\_", stars)
 
 
 _QUOTE_MARKS = re.compile(r"^ {0,3}(?:> ?)+")
@@ -300,16 +303,21 @@ def markdown_kept(text: str) -> str:
         kept.append(code_line)
 
     fence: str | None = None
+    quoted_fence = False  # the fence opened inside a quote: its lines are read after the marks
     indented = False  # inside indented code
     after_blank = True  # indented code starts a block or follows a blank line
     for line in text.split("\n"):
-        body = _QUOTE_MARKS.sub("", line)  # inside a quote, code is read after its marks
+        marks = _QUOTE_MARKS.match(line)
+        body = line[marks.end() :] if marks else line  # in a quote, code follows its marks
         if fence is not None:
-            closing = _FENCE_CLOSE.match(body)
-            if closing and closing.group(1).startswith(fence):
+            if quoted_fence and not marks:  # the quote ended, and the code in it with it
                 fence = None
-            keep(line)
-            continue
+            else:
+                closing = _FENCE_CLOSE.match(body if quoted_fence else line)
+                if closing and closing.group(1).startswith(fence):
+                    fence = None
+                keep(line)
+                continue
         if not body.strip():
             after_blank = True
             keep(line)  # a blank line ends a paragraph, and any code span with it
@@ -318,7 +326,7 @@ def markdown_kept(text: str) -> str:
         after_blank = False
         opening = _FENCE_OPEN.match(body)
         if opening and not indented and not (opening[2][0] == "`" and "`" in opening[3]):
-            fence = opening[2]
+            fence, quoted_fence = opening[2], marks is not None
         if fence is not None or indented:
             keep(line)
         else:

@@ -276,10 +276,12 @@ class ReplyRenderer:
                     self._trailing_paint.cancel()
                     self._trailing_paint = None
                 self._unprinted.extend(self._blocks.close())
-                self._print_finished()
-                if self._live is not None:
-                    self._live.stop()  # the open block is empty now: nothing is left behind
-                    self._live = None
+                try:
+                    self._print_finished()
+                finally:  # a Ctrl-C meanwhile must not leave the live view up, cursor hidden
+                    if self._live is not None:
+                        self._live.stop()  # the open block is empty now: nothing left behind
+                        self._live = None
             if interrupted:
                 self.console.print(Text("[interrupted]", style="interrupted"))
             return

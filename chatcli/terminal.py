@@ -3,8 +3,9 @@ model writes, and while the turn closes.
 
 Owns: turning the terminal's echo off while a reply streams (`quiet_keyboard`), letting a
 Ctrl-C go while a turn is being closed (`interrupts_held`), and holding one back until a
-block of the reply is drawn whole (`interrupts_deferred`). Standard library only; both are
-no-ops where there is no terminal (pipes, tests) or no signal to hold (another thread).
+block of the reply is drawn whole (`interrupts_deferred`). Standard library only. The echo
+is left alone where there is no terminal of this job's (pipes, tests, a background job);
+the signals are handled on the main thread only, where Python delivers them.
 """
 
 from __future__ import annotations

@@ -56,3 +56,25 @@ def test_code_inside_a_quote_is_left_as_written(source):
 
 def test_prose_inside_a_quote_is_still_kept():
     assert markdown_kept("> a<b and 3*x") == "> a\\<b and 3\\*x"
+
+
+def test_a_fence_left_open_in_a_quote_ends_with_the_quote():
+    kept = markdown_kept("> ```\n> x <y>\n\nafter 6*7*7 is <b>")
+    assert kept == "> ```\n> x <y>\n\nafter 6\\*7\\*7 is \\<b>"
+
+
+def test_a_quoted_fence_line_inside_a_fence_is_code():
+    source = "```markdown\n> ```\n> 6*7*7 <x>\n> ```\n```"
+    assert markdown_kept(source) == source
+
+
+@pytest.mark.parametrize(
+    ("source", "kept"),
+    [
+        ("2**10 = 1024", "2\\*\\*10 = 1024"),  # a power
+        ("**bold**text", "**bold**text"),  # bold against a word stays bold
+        ("这是*重点*内容", "这是*重点*内容"),  # emphasis in text without spaces
+    ],
+)
+def test_powers_keep_their_stars_and_emphasis_without_spaces_stays(source, kept):
+    assert markdown_kept(source) == kept

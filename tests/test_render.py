@@ -876,3 +876,16 @@ def test_a_table_too_narrow_for_its_numbers_folds_every_column_alike():
     con.width = 24
     render_table(con, STATS_HEADERS, STATS_ROWS)
     assert max(map(len, out.getvalue().splitlines())) <= 24
+
+
+def test_a_ctrl_c_while_finishing_still_takes_the_live_view_down():
+    # `once`: a Ctrl-C while the last blocks are drawn must not leave the cursor hidden.
+    con, out = console(terminal=True)
+    renderer = ReplyRenderer(con, markdown=True, refresh_interval_s=0)
+    renderer.handle(TextDelta("para one\n\npara two"))
+    _interrupting_print(con, "signal")
+    with pytest.raises(KeyboardInterrupt):
+        renderer.finish("stop")
+    drawn = out.getvalue()
+    assert drawn.rfind("\x1b[?25h") > drawn.rfind("\x1b[?25l")  # the cursor shown again
+    assert "para two" in " ".join(replay(drawn, height=25))
