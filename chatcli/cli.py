@@ -510,6 +510,13 @@ def serve(
             help="Conversations each worker keeps warm (each a whole context's K/V memory).",
         ),
     ] = 1,
+    max_queue: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Requests that may wait for a busy worker; one more gets a 429 (default 64).",
+        ),
+    ] = 64,
     softcap: SoftcapOpt = None,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/)."""
@@ -529,7 +536,7 @@ def serve(
             workers=workers,
             cache_slots=cache_slots,
             device=s.device,
-            limits=Limits(),
+            limits=Limits(max_queue=max_queue),
             source=s.source,
             step=s.step,
             dtype=s.dtype,

@@ -577,3 +577,15 @@ def test_once_shows_the_special_tokens_when_raw_is_set(monkeypatch):
     raw = runner.invoke(app, args)
     assert raw.exit_code == 0, raw.output
     assert "<|python_start|>" in raw.stdout and "<|python_start|>" not in plain.stdout
+
+
+def test_serve_hands_max_queue_to_the_servers_limits(monkeypatch):
+    pytest.importorskip("fastapi")
+    import chatcli.server
+
+    seen = {}
+    monkeypatch.setattr(chatcli.server, "serve", lambda model, **kw: seen.update(kw))
+    result = runner.invoke(app, ["serve", "--max-queue", "5"])
+    assert result.exit_code == 0, result.output
+    assert seen["limits"].max_queue == 5
+    assert runner.invoke(app, ["serve", "--max-queue", "-1"]).exit_code == 1
