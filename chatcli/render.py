@@ -526,7 +526,13 @@ def _squeezed_widths(
 
     least = sum(min(4, width) for width in text)  # what text columns keep at least
     spare = room - least - sum(width or 0 for width in widths)
-    if spare < 0:  # not even the unbroken columns fit: Rich folds every column alike
+    if spare < 0:  # a date and time may wrap at its space first: each word stays whole
+        for i, column in enumerate(columns):
+            words = max((cell_len(w) for cell in column for w in cell.split()), default=0)
+            if widths[i] is not None and not all(_NUMBER.match(c) for c in column if c):
+                spare += widths[i] - words
+                widths[i] = words
+    if spare < 0:  # not even whole words fit: Rich folds every column alike
         return [None] * len(headers)
     spare = widen(lambda header: max(map(cell_len, header.split()), default=0), spare)
     widen(cell_len, spare - (sum(text) - least))

@@ -889,3 +889,13 @@ def test_a_ctrl_c_while_finishing_still_takes_the_live_view_down():
     drawn = out.getvalue()
     assert drawn.rfind("\x1b[?25h") > drawn.rfind("\x1b[?25l")  # the cursor shown again
     assert "para two" in " ".join(replay(drawn, height=25))
+
+
+def test_a_date_wraps_at_its_space_before_an_id_is_cut():
+    con, out = console(terminal=True)
+    con.width = 45
+    rows = [("20261126-091923-ab12", "2026-11-26 09:19", "6", "hi there, what is 2+2")]
+    render_table(con, ("id", "modified", "messages", "preview"), rows)
+    text = out.getvalue()
+    assert "20261126-091923-ab12" in text and "2026-11-26" in text and "09:19" in text
+    assert max(map(len, text.splitlines())) <= 45
