@@ -53,8 +53,15 @@ def steps_in(folder: Path) -> list[int]:
     )
 
 
+def _tag_folders(checkpoints_dir: Path) -> list[Path]:
+    """The folders of `checkpoints_dir` that hold a model_*.pt (none where it is missing)."""
+    if not checkpoints_dir.is_dir():
+        return []
+    return sorted(p for p in checkpoints_dir.iterdir() if p.is_dir() and steps_in(p))
+
+
 def _pick_tag(checkpoints_dir: Path) -> str:
-    tags = [p for p in checkpoints_dir.iterdir() if p.is_dir() and steps_in(p)]
+    tags = _tag_folders(checkpoints_dir)
     if not tags:
         raise CheckpointError(
             f"No checkpoints (model_*.pt) in any folder of {checkpoints_dir}."
@@ -67,21 +74,16 @@ def _pick_tag(checkpoints_dir: Path) -> str:
 
 
 def _other_sources_hint(base: Path) -> str:
-    """' Its base_checkpoints has some: --source base.' where another source of this base
-    dir holds checkpoints (an SFT run that crashed leaves base and mid ones)."""
-    have = [
-        k
-        for k, name in SOURCES.items()
-        if (base / name).is_dir()
-        and any(c.is_dir() and steps_in(c) for c in (base / name).iterdir())
-    ]
+    """' Checkpoints of base are there: pick one with --source base.' where another source of
+    this base dir holds checkpoints (an SFT run that crashed leaves base and mid ones)."""
+    have = [k for k, name in SOURCES.items() if _tag_folders(base / name)]
     if not have:
         return ""
     return f" Checkpoints of {', '.join(have)} are there: pick one with --source {have[0]}."
 
 
-def tags_in_base(checkpoints_dir: Path) -> list[str]:
-    return sorted(p.name for p in checkpoints_dir.iterdir() if p.is_dir() and steps_in(p))
+def _tag_names(checkpoints_dir: Path) -> str:
+    return ", ".join(p.name for p in _tag_folders(checkpoints_dir))
 
 
 def _find_tokenizer(folder: Path) -> Path:
@@ -202,11 +204,11 @@ def resolve_checkpoint(
                     + " and ".join(f"{SOURCES[k]} has one" for k in elsewhere)
                     + f": add --source {elsewhere[0]}."
                 )
-            tags = tags_in_base(base / SOURCES[source]) if (base / SOURCES[source]).is_dir() else []
+            tags = _tag_names(base / SOURCES[source])
             raise CheckpointError(
                 f"No model named {path!r}: no such file or folder here, and no such tag in "
                 f"{base / SOURCES[source]}"
-                + (f" (tags there: {', '.join(tags)})" if tags else "")
+                + (f" (tags there: {tags})" if tags else "")
                 + ". Pass a checkpoint's path, or a tag (NANOCHAT_BASE_DIR names another "
                 "base dir)."
             )
@@ -233,10 +235,10 @@ def resolve_checkpoint(
         ckpts = p / SOURCES[source]
         tag = tag or _pick_tag(ckpts)
         if not (ckpts / tag).is_dir():
-            tags = tags_in_base(ckpts)
+            tags = _tag_names(ckpts)
             raise CheckpointError(
                 f"No tag {tag!r} in {ckpts}; "
-                + (f"tags there: {', '.join(tags)}." if tags else "it holds no checkpoints.")
+                + (f"tags there: {tags}." if tags else "it holds no checkpoints.")
             )
         return ref_in_folder(ckpts / tag, step, tag, source)
     if any(steps_in(c) for c in p.iterdir() if c.is_dir()):  # e.g. base/chatsft_checkpoints
