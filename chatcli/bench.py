@@ -7,10 +7,15 @@ tok/s with 8 samples (and for ours, against one sample of the same prompt and sa
 time to first token at turns 1, 5 and 10 of a scripted chat; plus peak
 memory, the machine's memory bandwidth and the decode roofline it implies for the weights.
 Greedy outputs of the two modes are compared token for token.
+
+On a CUDA device both modes run there: the baseline eager fp32 (a host read of every row each
+step), ours as chatcli runs a GPU (bf16 where the card computes in it, the decode step
+replayed as a CUDA graph, sampling on the device). Every timing waits for the device first.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import resource
 import time
@@ -21,9 +26,9 @@ from typing import Any
 import torch
 
 from chatcli.baseline import baseline_generate
-from chatcli.checkpoint import LARGE_MODEL_MATRIX_PARAMS
+from chatcli.checkpoint import LARGE_MODEL_MATRIX_PARAMS, native_bf16
 from chatcli.cpu_plan import apply_cpu_plan, torch_threads
-from chatcli.decode_step import DecodeStep
+from chatcli.decode_step import DecodeStep, WithFallback
 from chatcli.engine import Engine, GenerationStats
 from chatcli.model import ERAS, GPT, GPTConfig, Linear
 from chatcli.quantize import QUANTIZE_KINDS, default_half_kind
@@ -91,8 +96,12 @@ def synthetic_config(name: str) -> GPTConfig:
     return GPTConfig(2048, 65536, depth, n_head, n_head, n_embd, window_pattern="SSSL")
 
 
-def synthetic_model(name: str) -> tuple[GPT, SyntheticTokenizer]:
-    """A random era-E model with nanochat's shapes for that depth (synthetic_config)."""
+def synthetic_model(
+    name: str, device: torch.device | str = "cpu"
+) -> tuple[GPT, SyntheticTokenizer]:
+    """A random era-E model with nanochat's shapes for that depth (synthetic_config), in
+    fp32 on `device`. The same seed gives the same weights on every device (drawn on the
+    CPU)."""
     config = synthetic_config(name)
     torch.manual_seed(0)
     with torch.device("meta"):
@@ -101,14 +110,63 @@ def synthetic_model(name: str) -> tuple[GPT, SyntheticTokenizer]:
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02 if p.ndim == 2 else 0.1)
+    model.to(device)
     model.init_rotary()
     model.eval().requires_grad_(False)
     return model, SyntheticTokenizer(config.vocab_size)
 
 
-def bandwidth_probe(megabytes: int = 512) -> torch.Tensor:
+def bench_device(device: str = "auto") -> torch.device:
+    """The device a bench runs on: auto is the first CUDA device where there is one, else
+    the CPU. Raises ValueError with the fix for anything else (MPS: not measured)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        picked = torch.device(device)
+    except RuntimeError:
+        picked = None
+    if picked is None or picked.type not in ("cpu", "cuda"):
+        raise ValueError(f"The bench runs on auto, cpu, cuda or cuda:N; not {device!r}.")
+    if picked.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {device}: this torch sees no CUDA device "
+            f"(torch {torch.__version__}). Use --device cpu."
+        )
+    return picked
+
+
+def gpu_weights(precision: str, device: torch.device) -> torch.dtype:
+    """The weights ours runs on a CUDA device: auto as chatcli loads them there (bf16 where
+    the card computes in it, checkpoint.native_bf16), float32 or bfloat16 as asked. The CPU's
+    decode copies (float16, int8, int4) do not exist on a GPU: a ValueError says so."""
+    if precision == "auto":
+        return torch.bfloat16 if native_bf16(device) else torch.float32
+    if precision in ("float32", "bfloat16"):
+        return getattr(torch, precision)
+    raise ValueError(
+        f"--quantize {precision} is a CPU decode copy; on a GPU the bench takes auto, "
+        "float32 or bfloat16."
+    )
+
+
+def _cast_copy(model: GPT, dtype: torch.dtype) -> GPT:
+    """A copy of model with its weights in dtype, as checkpoint.load_model would give them
+    (the rotary tables made again in the era's own dtype)."""
+    cast = copy.deepcopy(model).to(dtype)
+    cast.init_rotary()
+    return cast
+
+
+def _sync() -> None:
+    """Wait for the current CUDA device's queued work, where CUDA is in use: a timing
+    without this measures how fast kernels are queued, not run."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def bandwidth_probe(megabytes: int = 512, device: torch.device | str = "cpu") -> torch.Tensor:
     """A buffer much larger than the caches, for bandwidth_of."""
-    return torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+    return torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
 
 
 def bandwidth_of(buffer: torch.Tensor, repeats: int = 5) -> float:
@@ -145,8 +203,10 @@ def roofline_fractions(
 
 
 def _timed(fn) -> float:
+    _sync()
     t0 = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - t0
 
 
@@ -174,7 +234,7 @@ def _prompt(tokenizer, n: int) -> list[int]:
 
 def _prefill_tps(model, tokens: list[int]) -> float:
     """The baseline's prefill: the module forward, logits at every position."""
-    ids = torch.tensor([tokens])
+    ids = torch.tensor([tokens], device=model.get_device())
     with torch.inference_mode():
         return len(tokens) / _timed(lambda: model(ids))
 
@@ -182,7 +242,7 @@ def _prefill_tps(model, tokens: list[int]) -> float:
 def _ours_prefill_tps(engine: Engine, tokens: list[int]) -> float:
     """Ours' prefill as a generation or a chat's first turn runs it: Engine.forward_last
     into a fresh cache (its threads, the vocabulary projected at the last position only)."""
-    ids = torch.tensor([tokens])
+    ids = torch.tensor([tokens], device=engine.model.get_device())
     with torch.inference_mode():
         cache = engine.new_cache(1, len(tokens))
         return len(tokens) / _timed(lambda: engine.forward_last(ids, cache))
@@ -364,13 +424,27 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -> dict[str, Any]:
     """The baseline (eager fp32, default threads) against ours (the CPU plan applied, and
-    the decode copies `precision` asks for), in alternating rounds (_rounds).
+    the decode copies `precision` asks for), in alternating rounds (_rounds), on the
+    model's device (fp32 weights on it: the baseline's).
 
-    precision: the decode weights ours reads: auto (for large models the 16-bit copies the
-    loader gives them, quantize.default_half_kind; else the fp32 weights), float32, or a
-    quantize.QUANTIZE_KINDS format for any model.
+    precision: on the CPU the decode weights ours reads: auto (for large models the 16-bit
+    copies the loader gives them, quantize.default_half_kind; else the fp32 weights),
+    float32, or a quantize.QUANTIZE_KINDS format for any model. On a CUDA device the
+    weights ours runs (gpu_weights: auto is what chatcli loads there).
     """
+    device = model.get_device()
+    if device.type == "cuda":
+        with torch.cuda.device(device):  # what _sync waits for
+            torch.cuda.reset_peak_memory_stats()
+            return _run_bench(model, tokenizer, label, gpu_weights(precision, device))
+    return _run_bench(model, tokenizer, label, precision)
+
+
+def _run_bench(
+    model: GPT, tokenizer: Any, label: str, precision: str | torch.dtype
+) -> dict[str, Any]:
     torch.manual_seed(0)
+    device = model.get_device()
     model.drop_decode_weights()  # the baseline reads fp32, whatever the loader added
     prompt = _prompt(tokenizer, min(512, model.config.sequence_len // 2))
     short = _prompt(tokenizer, 32)
@@ -391,23 +465,34 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     plan = apply_cpu_plan(model)
     engine = Engine(model, tokenizer)
     fp32_identical = _greedy_tokens(ours_greedy, tokenizer) == reference
-    decode_kind = precision if precision in QUANTIZE_KINDS else None
-    if precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS:
-        decode_kind = default_half_kind()
-    if decode_kind is not None:
-        model.add_decode_weights(decode_kind)
-        engine = Engine(model, tokenizer)  # decides its decode path for these weights
+    ours_model = model  # the CPU's ours reads the same model, through its decode copies
+    if isinstance(precision, torch.dtype):  # a GPU: ours runs its own copy in that dtype
+        decode_kind = None if precision == torch.float32 else str(precision).split(".")[-1]
+        if decode_kind is not None:
+            ours_model = _cast_copy(model, precision)
+            engine = Engine(ours_model, tokenizer)
+    else:
+        decode_kind = precision if precision in QUANTIZE_KINDS else None
+        if precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS:
+            decode_kind = default_half_kind()
+        if decode_kind is not None:
+            model.add_decode_weights(decode_kind)
+            engine = Engine(model, tokenizer)  # decides its decode path for these weights
     agreement = _agreement(_greedy_tokens(ours_greedy, tokenizer), reference)
-    wbytes = weight_bytes_per_token(model)
+    wbytes = weight_bytes_per_token(ours_model)
 
     bf16_bytes = 2 * matrix_params(model)
     # The process's peak before the probe, and the probe's own size: the peak reported is
     # the model's and the engines', not the bench's measuring buffer.
     before_probe_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    probe = bandwidth_probe()  # one buffer for every probe: no 512 MB allocated each time
+    gpu = device.type == "cuda"
+    before_probe_device_mb = torch.cuda.max_memory_allocated() / 2**20 if gpu else 0.0
+    # One buffer for every probe, none allocated each time; on a GPU 2 GB, since 512 MB
+    # streams through its memory in ~0.15 ms, close to a kernel launch's own cost.
+    probe = bandwidth_probe(2048 if gpu else 512, device)
     probe_mb = probe.numel() * probe.element_size() / 2**20
     baseline = _Mode(model, default_threads, copies=False)
-    ours = _Mode(model, plan.threads if plan else default_threads, copies=True)
+    ours = _Mode(ours_model, plan.threads if plan else default_threads, copies=True)
     base, mine = _rounds(
         [
             (
@@ -435,7 +520,7 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
                         wbytes,
                         bf16_bytes,
                     ),
-                    "ttft": lambda: _chat_ttft(model, tokenizer, plain=False),
+                    "ttft": lambda: _chat_ttft(ours_model, tokenizer, plain=False),
                 },
             ),
         ]
@@ -447,9 +532,15 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     ours_1_sampled = mine["sampled1"]
     ttft_base = {t: base[f"ttft{t}"] for t in TURNS}
     ttft_ours = {t: mine[f"ttft{t}"] for t in TURNS}
-    peak_mb = max(
-        before_probe_mb, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - probe_mb
-    )
+    if gpu:  # the probe is on the device: the host's peak is all ours
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        after = torch.cuda.max_memory_allocated() / 2**20 - probe_mb
+        peak_device_mb = round(max(before_probe_device_mb, after), 1)
+    else:
+        peak_mb = max(
+            before_probe_mb, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - probe_mb
+        )
+        peak_device_mb = None
     torch.set_num_threads(default_threads)
 
     def ratio(a: float, b: float) -> float:
@@ -466,7 +557,9 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
         "weights": decode_kind or "float32",
         "threads": {"baseline": default_threads, "ours": plan.threads if plan else default_threads},
         "plan": plan.reason if plan else "not a CPU model",
-        "decode_path": "decode_step" if engine.decode_step is not None else "module forward",
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "decode_path": _decode_path(engine),
         "step_kernel": step.kernel if step else None,
         # The threads ours' decode settled on by row count: a small model's plan is one
         # thread, yet its step through our kernel runs on every core where that is faster.
@@ -512,4 +605,14 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
         "greedy_identical_fp32": fp32_identical,
         "greedy_agreement": agreement,
         "peak_rss_mb": round(peak_mb, 1),
+        # Device memory torch allocated at its peak (the probe taken out); None on the CPU.
+        "peak_device_mb": peak_device_mb,
     }
+
+
+def _decode_path(engine: Engine) -> str:
+    """How ours decoded one row at a time, as the report names it."""
+    step = engine.decode_step
+    if isinstance(step, WithFallback):  # a GPU's: did the CUDA graph hold to the end?
+        return "CUDA graph" if step.fast is not None else f"module forward ({step.what} failed)"
+    return "decode_step" if step is not None else "module forward"

@@ -13,8 +13,10 @@ if TYPE_CHECKING:
 
 def render_bench(console: Console, result: dict[str, Any]) -> None:
     """The model and its plan, the table of measures side by side, then the ratios."""
+    on = f" on {result['device_name']}" if result.get("device_name") else ""
     console.print(
-        f"{result['model']}: {result['params'] / 1e6:.1f}M params, {result['weights']} weights; "
+        f"{result['model']}{on}: {result['params'] / 1e6:.1f}M params, {result['weights']} "
+        "weights; "
         f"plan: {result['plan']}, decode via {result['decode_path']}"
         + (f" through our {result['step_kernel']} kernel" if result["step_kernel"] else "")
         + (f" ({', '.join(result['one_row_kernels'])})" if result["one_row_kernels"] else "")
@@ -71,7 +73,13 @@ def render_bench(console: Console, result: dict[str, Any]) -> None:
         f"{result['bf16_roofline_fraction_paired']}); "
         f"fp32 greedy identical: {result['greedy_identical_fp32']}; greedy agreement of the "
         f"fast path with fp32: {result['greedy_agreement']}; peak RSS {result['peak_rss_mb']} "
-        "MB (without the bench's bandwidth probe)"
+        "MB"
+        + (
+            f", peak device memory {result['peak_device_mb']} MB"
+            if result.get("peak_device_mb") is not None
+            else ""
+        )
+        + " (without the bench's bandwidth probe)"
     )
 
 

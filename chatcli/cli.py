@@ -580,9 +580,18 @@ def bench(
     ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
     softcap: SoftcapOpt = None,
+    device: Annotated[
+        str, typer.Option(help="auto (a CUDA device where there is one), cpu, cuda or cuda:N.")
+    ] = "auto",
 ) -> None:
     """Measure our engine against the plain baseline, side by side, in one run."""
-    from chatcli.bench import SYNTHETIC_DEPTHS, run_bench, synthetic_model
+    from chatcli.bench import (
+        SYNTHETIC_DEPTHS,
+        bench_device,
+        gpu_weights,
+        run_bench,
+        synthetic_model,
+    )
     from chatcli.bench_report import render_bench
     from chatcli.checkpoint import load_model
     from chatcli.quantize import QUANTIZE_KINDS
@@ -596,6 +605,12 @@ def bench(
                 f"--quantize takes auto, float32 (or none), {', '.join(QUANTIZE_KINDS)}; "
                 f"not {quantize!r}."
             )
+        try:
+            where = bench_device(device)
+            if where.type == "cuda":
+                gpu_weights(quantize, where)
+        except ValueError as e:
+            raise ChatcliError(str(e)) from None
         if synthetic is not None and model is not None:
             raise ChatcliError("Pass --model or --synthetic, not both.")
         if synthetic is not None and softcap is not None:
@@ -603,13 +618,15 @@ def bench(
         if synthetic is not None:
             if synthetic not in SYNTHETIC_DEPTHS:
                 raise ChatcliError(f"--synthetic takes one of {', '.join(SYNTHETIC_DEPTHS)}.")
-            net, tokenizer = synthetic_model(synthetic)
+            net, tokenizer = synthetic_model(synthetic, where)
             label = f"synthetic {synthetic}"
         else:
-            net, tokenizer, _ = load_model(model, device="cpu", softcap=softcap)
+            # fp32 on a GPU: the baseline's weights (the bench makes ours' bf16 copy itself).
+            dtype = "float32" if where.type == "cuda" else "auto"
+            net, tokenizer, _ = load_model(model, device=str(where), dtype=dtype, softcap=softcap)
             label = "embedded default model" if model is None else str(model)
         # A run takes from ~25 s to minutes, with nothing to show until it ends.
-        typer.echo(f"Measuring {label}, baseline and ours in turn…", err=True)
+        typer.echo(f"Measuring {label} on {where}, baseline and ours in turn…", err=True)
         result = run_bench(net, tokenizer, label, precision=quantize)
     except ChatcliError as e:
         raise fail(str(e)) from None

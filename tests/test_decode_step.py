@@ -456,6 +456,7 @@ def test_a_failed_graph_hands_over_to_the_modules_own_forward():
         torch.testing.assert_close(got, model(ids[:, t : t + 1], kv_cache=theirs)[:, -1])
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_step_equals_the_module_forward():
     model = _random_model("E").cuda()

@@ -520,3 +520,53 @@ def test_decode_time_leaves_out_the_callers_time_between_tokens():
         time.sleep(0.02)
     assert stats.steps == 6
     assert stats.decode_s < 0.02  # 5 sleeps of 20 ms fell between the steps, outside them
+
+
+def test_a_static_step_s_one_row_generations_share_one_kept_cache():
+    # A CUDA graph's step (here its static step on the CPU): each request would otherwise
+    # make a whole-context cache and capture the graph afresh.
+    from test_decode_step import _random_model
+
+    from chatcli.baseline import baseline_generate
+    from chatcli.decode_step import ModuleStep, StaticDecodeStep, WithFallback
+
+    model = _random_model("E")
+    engine = Engine(model, ByteTokenizer())
+    engine.decode_step = WithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
+    made = []
+    real_new_cache = engine.new_cache
+    engine.new_cache = lambda *a: made.append(a) or real_new_cache(*a)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 190, (n,), generator=g).tolist() for n in (40, 12, 25)]
+
+    def greedy(prompt, steps=None):
+        steps = steps or engine.generate(prompt, max_tokens=20, temperature=0.0, use_tools=False)
+        return [column[0] for column, _ in steps]
+
+    def plain(prompt):
+        return [c[0] for c in baseline_generate(model, prompt, 1, 20, 0.0)]
+
+    # One after another (the second shorter than the first: stale K/V lie past its prompt).
+    for prompt in prompts:
+        assert greedy(prompt) == plain(prompt)
+    assert made == [(1, model.config.sequence_len)]  # made once, at the first request
+    # A generation begun while another is still open gets a cache of its own.
+    first = engine.generate(prompts[0], max_tokens=20, temperature=0.0, use_tools=False)
+    head = [next(first)[0][0] for _ in range(5)]
+    assert greedy(prompts[1]) == plain(prompts[1])
+    assert len(made) == 3  # the second's prefill cache and its fork
+    assert head + greedy(prompts[0], first) == plain(prompts[0])
+    first.close()
+    # A closed generation hands the cache back, and a failed one too.
+    assert engine._row_cache_lent.acquire(blocking=False)
+    engine._row_cache_lent.release()
+    real_forward = engine.forward_last
+
+    def out_of_memory(ids, cache):
+        raise RuntimeError("CUDA out of memory")
+
+    engine.forward_last = out_of_memory
+    with pytest.raises(RuntimeError, match="out of memory"):
+        greedy(prompts[1])
+    engine.forward_last = real_forward
+    assert greedy(prompts[2]) == plain(prompts[2]) and len(made) == 3
