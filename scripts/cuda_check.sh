@@ -15,14 +15,14 @@ torch.cuda.get_device_name(), torch.cuda.get_device_capability())" 2>&1 | tee "$
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv \
     >>"$out/env.txt" 2>&1
 
-timeout 200 python3 -m pytest -m cuda -rA -q -p no:cacheprovider \
+timeout 150 python3 -m pytest -m cuda -rA -q -p no:cacheprovider \
     tests/test_cuda.py tests/test_decode_step.py 2>&1 | tee "$out/pytest.log" || status=1
 
 for what in embedded d20; do
     args=(--device cuda --json)
     [ "$what" = d20 ] && args+=(--synthetic d20)
     t0=$SECONDS
-    timeout 200 python3 -m chatcli bench "${args[@]}" >"$out/bench_$what.json" \
+    timeout 170 python3 -m chatcli bench "${args[@]}" >"$out/bench_$what.json" \
         2>"$out/bench_$what.err"
     rc=$?
     [ $rc = 0 ] || status=1
