@@ -289,7 +289,7 @@ def _baseline_decode(model, prompt: list[int], n: int) -> float:
     return n * steps / max(time.perf_counter() - t0, 1e-9)
 
 
-def _chat_ttft(model, tokenizer, plain: bool) -> dict[str, float]:
+def _chat_ttft(model, tokenizer, plain: bool, compile: bool = False) -> dict[str, float]:
     """The best time to first token at given turns of a scripted chat (the same in both
     modes), over as many chats as fit in CHAT_SECONDS (at least one).
 
@@ -304,7 +304,8 @@ def _chat_ttft(model, tokenizer, plain: bool) -> dict[str, float]:
     turn-10 / turn-1 ratio.
 
     plain: the baseline's way, every turn re-prefills the whole conversation; otherwise the
-    session keeps its KV cache and prefills only the new turn.
+    session keeps its KV cache and prefills only the new turn. compile: the sessions' as
+    `chat --compile` runs.
     """
     # Short replies too in a short context (a nanochat fixture's 256), so that ten turns fit.
     context = getattr(getattr(model, "config", None), "sequence_len", 512)
@@ -314,7 +315,7 @@ def _chat_ttft(model, tokenizer, plain: bool) -> dict[str, float]:
     best: dict[str, float] = {}
     t0 = time.perf_counter()
     while not best or time.perf_counter() - t0 < CHAT_SECONDS:
-        session = ChatSession(model, tokenizer, opts)
+        session = ChatSession(model, tokenizer, opts, compile=compile)
         for turn in range(1, max(TURNS) + 1):
             # Short turns, so that ten of them fit a 512-token context without the guard
             # dropping (and re-prefilling) anything: this measures reuse, not the guard.
@@ -422,7 +423,9 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return round(same / max(total, 1), 3)
 
 
-def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -> dict[str, Any]:
+def run_bench(
+    model: GPT, tokenizer: Any, label: str, precision: str = "auto", compile: bool = False
+) -> dict[str, Any]:
     """The baseline (eager fp32, default threads) against ours (the CPU plan applied, and
     the decode copies `precision` asks for), in alternating rounds (_rounds), on the
     model's device (fp32 weights on it: the baseline's).
@@ -431,17 +434,20 @@ def run_bench(model: GPT, tokenizer: Any, label: str, precision: str = "auto") -
     copies the loader gives them, quantize.default_half_kind; else the fp32 weights),
     float32, or a quantize.QUANTIZE_KINDS format for any model. On a CUDA device the
     weights ours runs (gpu_weights: auto is what chatcli loads there).
+
+    compile: ours as `--compile` runs it (engine._pick_decode_step).
     """
     device = model.get_device()
     if device.type == "cuda":
         with torch.cuda.device(device):  # what _sync waits for
             torch.cuda.reset_peak_memory_stats()
-            return _run_bench(model, tokenizer, label, gpu_weights(precision, device))
-    return _run_bench(model, tokenizer, label, precision)
+            weights = gpu_weights(precision, device)
+            return _run_bench(model, tokenizer, label, weights, compile)
+    return _run_bench(model, tokenizer, label, precision, compile)
 
 
 def _run_bench(
-    model: GPT, tokenizer: Any, label: str, precision: str | torch.dtype
+    model: GPT, tokenizer: Any, label: str, precision: str | torch.dtype, compile: bool
 ) -> dict[str, Any]:
     torch.manual_seed(0)
     device = model.get_device()
@@ -463,21 +469,22 @@ def _run_bench(
     # ours runs (the CPU plan's threads).
     reference = _greedy_tokens(base_greedy, tokenizer)
     plan = apply_cpu_plan(model)
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, compile=compile)
     fp32_identical = _greedy_tokens(ours_greedy, tokenizer) == reference
     ours_model = model  # the CPU's ours reads the same model, through its decode copies
     if isinstance(precision, torch.dtype):  # a GPU: ours runs its own copy in that dtype
         decode_kind = None if precision == torch.float32 else str(precision).split(".")[-1]
         if decode_kind is not None:
             ours_model = _cast_copy(model, precision)
-            engine = Engine(ours_model, tokenizer)
+            engine = Engine(ours_model, tokenizer, compile=compile)
     else:
         decode_kind = precision if precision in QUANTIZE_KINDS else None
         if precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS:
             decode_kind = default_half_kind()
         if decode_kind is not None:
             model.add_decode_weights(decode_kind)
-            engine = Engine(model, tokenizer)  # decides its decode path for these weights
+            # It decides its decode path for these weights.
+            engine = Engine(model, tokenizer, compile=compile)
     agreement = _agreement(_greedy_tokens(ours_greedy, tokenizer), reference)
     wbytes = weight_bytes_per_token(ours_model)
 
@@ -520,7 +527,7 @@ def _run_bench(
                         wbytes,
                         bf16_bytes,
                     ),
-                    "ttft": lambda: _chat_ttft(ours_model, tokenizer, plain=False),
+                    "ttft": lambda: _chat_ttft(ours_model, tokenizer, plain=False, compile=compile),
                 },
             ),
         ]
@@ -560,6 +567,7 @@ def _run_bench(
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "decode_path": _decode_path(engine),
+        "compile": compile,
         "step_kernel": step.kernel if step else None,
         # The threads ours' decode settled on by row count: a small model's plan is one
         # thread, yet its step through our kernel runs on every core where that is faster.

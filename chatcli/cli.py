@@ -583,6 +583,7 @@ def bench(
     device: Annotated[
         str, typer.Option(help="auto (a CUDA device where there is one), cpu, cuda or cuda:N.")
     ] = "auto",
+    compile_model: CompileOpt = False,
 ) -> None:
     """Measure our engine against the plain baseline, side by side, in one run."""
     from chatcli.bench import (
@@ -627,7 +628,7 @@ def bench(
             label = "embedded default model" if model is None else str(model)
         # A run takes from ~25 s to minutes, with nothing to show until it ends.
         typer.echo(f"Measuring {label} on {where}, baseline and ours in turn…", err=True)
-        result = run_bench(net, tokenizer, label, precision=quantize)
+        result = run_bench(net, tokenizer, label, precision=quantize, compile=compile_model)
     except ChatcliError as e:
         raise fail(str(e)) from None
     if as_json:

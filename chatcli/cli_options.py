@@ -179,8 +179,9 @@ CompileOpt = Annotated[
     bool,
     typer.Option(
         "--compile",
-        help="torch.compile a large model where our kernels do not run its decode (slow "
-        "first start, cached; eager fallback).",
+        help="torch.compile the decode step a GPU's CUDA graph replays, or on the CPU a "
+        "large model whose decode our kernels do not run (slow first start, cached; eager "
+        "fallback).",
     ),
 ]
 

@@ -771,6 +771,29 @@ class DecodeStep:
         return torch.lerp(out_s.view(N, Hkv, r, D), out_p, weight).reshape(N, H, D)
 
 
+def compiled_or_eager(fn: Callable[..., Out], **options: object) -> Callable[..., Out]:
+    """fn through torch.compile (with `options`), falling back to fn itself for good if
+    compiling or running the compiled code fails.
+
+    Inductor caches its kernels on disk (its default cache dir), so only the first run on a
+    machine pays the full compile time. A failure (no C compiler, an unsupported op) is
+    reported once as a warning, and fn runs eagerly from then on.
+    """
+    compiled: Callable[..., Out] | None = torch.compile(fn, **options)
+
+    def run(*args: object, **kwargs: object) -> Out:
+        nonlocal compiled
+        if compiled is not None:
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as e:  # inductor raises many types; eager always works
+                warnings.warn(f"torch.compile failed, running eagerly: {e}", stacklevel=2)
+                compiled = None
+        return fn(*args, **kwargs)
+
+    return run
+
+
 def has_decode_copies(model: GPT) -> bool:
     return bool(model.decode_weights())
 

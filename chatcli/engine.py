@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from chatcli.decode_step import (
     ModuleStep,
     StaticDecodeStep,
     WithFallback,
+    compiled_or_eager,
 )
 from chatcli.errors import ContextOverflowError
 from chatcli.kv_cache import KVCache, SharedPrefixCache
@@ -105,25 +105,9 @@ def _free_positions(cache: KVCache | SharedPrefixCache) -> int:
 
 
 def compiled_forward(model: CachedModel) -> Callable[..., torch.Tensor]:
-    """model.forward through torch.compile, falling back to eager if compiling fails.
-
-    Inductor caches its kernels on disk (its default cache dir), so only the first run on a
-    machine pays the full compile time. A failure (no C compiler, an unsupported op) is
-    reported once as a warning and the model runs eagerly from then on.
-    """
-    compiled: Callable[..., torch.Tensor] | None = torch.compile(model.forward, dynamic=True)
-
-    def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
-        nonlocal compiled
-        if compiled is not None:
-            try:
-                return compiled(*args, **kwargs)
-            except Exception as e:  # inductor raises many types; eager always works
-                warnings.warn(f"torch.compile failed, running eagerly: {e}", stacklevel=2)
-                compiled = None
-        return model.forward(*args, **kwargs)
-
-    return forward
+    """model.forward through torch.compile (dynamic shapes), falling back to eager if
+    compiling fails (decode_step.compiled_or_eager)."""
+    return compiled_or_eager(model.forward, dynamic=True)
 
 
 def _pick_decode_step(
@@ -144,9 +128,10 @@ def _pick_decode_step(
     """
     device = model.get_device().type if hasattr(model, "get_device") else "cpu"
     if device == "cuda" and StaticDecodeStep.supports(model):
-        return WithFallback(
-            CudaGraphStep(StaticDecodeStep(model)), ModuleStep(model), "CUDA graph capture"
-        )
+        static = StaticDecodeStep(model)
+        if compile:  # the graph then replays the compiled step's fused kernels
+            static.forward_static = compiled_or_eager(static.forward_static)
+        return WithFallback(CudaGraphStep(static), ModuleStep(model), "CUDA graph capture")
     if device == "cpu" and DecodeStep.supports(model):
         step = DecodeStep(model)
         if compile and model.num_params() >= SMALL_MODEL_PARAMS and step.kernel is None:
@@ -336,11 +321,15 @@ class Engine:
         while they decode); else prefix is copied into each row."""
         # Room for the budget and for a calculator result that runs past it, within the context.
         suffix_len = min(budget + RESULT_RESERVE, self.context_len - prefix.get_pos())
-        if num_samples > 1 and self.shared_prefix:
-            return SharedPrefixCache(prefix, num_samples, suffix_len)
-        # A static decode step (compiled, CUDA graph) gets the whole context for its one
-        # row, so that it sees the same cache shape on every call.
+        # A static decode step (a CUDA graph's) gets plain rows, the prompt copied into each:
+        # the rows then decode in one graph replay a step, where over a shared prefix they
+        # take the dynamic step's hundreds of kernel launches (on an H200, 8 rows of d20 ran
+        # at 697 tok/s that way, slower than the baseline's copies). A GPU's memory copies
+        # the prompt in microseconds.
         static = getattr(self.decode_step, "wants_full_cache", False)
+        if num_samples > 1 and self.shared_prefix and not static:
+            return SharedPrefixCache(prefix, num_samples, suffix_len)
+        # Its one row gets the whole context, so that it sees the same cache shape every call.
         length = self.context_len if num_samples == 1 and static else prefix.get_pos() + suffix_len
         cache = self.new_cache(num_samples, length)
         cache.prefill(prefix)

@@ -95,16 +95,46 @@ def test_bf16_on_the_gpu_runs_the_graph_and_stays_close_to_its_module_forward():
     assert engine.decode_step.fast is not None
 
 
-def test_eight_greedy_samples_over_a_shared_prompt_each_equal_the_single_reply():
+def test_eight_greedy_samples_in_one_graph_each_equal_the_single_reply():
     model, tokenizer = _embedded("float32")
     engine = Engine(model, tokenizer)
-    assert engine.shared_prefix  # the rows read one copy of the prompt's K/V
     prompt = _chat_prompt(tokenizer, PROMPTS[1])
+    prefix = engine.new_cache(1, len(prompt))
+    with torch.inference_mode():
+        engine.forward_last(torch.tensor([prompt], device="cuda"), prefix)
+    rows = engine.fork(prefix, 8, 30)  # the prompt copied into plain rows: graph-capturable
+    assert type(rows) is KVCache and rows.batch_size == 8
     single = _greedy(engine, prompt, 30)
     results, _ = engine.generate_batch(
         prompt, num_samples=8, max_tokens=30, temperature=0.0, use_tools=False
     )
     assert all(r[len(prompt) :] == single for r in results)
+    assert engine.decode_step.fast is not None
+
+
+def test_compile_fuses_the_graph_s_step_and_keeps_its_logits():
+    model, tokenizer = _embedded("float32")
+    engine = Engine(model, tokenizer, compile=True)
+    prompt = _chat_prompt(tokenizer, PROMPTS[0])
+    c = model.config
+    ours, theirs = (
+        KVCache(1, c.n_kv_head, c.sequence_len, c.head_dim, c.n_layer, device="cuda", zeroed=True)
+        for _ in range(2)
+    )
+    ids = torch.tensor([prompt], device="cuda")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="torch.compile failed")
+        with torch.inference_mode():
+            model(ids, kv_cache=ours)
+            model(ids, kv_cache=theirs)
+            token = ids[:, -1:]
+            for _ in range(30):
+                got = engine.decode_step(token, ours)
+                want = model(token, kv_cache=theirs)[:, -1, :]
+                torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
+                token = want.argmax(dim=-1, keepdim=True)
+        reply = tokenizer.decode(_greedy(engine, prompt))
+    assert reply.strip() and engine.decode_step.fast is not None
 
 
 def test_sampling_on_the_device_follows_the_seed():

@@ -570,3 +570,28 @@ def test_a_static_step_s_one_row_generations_share_one_kept_cache():
         greedy(prompts[1])
     engine.forward_last = real_forward
     assert greedy(prompts[2]) == plain(prompts[2]) and len(made) == 3
+
+
+def test_a_static_step_s_sample_rows_get_the_prompt_copied_and_answer_as_shared_rows():
+    # On a GPU the rows then decode in one graph replay a step; the answers stay the same.
+    from test_decode_step import _random_model
+
+    from chatcli.decode_step import ModuleStep, StaticDecodeStep, WithFallback
+    from chatcli.kv_cache import KVCache, SharedPrefixCache
+
+    model = _random_model("E")
+    shared, static = Engine(model, ByteTokenizer()), Engine(model, ByteTokenizer())
+    static.decode_step = WithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
+    prompt = torch.randint(0, 190, (30,), generator=torch.Generator().manual_seed(6)).tolist()
+    prefix = static.new_cache(1, 30)
+    with torch.inference_mode():
+        static.forward_last(torch.tensor([prompt]), prefix)
+    rows = static.fork(prefix, 4, 20)
+    assert type(rows) is KVCache and rows.batch_size == 4
+    assert rows.get_pos() == 30 and rows.max_seq_len <= 30 + 20 + 64  # not the whole context
+    assert isinstance(shared.fork(prefix, 4, 20), SharedPrefixCache)
+    for how in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 3}):
+        got = static.generate_batch(prompt, 4, max_tokens=16, use_tools=False, **how)
+        assert got == shared.generate_batch(prompt, 4, max_tokens=16, use_tools=False, **how)
+    greedy = static.generate_batch(prompt, 4, max_tokens=16, temperature=0.0, use_tools=False)
+    assert len({tuple(r) for r in greedy[0]}) == 1
