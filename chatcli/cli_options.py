@@ -179,9 +179,8 @@ CompileOpt = Annotated[
     bool,
     typer.Option(
         "--compile",
-        help="torch.compile the decode step a GPU's CUDA graph replays, or on the CPU a "
-        "large model whose decode our kernels do not run (slow first start, cached; eager "
-        "fallback).",
+        help="torch.compile a large CPU model whose decode our kernels do not run (slow "
+        "first start, cached; eager fallback). A GPU keeps its CUDA graph: faster.",
     ),
 ]
 

@@ -116,7 +116,7 @@ def _pick_decode_step(
     """The fastest one-token-per-row step that reproduces this model, or None (the forward).
 
     - CUDA: the static step captured as a CUDA graph (one launch per token instead of
-      hundreds), falling back to the module's forward if capture fails.
+      hundreds), falling back to the module's forward if capture fails; with --compile too.
     - CPU, fp32 activations: the fused step (decode_step.py), reading a big model's compact
       decode copies. A small model keeps it with --compile too: in a chat session (a
       512-position cache) it decodes the embedded model in 1.75 ms per token, where its
@@ -128,10 +128,12 @@ def _pick_decode_step(
     """
     device = model.get_device().type if hasattr(model, "get_device") else "cpu"
     if device == "cuda" and StaticDecodeStep.supports(model):
-        static = StaticDecodeStep(model)
-        if compile:  # the graph then replays the compiled step's fused kernels
-            static.forward_static = compiled_or_eager(static.forward_static)
-        return WithFallback(CudaGraphStep(static), ModuleStep(model), "CUDA graph capture")
+        # --compile is not taken here: compiled, the captured step replayed slower (d20 in
+        # bf16 on an H200: 2.56 against 1.82 ms, 380 against 519 tok/s in `chatcli bench`;
+        # scripts/cuda_step_profile.py).
+        return WithFallback(
+            CudaGraphStep(StaticDecodeStep(model)), ModuleStep(model), "CUDA graph capture"
+        )
     if device == "cpu" and DecodeStep.supports(model):
         step = DecodeStep(model)
         if compile and model.num_params() >= SMALL_MODEL_PARAMS and step.kernel is None:

@@ -112,31 +112,6 @@ def test_eight_greedy_samples_in_one_graph_each_equal_the_single_reply():
     assert engine.decode_step.fast is not None
 
 
-def test_compile_fuses_the_graph_s_step_and_keeps_its_logits():
-    model, tokenizer = _embedded("float32")
-    engine = Engine(model, tokenizer, compile=True)
-    prompt = _chat_prompt(tokenizer, PROMPTS[0])
-    c = model.config
-    ours, theirs = (
-        KVCache(1, c.n_kv_head, c.sequence_len, c.head_dim, c.n_layer, device="cuda", zeroed=True)
-        for _ in range(2)
-    )
-    ids = torch.tensor([prompt], device="cuda")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="torch.compile failed")
-        with torch.inference_mode():
-            model(ids, kv_cache=ours)
-            model(ids, kv_cache=theirs)
-            token = ids[:, -1:]
-            for _ in range(30):
-                got = engine.decode_step(token, ours)
-                want = model(token, kv_cache=theirs)[:, -1, :]
-                torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
-                token = want.argmax(dim=-1, keepdim=True)
-        reply = tokenizer.decode(_greedy(engine, prompt))
-    assert reply.strip() and engine.decode_step.fast is not None
-
-
 def test_sampling_on_the_device_follows_the_seed():
     model, tokenizer = _embedded("float32")
     engine = Engine(model, tokenizer)

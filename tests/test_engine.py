@@ -595,3 +595,17 @@ def test_a_static_step_s_sample_rows_get_the_prompt_copied_and_answer_as_shared_
         assert got == shared.generate_batch(prompt, 4, max_tokens=16, use_tools=False, **how)
     greedy = static.generate_batch(prompt, 4, max_tokens=16, temperature=0.0, use_tools=False)
     assert len({tuple(r) for r in greedy[0]}) == 1
+
+
+def test_compile_on_a_gpu_keeps_the_eager_graph_step(monkeypatch):
+    # Compiled, the captured step replayed slower on an H200 (engine._pick_decode_step).
+    from test_decode_step import _random_model
+
+    from chatcli.decode_step import CudaGraphStep, StaticDecodeStep, WithFallback
+
+    model = _random_model("E")
+    monkeypatch.setattr(model, "get_device", lambda: torch.device("cuda"))
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled on a GPU"))
+    step = Engine(model, ByteTokenizer(), compile=True).decode_step
+    assert isinstance(step, WithFallback) and isinstance(step.fast, CudaGraphStep)
+    assert step.fast.step.forward_static.__func__ is StaticDecodeStep.forward_static
