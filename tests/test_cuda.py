@@ -241,3 +241,37 @@ def test_once_answers_on_the_gpu():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
+
+
+def test_a_gpu_worker_serves_what_the_engine_says():
+    serving = pytest.importorskip("serving")  # the serve extra
+    import httpx
+
+    from chatcli.server import Worker
+
+    model, tokenizer = _embedded("float32")
+    prompt = _chat_prompt(tokenizer, PROMPTS[2])
+    want = tokenizer.decode(_greedy(Engine(model, tokenizer), prompt, 24))
+    body = {
+        "messages": [{"role": "user", "content": PROMPTS[2]}],
+        "max_tokens": 24,
+        "temperature": 0,
+    }
+    server = serving.serve_workers([Worker(model, tokenizer, name="0")])
+    try:
+        url = f"{server.url}/v1/chat/completions"
+        whole = httpx.post(url, json=body, timeout=60).json()
+        with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        stats = httpx.get(f"{server.url}/stats", timeout=10).json()
+    finally:
+        server.stop()
+    assert whole["choices"][0]["message"]["content"] == want
+    streamed = "".join(
+        json.loads(e[6:])["choices"][0]["delta"].get("content") or ""
+        for e in events
+        if e != "data: [DONE]"
+    )
+    assert streamed == whole["choices"][0]["message"]["content"]
+    assert events[-1] == "data: [DONE]"
+    assert "cuda" in json.dumps(stats)
