@@ -48,7 +48,10 @@ def render_bench(console: Console, result: dict[str, Any]) -> None:
         rows.append((title, str(r["baseline"]), str(r["ours"]), f"{r['ratio']}x"))
     ttft = result["ttft_s"]
     for turn in (1, 5, 10):
-        base, ours = ttft["baseline"][turn], ttft["ours"][turn]
+        # int keys as run_bench returns them, str keys as its JSON reads back
+        base, ours = (
+            ttft[side].get(turn, ttft[side].get(str(turn))) for side in ("baseline", "ours")
+        )
         rows.append(
             (
                 f"time to first token, turn {turn} (s)",

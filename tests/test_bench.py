@@ -247,3 +247,45 @@ def test_a_chat_that_outgrows_a_short_context_is_flagged_not_passed_off(monkeypa
     model, tokenizer, _ = load_model(None, device="cpu")
     monkeypatch.setattr(model, "config", replace(model.config, sequence_len=96))  # too short
     assert bench._chat_ttft(model, tokenizer, plain=False)["chat_dropped"] == 1.0
+
+
+def test_the_bench_device_is_the_gpu_where_there_is_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bench.bench_device("auto") == torch.device("cuda")
+    assert bench.bench_device("cuda:1") == torch.device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.bench_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="sees no CUDA device"):
+        bench.bench_device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("precision", "capability", "want"),
+    [
+        ("auto", (9, 0), torch.bfloat16),  # as chatcli loads a bf16-capable GPU
+        ("auto", (7, 5), torch.float32),  # a Turing card only emulates bf16
+        ("float32", (9, 0), torch.float32),
+        ("bfloat16", (7, 5), torch.bfloat16),
+    ],
+)
+def test_ours_on_a_gpu_runs_the_weights_chatcli_would(monkeypatch, precision, capability, want):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert bench.gpu_weights(precision, torch.device("cuda")) == want
+
+
+@pytest.mark.parametrize("kind", ["float16", "int8", "int4"])
+def test_a_cpu_decode_copy_on_a_gpu_is_refused(kind):
+    with pytest.raises(ValueError, match=f"--quantize {kind} is a CPU decode copy"):
+        bench.gpu_weights(kind, torch.device("cuda"))
+
+
+def test_a_cast_copy_is_the_model_in_that_dtype_and_leaves_it_alone():
+    model = _random_model("E")
+    cast = bench._cast_copy(model, torch.bfloat16)
+    assert next(model.parameters()).dtype == torch.float32
+    assert all(p.dtype == torch.bfloat16 for p in cast.parameters())
+    for (name, p), q in zip(model.named_parameters(), cast.parameters(), strict=True):
+        assert torch.equal(p.to(torch.bfloat16), q), name
+    ids = torch.randint(0, 190, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch.testing.assert_close(cast(ids).float(), model(ids), atol=0.1, rtol=0)

@@ -364,6 +364,28 @@ def test_bench_refuses_a_model_and_a_synthetic_one_together():
     assert "Pass --model or --synthetic, not both." in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--device", "mps"], "The bench runs on auto, cpu, cuda or cuda:N; not 'mps'."),
+        (["--device", "cuda:x"], "not 'cuda:x'"),
+    ],
+)
+def test_bench_says_which_devices_it_measures(args, message):
+    result = runner.invoke(app, ["bench", *args])
+    assert result.exit_code == 1 and message in result.stderr
+
+
+def test_bench_on_cuda_without_one_says_to_use_the_cpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks a CPU-only machine's message")
+    result = runner.invoke(app, ["bench", "--device", "cuda"])
+    assert result.exit_code == 1
+    assert "this torch sees no CUDA device" in result.stderr and "--device cpu" in result.stderr
+
+
 def test_step_takes_latest_as_the_config_does():
     result = runner.invoke(app, ["once", "What is 2+2?", "--step", "latest", "-t", "0"])
     assert result.exit_code == 0, result.output
