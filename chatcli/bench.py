@@ -574,7 +574,8 @@ def _run_bench(
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "decode_path": _decode_path(engine),
-        "compile": compile,
+        "compile": compile,  # asked for; "compiled": whether ours' forward was compiled
+        "compiled": engine.compiled,
         "step_kernel": step.kernel if step else None,
         # The threads ours' decode settled on by row count: a small model's plan is one
         # thread, yet its step through our kernel runs on every core where that is faster.

@@ -18,7 +18,7 @@ def render_bench(console: Console, result: dict[str, Any]) -> None:
         f"{result['model']}{on}: {result['params'] / 1e6:.1f}M params, {result['weights']} "
         "weights; "
         f"plan: {result['plan']}, decode via {result['decode_path']}"
-        + (" (compiled)" if result.get("compile") else "")
+        + (" (compiled)" if result.get("compiled") else "")
         + (f" through our {result['step_kernel']} kernel" if result["step_kernel"] else "")
         + (f" ({', '.join(result['one_row_kernels'])})" if result["one_row_kernels"] else "")
         + (

@@ -828,7 +828,8 @@ class StaticDecodeStep(DecodeStep):
     Keys are read over the whole preallocated cache under a mask, the position is a tensor
     and the K/V writes are index_copy_ at that position. Nothing depends on a host value, so
     the step can be captured once as a CUDA graph and replayed (CudaGraphStep). Plain
-    KVCache rows only: sample rows over a shared prompt keep the dynamic step. (Through
+    KVCache rows only, one or many (Engine.fork copies the prompt into each sample row for
+    it); rows over a shared prompt, should any come, take the dynamic step. (Through
     torch.compile on the CPU it was 3x slower than the fused eager step, so it is not
     compiled there.)
     """

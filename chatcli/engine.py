@@ -116,7 +116,8 @@ def _pick_decode_step(
     """The fastest one-token-per-row step that reproduces this model, or None (the forward).
 
     - CUDA: the static step captured as a CUDA graph (one launch per token instead of
-      hundreds), falling back to the module's forward if capture fails; with --compile too.
+      hundreds), falling back to the module's forward if capture fails. --compile does not
+      change it (compiled, the step replayed slower).
     - CPU, fp32 activations: the fused step (decode_step.py), reading a big model's compact
       decode copies. A small model keeps it with --compile too: in a chat session (a
       512-position cache) it decodes the embedded model in 1.75 ms per token, where its
@@ -150,18 +151,21 @@ class Engine:
         self.tokenizer = tokenizer
         self._forward = model.forward
         self.decode_step = _pick_decode_step(model, compile)
+        self.compiled = False  # whether --compile took: only where no faster step was kept
         if compile and self.decode_step is None:
             # No faster step for this model: compile the whole forward (dynamic shapes).
             # The K/V writes happen before the cache advances, so a failed compiled call
             # that falls back to eager simply rewrites the same positions.
             self._forward = compiled_forward(model)
+            self.compiled = True
         special = tokenizer.encode_special
         self.python_start, self.python_end = special(PYTHON_START), special(PYTHON_END)
         self.output_start, self.output_end = special(OUTPUT_START), special(OUTPUT_END)
         self.assistant_end = special(ASSISTANT_END)
         self.bos = tokenizer.get_bos_token_id()
         # Our GPT can skip the vocabulary projection of all but the last prefill position,
-        # and decode many samples over one shared copy of the prompt's K/V.
+        # and decode many samples over one shared copy of the prompt's K/V (fork: not with
+        # a static step, whose rows take a copy each).
         self._last_only = "last_only" in inspect.signature(model.forward).parameters
         self.shared_prefix = getattr(model, "supports_shared_prefix", False)
         # A static step's one-row generations reuse one full-context cache: its CUDA graph is
@@ -318,9 +322,10 @@ class Engine:
 
     def fork(self, prefix: KVCache, num_samples: int, budget: int) -> KVCache | SharedPrefixCache:
         """The cache `num_samples` rows decode in, going on from the batch-1 cache `prefix`
-        for up to `budget` tokens. Where the model reads a shared prefix the rows share
-        prefix's K/V (nothing copied, each step reads them once; prefix must not change
-        while they decode); else prefix is copied into each row."""
+        for up to `budget` tokens. Where the model reads a shared prefix and the decode step
+        is not static, the rows share prefix's K/V (nothing copied, each step reads them
+        once; prefix must not change while they decode); else (a GPU's CUDA graph step, or
+        a model without shared-prefix attention) prefix is copied into each row."""
         # Room for the budget and for a calculator result that runs past it, within the context.
         suffix_len = min(budget + RESULT_RESERVE, self.context_len - prefix.get_pos())
         # A static decode step (a CUDA graph's) gets plain rows, the prompt copied into each:

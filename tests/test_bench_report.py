@@ -29,3 +29,10 @@ def test_a_gpu_bench_names_the_card_and_its_peak_memory():
     assert "decode via CUDA graph;" in text
     assert "decode tok/s, batch 1 386.9 2517.4 6.51x" in text
     assert "peak RSS 1533.4 MB, peak device memory 1132.4 MB (without" in text
+    # --compile asked for, nothing compiled (a GPU keeps its graph): the report says nothing
+    for compiled, said in ((False, "via CUDA graph;"), (True, "via CUDA graph (compiled);")):
+        out = io.StringIO()
+        render_bench(
+            Console(file=out, width=200), {**result, "compile": True, "compiled": compiled}
+        )
+        assert said in out.getvalue()
