@@ -131,6 +131,12 @@ def bench_device(device: str = "auto") -> torch.device:
             f"--device {device}: this torch sees no CUDA device "
             f"(torch {torch.__version__}). Use --device cpu."
         )
+    if picked.type == "cuda" and (picked.index or 0) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ValueError(
+            f"--device {device}: this machine has {count} CUDA device{'s' if count > 1 else ''} "
+            f"(cuda:0 to cuda:{count - 1})."
+        )
     return picked
 
 

@@ -771,29 +771,6 @@ class DecodeStep:
         return torch.lerp(out_s.view(N, Hkv, r, D), out_p, weight).reshape(N, H, D)
 
 
-def compiled_or_eager(fn: Callable[..., Out], **options: object) -> Callable[..., Out]:
-    """fn through torch.compile (with `options`), falling back to fn itself for good if
-    compiling or running the compiled code fails.
-
-    Inductor caches its kernels on disk (its default cache dir), so only the first run on a
-    machine pays the full compile time. A failure (no C compiler, an unsupported op) is
-    reported once as a warning, and fn runs eagerly from then on.
-    """
-    compiled: Callable[..., Out] | None = torch.compile(fn, **options)
-
-    def run(*args: object, **kwargs: object) -> Out:
-        nonlocal compiled
-        if compiled is not None:
-            try:
-                return compiled(*args, **kwargs)
-            except Exception as e:  # inductor raises many types; eager always works
-                warnings.warn(f"torch.compile failed, running eagerly: {e}", stacklevel=2)
-                compiled = None
-        return fn(*args, **kwargs)
-
-    return run
-
-
 def has_decode_copies(model: GPT) -> bool:
     return bool(model.decode_weights())
 
@@ -835,6 +812,8 @@ class StaticDecodeStep(DecodeStep):
     """
 
     reads_whole_cache = True  # under a mask: the Engine zeroes the caches it makes for it
+    # Its shapes are the cache's: one row gets the whole context, the same shape every call.
+    wants_full_cache = True
 
     def __init__(self, model: GPT) -> None:
         super().__init__(model)
@@ -1002,15 +981,22 @@ class WithFallback:
     context), not the fast path's: it passes through.
     """
 
-    wants_full_cache = True
-    reads_whole_cache = True
-
     def __init__(
         self, fast: Callable[..., torch.Tensor], plain: Callable[..., torch.Tensor], what: str
     ) -> None:
         self.fast: Callable[..., torch.Tensor] | None = fast
         self.plain = plain
         self.what = what
+
+    # What the step in use asks of the caches it is given: after a fallback, the plain
+    # step's (sample rows back over a shared prompt, caches no longer zeroed or whole).
+    @property
+    def wants_full_cache(self) -> bool:
+        return getattr(self.fast or self.plain, "wants_full_cache", False)
+
+    @property
+    def reads_whole_cache(self) -> bool:
+        return getattr(self.fast or self.plain, "reads_whole_cache", False)
 
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         if self.fast is not None:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -31,7 +32,6 @@ from chatcli.decode_step import (
     ModuleStep,
     StaticDecodeStep,
     WithFallback,
-    compiled_or_eager,
 )
 from chatcli.errors import ContextOverflowError
 from chatcli.kv_cache import KVCache, SharedPrefixCache
@@ -104,9 +104,35 @@ def _free_positions(cache: KVCache | SharedPrefixCache) -> int:
     return cache.max_seq_len - cache.get_pos()
 
 
+T = TypeVar("T")
+
+
+def compiled_or_eager(fn: Callable[..., T], **options: object) -> Callable[..., T]:
+    """fn through torch.compile (with `options`), falling back to fn itself for good if
+    compiling or running the compiled code fails.
+
+    Inductor caches its kernels on disk (its default cache dir), so only the first run on a
+    machine pays the full compile time. A failure (no C compiler, an unsupported op) is
+    reported once as a warning, and fn runs eagerly from then on.
+    """
+    compiled: Callable[..., T] | None = torch.compile(fn, **options)
+
+    def run(*args: object, **kwargs: object) -> T:
+        nonlocal compiled
+        if compiled is not None:
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as e:  # inductor raises many types; eager always works
+                warnings.warn(f"torch.compile failed, running eagerly: {e}", stacklevel=2)
+                compiled = None
+        return fn(*args, **kwargs)
+
+    return run
+
+
 def compiled_forward(model: CachedModel) -> Callable[..., torch.Tensor]:
     """model.forward through torch.compile (dynamic shapes), falling back to eager if
-    compiling fails (decode_step.compiled_or_eager)."""
+    compiling fails (compiled_or_eager)."""
     return compiled_or_eager(model.forward, dynamic=True)
 
 
@@ -143,7 +169,21 @@ def _pick_decode_step(
     return None
 
 
+def wait_for_device(device: torch.device | str) -> None:
+    """Wait for a CUDA device's queued work, so that a prefill's time is the prefill's and
+    not the first decode step's (whose host read would wait for it). Free: that read comes
+    next anyway. Nothing to wait for on the CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Engine:
+    """Generation over one model: prefill, decode, sample rows and the calculator.
+
+    Not thread-safe: a CUDA graph step's input buffers are the engine's own, so one thread
+    uses an engine at a time (the server gives each worker its own). Generations begun on
+    that thread may interleave."""
+
     def __init__(
         self, model: CachedModel, tokenizer: ToolTokenizer, *, compile: bool = False
     ) -> None:
@@ -269,6 +309,7 @@ class Engine:
                 logits = self.forward_last(ids, prefill_cache)
                 cache = self.fork(prefill_cache, num_samples, budget)
                 del prefill_cache
+            wait_for_device(device)  # a GPU's prefill runs on after the call returns
             stats.prefill_s = time.perf_counter() - t_start
             yield from self.decode(
                 cache,
@@ -295,11 +336,16 @@ class Engine:
         CUDA graph's) and the cache is not lent out already; else None (the caller makes its
         own). The caller releases _row_cache_lent when its generation ends."""
         if not getattr(self.decode_step, "wants_full_cache", False):
+            self._row_cache = None  # a graph that failed hands over to a step without it
             return None
         if not self._row_cache_lent.acquire(blocking=False):
             return None
         if self._row_cache is None:
-            self._row_cache = self.new_cache(1, self.context_len)
+            try:
+                self._row_cache = self.new_cache(1, self.context_len)
+            except BaseException:  # out of memory, say: the next request tries again
+                self._row_cache_lent.release()
+                raise
         # Positions past the new prompt keep an old generation's K/V: the static step reads
         # them only under its mask, and every other read stops at the position.
         self._row_cache.reset()

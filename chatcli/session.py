@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from chatcli.engine import Engine, GenerationStats
+from chatcli.engine import Engine, GenerationStats, wait_for_device
 from chatcli.errors import ChatcliError, ContextOverflowError
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.special_tokens import ASSISTANT_END, ASSISTANT_START, PYTHON_END, USER_END, USER_START
@@ -470,6 +470,7 @@ class ChatSession:
             decoder.resume(prefix, masks)
             with torch.inference_mode():
                 logits, stats.prefill_tokens = self.warm.prefill(prompt)
+                wait_for_device(self.engine.model.get_device())
                 t_prefill = time.perf_counter() - t0
                 stats.prefill_tps = stats.prefill_tokens / max(t_prefill, 1e-9)
                 budget = min(opts.max_tokens, self.context_len - len(prompt))

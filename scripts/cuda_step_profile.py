@@ -18,7 +18,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from chatcli.bench import _cast_copy, synthetic_model
 from chatcli.checkpoint import load_model
-from chatcli.decode_step import CudaGraphStep, StaticDecodeStep, compiled_or_eager
+from chatcli.decode_step import CudaGraphStep, StaticDecodeStep
+from chatcli.engine import compiled_or_eager
 from chatcli.kv_cache import KVCache
 
 PREFIX = 64

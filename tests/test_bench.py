@@ -251,8 +251,11 @@ def test_a_chat_that_outgrows_a_short_context_is_flagged_not_passed_off(monkeypa
 
 def test_the_bench_device_is_the_gpu_where_there_is_one(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert bench.bench_device("auto") == torch.device("cuda")
     assert bench.bench_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"has 2 CUDA devices \(cuda:0 to cuda:1\)"):
+        bench.bench_device("cuda:2")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench.bench_device("auto") == torch.device("cpu")
     with pytest.raises(ValueError, match="sees no CUDA device"):

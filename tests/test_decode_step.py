@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -14,7 +12,6 @@ from chatcli.decode_step import (
     ModuleStep,
     StaticDecodeStep,
     WithFallback,
-    compiled_or_eager,
 )
 from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache, SharedPrefixCache
@@ -698,44 +695,3 @@ def test_sample_rows_logits_do_not_depend_on_the_thread_count(rows):
         step._set_wide_threads(threads)
         logits.append(torch.cat([step._step(ids, cache) for _ in range(3)]))
     assert torch.equal(logits[0], logits[1])
-
-
-def test_a_static_step_compiled_equals_its_eager_self():
-    import shutil
-
-    if shutil.which("gcc") is None and shutil.which("cc") is None:
-        pytest.skip("torch.compile on CPU needs a C compiler")
-    # What --compile does on a GPU before the graph captures the step (there it fuses the
-    # elementwise work between products); here on the CPU, over two cache shapes.
-    model = _random_model("E")
-    eager, compiled = StaticDecodeStep(model), StaticDecodeStep(model)
-    compiled.forward_static = compiled_or_eager(compiled.forward_static)
-    g = torch.Generator().manual_seed(12)
-    for rows, length in ((1, 64), (3, 80)):
-        ids = torch.randint(0, 190, (rows, 50), generator=g)
-        ours, theirs = KVCache(rows, 2, length, 16, 4), KVCache(rows, 2, length, 16, 4)
-        model(ids[:, :40], kv_cache=ours)
-        model(ids[:, :40], kv_cache=theirs)
-        with warnings.catch_warnings():
-            # A fallback to eager would pass unseen.
-            warnings.filterwarnings("error", message="torch.compile failed")
-            for t in range(40, 50):
-                got = compiled(ids[:, t : t + 1], ours)
-                torch.testing.assert_close(got, eager(ids[:, t : t + 1], theirs), atol=2e-5, rtol=0)
-
-
-def test_a_compile_that_fails_runs_eagerly_from_then_on(monkeypatch):
-    calls = []
-
-    def broken_compile(fn, **options):
-        def run(*args):
-            calls.append("compiled")
-            raise RuntimeError("inductor: no working C compiler")
-
-        return run
-
-    monkeypatch.setattr(torch, "compile", broken_compile)
-    step = compiled_or_eager(lambda x: x + 1)
-    with pytest.warns(UserWarning, match="torch.compile failed, running eagerly: inductor"):
-        assert step(1) == 2
-    assert step(5) == 6 and calls == ["compiled"]  # not tried again

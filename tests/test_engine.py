@@ -24,7 +24,7 @@ from fakes import (
     uniform_bytes,
 )
 
-from chatcli.engine import Engine, GenerationStats
+from chatcli.engine import Engine, GenerationStats, compiled_or_eager
 from chatcli.errors import ContextOverflowError
 from chatcli.special_tokens import (
     ASSISTANT_END,
@@ -611,3 +611,85 @@ def test_compile_on_a_gpu_keeps_the_eager_graph_step(monkeypatch):
     assert isinstance(step, WithFallback) and isinstance(step.fast, CudaGraphStep)
     assert not engine.compiled  # what the bench reports
     assert step.fast.step.forward_static.__func__ is StaticDecodeStep.forward_static
+
+
+def test_a_compile_that_fails_runs_eagerly_from_then_on(monkeypatch):
+    calls = []
+
+    def broken_compile(fn, **options):
+        def run(*args):
+            calls.append("compiled")
+            raise RuntimeError("inductor: no working C compiler")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    step = compiled_or_eager(lambda x: x + 1)
+    with pytest.warns(UserWarning, match="torch.compile failed, running eagerly: inductor"):
+        assert step(1) == 2
+    assert step(5) == 6 and calls == ["compiled"]  # not tried again
+
+
+def test_the_kept_cache_comes_back_from_a_closed_or_failed_generation(monkeypatch):
+    from test_decode_step import _random_model
+
+    from chatcli.decode_step import ModuleStep, StaticDecodeStep, WithFallback
+
+    model = _random_model("E")
+    engine = Engine(model, ByteTokenizer())
+    engine.decode_step = WithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
+
+    def lent() -> bool:
+        if not engine._row_cache_lent.acquire(blocking=False):
+            return True
+        engine._row_cache_lent.release()
+        return False
+
+    steps = engine.generate(list(range(40, 60)), max_tokens=20, temperature=0.0)
+    next(steps)
+    assert lent()
+    steps.close()  # closed mid-reply
+    assert not lent()
+    real_new_cache = engine.new_cache
+
+    def out_of_memory(*args):
+        raise RuntimeError("CUDA out of memory")
+
+    engine._row_cache = None
+    monkeypatch.setattr(engine, "new_cache", out_of_memory)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        next(engine.generate(list(range(40, 60)), max_tokens=5, temperature=0.0))
+    assert not lent()
+    monkeypatch.setattr(engine, "new_cache", real_new_cache)
+    next(engine.generate(list(range(40, 60)), max_tokens=5, temperature=0.0))
+    assert engine._row_cache is not None
+
+
+def test_a_failed_graph_step_lets_the_caches_go_back_to_the_plain_kind():
+    from test_decode_step import _random_model
+
+    from chatcli.decode_step import CudaGraphStep, ModuleStep, StaticDecodeStep, WithFallback
+    from chatcli.kv_cache import SharedPrefixCache
+
+    model = _random_model("E")
+    engine = Engine(model, ByteTokenizer())
+
+    def broken(ids, cache):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    step = WithFallback(CudaGraphStep(StaticDecodeStep(model)), ModuleStep(model), "graph")
+    engine.decode_step = step
+    assert step.wants_full_cache and step.reads_whole_cache
+    prompt = list(range(40, 60))
+    next(engine.generate(prompt, max_tokens=3, temperature=0.0))
+    assert engine._row_cache is not None
+    step.fast = broken
+    with pytest.warns(UserWarning, match="graph failed, running eagerly"):
+        engine.generate_batch(prompt, max_tokens=3, temperature=0.0)
+    assert not step.wants_full_cache and not step.reads_whole_cache
+    next(engine.generate(prompt, max_tokens=3, temperature=0.0))
+    assert engine._row_cache is None  # its memory let go
+    prefix = engine.new_cache(1, len(prompt))
+    with torch.inference_mode():
+        engine.forward_last(torch.tensor([prompt]), prefix)
+    assert isinstance(engine.fork(prefix, 4, 10), SharedPrefixCache)
