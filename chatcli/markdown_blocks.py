@@ -269,14 +269,27 @@ _CODE_SPAN_SPLIT = re.compile(r"(`+[^`]*`+|<[A-Za-z][A-Za-z0-9+.-]*://[^<>\s]*>|
 TAG = "\x02"
 
 
+# ASCII punctuation: a backslash before any of it shows the character itself.
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
 def _prose_kept(text: str) -> str:
     """Running text (no code blocks) with its arithmetic `*` and its `<` escaped, except in
-    code spans and autolinks."""
+    code spans; an autolink becomes its address as plain text (_autolink_text)."""
     pieces = _CODE_SPAN_SPLIT.split(text)  # the odd pieces are code spans and links
     return "".join(
-        piece if i % 2 else _OPEN_ANGLE.sub(r"\1\\<", _kept_stars(piece))
+        (_autolink_text(piece) if piece.startswith("<") else piece)
+        if i % 2
+        else _OPEN_ANGLE.sub(r"\1\\<", _kept_stars(piece))
         for i, piece in enumerate(pieces)
     )
+
+
+def _autolink_text(link: str) -> str:
+    """<https://x.example> as its address, every punctuation mark escaped so that it shows
+    as written: rendered as a link (hyperlinks off, so that the address shows where many
+    terminals hide it) it read "https://x.example (https://x.example)"."""
+    return _PUNCTUATION.sub(r"\\\1", link[1:-1])
 
 
 def _kept_stars(text: str) -> str:
