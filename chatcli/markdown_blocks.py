@@ -77,6 +77,10 @@ class BlockSplitter:
         self._blank_lines = 0
         self._committed_any = False
         self._last_list: str | None = None  # the list kind of the last block committed
+        # The number the next item of an ordered list shows: as in CommonMark, a list counts
+        # on from its first item's number, whatever the later items say ("1. 1. 1." is 1, 2,
+        # 3). Each item is drawn as a list of its own, so the number is written in.
+        self._next_number = 1
 
     def feed(self, text: str) -> list[Block]:
         """Adds text; returns the blocks it finished."""
@@ -204,6 +208,9 @@ class BlockSplitter:
         # also where the model left a blank line between them.
         kind = _list_kind(lines[0])
         gap = self._committed_any and (kind is None or kind != self._last_list)
+        item = _LIST_ITEM.match(lines[0])
+        if item and item.group(2) and not gap and kind == self._last_list:
+            lines = [f"{self._next_number}{lines[0][item.end(2) :]}", *lines[1:]]
         return Block("\n".join(lines), gap)
 
     def _commit(self) -> list[Block]:
@@ -213,6 +220,9 @@ class BlockSplitter:
         if block is None:
             return []
         self._committed_any, self._last_list = True, _list_kind(block.text)
+        item = _LIST_ITEM.match(block.text)
+        if item and item.group(2):
+            self._next_number = int(item.group(2)) + 1
         return [block]
 
 

@@ -89,3 +89,26 @@ def test_a_quoted_fence_line_inside_a_fence_is_code():
 )
 def test_powers_keep_their_stars_and_emphasis_without_spaces_stays(source, kept):
     assert markdown_kept(source) == kept
+
+
+def test_an_ordered_list_counts_on_from_its_first_number_as_commonmark_does():
+    # Each item is committed, and drawn, as a list of its own: the number is written in.
+    splitter = BlockSplitter()
+    blocks = splitter.feed("Steps:\n1. one\n1. two\n")
+    assert splitter.open_block().text == "2. two"  # the live view counts on too
+    blocks += splitter.feed("1. three\n")
+    assert splitter.open_block().text == "3. three"
+    blocks += splitter.feed("\nDone.\n\n7) a\n1) b\n- x\n1. c\n")
+    blocks += splitter.close()
+    assert [b.text for b in blocks] == [
+        "Steps:",
+        "1. one",
+        "2. two",
+        "3. three",
+        "Done.",
+        "7) a",
+        "8) b",
+        "- x",
+        "1. c",
+    ]
+    assert [b.gap for b in blocks] == [False, True, False, False, True, True, False, True, True]
