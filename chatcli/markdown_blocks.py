@@ -271,9 +271,10 @@ _DUNDER = re.compile(r"(?<![\w\\])__(\w+?)__(?!\w)")
 # A `<` not escaped already: Markdown reads `<String>`, `<iostream>` or `<b and c>` as HTML,
 # and Rich drops HTML, text and all.
 _OPEN_ANGLE = re.compile(r"(?<!\\)((?:\\\\)*)<")
-# Code spans and URL autolinks (<http://...>): escapes would show in both. (Markdown takes
-# any <scheme:text> for a link, but a model writing <std::string> means the text.)
-_CODE_SPAN_SPLIT = re.compile(r"(`+[^`]*`+|<[A-Za-z][A-Za-z0-9+.-]*://[^<>\s]*>|<mailto:[^<>\s]*>)")
+# Where a code span or a URL autolink (<http://...>) may start: escapes would show in both.
+# (Markdown takes any <scheme:text> for a link, but a model writing <std::string> means the
+# text.) A span's closing run of backticks is found by _code_and_links.
+_SPAN_OR_LINK = re.compile(r"`+|<[A-Za-z][A-Za-z0-9+.-]*://[^<>\s]*>|<mailto:[^<>\s]*>")
 # The `<` of the badges' own <kbd> tags, until markdown_kept has escaped the model's `<`.
 # A control character: visible() has made every one in the model's text a picture.
 TAG = "\x02"
@@ -286,13 +287,31 @@ _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 def _prose_kept(text: str) -> str:
     """Running text (no code blocks) with its arithmetic `*` and its `<` escaped, except in
     code spans; an autolink becomes its address as plain text (_autolink_text)."""
-    pieces = _CODE_SPAN_SPLIT.split(text)  # the odd pieces are code spans and links
+    pieces = _code_and_links(text)  # the odd pieces are code spans and links
     return "".join(
         (_autolink_text(piece) if piece.startswith("<") else piece)
         if i % 2
         else _OPEN_ANGLE.sub(r"\1\\<", _kept_stars(piece))
         for i, piece in enumerate(pieces)
     )
+
+
+def _code_and_links(text: str) -> list[str]:
+    """text cut into running text (the even pieces) and code spans and autolinks (the odd
+    ones). A code span runs from a run of backticks to the next run of as many (CommonMark),
+    so ``a`<b`` is one span; a run with no such closer is text."""
+    pieces, start, at = [], 0, 0
+    while (found := _SPAN_OR_LINK.search(text, at)) is not None:
+        end = found.end()
+        if found[0][0] == "`":
+            closer = re.compile(rf"(?<!`){found[0]}(?!`)").search(text, end)
+            if closer is None:
+                at = end  # backticks with no closer: text
+                continue
+            end = closer.end()
+        pieces += [text[start : found.start()], text[found.start() : end]]
+        start = at = end
+    return [*pieces, text[start:]]
 
 
 def _autolink_text(link: str) -> str:

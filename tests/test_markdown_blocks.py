@@ -36,6 +36,8 @@ def test_a_live_tail_of_a_long_paragraph_keeps_its_place_for_a_while():
         ("a<b", "a\\<b"),
         ("a\\<b", "a\\<b"),  # escaped already
         ("`a<b` a<b", "`a<b` a\\<b"),
+        ("``a`<b`` a<b", "``a`<b`` a\\<b"),  # a span of two backticks holds one
+        ("x ``` y<z", "x ``` y\\<z"),  # backticks with no closer are text
         ("<std::string>, <http://x.example>", "\\<std::string>, http\\:\\/\\/x\\.example"),
         ("1. x\n\n       a<b\n   c<d", "1. x\n\n       a<b\n   c\\<d"),  # code in the item
     ],
