@@ -16,6 +16,8 @@ from dataclasses import dataclass
 _FENCE_OPEN = re.compile(r"^( *)(`{3,}|~{3,})(.*)$")
 _FENCE_CLOSE = re.compile(r"^ *(`{3,}|~{3,}) *$")
 _HEADING = re.compile(r"^ {0,3}#{1,6}(\s|$)")
+# A thematic break: three or more of one of - * _, spaces between allowed.
+_RULE = re.compile(r"^ {0,3}(?:(?:-[ \t]*){3,}|(?:\*[ \t]*){3,}|(?:_[ \t]*){3,})$")
 # Only items at column 0 split the reply: nested items stay with their parent.
 # Groups: the bullet, or the number and its delimiter.
 _LIST_ITEM = re.compile(r"^(?:([-+*])|(\d{1,9})([.)]))(?=\s|$)")
@@ -170,6 +172,11 @@ class BlockSplitter:
         if fence and fence.group(2)[0] == "`" and "`" in fence.group(3):
             fence = None  # a backtick fence's info string may not hold backticks: inline code
         heading = _HEADING.match(line)
+        # A rule is a block of its own where it ends a list item or stands alone; under a
+        # paragraph a line of dashes underlines it as a heading instead (setext).
+        if _RULE.match(line) and not inside_item:
+            under_text = self._lines and not self._item_column and line.lstrip()[0] == "-"
+            heading = heading or (None if under_text else _RULE.match(line))
         if not inside_item and (fence or heading or self._starts_item(line)):
             done += self._commit()
         if fence:
@@ -210,7 +217,14 @@ class BlockSplitter:
         gap = self._committed_any and (kind is None or kind != self._last_list)
         item = _LIST_ITEM.match(lines[0])
         if item and item.group(2) and not gap and kind == self._last_list:
-            lines = [f"{self._next_number}{lines[0][item.end(2) :]}", *lines[1:]]
+            number = str(self._next_number)
+            # The item's own lines sit at its content column, which moves with the number's
+            # width (9. -> 10.): they move with it, or a nested list or code falls out.
+            shift = len(number) - len(item.group(2))
+            lines = [
+                f"{number}{lines[0][item.end(2) :]}",
+                *(_shifted(line, shift) for line in lines[1:]),
+            ]
         return Block("\n".join(lines), gap)
 
     def _commit(self) -> list[Block]:
@@ -224,6 +238,13 @@ class BlockSplitter:
         if item and item.group(2):
             self._next_number = int(item.group(2)) + 1
         return [block]
+
+
+def _shifted(line: str, by: int) -> str:
+    """line moved right by `by` columns (left, where negative, as far as its spaces go)."""
+    if by >= 0 or not line.strip():
+        return " " * by + line if line.strip() else line
+    return line[min(-by, _indent(line)) :] if "\t" not in line[:-by] else line
 
 
 def _tail_start(
@@ -303,6 +324,10 @@ def _code_and_links(text: str) -> list[str]:
     pieces, start, at = [], 0, 0
     while (found := _SPAN_OR_LINK.search(text, at)) is not None:
         end = found.end()
+        before = found.start() - len(text[: found.start()].rstrip("\\"))
+        if before % 2:  # an escaped ` or <: that character is text, the rest of a run not
+            at = found.start() + 1
+            continue
         if found[0][0] == "`":
             closer = re.compile(rf"(?<!`){found[0]}(?!`)").search(text, end)
             if closer is None:

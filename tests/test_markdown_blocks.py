@@ -114,3 +114,37 @@ def test_an_ordered_list_counts_on_from_its_first_number_as_commonmark_does():
         "1. c",
     ]
     assert [b.gap for b in blocks] == [False, True, False, False, True, True, False, True, True]
+
+
+def test_an_item_s_own_lines_move_with_its_number_s_width():
+    # 9. -> 10. moves the item's content column: its nested list and code move with it.
+    splitter = BlockSplitter()
+    text = "".join(f"1. step {i}\n   - sub {i}\n" for i in range(1, 11))
+    blocks = splitter.feed(text + "1. last\n\n       code<b>\n\n   more\n") + splitter.close()
+    assert blocks[8].text == "9. step 9\n   - sub 9"
+    assert blocks[9].text == "10. step 10\n    - sub 10"
+    assert blocks[10].text == "11. last\n\n        code<b>\n\n    more"
+
+
+def test_a_rule_ends_a_list_and_a_line_of_dashes_under_text_is_a_heading():
+    splitter = BlockSplitter()
+    blocks = splitter.feed("1. a\n---\n1. b\n\nTitle\n---\ntext\n* * *\n") + splitter.close()
+    assert [b.text for b in blocks] == ["1. a", "---", "1. b", "Title\n---\ntext", "* * *"]
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [
+        ("see \\<https://x.example>", "see <https://x.example>"),  # escaped: no link
+        ("a \\``code<T>`", "a `code<T>"),  # an escaped backtick, then a code span
+    ],
+)
+def test_escaped_brackets_and_backticks_stay_text(source, shown):
+    import io
+
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    out = io.StringIO()
+    Console(file=out, width=120).print(Markdown(markdown_kept(source), hyperlinks=False))
+    assert out.getvalue().strip() == shown
