@@ -159,8 +159,8 @@ def _cast_copy(model: GPT, dtype: torch.dtype) -> GPT:
     (the rotary tables made again in the era's own dtype), on the model's device.
 
     Each weight is cast straight from the model's: a deepcopy first held a second fp32 copy
-    of every weight, and its peak was what an H200 reported for d20 (11.4 GB of device
-    memory, 5.6 GB of it that duplicate)."""
+    of every weight, and its peak was what an H200 reported for d20 (11425 MiB of device
+    memory, 5340 MiB of it that duplicate)."""
     with torch.device("meta"):
         cast = GPT(model.config, model.arch)
     state = {k: v.to(dtype) for k, v in model.state_dict().items()}

@@ -174,10 +174,9 @@ class BlockSplitter:
         heading = _HEADING.match(line)
         # A rule is a block of its own where it ends a list item or stands alone; under a
         # paragraph a line of dashes underlines it as a heading instead (setext).
-        if _RULE.match(line) and not inside_item:
-            under_text = self._lines and not self._item_column and line.lstrip()[0] == "-"
-            heading = heading or (None if under_text else _RULE.match(line))
-        if not inside_item and (fence or heading or self._starts_item(line)):
+        setext = bool(self._lines) and not self._item_column and line.lstrip().startswith("-")
+        rule = _RULE.match(line) is not None and not setext
+        if not inside_item and (fence or heading or rule or self._starts_item(line)):
             done += self._commit()
         if fence:
             self._fence, self._fence_at = fence.group(2), len(self._lines)
@@ -186,7 +185,7 @@ class BlockSplitter:
         if not self._lines and _LIST_ITEM.match(line):
             self._item_column = _content_column(line)
         self._lines.append(line)
-        if heading and not inside_item:
+        if (heading or rule) and not inside_item:
             done += self._commit()
         return done
 
@@ -242,9 +241,11 @@ class BlockSplitter:
 
 def _shifted(line: str, by: int) -> str:
     """line moved right by `by` columns (left, where negative, as far as its spaces go)."""
-    if by >= 0 or not line.strip():
-        return " " * by + line if line.strip() else line
-    return line[min(-by, _indent(line)) :] if "\t" not in line[:-by] else line
+    if not line.strip():
+        return line
+    if by >= 0:
+        return " " * by + line
+    return line[min(-by, len(line) - len(line.lstrip(" "))) :]
 
 
 def _tail_start(
