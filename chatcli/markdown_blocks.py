@@ -306,9 +306,33 @@ TAG = "\x02"
 _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 
 
+# A table cell's edge: a `|` not escaped (GFM cuts cells before it reads code spans).
+_CELL_EDGE = re.compile(r"((?<!\\)\|)")
+
+
 def _prose_kept(text: str) -> str:
     """Running text (no code blocks) with its arithmetic `*` and its `<` escaped, except in
-    code spans; an autolink becomes its address as plain text (_autolink_text)."""
+    code spans; an autolink becomes its address as plain text (_autolink_text). A table's
+    rows are read cell by cell: a code span cannot run from one cell into the next."""
+    lines = text.split("\n")
+    table = next(
+        (
+            i - 1
+            for i in range(1, len(lines))
+            if "|" in lines[i - 1] and _TABLE_RULE.match(lines[i])
+        ),
+        None,
+    )
+    if table is None:
+        return _inline_kept(text)
+    rows = [
+        "".join(p if i % 2 else _inline_kept(p) for i, p in enumerate(_CELL_EDGE.split(row)))
+        for row in lines[table:]
+    ]
+    return "\n".join([_inline_kept("\n".join(lines[:table])), *rows] if table else rows)
+
+
+def _inline_kept(text: str) -> str:
     pieces = _code_and_links(text)  # the odd pieces are code spans and links
     return "".join(
         (_autolink_text(piece) if piece.startswith("<") else piece)

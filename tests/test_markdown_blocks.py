@@ -148,3 +148,16 @@ def test_escaped_brackets_and_backticks_stay_text(source, shown):
     out = io.StringIO()
     Console(file=out, width=120).print(Markdown(markdown_kept(source), hyperlinks=False))
     assert out.getvalue().strip() == shown
+
+
+def test_a_code_span_does_not_run_from_one_table_cell_into_another():
+    import io
+
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    source = "Here:\n| a | b |\n|---|---|\n| ` | <T> |\n| x | `a<b` \\| c |"
+    out = io.StringIO()
+    Console(file=out, width=60).print(Markdown(markdown_kept(source), hyperlinks=False))
+    shown = [" ".join(row.split()) for row in out.getvalue().splitlines() if row.strip()]
+    assert shown[0] == "Here:" and "` <T>" in shown and "x a<b | c" in shown
