@@ -12,7 +12,6 @@ import warnings
 import pytest
 import torch
 from reference import REFERENCE, needs_reference
-from test_decode_step import _random_model
 
 from chatcli import bench
 from chatcli.baseline import baseline_generate
@@ -22,6 +21,7 @@ from chatcli.engine import Engine
 from chatcli.kv_cache import KVCache, SharedPrefixCache
 from chatcli.session import ChatSession, SamplingOptions
 from chatcli.warm_cache import WarmCache
+from tests.test_model import _random_model
 
 pytestmark = [
     pytest.mark.cuda,

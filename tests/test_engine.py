@@ -23,9 +23,14 @@ from fakes import (
     uniform,
     uniform_bytes,
 )
+from test_model import _random_model
 
+from chatcli.baseline import baseline_generate
+from chatcli.decode_step import CudaGraphStep, ModuleStep, StaticDecodeStep, WithFallback
 from chatcli.engine import Engine, GenerationStats, compiled_or_eager
 from chatcli.errors import ContextOverflowError
+from chatcli.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model import GPT
 from chatcli.special_tokens import (
     ASSISTANT_END,
     ASSISTANT_START,
@@ -522,17 +527,19 @@ def test_decode_time_leaves_out_the_callers_time_between_tokens():
     assert stats.decode_s < 0.02  # 5 sleeps of 20 ms fell between the steps, outside them
 
 
-def test_a_static_step_s_one_row_generations_share_one_kept_cache():
-    # A CUDA graph's step (here its static step on the CPU): each request would otherwise
-    # make a whole-context cache and capture the graph afresh.
-    from test_decode_step import _random_model
-
-    from chatcli.baseline import baseline_generate
-    from chatcli.decode_step import ModuleStep, StaticDecodeStep, WithFallback
-
+def _static_step_engine() -> tuple[GPT, Engine]:
+    """An engine over a random era-E model whose decode step is a CUDA graph's static step
+    (run eagerly here on the CPU), behind the fallback the GPU path wraps it in."""
     model = _random_model("E")
     engine = Engine(model, ByteTokenizer())
     engine.decode_step = WithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
+    return model, engine
+
+
+def test_a_static_step_s_one_row_generations_share_one_kept_cache():
+    # A CUDA graph's step (here its static step on the CPU): each request would otherwise
+    # make a whole-context cache and capture the graph afresh.
+    model, engine = _static_step_engine()
     made = []
     real_new_cache = engine.new_cache
     engine.new_cache = lambda *a: made.append(a) or real_new_cache(*a)
@@ -574,14 +581,8 @@ def test_a_static_step_s_one_row_generations_share_one_kept_cache():
 
 def test_a_static_step_s_sample_rows_get_the_prompt_copied_and_answer_as_shared_rows():
     # On a GPU the rows then decode in one graph replay a step; the answers stay the same.
-    from test_decode_step import _random_model
-
-    from chatcli.decode_step import ModuleStep, StaticDecodeStep, WithFallback
-    from chatcli.kv_cache import KVCache, SharedPrefixCache
-
-    model = _random_model("E")
-    shared, static = Engine(model, ByteTokenizer()), Engine(model, ByteTokenizer())
-    static.decode_step = WithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
+    model, static = _static_step_engine()
+    shared = Engine(model, ByteTokenizer())
     prompt = torch.randint(0, 190, (30,), generator=torch.Generator().manual_seed(6)).tolist()
     prefix = static.new_cache(1, 30)
     with torch.inference_mode():
@@ -599,10 +600,6 @@ def test_a_static_step_s_sample_rows_get_the_prompt_copied_and_answer_as_shared_
 
 def test_compile_on_a_gpu_keeps_the_eager_graph_step(monkeypatch):
     # Compiled, the captured step replayed slower on an H200 (engine._pick_decode_step).
-    from test_decode_step import _random_model
-
-    from chatcli.decode_step import CudaGraphStep, StaticDecodeStep, WithFallback
-
     model = _random_model("E")
     monkeypatch.setattr(model, "get_device", lambda: torch.device("cuda"))
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled on a GPU"))
@@ -631,13 +628,7 @@ def test_a_compile_that_fails_runs_eagerly_from_then_on(monkeypatch):
 
 
 def test_the_kept_cache_comes_back_from_a_closed_or_failed_generation(monkeypatch):
-    from test_decode_step import _random_model
-
-    from chatcli.decode_step import ModuleStep, StaticDecodeStep, WithFallback
-
-    model = _random_model("E")
-    engine = Engine(model, ByteTokenizer())
-    engine.decode_step = WithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
+    _, engine = _static_step_engine()
 
     def lent() -> bool:
         if not engine._row_cache_lent.acquire(blocking=False):
@@ -666,11 +657,6 @@ def test_the_kept_cache_comes_back_from_a_closed_or_failed_generation(monkeypatc
 
 
 def test_a_failed_graph_step_lets_the_caches_go_back_to_the_plain_kind():
-    from test_decode_step import _random_model
-
-    from chatcli.decode_step import CudaGraphStep, ModuleStep, StaticDecodeStep, WithFallback
-    from chatcli.kv_cache import SharedPrefixCache
-
     model = _random_model("E")
     engine = Engine(model, ByteTokenizer())
 
