@@ -17,13 +17,13 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "load_model"]
 
 if TYPE_CHECKING:
-    from chatcli.checkpoint import load_model
+    from chatcli.model.checkpoint import load_model
 
 
 def __getattr__(name: str) -> Any:
     # Lazy re-export: `chatcli.load_model` without importing torch at package import time.
     if name == "load_model":
-        from chatcli.checkpoint import load_model
+        from chatcli.model.checkpoint import load_model
 
         return load_model
     raise AttributeError(f"module 'chatcli' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """`python -m chatcli` is the same as the `chatcli` command."""
 
-from chatcli.cli import main
+from chatcli.cli.app import main
 
 main()

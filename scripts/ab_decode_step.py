@@ -5,7 +5,7 @@ not a test).
 
 On a shared host a slow spell can outlast a whole benchmark run, so timing two versions in
 two runs compares the host more than the code. This loads the other revision's
-chatcli/decode_step.py beside the working tree's, in one process over the same loaded model,
+chatcli/engine/decode_step.py beside the working tree's, in one process over the same loaded model,
 and times both in ABBA rounds (old, new, new, old): 48 steps of one row, then of 8 sample rows
 over one shared 256-token prompt, one thread (the small-model plan). It prints each mode's
 best time per step and the median and quartiles of the rounds' new/old ratios.
@@ -24,21 +24,21 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its t
 import torch
 from ab_rounds import comparison_parser, rounds, source_at
 
-from chatcli import decode_step
-from chatcli.bench import _prompt
-from chatcli.checkpoint import load_model
-from chatcli.engine import Engine
-from chatcli.kv_cache import SharedPrefixCache
+from chatcli.bench.bench import _prompt
+from chatcli.engine import decode_step
+from chatcli.engine.engine import Engine
+from chatcli.model.checkpoint import load_model
+from chatcli.model.kv_cache import SharedPrefixCache
 
 STEPS = 48
 
 
 def _module_at(revision: str) -> ModuleType:
-    """chatcli/decode_step.py as it was at `revision`, imported under another name."""
-    source = source_at(revision, "chatcli/decode_step.py")
+    """chatcli/engine/decode_step.py as it was at `revision`, imported under another name."""
+    source = source_at(revision, "chatcli/engine/decode_step.py")
     module = ModuleType("decode_step_then")
     sys.modules[module.__name__] = module  # its dataclasses look their module up there
-    exec(compile(source, f"{revision}:chatcli/decode_step.py", "exec"), module.__dict__)
+    exec(compile(source, f"{revision}:chatcli/engine/decode_step.py", "exec"), module.__dict__)
     return module
 
 

@@ -29,12 +29,12 @@ os.environ.setdefault("GOMP_SPINCOUNT", "100000")  # as the CLI runs (openmp_wai
 import torch
 from ab_rounds import ROOT, comparison_parser, rounds, source_at
 
-from chatcli.bench import _prompt, synthetic_model
-from chatcli.checkpoint import load_model
-from chatcli.cpu_plan import apply_cpu_plan
-from chatcli.engine import Engine
-from chatcli.native_kernels import DECODE_OPS_SOURCE, FLAGS, RowsStep
-from chatcli.quantize import default_half_kind
+from chatcli.bench.bench import _prompt, synthetic_model
+from chatcli.engine.cpu_plan import apply_cpu_plan
+from chatcli.engine.engine import Engine
+from chatcli.kernels.native import DECODE_OPS_SOURCE, FLAGS, RowsStep
+from chatcli.model.checkpoint import load_model
+from chatcli.model.quantize import default_half_kind
 
 
 def build_rows_step(

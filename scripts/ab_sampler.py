@@ -18,12 +18,12 @@ import statistics
 
 os.environ.setdefault("GOMP_SPINCOUNT", "100000")  # as the CLI runs (openmp_wait.py)
 
-from chatcli import sampling
-from chatcli.bench import _prompt
-from chatcli.checkpoint import load_model
-from chatcli.cpu_plan import apply_cpu_plan
-from chatcli.engine import Engine, GenerationStats
-from chatcli.native_kernels import sample_rows
+from chatcli.bench.bench import _prompt
+from chatcli.engine.cpu_plan import apply_cpu_plan
+from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.kernels.native import sample_rows
+from chatcli.model import sampling
+from chatcli.model.checkpoint import load_model
 
 
 def main() -> None:

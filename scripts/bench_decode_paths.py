@@ -9,7 +9,7 @@
 path of one model (default: the embedded one) and prints milliseconds per token, best of three,
 and whether the greedy tokens are identical. `kernels` times one token's worth of
 matrix-vector products over nanochat d20's matrices (20 layers, 1280 wide, vocab 65536) in each
-weight format of chatcli/quantize.py and prints the bandwidth each streams and how far one
+weight format of chatcli/model/quantize.py and prints the bandwidth each streams and how far one
 layer's products land from fp32's (relative error); then, in rounds that alternate the forms
 (as a difference of ~10% needs on a noisy host), one row through fp16 copies against bf16
 ones and a plain fp16 torch.mv, and 8 sample rows through fp16 copies against fp32; then
@@ -35,18 +35,18 @@ import statistics
 import time
 from collections.abc import Callable
 
-from chatcli.openmp_wait import choose_openmp_wait
+from chatcli.cli.openmp_wait import choose_openmp_wait
 
 choose_openmp_wait()  # before torch starts its threads, as the CLI does
 
 import torch
 
-from chatcli.checkpoint import load_model
-from chatcli.decode_step import StaticDecodeStep
-from chatcli.engine import Engine
-from chatcli.kv_cache import KVCache
-from chatcli.model import linear
-from chatcli.quantize import QUANTIZE_KINDS, DecodeWeight, Int8Weight, make_decode_weight
+from chatcli.engine.decode_step import StaticDecodeStep
+from chatcli.engine.engine import Engine
+from chatcli.model.checkpoint import load_model
+from chatcli.model.gpt import linear
+from chatcli.model.kv_cache import KVCache
+from chatcli.model.quantize import QUANTIZE_KINDS, DecodeWeight, Int8Weight, make_decode_weight
 
 TOKENS = 48
 
@@ -267,11 +267,11 @@ def layouts(model_path: str | None) -> None:
 
 
 def parts(model_path: str | None) -> None:
-    from chatcli import engine as engine_module
-    from chatcli.bench import _prompt
-    from chatcli.cpu_plan import apply_cpu_plan
-    from chatcli.decode_step import DecodeStep
-    from chatcli.native_kernels import RowsStep
+    from chatcli.bench.bench import _prompt
+    from chatcli.engine import engine as engine_module
+    from chatcli.engine.cpu_plan import apply_cpu_plan
+    from chatcli.engine.decode_step import DecodeStep
+    from chatcli.kernels.native import RowsStep
 
     model, tokenizer, _ = load_model(model_path, device="cpu")
     apply_cpu_plan(model)

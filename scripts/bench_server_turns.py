@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from chatcli.bench import LARGE_MODEL_MATRIX_PARAMS, synthetic_model, weight_bytes_per_token
-from chatcli.checkpoint import load_model
-from chatcli.cpu_plan import apply_cpu_plan
-from chatcli.quantize import default_half_kind
-from chatcli.special_tokens import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
-from chatcli.worker_pool import GenerationParams, Worker
+from chatcli.bench.bench import LARGE_MODEL_MATRIX_PARAMS, synthetic_model, weight_bytes_per_token
+from chatcli.engine.cpu_plan import apply_cpu_plan
+from chatcli.model.checkpoint import load_model
+from chatcli.model.quantize import default_half_kind
+from chatcli.model.special_tokens import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
+from chatcli.serve.worker_pool import GenerationParams, Worker
 
 REPLY_TOKENS = 16
 

@@ -14,7 +14,7 @@ import resource
 
 import torch
 
-from chatcli.bench import _cast_copy, synthetic_model
+from chatcli.bench.bench import _cast_copy, synthetic_model
 
 
 def peak_mb() -> float:

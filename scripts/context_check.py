@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from chatcli.checkpoint import load_model
-from chatcli.engine import Engine
+from chatcli.engine.engine import Engine
+from chatcli.model.checkpoint import load_model
 from chatcli.training.evaluate import greedy_reply
 from chatcli.training.synthetic import EvalItem, generate_eval_set
 

@@ -19,8 +19,8 @@ from collections import Counter
 
 import torch
 
-from chatcli.checkpoint import load_model
-from chatcli.special_tokens import PYTHON_END, PYTHON_START
+from chatcli.model.checkpoint import load_model
+from chatcli.model.special_tokens import PYTHON_END, PYTHON_START
 from chatcli.training.synthetic import EVAL_WORDS, EvalItem, generate_eval_set
 
 PLACES = ("first", "inside", "letter", "other")

@@ -16,11 +16,11 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from chatcli.bench import _cast_copy, synthetic_model
-from chatcli.checkpoint import load_model
-from chatcli.decode_step import CudaGraphStep, StaticDecodeStep
-from chatcli.engine import compiled_or_eager
-from chatcli.kv_cache import KVCache
+from chatcli.bench.bench import _cast_copy, synthetic_model
+from chatcli.engine.decode_step import CudaGraphStep, StaticDecodeStep
+from chatcli.engine.engine import compiled_or_eager
+from chatcli.model.checkpoint import load_model
+from chatcli.model.kv_cache import KVCache
 
 PREFIX = 64
 STEPS = 200

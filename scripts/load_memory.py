@@ -24,12 +24,17 @@ from pathlib import Path
 
 import torch
 
-from chatcli import checkpoint
-from chatcli.bench import SyntheticTokenizer, synthetic_config, synthetic_model
-from chatcli.checkpoint import build_model, pick_precision, read_state_dict, saved_matrix_params
-from chatcli.cpu_plan import apply_cpu_plan
-from chatcli.engine import Engine
-from chatcli.model import is_embedding_table
+from chatcli.bench.bench import SyntheticTokenizer, synthetic_config, synthetic_model
+from chatcli.engine.cpu_plan import apply_cpu_plan
+from chatcli.engine.engine import Engine
+from chatcli.model import checkpoint
+from chatcli.model.checkpoint import (
+    build_model,
+    pick_precision,
+    read_state_dict,
+    saved_matrix_params,
+)
+from chatcli.model.gpt import is_embedding_table
 
 FIELDS = ("VmHWM", "RssAnon", "RssFile")
 

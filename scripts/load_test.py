@@ -163,7 +163,7 @@ def free_port() -> int:
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = free_port()
     call = (
-        "from chatcli.server import serve; "
+        "from chatcli.serve.app import serve; "
         f"serve({args.model!r}, host='127.0.0.1', port={port}, workers={args.workers!r}, "
         f"device={args.device!r}, log_level='warning')"
     )

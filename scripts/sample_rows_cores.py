@@ -28,17 +28,17 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
-from chatcli.openmp_wait import choose_openmp_wait
+from chatcli.cli.openmp_wait import choose_openmp_wait
 
 choose_openmp_wait()  # before torch starts its threads, as the CLI does
 
 import torch
 import torch.multiprocessing as mp
 
-from chatcli.bench import _prompt
-from chatcli.checkpoint import load_model
-from chatcli.engine import Engine
-from chatcli.kv_cache import KVCache, SharedPrefixCache
+from chatcli.bench.bench import _prompt
+from chatcli.engine.engine import Engine
+from chatcli.model.checkpoint import load_model
+from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 
 ROWS = 8
 STEPS = 48

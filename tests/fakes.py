@@ -15,15 +15,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from chatcli.special_tokens import (
+from chatcli.chat.stream import TextDelta
+from chatcli.model.special_tokens import (
     ASSISTANT_END,
     OUTPUT_END,
     PYTHON_END,
     PYTHON_START,
     SPECIAL_TOKENS,
 )
-from chatcli.stream import TextDelta
-from chatcli.tokenizer import Tokenizer
+from chatcli.model.tokenizer import Tokenizer
 
 N_BYTES = 256
 VOCAB_SIZE = N_BYTES + len(SPECIAL_TOKENS)  # 265

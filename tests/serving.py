@@ -20,9 +20,9 @@ pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[se
 import torch
 from fakes import ByteTokenizer, Script, ScriptedModel
 
-from chatcli.server import BackgroundServer, Limits, Worker, create_app
-from chatcli.special_tokens import ASSISTANT_END
-from chatcli.tokenizer import Tokenizer
+from chatcli.model.special_tokens import ASSISTANT_END
+from chatcli.model.tokenizer import Tokenizer
+from chatcli.serve.app import BackgroundServer, Limits, Worker, create_app
 
 REFERENCE_E = REFERENCE / "E"
 END = 256 + 4  # <|assistant_end|> in the byte layout
@@ -65,7 +65,7 @@ def serve_workers(
 def reference_worker(name: str = "0") -> Worker:
     if not REFERENCE_E.is_dir():
         pytest.skip(f"reference fixture not found at {REFERENCE_E}")
-    from chatcli.checkpoint import load_model
+    from chatcli.model.checkpoint import load_model
 
     model, tokenizer, _ = load_model(REFERENCE_E, device="cpu")
     return Worker(model, tokenizer, name=name)

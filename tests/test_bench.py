@@ -8,12 +8,12 @@ import pytest
 import torch
 from reference import REFERENCE, needs_reference
 
-from chatcli import bench
-from chatcli.bench import matrix_params, run_bench, synthetic_model, weight_bytes_per_token
-from chatcli.checkpoint import load_model
-from chatcli.cpu_plan import available_cores
-from chatcli.native_kernels import rows_step
-from chatcli.warm_cache import WarmCache
+from chatcli.bench import bench
+from chatcli.bench.bench import matrix_params, run_bench, synthetic_model, weight_bytes_per_token
+from chatcli.engine.cpu_plan import available_cores
+from chatcli.engine.warm_cache import WarmCache
+from chatcli.kernels.native import rows_step
+from chatcli.model.checkpoint import load_model
 from tests.test_model import _random_model
 
 FIXTURE = REFERENCE / "E"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chatcli.bench_report import times_faster
+from chatcli.bench.report import times_faster
 
 
 def test_bench_says_a_time_ratio_the_way_round_that_reads():
@@ -18,7 +18,7 @@ def test_a_gpu_bench_names_the_card_and_its_peak_memory():
 
     from rich.console import Console
 
-    from chatcli.bench_report import render_bench
+    from chatcli.bench.report import render_bench
 
     # What `chatcli bench --device cuda --json` printed on an H200 (README, "On a GPU").
     result = json.loads((Path(__file__).parent / "data" / "bench_h200_embedded.json").read_text())

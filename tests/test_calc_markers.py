@@ -7,8 +7,8 @@ import time
 import pytest
 from fakes import merged
 
-from chatcli.calc_markers import MarkerScanner, format_marker, parts_from_text, text_from_parts
-from chatcli.stream import TextDelta, ToolCallDelta, ToolCallStart, ToolResult
+from chatcli.chat.calc_markers import MarkerScanner, format_marker, parts_from_text, text_from_parts
+from chatcli.chat.stream import TextDelta, ToolCallDelta, ToolCallStart, ToolResult
 
 
 def test_markers_are_written_with_and_without_an_answer():

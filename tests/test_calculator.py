@@ -1,4 +1,4 @@
-"""Tests for chatcli.calculator: what the model's calculator accepts, what it refuses."""
+"""Tests for chatcli.engine.calculator: what the model's calculator accepts, what it refuses."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from chatcli import calculator
-from chatcli.calculator import format_result, use_calculator
+from chatcli.engine import calculator
+from chatcli.engine.calculator import format_result, use_calculator
 
 ACCEPTED = [
     # integer arithmetic stays int

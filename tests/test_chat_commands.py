@@ -13,12 +13,12 @@ import pytest
 from fakes import SPECIAL_IDS, ByteTokenizer, ScriptedModel
 from fakes import reply as scripted
 
-from chatcli.chat_commands import ChatCommands
-from chatcli.conversation_store import ConversationFile, read_conversation
-from chatcli.session import ChatSession
-from chatcli.settings import Settings
-from chatcli.stream import StreamEvent, TextDelta
-from chatcli.turns import Reply, SamplingOptions, TurnNotice, TurnStats
+from chatcli.chat.conversation_store import ConversationFile, read_conversation
+from chatcli.chat.session import ChatSession
+from chatcli.chat.settings import Settings
+from chatcli.chat.stream import StreamEvent, TextDelta
+from chatcli.chat.turns import Reply, SamplingOptions, TurnNotice, TurnStats
+from chatcli.terminal.slash_commands import ChatCommands
 
 
 class FakeView:
@@ -228,7 +228,7 @@ def test_raw_on_asks_for_a_raw_view_where_the_session_can_show_special_tokens(tm
 
 def test_samples_against_a_server_is_refused_when_typed_not_after_the_message(tmp_path):
     pytest.importorskip("httpx")
-    from chatcli.remote import RemoteSession
+    from chatcli.serve.client import RemoteSession
 
     screen = FakeScreen()
     server = RemoteSession("http://127.0.0.1:9")  # never contacted: the refusal comes first

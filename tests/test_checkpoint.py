@@ -11,7 +11,11 @@ import pytest
 import torch
 from reference import REFERENCE, needs_reference
 
-from chatcli.checkpoint import (
+from chatcli.engine.decode_step import DecodeStep
+from chatcli.engine.engine import Engine
+from chatcli.errors import CheckpointError
+from chatcli.kernels.native import rows_step
+from chatcli.model.checkpoint import (
     Precision,
     build_model,
     list_checkpoints,
@@ -21,10 +25,6 @@ from chatcli.checkpoint import (
     read_state_dict,
     resolve_checkpoint,
 )
-from chatcli.decode_step import DecodeStep
-from chatcli.engine import Engine
-from chatcli.errors import CheckpointError
-from chatcli.native_kernels import rows_step
 
 FIXTURES = REFERENCE
 PROMPT = torch.tensor([[503, 504, 87, 459, 349, 32, 49, 505, 506]])
@@ -134,7 +134,7 @@ def test_bf16_embedding_tables_stay_as_saved_and_answer_as_widened_ones(
     stay bf16 (or fp16), mapped from the file (half the memory of fp32, and none of it
     copied), and every path gives what the same tables widened to fp32 at load give, bit
     for bit."""
-    from chatcli import checkpoint
+    from chatcli.model import checkpoint
 
     monkeypatch.setattr(checkpoint, "NARROW_TABLES_AT", 1)  # the fixture's tables count
     sd, _, _ = _files(era)
@@ -361,7 +361,7 @@ def test_a_large_model_loads_with_the_default_half_copies_and_answers(
     capability, kind, monkeypatch
 ):
     # The embedded model counted as large: the loader's default plan for a big checkpoint.
-    from chatcli import checkpoint
+    from chatcli.model import checkpoint
 
     monkeypatch.setattr(checkpoint, "LARGE_MODEL_MATRIX_PARAMS", 0)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
@@ -433,8 +433,8 @@ def test_embedding_tables_do_not_count_toward_a_large_model():
     """The plan's size is the matrices a decode step reads whole: d4's shapes hold 20M of
     them beside 50M of embedding tables, and get the 16-bit copies (measured 2x faster at
     batch 1 there); the embedded model's 2.7M keep fp32."""
-    from chatcli.bench import synthetic_model
-    from chatcli.checkpoint import LARGE_MODEL_MATRIX_PARAMS, saved_matrix_params
+    from chatcli.bench.bench import synthetic_model
+    from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS, saved_matrix_params
 
     model, _ = synthetic_model("d4")
     sd = model.state_dict()

@@ -1,10 +1,10 @@
-"""Resolving what a user points at into one checkpoint's files (chatcli.checkpoint_paths):
+"""Resolving what a user points at into one checkpoint's files (chatcli.model.checkpoint_paths):
 empty files stand in for weights, as only paths are read here."""
 
 import pytest
 
-from chatcli.checkpoint_paths import resolve_checkpoint
 from chatcli.errors import CheckpointError
+from chatcli.model.checkpoint_paths import resolve_checkpoint
 
 
 def test_a_newest_step_without_its_meta_names_the_whole_steps(tmp_path):

@@ -10,9 +10,9 @@ import pytest
 from reference import REFERENCE, needs_reference
 from typer.testing import CliRunner
 
-from chatcli.cli import app
-from chatcli.conversation_store import latest_conversation, read_conversation
-from chatcli.settings import conversations_dir
+from chatcli.chat.conversation_store import latest_conversation, read_conversation
+from chatcli.chat.settings import conversations_dir
+from chatcli.cli.app import app
 
 FIXTURE = REFERENCE / "E"
 needs_fixture = needs_reference
@@ -34,7 +34,7 @@ def test_help_lists_every_command():
 
 
 def test_help_does_not_import_torch():
-    code = "import sys; from chatcli.cli import app; print('torch' in sys.modules)"
+    code = "import sys; from chatcli.cli.app import app; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -246,7 +246,7 @@ def test_once_without_a_prompt_on_a_terminal_says_how_to_use_it(monkeypatch):
     ],
 )
 def test_a_bare_resume_means_the_last_conversation(argv, want):
-    from chatcli.cli import bare_resume_means_last
+    from chatcli.cli.app import bare_resume_means_last
 
     assert bare_resume_means_last(argv) == want
 
@@ -286,7 +286,7 @@ def test_once_quantized_answers_and_a_bad_format_says_the_choices():
 
 
 def test_bench_table_names_the_step_kernel_and_the_threads_decode_settled_on(monkeypatch):
-    import chatcli.bench
+    import chatcli.bench.bench
 
     result = {
         "model": "embedded default model",
@@ -322,7 +322,7 @@ def test_bench_table_names_the_step_kernel_and_the_threads_decode_settled_on(mon
         "greedy_agreement": 1.0,
         "peak_rss_mb": 847.2,
     }
-    monkeypatch.setattr(chatcli.bench, "run_bench", lambda *args, **kwargs: result)
+    monkeypatch.setattr(chatcli.bench.bench, "run_bench", lambda *args, **kwargs: result)
     out = runner.invoke(app, ["bench"], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
     assert "decode via decode_step through our rows_step kernel" in out.output
@@ -408,7 +408,7 @@ def test_models_lists_a_checkpoint_it_cannot_read_and_says_why(tmp_path):
 
 
 def test_help_gives_the_built_in_defaults_the_settings_have():
-    from chatcli.settings import Settings
+    from chatcli.chat.settings import Settings
 
     defaults = Settings()
     out = " ".join(runner.invoke(app, ["once", "--help"], env={"COLUMNS": "200"}).output.split())
@@ -452,7 +452,7 @@ def test_softcap_with_a_synthetic_model_or_a_server_is_refused_not_ignored():
 @pytest.mark.parametrize("command", [["once", "hi"], ["chat"]])
 def test_url_without_the_serve_extra_says_how_to_install_it(command, monkeypatch):
     monkeypatch.setitem(sys.modules, "httpx", None)  # `import httpx` fails, as uninstalled
-    monkeypatch.delitem(sys.modules, "chatcli.remote", raising=False)  # imported afresh
+    monkeypatch.delitem(sys.modules, "chatcli.serve.client", raising=False)  # imported afresh
     result = runner.invoke(app, [*command, "--url", "http://127.0.0.1:9"], input="hi\n")
     assert result.exit_code == 1
     assert result.stderr == "Error: --url needs the serve extra: pip install -e '.[serve]'\n"
@@ -577,8 +577,8 @@ def test_readme_gives_every_parameter_of_load_model_and_engine_generate():
     import re
     from pathlib import Path
 
-    from chatcli.checkpoint import load_model
-    from chatcli.engine import Engine
+    from chatcli.engine.engine import Engine
+    from chatcli.model.checkpoint import load_model
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     for shown_as, function in (
@@ -603,10 +603,10 @@ def test_once_shows_the_special_tokens_when_raw_is_set(monkeypatch):
 
 def test_serve_hands_max_queue_to_the_servers_limits(monkeypatch):
     pytest.importorskip("fastapi")
-    import chatcli.server
+    import chatcli.serve.app
 
     seen = {}
-    monkeypatch.setattr(chatcli.server, "serve", lambda model, **kw: seen.update(kw))
+    monkeypatch.setattr(chatcli.serve.app, "serve", lambda model, **kw: seen.update(kw))
     result = runner.invoke(app, ["serve", "--max-queue", "5"])
     assert result.exit_code == 0, result.output
     assert seen["limits"].max_queue == 5

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from chatcli.commands import (
+from chatcli.chat.command_parsing import (
     COMMANDS,
     SHOW_SETTING,
     SYSTEM_CLEAR,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chatcli.conversation_store import (
+from chatcli.chat.conversation_store import (
     SUFFIX,
     ConversationFile,
     NewConversation,

@@ -3,14 +3,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatcli.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice, apply_cpu_plan, plan_for
+from chatcli.engine.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice, apply_cpu_plan, plan_for
 
 
 def test_a_small_model_decodes_on_one_thread_and_a_big_one_on_every_core(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     small = torch.nn.Linear(10, 10)
     assert plan_for(small).threads == 1
-    monkeypatch.setattr("chatcli.cpu_plan.SMALL_MODEL_PARAMS", 100)
+    monkeypatch.setattr("chatcli.engine.cpu_plan.SMALL_MODEL_PARAMS", 100)
     assert plan_for(small).threads == 3
     assert SMALL_MODEL_PARAMS > 4_000_000  # the embedded model is small
 
@@ -75,7 +75,7 @@ def test_thread_choice_refuses_empty_probes():
 
 
 def test_a_long_prefill_chunk_gets_every_core_and_a_short_one_the_callers(monkeypatch):
-    from chatcli.cpu_plan import WIDE_PREFILL_TOKENS, prefill_threads
+    from chatcli.engine.cpu_plan import WIDE_PREFILL_TOKENS, prefill_threads
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -86,17 +86,17 @@ def test_a_long_prefill_chunk_gets_every_core_and_a_short_one_the_callers(monkey
 
 @pytest.mark.parametrize(("setting", "cores"), [("2", 2), ("16", 4), ("", 4), ("many", 4)])
 def test_omp_num_threads_caps_the_cores_a_plan_uses(monkeypatch, setting, cores):
-    from chatcli.cpu_plan import available_cores
+    from chatcli.engine.cpu_plan import available_cores
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", setting)
     assert available_cores() == cores
-    monkeypatch.setattr("chatcli.cpu_plan.SMALL_MODEL_PARAMS", 10)
+    monkeypatch.setattr("chatcli.engine.cpu_plan.SMALL_MODEL_PARAMS", 10)
     assert plan_for(torch.nn.Linear(10, 10)).threads == cores
 
 
 def test_torch_threads_sets_the_count_inside_and_restores_it_after_an_error():
-    from chatcli.cpu_plan import torch_threads
+    from chatcli.engine.cpu_plan import torch_threads
 
     before = torch.get_num_threads()
     try:

@@ -13,14 +13,14 @@ import pytest
 import torch
 from reference import REFERENCE, needs_reference
 
-from chatcli import bench
-from chatcli.baseline import baseline_generate
-from chatcli.checkpoint import load_model
-from chatcli.decode_step import CudaGraphStep, StaticDecodeStep, WithFallback
-from chatcli.engine import Engine
-from chatcli.kv_cache import KVCache, SharedPrefixCache
-from chatcli.session import ChatSession, SamplingOptions
-from chatcli.warm_cache import WarmCache
+from chatcli.bench import bench
+from chatcli.bench.baseline import baseline_generate
+from chatcli.chat.session import ChatSession, SamplingOptions
+from chatcli.engine.decode_step import CudaGraphStep, StaticDecodeStep, WithFallback
+from chatcli.engine.engine import Engine
+from chatcli.engine.warm_cache import WarmCache
+from chatcli.model.checkpoint import load_model
+from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from tests.test_model import _random_model
 
 pytestmark = [
@@ -247,7 +247,7 @@ def test_a_gpu_worker_serves_what_the_engine_says():
     serving = pytest.importorskip("serving")  # the serve extra
     import httpx
 
-    from chatcli.server import Worker
+    from chatcli.serve.app import Worker
 
     model, tokenizer = _embedded("float32")
     prompt = _chat_prompt(tokenizer, PROMPTS[2])

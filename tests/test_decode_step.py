@@ -3,20 +3,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatcli import decode_step
-from chatcli.checkpoint import load_model
-from chatcli.cpu_plan import ThreadChoice
-from chatcli.decode_step import (
+from chatcli.engine import decode_step
+from chatcli.engine.cpu_plan import ThreadChoice
+from chatcli.engine.decode_step import (
     CudaGraphStep,
     DecodeStep,
     ModuleStep,
     StaticDecodeStep,
     WithFallback,
 )
-from chatcli.engine import Engine
-from chatcli.kv_cache import KVCache, SharedPrefixCache
-from chatcli.model import ERAS
-from chatcli.native_kernels import rows_step, unavailable_reason
+from chatcli.engine.engine import Engine
+from chatcli.kernels.native import rows_step, unavailable_reason
+from chatcli.model.checkpoint import load_model
+from chatcli.model.gpt import ERAS
+from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from tests.fakes import ScriptedModel, reply
 from tests.test_model import _random_model
 
@@ -155,7 +155,7 @@ def test_the_first_position_of_an_empty_cache(era, kernel):
 
 def test_a_small_models_kernel_starts_on_every_core(monkeypatch):
     # Our kernel shares each product among the cores; torch's ops paid a fork/join each.
-    monkeypatch.setattr("chatcli.decode_step.available_cores", lambda: 2)
+    monkeypatch.setattr("chatcli.engine.decode_step.available_cores", lambda: 2)
     model = _random_model("E")
     for kernel, first in (("native", 2), ("torch", 1)):
         step = _step(model, kernel)
@@ -324,7 +324,7 @@ def test_other_copies_keep_torchs_ops(kind):
 def test_sample_rows_fold_their_norms_unless_a_kernel_quantizes_the_rows(kind, folds):
     # Folding scales each row after its product; fbgemm's int8 kernel rounds all the rows of
     # a call to integers on one scale, so it must see them normalised.
-    from chatcli.quantize import fbgemm_available
+    from chatcli.model.quantize import fbgemm_available
 
     model = _random_model("E")
     if kind is not None:
@@ -337,7 +337,7 @@ def test_sample_rows_fold_their_norms_unless_a_kernel_quantizes_the_rows(kind, f
 def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest_on_one(
     monkeypatch,
 ):
-    monkeypatch.setattr("chatcli.decode_step.SMALL_MODEL_PARAMS", 0)  # pretend it is big
+    monkeypatch.setattr("chatcli.engine.decode_step.SMALL_MODEL_PARAMS", 0)  # pretend it is big
     model = _random_model("E")
     model.add_decode_weights("int8")
     step = DecodeStep(model)
@@ -567,7 +567,7 @@ def test_small_matrices_read_a_transposed_copy_with_the_same_products():
 
 
 def test_a_big_matrix_keeps_no_transposed_copy(monkeypatch):
-    monkeypatch.setattr("chatcli.decode_step.STACK_AT_MOST", 1000)  # every matrix is "big"
+    monkeypatch.setattr("chatcli.engine.decode_step.STACK_AT_MOST", 1000)  # every matrix is "big"
     step = DecodeStep(_random_model("E"))
     for m in step.matrices:
         assert m.weight_t is None and not m.vector_from_t
@@ -575,7 +575,7 @@ def test_a_big_matrix_keeps_no_transposed_copy(monkeypatch):
 
 
 def test_a_big_models_products_follow_the_measured_thread_choice(monkeypatch):
-    monkeypatch.setattr("chatcli.decode_step.SMALL_MODEL_PARAMS", 0)  # pretend it is big
+    monkeypatch.setattr("chatcli.engine.decode_step.SMALL_MODEL_PARAMS", 0)  # pretend it is big
     model = _random_model("E")
     model.add_decode_weights("int8")
     step = DecodeStep(model)
@@ -608,7 +608,7 @@ def test_a_big_models_products_follow_the_measured_thread_choice(monkeypatch):
 def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measure_faster(
     monkeypatch,
 ):
-    monkeypatch.setattr("chatcli.decode_step.available_cores", lambda: 2)
+    monkeypatch.setattr("chatcli.engine.decode_step.available_cores", lambda: 2)
     model = _random_model("E")
     step = DecodeStep(model)
     assert not step.split_threads  # a small model: the rest of its step stays on one thread
@@ -648,8 +648,8 @@ def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measu
 
 
 def test_a_big_fp32_matrix_takes_sample_rows_weight_major_on_the_products_threads(monkeypatch):
-    from chatcli.decode_step import _Matrix
-    from chatcli.model import Linear
+    from chatcli.engine.decode_step import _Matrix
+    from chatcli.model.gpt import Linear
 
     torch.manual_seed(0)
     layer = Linear(1024, 1040, bias=False)  # 4 MB: no transposed copy, read where it is

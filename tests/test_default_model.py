@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from chatcli import checkpoint
-from chatcli.checkpoint import EMBEDDED_DIR, load_model
-from chatcli.quantize import Int8Weight
+from chatcli.model import checkpoint
+from chatcli.model.checkpoint import EMBEDDED_DIR, load_model
+from chatcli.model.quantize import Int8Weight
 from chatcli.training import evaluate as evaluate_module
 from chatcli.training.evaluate import evaluate
 

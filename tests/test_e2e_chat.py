@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from chatcli.checkpoint import EMBEDDED_DIR, SOURCES
-from chatcli.conversation_store import read_conversation
-from chatcli.render import HELP_LINE
+from chatcli.chat.conversation_store import read_conversation
+from chatcli.model.checkpoint import EMBEDDED_DIR, SOURCES
+from chatcli.terminal.render import HELP_LINE
 
 pexpect = pytest.importorskip("pexpect")
 

@@ -1,4 +1,4 @@
-"""Tests for chatcli.engine: seeding, stop conditions, batching, the context limit and tool use.
+"""Tests for chatcli.engine.engine: seeding, stop conditions, batching, the context limit and tool use.
 
 The models are scripted fakes (tests/fakes.py): each row's next token is a plain function of
 that row's tokens so far, so every expected sequence below is written out in full.
@@ -25,13 +25,13 @@ from fakes import (
 )
 from test_model import _random_model
 
-from chatcli.baseline import baseline_generate
-from chatcli.decode_step import CudaGraphStep, ModuleStep, StaticDecodeStep, WithFallback
-from chatcli.engine import Engine, GenerationStats, compiled_or_eager
+from chatcli.bench.baseline import baseline_generate
+from chatcli.engine.decode_step import CudaGraphStep, ModuleStep, StaticDecodeStep, WithFallback
+from chatcli.engine.engine import Engine, GenerationStats, compiled_or_eager
 from chatcli.errors import ContextOverflowError
-from chatcli.kv_cache import KVCache, SharedPrefixCache
-from chatcli.model import GPT
-from chatcli.special_tokens import (
+from chatcli.model.gpt import GPT
+from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model.special_tokens import (
     ASSISTANT_END,
     ASSISTANT_START,
     BOS,
@@ -461,9 +461,9 @@ def test_negative_max_tokens_raises_a_value_error_that_names_it():
 
 
 def test_caches_are_zeroed_only_for_steps_that_read_past_the_written_positions(monkeypatch):
-    import chatcli.kv_cache as kv_cache
-    from chatcli.checkpoint import load_model
-    from chatcli.decode_step import StaticDecodeStep
+    import chatcli.model.kv_cache as kv_cache
+    from chatcli.engine.decode_step import StaticDecodeStep
+    from chatcli.model.checkpoint import load_model
 
     model, tokenizer, _ = load_model()
     engine = Engine(model, tokenizer)
@@ -499,9 +499,9 @@ class ThreadsSeen(ScriptedModel):
 def test_a_long_prefill_runs_on_every_core_and_decode_stays_on_the_callers_threads(
     monkeypatch,
 ):
-    from chatcli.cpu_plan import WIDE_PREFILL_TOKENS
+    from chatcli.engine.cpu_plan import WIDE_PREFILL_TOKENS
 
-    monkeypatch.setattr("chatcli.cpu_plan.available_cores", lambda: 3)
+    monkeypatch.setattr("chatcli.engine.cpu_plan.available_cores", lambda: 3)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -2,7 +2,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 
-from chatcli.http_guards import LOOPBACK_HOSTNAMES, hostname_of, hosts_to_check, media_type
+from chatcli.serve.guards import LOOPBACK_HOSTNAMES, hostname_of, hosts_to_check, media_type
 
 
 @pytest.mark.parametrize(

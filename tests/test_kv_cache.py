@@ -1,11 +1,11 @@
-"""Tests for chatcli.kv_cache: layout, position bookkeeping, batch-1 expansion and rewind."""
+"""Tests for chatcli.model.kv_cache: layout, position bookkeeping, batch-1 expansion and rewind."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from chatcli.kv_cache import KVCache
+from chatcli.model.kv_cache import KVCache
 
 
 def cache(batch_size: int = 2, seq_len: int = 10, **kwargs) -> KVCache:

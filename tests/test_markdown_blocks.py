@@ -1,6 +1,6 @@
 import pytest
 
-from chatcli.markdown_blocks import BlockSplitter, markdown_kept
+from chatcli.terminal.markdown_blocks import BlockSplitter, markdown_kept
 
 
 @pytest.mark.parametrize("source", ["~~~\nx = 2*3*4\n~~~", "```python\nx = 2*3*4"])

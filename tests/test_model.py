@@ -8,10 +8,10 @@ import pytest
 import torch
 from reference import REFERENCE, needs_reference
 
-from chatcli.checkpoint import load_model
-from chatcli.engine import Engine
-from chatcli.kv_cache import KVCache
-from chatcli.model import (
+from chatcli.engine.engine import Engine
+from chatcli.kernels.native import rows_step
+from chatcli.model.checkpoint import load_model
+from chatcli.model.gpt import (
     ERAS,
     GPT,
     GPTConfig,
@@ -20,8 +20,8 @@ from chatcli.model import (
     infer_era,
     window_sizes,
 )
-from chatcli.native_kernels import rows_step
-from chatcli.special_tokens import ASSISTANT_END
+from chatcli.model.kv_cache import KVCache
+from chatcli.model.special_tokens import ASSISTANT_END
 
 FIXTURES = REFERENCE
 needs_fixtures = needs_reference
@@ -193,7 +193,7 @@ class _NoStopTokenizer:
 
 @pytest.mark.parametrize("era", ["A", "C", "E"])
 def test_shared_prefix_decode_equals_per_row_copies(era):
-    from chatcli.kv_cache import SharedPrefixCache
+    from chatcli.model.kv_cache import SharedPrefixCache
 
     model = _random_model(era)
     g = torch.Generator().manual_seed(4)
@@ -215,7 +215,7 @@ def test_shared_prefix_decode_equals_per_row_copies(era):
 
 
 def test_shared_prefix_decode_after_the_window_leaves_the_prompt():
-    from chatcli.kv_cache import SharedPrefixCache
+    from chatcli.model.kv_cache import SharedPrefixCache
 
     model = _random_model("E")  # short windows of 128 positions
     g = torch.Generator().manual_seed(8)
@@ -259,10 +259,10 @@ def test_compiled_engine_gives_the_eager_greedy_output(monkeypatch):
     # its forward.
     assert Engine(model, tokenizer, compile=True).decode_step is not None
     assert Engine(model, tokenizer).decode_step is not None
-    monkeypatch.setattr("chatcli.engine.SMALL_MODEL_PARAMS", 0)
+    monkeypatch.setattr("chatcli.engine.engine.SMALL_MODEL_PARAMS", 0)
     kernel = Engine(model, tokenizer, compile=True).decode_step
     assert (kernel is not None) == (rows_step() is not None)
-    monkeypatch.setattr("chatcli.decode_step.rows_step", lambda: None)  # no kernel here
+    monkeypatch.setattr("chatcli.engine.decode_step.rows_step", lambda: None)  # no kernel here
     compiled_engine = Engine(model, tokenizer, compile=True)
     assert compiled_engine.decode_step is None
     with _no_fallback_warning():  # the compiled path really ran
@@ -296,7 +296,7 @@ def _no_fallback_warning():
     ],
 )
 def test_decode_weights_serve_rows_up_to_their_max(kind, atol, monkeypatch):
-    from chatcli import quantize
+    from chatcli.model import quantize
 
     if kind == "float16-torch-mv":  # where fbgemm is missing: one row, through torch.mv
         monkeypatch.setattr(quantize, "fbgemm_fp16_available", lambda: False)
@@ -327,7 +327,7 @@ def test_decode_weights_serve_rows_up_to_their_max(kind, atol, monkeypatch):
     "kind", ["float16", "float16-torch-mv", "bfloat16", "int8", "int8-weight-only", "int4"]
 )
 def test_stacked_qkv_copy_equals_the_three_copies_apart(kind, monkeypatch):
-    from chatcli import quantize
+    from chatcli.model import quantize
 
     if kind == "int8-weight-only":
         monkeypatch.setattr(quantize, "fbgemm_available", lambda: False)
@@ -401,7 +401,7 @@ def test_a_chunk_attends_through_one_cached_mask_per_window():
 def test_a_streamed_weight_takes_a_few_rows_weight_major_and_equals_f_linear(
     monkeypatch, rows, threads, weight_major
 ):
-    from chatcli.model import STREAMED_WEIGHT_NUMEL, Linear
+    from chatcli.model.gpt import STREAMED_WEIGHT_NUMEL, Linear
 
     torch.manual_seed(0)
     layer = Linear(512, STREAMED_WEIGHT_NUMEL // 512, bias=False)
@@ -423,7 +423,7 @@ def test_a_streamed_weight_takes_a_few_rows_weight_major_and_equals_f_linear(
 
 
 def test_a_cache_sized_weight_keeps_f_linear(monkeypatch):
-    from chatcli.model import STREAMED_WEIGHT_NUMEL, Linear
+    from chatcli.model.gpt import STREAMED_WEIGHT_NUMEL, Linear
 
     layer = Linear(256, STREAMED_WEIGHT_NUMEL // 256 - 1, bias=False)
     monkeypatch.setattr(torch, "mm", lambda *a, **k: pytest.fail("a small weight took mm"))

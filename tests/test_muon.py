@@ -3,7 +3,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from chatcli.model import ERAS, GPT, GPTConfig
+from chatcli.model.gpt import ERAS, GPT, GPTConfig
 from chatcli.training.muon import Muon, orthogonalize
 from chatcli.training.train import PRESETS, make_optimizers, set_lr
 

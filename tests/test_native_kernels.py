@@ -8,8 +8,8 @@ import subprocess
 import pytest
 import torch
 
-from chatcli import native_kernels, sampling
-from chatcli.native_kernels import (
+from chatcli.kernels import native as native_kernels
+from chatcli.kernels.native import (
     F16Matvec,
     F16Rows,
     HalfPanels,
@@ -26,7 +26,8 @@ from chatcli.native_kernels import (
     rows_step,
     rows_step_errors,
 )
-from chatcli.quantize import Fp16Weight
+from chatcli.model import sampling
+from chatcli.model.quantize import Fp16Weight
 
 _KERNEL = f16_matvec()
 needs_kernel = pytest.mark.skipif(
@@ -723,7 +724,7 @@ def test_rows_step_refuses_matrices_it_does_not_read():
 
 
 def test_a_decode_step_keeps_torchs_ops_when_the_kernels_are_off(fresh, monkeypatch):
-    from chatcli.decode_step import DecodeStep
+    from chatcli.engine.decode_step import DecodeStep
     from tests.test_model import _random_model
 
     monkeypatch.setenv("CHATCLI_NATIVE_KERNELS", "0")

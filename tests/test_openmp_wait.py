@@ -3,7 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from chatcli.openmp_wait import SPIN_COUNT, choose_openmp_wait
+from chatcli.cli.openmp_wait import SPIN_COUNT, choose_openmp_wait
 
 
 def test_a_bounded_spin_is_set_when_the_user_chose_nothing():
@@ -24,7 +24,7 @@ def test_the_cli_chooses_before_torch_is_imported():
     code = (
         "import os, sys; sys.argv = ['chatcli', '--help']\n"
         "os.environ.pop('OMP_WAIT_POLICY', None); os.environ.pop('GOMP_SPINCOUNT', None)\n"
-        "from chatcli.cli import main\n"
+        "from chatcli.cli.app import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print('torch' in sys.modules, os.environ.get('GOMP_SPINCOUNT'))\n"
     )

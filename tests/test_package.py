@@ -8,7 +8,7 @@ def test_importing_torch_through_chatcli_prints_no_numpy_warning():
     # chatcli needs no numpy; torch's "Failed to initialize NumPy" warning where it is
     # missing used to open every command's stderr. Where numpy is installed torch is quiet
     # anyway, and this still holds.
-    code = "import chatcli, chatcli.checkpoint, torch; torch.zeros(1).tolist()"
+    code = "import chatcli, chatcli.model.checkpoint, torch; torch.zeros(1).tolist()"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "NumPy" not in done.stderr

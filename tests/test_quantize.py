@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatcli.native_kernels import f16_matvec, f16_rows, rows_step, unavailable_reason
-from chatcli.quantize import (
+from chatcli.kernels.native import f16_matvec, f16_rows, rows_step, unavailable_reason
+from chatcli.model.quantize import (
     INT4_GROUP_SIZE,
     NATIVE_INT8_MAX_ROWS,
     QUANTIZE_KINDS,
@@ -157,7 +157,7 @@ _INT8_KERNELS = [
 def test_int8_serves_its_kernels_rows_and_fp32_the_rest(kernel):
     # Ours serves prompts too (its rows are independent and it beats fp32 there); fbgemm's
     # rows share one activation scale, so it serves a few sample rows and fp32 the rest.
-    from chatcli.model import Linear
+    from chatcli.model.gpt import Linear
 
     layer = Linear(256, 384, bias=False).requires_grad_(False)
     with torch.no_grad():
@@ -263,7 +263,7 @@ def test_the_default_half_copy_is_fp16_only_where_it_was_measured_faster(
 
 
 def test_the_default_half_copy_is_bf16_on_x86_without_fbgemms_fp16_kernel(monkeypatch):
-    from chatcli import quantize
+    from chatcli.model import quantize
 
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr(quantize, "fbgemm_fp16_available", lambda: False)
@@ -274,7 +274,7 @@ def test_the_default_half_copy_is_bf16_on_x86_without_fbgemms_fp16_kernel(monkey
 def test_int4_serves_the_rows_its_kernel_wins_at_on_this_cpu(monkeypatch, capability, rows):
     # torch's int4 products beat fp32 up to 64 rows with AVX-512, but past ~8 with AVX2
     # they lose: more rows keep fp32's exact products.
-    from chatcli.model import Linear
+    from chatcli.model.gpt import Linear
 
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     layer = Linear(256, 384, bias=False).requires_grad_(False)

@@ -19,15 +19,15 @@ from rich.console import Console
 from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
 from typer.testing import CliRunner
 
-from chatcli import remote as remote_module
-from chatcli.cli import app as cli_app
+from chatcli.chat.stream import TextDelta, ToolCallDelta, ToolCallStart, ToolResult
+from chatcli.chat.turns import SamplingOptions
+from chatcli.cli.app import app as cli_app
 from chatcli.errors import ChatcliError
-from chatcli.remote import RemoteSession
-from chatcli.render import render_status
-from chatcli.server import BackgroundServer
-from chatcli.special_tokens import OUTPUT_START, PYTHON_START
-from chatcli.stream import TextDelta, ToolCallDelta, ToolCallStart, ToolResult
-from chatcli.turns import SamplingOptions
+from chatcli.model.special_tokens import OUTPUT_START, PYTHON_START
+from chatcli.serve import client as remote_module
+from chatcli.serve.app import BackgroundServer
+from chatcli.serve.client import RemoteSession
+from chatcli.terminal.render import render_status
 
 CALC_THEN_TEXT = tool_call("6*7", [*text_tokens(" so 42."), END])
 

@@ -10,9 +10,18 @@ import pytest
 from rich.console import Console
 from rich.markdown import Markdown
 
-import chatcli.render as render_module
+import chatcli.terminal.render as render_module
+from chatcli.chat.stream import (
+    StreamEvent,
+    TextDelta,
+    TokenDecoder,
+    ToolCallDelta,
+    ToolCallStart,
+    ToolResult,
+)
 from chatcli.errors import ConfigError
-from chatcli.render import (
+from chatcli.model.special_tokens import ASSISTANT_END, SPECIAL_TOKENS
+from chatcli.terminal.render import (
     CHAT_THEME,
     ReplyRenderer,
     format_badge,
@@ -28,15 +37,6 @@ from chatcli.render import (
     reply_text,
     use_markdown,
     visible,
-)
-from chatcli.special_tokens import ASSISTANT_END, SPECIAL_TOKENS
-from chatcli.stream import (
-    StreamEvent,
-    TextDelta,
-    TokenDecoder,
-    ToolCallDelta,
-    ToolCallStart,
-    ToolResult,
 )
 
 

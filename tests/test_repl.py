@@ -1,7 +1,7 @@
 """The REPL, driven through a pipe input like a person at the keyboard, on a scripted session.
 
 `FakeSession` has ChatSession's interface but no model: each turn streams the next scripted
-reply as chatcli.stream events. Output is read back from a plain Rich console.
+reply as chatcli.chat.stream events. Output is read back from a plain Rich console.
 """
 
 from __future__ import annotations
@@ -21,19 +21,9 @@ from prompt_toolkit.input import PipeInput, create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-from chatcli.conversation_store import ConversationFile, NewConversation, read_conversation
-from chatcli.errors import ChatcliError
-from chatcli.render import CHAT_THEME
-from chatcli.repl import (
-    LEAVE_HINT,
-    CommandCompleter,
-    block_is_open,
-    message_from_input,
-    run_repl,
-)
-from chatcli.settings import Settings
-from chatcli.special_tokens import ASSISTANT_END, OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
-from chatcli.stream import (
+from chatcli.chat.conversation_store import ConversationFile, NewConversation, read_conversation
+from chatcli.chat.settings import Settings
+from chatcli.chat.stream import (
     SpecialToken,
     StreamEvent,
     TextDelta,
@@ -41,7 +31,23 @@ from chatcli.stream import (
     ToolCallStart,
     ToolResult,
 )
-from chatcli.turns import Reply, SamplingOptions, TurnNotice, TurnStats
+from chatcli.chat.turns import Reply, SamplingOptions, TurnNotice, TurnStats
+from chatcli.errors import ChatcliError
+from chatcli.model.special_tokens import (
+    ASSISTANT_END,
+    OUTPUT_END,
+    OUTPUT_START,
+    PYTHON_END,
+    PYTHON_START,
+)
+from chatcli.terminal.render import CHAT_THEME
+from chatcli.terminal.repl import (
+    LEAVE_HINT,
+    CommandCompleter,
+    block_is_open,
+    message_from_input,
+    run_repl,
+)
 
 ENTER = "\r"
 ALT_ENTER = "\x1b\r"
@@ -435,7 +441,7 @@ def test_undo_drops_the_last_exchange_and_says_what(tmp_path):
 
 
 def test_retry_regenerates_with_a_new_seed_shown(tmp_path, monkeypatch):
-    monkeypatch.setattr("chatcli.chat_commands.random.randrange", lambda n: 1234)
+    monkeypatch.setattr("chatcli.terminal.slash_commands.random.randrange", lambda n: 1234)
     session = FakeSession("first answer", "second answer")
     run = chat(session, tmp_path, "question", "/retry")
     assert run.lines == [
@@ -990,7 +996,7 @@ def test_a_message_the_server_refuses_leaves_the_file_as_the_conversation(tmp_pa
     pytest.importorskip("fastapi")
     from serving import END, scripted_worker, serve_workers, text_tokens
 
-    from chatcli.remote import RemoteSession
+    from chatcli.serve.client import RemoteSession
 
     sentence = text_tokens(" ok.")
 
@@ -1103,7 +1109,7 @@ def test_with_stdout_piped_the_prompt_draws_on_the_terminal_behind_stderr(monkey
     import os
     import pty
 
-    from chatcli.repl import prompt_output
+    from chatcli.terminal.repl import prompt_output
 
     leader, follower = pty.openpty()
     with os.fdopen(follower, "w") as terminal:

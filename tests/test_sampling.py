@@ -1,4 +1,4 @@
-"""Tests for chatcli.sampling: greedy, temperature, top-k, top-p and seeding, each through
+"""Tests for chatcli.model.sampling: greedy, temperature, top-k, top-p and seeding, each through
 the native sample_rows kernel (where it compiled) and through torch's ops."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from chatcli import native_kernels, sampling
-from chatcli.sampling import sample_next_token
+from chatcli.kernels import native as native_kernels
+from chatcli.model import sampling
+from chatcli.model.sampling import sample_next_token
 
 _KERNEL = native_kernels.sample_rows()
 

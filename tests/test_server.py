@@ -30,17 +30,17 @@ from serving import (
     wait_until,
 )
 
-from chatcli.cli import app as cli_app
+from chatcli.cli.app import app as cli_app
 from chatcli.errors import ChatcliError, ConfigError
-from chatcli.http_guards import LOOPBACK_HOSTNAMES
-from chatcli.server import (
+from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
+from chatcli.serve.app import (
     BackgroundServer,
     Limits,
     _listen,
     create_app,
     worker_devices,
 )
-from chatcli.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
+from chatcli.serve.guards import LOOPBACK_HOSTNAMES
 
 HI = {"messages": [{"role": "user", "content": "hi"}]}
 JSON = {"Content-Type": "application/json"}
@@ -674,7 +674,7 @@ def test_serve_loads_the_checkpoint_and_says_where_it_listens():
     if not REFERENCE_E.is_dir():
         pytest.skip(f"reference fixture not found at {REFERENCE_E}")
     program = (
-        "import json; from chatcli.server import serve; "
+        "import json; from chatcli.serve.app import serve; "
         f"serve({str(REFERENCE_E)!r}, port=0, workers=2, device='cpu', log_level='warning', "
         "cache_slots=3, "
         "on_ready=lambda info: print(json.dumps(info), flush=True))"
@@ -985,7 +985,7 @@ TESTS = Path(__file__).parent
 SLOW_SERVER = """
 from fakes import uniform_bytes
 from serving import scripted_worker
-from chatcli.server import _listen, create_app, run_app
+from chatcli.serve.app import _listen, create_app, run_app
 sock = _listen("127.0.0.1", 0)
 print(sock.getsockname()[1], flush=True)
 try:

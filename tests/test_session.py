@@ -7,10 +7,11 @@ import torch
 from fakes import DONE, SPECIAL_IDS, ByteTokenizer, ScriptedModel, reply, tool_call
 from reference import REFERENCE
 
+from chatcli.chat.session import ChatSession, SamplingOptions
+from chatcli.chat.stream import TextDelta, ToolResult
 from chatcli.errors import ChatcliError, ContextOverflowError
-from chatcli.model import ERAS, GPT, GPTConfig
-from chatcli.session import ChatSession, SamplingOptions
-from chatcli.special_tokens import (
+from chatcli.model.gpt import ERAS, GPT, GPTConfig
+from chatcli.model.special_tokens import (
     ASSISTANT_END,
     ASSISTANT_START,
     OUTPUT_END,
@@ -18,8 +19,7 @@ from chatcli.special_tokens import (
     PYTHON_END,
     PYTHON_START,
 )
-from chatcli.stream import TextDelta, ToolResult
-from chatcli.tokenizer import Tokenizer
+from chatcli.model.tokenizer import Tokenizer
 
 FIXTURES = REFERENCE
 

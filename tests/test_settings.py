@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chatcli.errors import ConfigError
-from chatcli.settings import (
+from chatcli.chat.settings import (
     DEFAULTS,
     SETTING_NAMES,
     Settings,
@@ -19,6 +18,7 @@ from chatcli.settings import (
     user_dir,
     validate_setting,
 )
+from chatcli.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.toml"
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from chatcli.stop_text import StopText
-from chatcli.stream import StreamEvent, TextDelta, ToolCallStart, ToolResult
+from chatcli.chat.stop_text import StopText
+from chatcli.chat.stream import StreamEvent, TextDelta, ToolCallStart, ToolResult
 
 
 def shown(stops: list[str], pieces: list[str | StreamEvent]) -> tuple[list[StreamEvent], bool]:

@@ -1,15 +1,6 @@
 from __future__ import annotations
 
-from chatcli.special_tokens import (
-    ASSISTANT_END,
-    BOS,
-    OUTPUT_END,
-    OUTPUT_START,
-    PYTHON_END,
-    PYTHON_START,
-    SPECIAL_TOKENS,
-)
-from chatcli.stream import (
+from chatcli.chat.stream import (
     SpecialToken,
     StreamEvent,
     TextDelta,
@@ -18,6 +9,15 @@ from chatcli.stream import (
     ToolCallStart,
     ToolResult,
     decode_assistant_parts,
+)
+from chatcli.model.special_tokens import (
+    ASSISTANT_END,
+    BOS,
+    OUTPUT_END,
+    OUTPUT_START,
+    PYTHON_END,
+    PYTHON_START,
+    SPECIAL_TOKENS,
 )
 
 

@@ -13,7 +13,7 @@ from itertools import pairwise
 
 import pytest
 
-from chatcli.calculator import format_result, use_calculator
+from chatcli.engine.calculator import format_result, use_calculator
 from chatcli.training import phrasings, synthetic
 from chatcli.training.synthetic import (
     EVAL_KINDS,

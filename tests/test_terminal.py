@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-from chatcli.terminal import quiet_keyboard
+from chatcli.terminal.keyboard import quiet_keyboard
 
 
 def _in_a_terminal(code: str) -> dict:
@@ -44,7 +44,7 @@ def test_echo_is_off_while_a_reply_streams_and_back_after():
     report = _in_a_terminal(
         """
         import sys, termios
-        from chatcli.terminal import quiet_keyboard
+        from chatcli.terminal.keyboard import quiet_keyboard
         modes = lambda: termios.tcgetattr(sys.stdin.fileno())[3]
         report["before"] = bool(modes() & termios.ECHO)
         with quiet_keyboard():
@@ -62,7 +62,7 @@ def test_a_background_job_leaves_the_terminal_alone_and_is_not_stopped():
     report = _in_a_terminal(
         """
         import os, sys, termios
-        from chatcli.terminal import quiet_keyboard
+        from chatcli.terminal.keyboard import quiet_keyboard
         child = os.fork()
         if child == 0:
             os.setpgid(0, 0)  # a job of its own, not the terminal's foreground one
@@ -88,7 +88,7 @@ def test_a_ctrl_c_while_the_turn_closes_is_let_go_and_the_handler_comes_back():
     # In a process of its own: a real SIGINT that got through would end the test run.
     script = """
         import os, signal, time
-        from chatcli.terminal import interrupts_held
+        from chatcli.terminal.keyboard import interrupts_held
         before = signal.getsignal(signal.SIGINT)
         with interrupts_held():
             os.kill(os.getpid(), signal.SIGINT)
@@ -111,7 +111,7 @@ def test_a_ctrl_c_while_the_turn_closes_is_let_go_and_the_handler_comes_back():
 def test_a_deferred_ctrl_c_comes_after_the_block_and_a_held_one_not_at_all():
     script = """
         import os, signal, time
-        from chatcli.terminal import interrupts_deferred, interrupts_held
+        from chatcli.terminal.keyboard import interrupts_deferred, interrupts_held
         try:
             with interrupts_deferred():
                 os.kill(os.getpid(), signal.SIGINT)

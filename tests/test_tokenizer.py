@@ -9,8 +9,8 @@ import pytest
 from reference import REFERENCE, needs_reference
 
 from chatcli.errors import TokenizerError
-from chatcli.special_tokens import SPECIAL_TOKENS
-from chatcli.tokenizer import Tokenizer
+from chatcli.model.special_tokens import SPECIAL_TOKENS
+from chatcli.model.tokenizer import Tokenizer
 
 FIXTURES = REFERENCE
 pytestmark = needs_reference

@@ -11,10 +11,10 @@ import torch
 
 pytest.importorskip("rustbpe", reason="training needs the train extra: pip install -e '.[train]'")
 
-from chatcli.checkpoint import load_model
-from chatcli.engine import Engine
-from chatcli.model import ERAS, GPT, GPTConfig
-from chatcli.special_tokens import SPECIAL_TOKENS
+from chatcli.engine.engine import Engine
+from chatcli.model.checkpoint import load_model
+from chatcli.model.gpt import ERAS, GPT, GPTConfig
+from chatcli.model.special_tokens import SPECIAL_TOKENS
 from chatcli.training.train import PRESETS, WeightAverage, main, train
 
 

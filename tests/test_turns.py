@@ -1,4 +1,4 @@
-from chatcli.turns import readable_text
+from chatcli.chat.turns import readable_text
 
 
 def test_bytes_that_were_not_utf8_become_replacement_characters():

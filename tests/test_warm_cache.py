@@ -10,11 +10,11 @@ import torch
 from fakes import ByteTokenizer
 from test_session import FIXTURES, random_model
 
-from chatcli.engine import Engine
-from chatcli.kv_cache import SharedPrefixCache
-from chatcli.tokenizer import Tokenizer
-from chatcli.warm_cache import WarmCache, choose
-from chatcli.worker_pool import GenerationParams, Worker
+from chatcli.engine.engine import Engine
+from chatcli.engine.warm_cache import WarmCache, choose
+from chatcli.model.kv_cache import SharedPrefixCache
+from chatcli.model.tokenizer import Tokenizer
+from chatcli.serve.worker_pool import GenerationParams, Worker
 
 
 def prompt_of(*pieces: list[int]) -> list[int]:

@@ -26,7 +26,7 @@ pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[se
 from fakes import SPECIAL_IDS, reply, tool_call
 from serving import END, scripted_worker, serve_workers, text_tokens, wait_until
 
-from chatcli.worker_pool import Worker
+from chatcli.serve.worker_pool import Worker
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -264,7 +264,7 @@ def test_a_stream_that_breaks_off_is_shown_as_an_error_not_an_end(browser):
     from fastapi import FastAPI
     from fastapi.responses import HTMLResponse, StreamingResponse
 
-    from chatcli.server import BackgroundServer, _page
+    from chatcli.serve.app import BackgroundServer, _page
 
     app = FastAPI()
 

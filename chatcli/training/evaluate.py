@@ -28,8 +28,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from chatcli.engine import Engine, GenerationStats
-from chatcli.stream import decode_assistant_parts
+from chatcli.chat.stream import decode_assistant_parts
+from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.training.synthetic import EvalItem, generate_eval_set
 
 TOOL_KINDS = ("arithmetic", "counting", "followup")
@@ -135,7 +135,7 @@ def evaluate(model: Any, tokenizer: Any, n_per_kind: int = 100, seed: int = 1234
 
 
 def main(argv: list[str] | None = None) -> None:
-    from chatcli.checkpoint import QUANTIZE_CHOICES, load_model
+    from chatcli.model.checkpoint import QUANTIZE_CHOICES, load_model
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter

@@ -10,7 +10,7 @@ of everything else. It writes conversations as nanochat messages:
                                       {"type": "text", "text": "1234*56 = 69104."}]}
 
 It knows nothing about tokens or training: the tokenizer renders these messages into ids. Every
-python_output is computed by chatcli.calculator, so it is exactly the text the engine injects at
+python_output is computed by chatcli.engine.calculator, so it is exactly the text the engine injects at
 run time, and every sentence after a tool call copies that text verbatim.
 
 Held-out split (split="eval"): numbers and phrasings the training split never uses.
@@ -34,9 +34,9 @@ import string
 import zlib
 from dataclasses import dataclass
 
-from chatcli.calculator import format_result, use_calculator
+from chatcli.engine.calculator import format_result, use_calculator
 from chatcli.errors import ChatcliError
-from chatcli.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
+from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
 from chatcli.training import phrasings
 
 SPLITS = ("train", "eval")

@@ -12,7 +12,7 @@ its own text, its calculator calls and <|assistant_end|>, while the calculator's
 output is in its context but not in its loss; (4) write a nanochat-layout checkpoint
 (tokenizer/ + chatsft_checkpoints/<tag>/model_*.pt + meta_*.json).
 
-Owns the training loop; reuses the inference model (chatcli/model.py) unchanged, so what is
+Owns the training loop; reuses the inference model (chatcli/model/gpt.py) unchanged, so what is
 trained is exactly what ships.
 """
 
@@ -32,9 +32,9 @@ from typing import Literal, get_args
 import torch
 import torch.nn.functional as F
 
-from chatcli.model import ERAS, GPT, GPTConfig, has_value_embed
-from chatcli.special_tokens import SPECIAL_TOKENS
-from chatcli.tokenizer import SPLIT_PATTERN, Tokenizer
+from chatcli.model.gpt import ERAS, GPT, GPTConfig, has_value_embed
+from chatcli.model.special_tokens import SPECIAL_TOKENS
+from chatcli.model.tokenizer import SPLIT_PATTERN, Tokenizer
 from chatcli.training.muon import Muon
 from chatcli.training.synthetic import generate_conversations
 

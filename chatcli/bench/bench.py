@@ -1,0 +1,640 @@
+"""`chatcli bench`: our engine against the plain baseline, side by side, in one run.
+
+Owns: building the model to measure (a checkpoint, or a synthetic nanochat of depth d4, d12
+or d20 with random weights), the measurements, and the result as a dict (the CLI prints a
+table or JSON). Measured for both modes: prefill tok/s, batch-1 decode tok/s, aggregate decode
+tok/s with 8 samples (and for ours, against one sample of the same prompt and sampling),
+time to first token at turns 1, 5 and 10 of a scripted chat; plus peak
+memory, the machine's memory bandwidth and the decode roofline it implies for the weights.
+Greedy outputs of the two modes are compared token for token.
+
+On a CUDA device both modes run there: the baseline eager fp32 (a host read of every row each
+step), ours as chatcli runs a GPU (bf16 where the card computes in it, the decode step
+replayed as a CUDA graph, sampling on the device). Every timing waits for the device first.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from chatcli.bench.baseline import baseline_generate
+from chatcli.chat.session import ChatSession, SamplingOptions
+from chatcli.engine.cpu_plan import apply_cpu_plan, torch_threads
+from chatcli.engine.decode_step import DecodeStep, WithFallback
+from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS, native_bf16
+from chatcli.model.gpt import ERAS, GPT, GPTConfig, Linear
+from chatcli.model.quantize import QUANTIZE_KINDS, default_half_kind
+from chatcli.model.special_tokens import SPECIAL_TOKENS
+
+SYNTHETIC_DEPTHS = {"d4": 4, "d12": 12, "d20": 20}
+DECODE_TOKENS = 48
+SAMPLES = 8
+TURNS = (1, 5, 10)
+# Every measure is the best of this many rounds, in both modes (as timeit takes the best):
+# other work on a shared host only ever adds time, and one run of 48 decode steps of the
+# embedded model is ~0.15 s, which it stretched by up to half here. Each round measures the
+# baseline and ours back to back, so that a slow spell of the host, which can outlast all of
+# one mode's runs, falls on both modes rather than on one.
+REPEATS = 3
+# Within a round, each measure repeats until this much time has passed (at least once), the
+# best kept, as timeit's autorange does: a small model's prefill is ~20 ms and its 48 decode
+# steps ~0.15 s, and with one run a round, 8 samples / one sample moved between 3.3 and 5.6
+# from one bench run to the next. A big model's measure takes longer and runs once.
+MEASURE_SECONDS = 0.5
+CHAT_SECONDS = 1.0  # each round's scripted chats, per mode (see _chat_ttft)
+TTFT_SAMPLES = 3  # each measured turn of a chat, sent again from the same state
+
+
+class SyntheticTokenizer:
+    """Enough of a tokenizer for a random-weight model: bytes, specials at the top."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.special = {
+            name: vocab_size - len(SPECIAL_TOKENS) + i for i, name in enumerate(SPECIAL_TOKENS)
+        }
+
+    def encode(self, text: str, prepend: int | str | None = None) -> list[int]:
+        ids = list(text.encode())
+        if prepend is not None:
+            ids.insert(0, prepend if isinstance(prepend, int) else self.special[prepend])
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.decode_bytes(ids).decode(errors="replace")
+
+    def decode_bytes(self, ids: list[int]) -> bytes:
+        return bytes(i for i in ids if i < 256)
+
+    def encode_special(self, name: str) -> int:
+        return self.special[name]
+
+    def get_bos_token_id(self) -> int:
+        return self.special["<|bos|>"]
+
+    def get_vocab_size(self) -> int:
+        return self.vocab_size
+
+    def render_conversation(self, messages: list[dict], max_tokens: int | None = None):
+        raise NotImplementedError  # ChatSession only needs it for saved assistant messages
+
+
+def synthetic_config(name: str) -> GPTConfig:
+    """nanochat's shapes for a depth: 64 wide per layer, 128-wide heads, vocab 65536."""
+    depth = SYNTHETIC_DEPTHS[name]
+    n_embd = 64 * depth
+    n_head = max(1, math.ceil(n_embd / 128))
+    return GPTConfig(2048, 65536, depth, n_head, n_head, n_embd, window_pattern="SSSL")
+
+
+def synthetic_model(
+    name: str, device: torch.device | str = "cpu"
+) -> tuple[GPT, SyntheticTokenizer]:
+    """A random era-E model with nanochat's shapes for that depth (synthetic_config), in
+    fp32 on `device`. The same seed gives the same weights on every device (drawn on the
+    CPU)."""
+    config = synthetic_config(name)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = GPT(config, ERAS["E"])
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02 if p.ndim == 2 else 0.1)
+    model.to(device)
+    model.init_rotary()
+    model.eval().requires_grad_(False)
+    return model, SyntheticTokenizer(config.vocab_size)
+
+
+def bench_device(device: str = "auto") -> torch.device:
+    """The device a bench runs on: auto is the first CUDA device where there is one, else
+    the CPU. Raises ValueError with the fix for anything else (MPS: not measured)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        picked = torch.device(device)
+    except RuntimeError:
+        picked = None
+    if picked is None or picked.type not in ("cpu", "cuda"):
+        raise ValueError(f"The bench runs on auto, cpu, cuda or cuda:N; not {device!r}.")
+    if picked.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {device}: this torch sees no CUDA device "
+            f"(torch {torch.__version__}). Use --device cpu."
+        )
+    if picked.type == "cuda" and (picked.index or 0) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ValueError(
+            f"--device {device}: this machine has {count} CUDA device{'s' if count > 1 else ''} "
+            f"(cuda:0 to cuda:{count - 1})."
+        )
+    return picked
+
+
+def gpu_weights(precision: str, device: torch.device) -> torch.dtype:
+    """The weights ours runs on a CUDA device: auto as chatcli loads them there (bf16 where
+    the card computes in it, checkpoint.native_bf16), float32 or bfloat16 as asked. The CPU's
+    decode copies (float16, int8, int4) do not exist on a GPU: a ValueError says so."""
+    if precision == "auto":
+        return torch.bfloat16 if native_bf16(device) else torch.float32
+    if precision in ("float32", "bfloat16"):
+        return getattr(torch, precision)
+    raise ValueError(
+        f"--quantize {precision} is a CPU decode copy; on a GPU the bench takes auto, "
+        "float32 or bfloat16."
+    )
+
+
+def _cast_copy(model: GPT, dtype: torch.dtype) -> GPT:
+    """A copy of model with its weights in dtype, as checkpoint.load_model would give them
+    (the rotary tables made again in the era's own dtype), on the model's device.
+
+    Each weight is cast straight from the model's: a deepcopy first held a second fp32 copy
+    of every weight, and its peak was what an H200 reported for d20 (11425 MiB of device
+    memory, 5340 MiB of it that duplicate)."""
+    with torch.device("meta"):
+        cast = GPT(model.config, model.arch)
+    state = {k: v.to(dtype) for k, v in model.state_dict().items()}
+    cast.load_state_dict(state, assign=True)
+    cast.cos, cast.sin = (torch.empty(0, device=model.get_device()) for _ in range(2))
+    cast.init_rotary()
+    return cast.eval().requires_grad_(False)
+
+
+def _sync() -> None:
+    """Wait for the current CUDA device's queued work, where CUDA is in use: a timing
+    without this measures how fast kernels are queued, not run."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def bandwidth_probe(megabytes: int = 512, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A buffer much larger than the caches, for bandwidth_of."""
+    return torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+
+
+def bandwidth_of(buffer: torch.Tensor, repeats: int = 5) -> float:
+    """Streaming read bandwidth in GB/s: the fastest of `repeats` sums over buffer (after
+    one that is not timed)."""
+    buffer.sum()
+    best = min(_timed(lambda: buffer.sum()) for _ in range(repeats))
+    return buffer.numel() * buffer.element_size() / best / 1e9
+
+
+def roofline_fractions(
+    decode: Callable[[], float],
+    probe: torch.Tensor,
+    threads: int,
+    weight_bytes: int,
+    bf16_bytes: int,
+) -> dict[str, float]:
+    """One batch-1 decode run (its tok/s) between two bandwidth probes over `probe` on
+    `threads` threads, as fractions of the rooflines the faster probe implies for
+    weight_bytes and bf16_bytes a token. Why beside the run: this host's memory read 31-36
+    GB/s in most spells and 45-65 in others, which can start and end within one bench run,
+    so the rounds' best decode and best probe could come from different spells (d20: 0.50
+    of a 64.7 GB/s roofline while the decode read its weights at 32). The faster probe
+    keeps it conservative where a spell turns during the run."""
+    with torch_threads(threads):
+        before = bandwidth_of(probe, repeats=3)
+    tps = decode()
+    with torch_threads(threads):
+        gbs = max(before, bandwidth_of(probe, repeats=3)) * 1e9
+    return {
+        "roofline_paired": tps * weight_bytes / gbs,
+        "bf16_roofline_paired": tps * bf16_bytes / gbs,
+    }
+
+
+def _timed(fn) -> float:
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    return time.perf_counter() - t0
+
+
+def weight_bytes_per_token(model: GPT) -> int:
+    """Bytes of weights a batch-1 decode step reads: every matrix but the embedding tables,
+    in the precision decode reads it (its compact decode copy when there is one)."""
+    stacked = model.stacked_linears()  # counted in their attention's stacked copy
+    total = sum(w.nbytes for w in model.decode_weights())
+    for module in model.modules():
+        fp32 = isinstance(module, Linear) and module.decode_weight is None
+        if fp32 and id(module) not in stacked:
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
+def matrix_params(model: GPT) -> int:
+    """Weights of every matrix a decode step reads (the embedding tables are looked up)."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, Linear))
+
+
+def _prompt(tokenizer, n: int) -> list[int]:
+    text = ("The quick brown fox jumps over the lazy dog. " * (n // 10 + 1))[: max(n - 1, 1)]
+    return tokenizer.encode(text, prepend=tokenizer.get_bos_token_id())[:n]
+
+
+def _prefill_tps(model, tokens: list[int]) -> float:
+    """The baseline's prefill: the module forward, logits at every position."""
+    ids = torch.tensor([tokens], device=model.get_device())
+    with torch.inference_mode():
+        return len(tokens) / _timed(lambda: model(ids))
+
+
+def _ours_prefill_tps(engine: Engine, tokens: list[int]) -> float:
+    """Ours' prefill as a generation or a chat's first turn runs it: Engine.forward_last
+    into a fresh cache (its threads, the vocabulary projected at the last position only)."""
+    ids = torch.tensor([tokens], device=engine.model.get_device())
+    with torch.inference_mode():
+        cache = engine.new_cache(1, len(tokens))
+        return len(tokens) / _timed(lambda: engine.forward_last(ids, cache))
+
+
+def _ours_decode(
+    engine: Engine, prompt: list[int], n: int, temperature: float | None = None
+) -> float:
+    """Aggregate decode tok/s of n samples (greedy for one, temperature 1 for more unless
+    said), over at least DECODE_TOKENS decode steps: a generation that ends early (every
+    row at <|assistant_end|>) is followed by another with the next seed, as the baseline
+    never stops before DECODE_TOKENS."""
+    temperature = (0.0 if n == 1 else 1.0) if temperature is None else temperature
+    steps, seconds = 0, 0.0
+    for seed in range(1, 50):  # greedy repeats the same generation: more of the same steps
+        stats = GenerationStats()
+        for _ in engine.generate(
+            prompt,
+            num_samples=n,
+            max_tokens=DECODE_TOKENS,
+            temperature=temperature,
+            top_k=None,
+            seed=seed,
+            use_tools=False,
+            stats=stats,
+        ):
+            pass
+        # The decode steps only: the first column comes from the prefill.
+        steps, seconds = steps + stats.steps - 1, seconds + stats.decode_s
+        if steps >= DECODE_TOKENS:
+            break
+    return n * steps / max(seconds, 1e-9)
+
+
+def _baseline_decode(model, prompt: list[int], n: int) -> float:
+    steps = 0
+    t0 = None
+    for step, _ in enumerate(
+        baseline_generate(model, prompt, n, DECODE_TOKENS, 0.0 if n == 1 else 1.0, None, 1)
+    ):
+        if step == 0:
+            t0 = time.perf_counter()
+        steps = step
+    return n * steps / max(time.perf_counter() - t0, 1e-9)
+
+
+def _chat_ttft(model, tokenizer, plain: bool, compile: bool = False) -> dict[str, float]:
+    """The best time to first token at given turns of a scripted chat (the same in both
+    modes), over as many chats as fit in CHAT_SECONDS (at least one).
+
+    A small model's turn takes ~8 ms, which the host's noise moves by a third: one chat
+    a round left its turn-10 / turn-1 ratio anywhere between 1.08 and 1.49 from one bench
+    run to the next. A big model's chat takes seconds and runs once a round, so each measured
+    turn is sent TTFT_SAMPLES times (any model's), from the state before it: the reply is
+    popped and regenerated with the cache rewound to what it held before the turn (unlike
+    /retry, which reuses the turn's cached prompt), and the earlier tries stop at their first
+    streamed event, the first token timed: d20's turns moved between 210 and 315 ms from one
+    to the next with no trend, and three single samples per turn read 1.30-1.44 for its
+    turn-10 / turn-1 ratio.
+
+    plain: the baseline's way, every turn re-prefills the whole conversation; otherwise the
+    session keeps its KV cache and prefills only the new turn. compile: the sessions' as
+    `chat --compile` runs.
+    """
+    # Short replies too in a short context (a nanochat fixture's 256), so that ten turns fit.
+    context = getattr(getattr(model, "config", None), "sequence_len", 512)
+    opts = SamplingOptions(
+        temperature=0.0, top_k=None, max_tokens=12 if context >= 512 else 4, seed=1, tools=False
+    )
+    best: dict[str, float] = {}
+    t0 = time.perf_counter()
+    while not best or time.perf_counter() - t0 < CHAT_SECONDS:
+        session = ChatSession(model, tokenizer, opts, compile=compile)
+        for turn in range(1, max(TURNS) + 1):
+            # Short turns, so that ten of them fit a 512-token context without the guard
+            # dropping (and re-prefilling) anything: this measures reuse, not the guard.
+            text = f"Turn {turn}: and the fox?"
+            tries = TTFT_SAMPLES if turn in TURNS else 1
+            held = list(session.warm.tokens)  # what the cache holds before this turn
+            for attempt in range(tries):
+                if plain:
+                    session.warm.cache, session.warm.tokens = None, []
+                else:  # back to the cache before the turn: it prefills the turn again
+                    session.warm.tokens = list(held)
+                events = session.send(text) if attempt == 0 else session.regenerate()
+                if attempt == tries - 1:
+                    for _ in events:
+                        pass
+                else:  # the first token is timed; the rest would not be
+                    next(events, None)
+                    events.close()
+                    session.pop_last_reply()
+                if turn in TURNS:
+                    ttft = session.last_reply.stats.ttft_s
+                    best[f"ttft{turn}"] = min(best.get(f"ttft{turn}", ttft), ttft)
+                # A context too short even so: the guard dropped turns and rebuilt the cache,
+                # which the turns after it measure (the report says so).
+                if any("dropped" in n.text for n in session.take_notices()):
+                    best["chat_dropped"] = 1.0
+    best.setdefault("chat_dropped", 0.0)
+    return best
+
+
+class _Mode:
+    """How one side of the bench runs: its threads, and whether the model's compact decode
+    copies are in place (ours) or set aside, so that every product reads fp32 (the
+    baseline). Switching is a few attribute writes, so rounds can alternate the modes."""
+
+    def __init__(self, model: GPT, threads: int, copies: bool) -> None:
+        self.model, self.threads, self.copies = model, threads, copies
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        with torch_threads(self.threads):
+            if self.copies:
+                yield
+            else:
+                with self.model.decode_weights_set_aside():
+                    yield
+
+
+Measures = dict[str, Callable[[], float | dict[str, float]]]
+
+
+def _rounds(sides: list[tuple[_Mode, Measures]]) -> list[dict[str, float]]:
+    """Run every side's measures for REPEATS rounds, the sides alternating in each round,
+    each measure as many times as fit in MEASURE_SECONDS (at least once) a round, and keep
+    each measure's best: the highest throughput, the shortest time (`ttft...`)."""
+    best: list[dict[str, float]] = [{} for _ in sides]
+    for _ in range(REPEATS):
+        for (mode, measures), kept in zip(sides, best, strict=True):
+            with mode.active():
+                for name, measure in measures.items():
+                    t0 = time.perf_counter()
+                    while True:
+                        value = measure()  # one number, or several from one run (a dict)
+                        items = value.items() if isinstance(value, dict) else [(name, value)]
+                        for key, v in items:
+                            better = min if key.startswith("ttft") else max
+                            kept[key] = better(kept.get(key, v), v)
+                        if time.perf_counter() - t0 >= MEASURE_SECONDS:
+                            break
+    return best
+
+
+QUALITY_PROMPTS = (
+    "What is 1234*56?",
+    "How many r's are in strawberry?",
+    "Tell me about the quick brown fox.",
+)
+
+
+def _greedy_tokens(generate, tokenizer) -> list[list[int]]:
+    """The greedy reply to each quality prompt under one generation mode, up to (without) the
+    first <|assistant_end|> or <|bos|>: the engine stops there, the baseline does not."""
+    stops = {tokenizer.encode_special("<|assistant_end|>"), tokenizer.get_bos_token_id()}
+    out = []
+    for text in QUALITY_PROMPTS:
+        if hasattr(tokenizer, "render_for_completion"):
+            prompt = tokenizer.render_for_completion([{"role": "user", "content": text}])
+        else:
+            prompt = tokenizer.encode(text, prepend=tokenizer.get_bos_token_id())
+        tokens = generate(prompt)
+        cut = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
+        out.append(tokens[:cut])
+    return out
+
+
+def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Fraction of greedy tokens that agree before the first divergence, over all prompts."""
+    same = total = 0
+    for x, y in zip(a, b, strict=True):
+        total += max(len(x), len(y))
+        for s, t in zip(x, y, strict=False):
+            if s != t:
+                break
+            same += 1
+    return round(same / max(total, 1), 3)
+
+
+def run_bench(
+    model: GPT, tokenizer: Any, label: str, precision: str = "auto", compile: bool = False
+) -> dict[str, Any]:
+    """The baseline (eager fp32, default threads) against ours (the CPU plan applied, and
+    the decode copies `precision` asks for), in alternating rounds (_rounds), on the
+    model's device (fp32 weights on it: the baseline's).
+
+    precision: on the CPU the decode weights ours reads: auto (for large models the 16-bit
+    copies the loader gives them, quantize.default_half_kind; else the fp32 weights),
+    float32, or a quantize.QUANTIZE_KINDS format for any model. On a CUDA device the
+    weights ours runs (gpu_weights: auto is what chatcli loads there).
+
+    compile: ours as `--compile` runs it (engine._pick_decode_step).
+    """
+    device = model.get_device()
+    if device.type == "cuda":
+        with torch.cuda.device(device):  # what _sync waits for
+            torch.cuda.reset_peak_memory_stats()
+            weights = gpu_weights(precision, device)
+            return _run_bench(model, tokenizer, label, weights, compile)
+    return _run_bench(model, tokenizer, label, precision, compile)
+
+
+def _run_bench(
+    model: GPT, tokenizer: Any, label: str, precision: str | torch.dtype, compile: bool
+) -> dict[str, Any]:
+    torch.manual_seed(0)
+    device = model.get_device()
+    model.drop_decode_weights()  # the baseline reads fp32, whatever the loader added
+    prompt = _prompt(tokenizer, min(512, model.config.sequence_len // 2))
+    short = _prompt(tokenizer, 32)
+    default_threads = torch.get_num_threads()
+
+    def base_greedy(p: list[int]) -> list[int]:
+        # Within the context, as ours stops there: past it the two cannot be compared.
+        room = min(DECODE_TOKENS, model.config.sequence_len - len(p))
+        return [c[0] for c in baseline_generate(model, p, 1, room, 0.0)]
+
+    def ours_greedy(p: list[int]) -> list[int]:
+        cols = engine.generate(p, max_tokens=DECODE_TOKENS, temperature=0.0, use_tools=False)
+        return [c[0] for c, _ in cols]
+
+    # Greedy output: the baseline's is the reference; ours in fp32 must equal it, run as
+    # ours runs (the CPU plan's threads).
+    reference = _greedy_tokens(base_greedy, tokenizer)
+    plan = apply_cpu_plan(model)
+    engine = Engine(model, tokenizer, compile=compile)
+    fp32_identical = _greedy_tokens(ours_greedy, tokenizer) == reference
+    ours_model = model  # the CPU's ours reads the same model, through its decode copies
+    if isinstance(precision, torch.dtype):  # a GPU: ours runs its own copy in that dtype
+        decode_kind = None if precision == torch.float32 else str(precision).split(".")[-1]
+        if decode_kind is not None:
+            ours_model = _cast_copy(model, precision)
+            engine = Engine(ours_model, tokenizer, compile=compile)
+    else:
+        decode_kind = precision if precision in QUANTIZE_KINDS else None
+        if precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS:
+            decode_kind = default_half_kind()
+        if decode_kind is not None:
+            model.add_decode_weights(decode_kind)
+            # It decides its decode path for these weights.
+            engine = Engine(model, tokenizer, compile=compile)
+    agreement = _agreement(_greedy_tokens(ours_greedy, tokenizer), reference)
+    wbytes = weight_bytes_per_token(ours_model)
+
+    bf16_bytes = 2 * matrix_params(model)
+    # The process's peak before the probe, and the probe's own size: the peak reported is
+    # the model's and the engines', not the bench's measuring buffer.
+    before_probe_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    gpu = device.type == "cuda"
+    before_probe_device_mb = torch.cuda.max_memory_allocated() / 2**20 if gpu else 0.0
+    # One buffer for every probe, none allocated each time; on a GPU 2 GB, since 512 MB
+    # streams through its memory in ~0.15 ms, close to a kernel launch's own cost.
+    probe = bandwidth_probe(2048 if gpu else 512, device)
+    probe_mb = probe.numel() * probe.element_size() / 2**20
+    baseline = _Mode(model, default_threads, copies=False)
+    ours = _Mode(ours_model, plan.threads if plan else default_threads, copies=True)
+    base, mine = _rounds(
+        [
+            (
+                baseline,
+                {
+                    "bandwidth": lambda: bandwidth_of(probe),
+                    "prefill": lambda: _prefill_tps(model, prompt),
+                    "decode1": lambda: _baseline_decode(model, short, 1),
+                    "decode8": lambda: _baseline_decode(model, prompt, SAMPLES),
+                    "ttft": lambda: _chat_ttft(model, tokenizer, plain=True),
+                },
+            ),
+            (
+                ours,
+                {
+                    "prefill": lambda: _ours_prefill_tps(engine, prompt),
+                    "decode1": lambda: _ours_decode(engine, short, 1),
+                    "decode8": lambda: _ours_decode(engine, prompt, SAMPLES),
+                    # What 8 samples gain over one of the same request: same prompt, sampling.
+                    "sampled1": lambda: _ours_decode(engine, prompt, 1, temperature=1.0),
+                    "paired": lambda: roofline_fractions(
+                        lambda: _ours_decode(engine, short, 1),
+                        probe,
+                        default_threads,
+                        wbytes,
+                        bf16_bytes,
+                    ),
+                    "ttft": lambda: _chat_ttft(ours_model, tokenizer, plain=False, compile=compile),
+                },
+            ),
+        ]
+    )
+    bandwidth = base["bandwidth"]
+    base_prefill, ours_prefill = base["prefill"], mine["prefill"]
+    base_1, ours_1 = base["decode1"], mine["decode1"]
+    base_8, ours_8 = base["decode8"], mine["decode8"]
+    ours_1_sampled = mine["sampled1"]
+    ttft_base = {t: base[f"ttft{t}"] for t in TURNS}
+    ttft_ours = {t: mine[f"ttft{t}"] for t in TURNS}
+    if gpu:  # the probe is on the device: the host's peak is all ours
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        after = torch.cuda.max_memory_allocated() / 2**20 - probe_mb
+        peak_device_mb = round(max(before_probe_device_mb, after), 1)
+    else:
+        peak_mb = max(
+            before_probe_mb, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - probe_mb
+        )
+        peak_device_mb = None
+    torch.set_num_threads(default_threads)
+
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 2) if b else 0.0
+
+    step = engine.decode_step if isinstance(engine.decode_step, DecodeStep) else None
+    roofline = bandwidth * 1e9 / wbytes
+    # The same matrices read as bf16, whatever ours reads: the issue's yardstick for big models.
+    bf16_roofline = bandwidth * 1e9 / bf16_bytes
+    copies_read = model.decode_weights() if not (step and step.kernel) else []
+    return {
+        "model": label,
+        "params": sum(p.numel() for p in model.parameters()),
+        "weights": decode_kind or "float32",
+        "threads": {"baseline": default_threads, "ours": plan.threads if plan else default_threads},
+        "plan": plan.reason if plan else "not a CPU model",
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "decode_path": _decode_path(engine),
+        "compile": compile,  # asked for; "compiled": whether ours' forward was compiled
+        "compiled": engine.compiled,
+        "step_kernel": step.kernel if step else None,
+        # The threads ours' decode settled on by row count: a small model's plan is one
+        # thread, yet its step through our kernel runs on every core where that is faster.
+        "decode_threads": step.threads_by_rows() if step else {},
+        # The copies' own kernels, where decode reads them: not where our step kernel
+        # reads their panels itself.
+        "one_row_kernels": sorted(
+            {getattr(c, "one_row_kernel", type(c).__name__) for c in copies_read}
+        ),
+        "sample_rows_kernels": sorted(
+            {getattr(c, "rows_kernel", type(c).__name__) for c in copies_read}
+        ),
+        "bandwidth_gbs": round(bandwidth, 1),
+        "weight_mb_per_token": round(wbytes / 1e6, 1),
+        "roofline_tps": round(roofline, 1),
+        "prefill_tps": {"baseline": round(base_prefill, 1), "ours": round(ours_prefill, 1)},
+        "decode_tps": {
+            "baseline": round(base_1, 1),
+            "ours": round(ours_1, 1),
+            "ratio": ratio(ours_1, base_1),
+        },
+        "decode8_tps": {
+            "baseline": round(base_8, 1),
+            "ours": round(ours_8, 1),
+            "ratio": ratio(ours_8, base_8),
+        },
+        "single_sampled_tps": round(ours_1_sampled, 1),
+        "samples8_vs_single": ratio(ours_8, ours_1_sampled),
+        "ttft_s": {
+            "baseline": {t: round(v, 4) for t, v in ttft_base.items()},
+            "ours": {t: round(v, 4) for t, v in ttft_ours.items()},
+            "ours_turn10_over_turn1": ratio(ttft_ours[10], ttft_ours[1]),
+            "baseline_turn10_over_turn1": ratio(ttft_base[10], ttft_base[1]),
+            # The scripted chat outgrew the model's context: later turns include a rebuild.
+            "chat_outgrew_context": bool(mine.get("chat_dropped") or base.get("chat_dropped")),
+        },
+        "roofline_fraction": round(ours_1 / roofline, 3),
+        "bf16_roofline_tps": round(bf16_roofline, 1),
+        "bf16_roofline_fraction": round(ours_1 / bf16_roofline, 3),
+        # The same fractions against the bandwidth probed beside a decode run (best run).
+        "roofline_fraction_paired": round(mine["roofline_paired"], 3),
+        "bf16_roofline_fraction_paired": round(mine["bf16_roofline_paired"], 3),
+        "greedy_identical_fp32": fp32_identical,
+        "greedy_agreement": agreement,
+        "peak_rss_mb": round(peak_mb, 1),
+        # Device memory torch allocated at its peak (the probe taken out); None on the CPU.
+        "peak_device_mb": peak_device_mb,
+    }
+
+
+def _decode_path(engine: Engine) -> str:
+    """How ours decoded one row at a time, as the report names it."""
+    step = engine.decode_step
+    if isinstance(step, WithFallback):  # a GPU's: did the CUDA graph hold to the end?
+        return "CUDA graph" if step.fast is not None else f"module forward ({step.what} failed)"
+    return "decode_step" if step is not None else "module forward"

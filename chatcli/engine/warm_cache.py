@@ -1,0 +1,98 @@
+"""A batch-1 KV cache kept warm between generations, with the tokens it holds.
+
+A chat session's turns and a server worker's requests mostly extend what the cache already
+holds: the same conversation with one more turn (an OpenAI-style client sends the whole
+conversation every time). A new prompt rewinds the cache to the longest prefix it shares
+with the held tokens and prefills only the rest; rewinding copies nothing (later positions
+are overwritten) and restores era E's remembered previous token from the prompt. The cache
+spans the model's whole context and lives as long as its owner, so a static decode step (a
+CUDA graph) is captured once for it, not once a prompt.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from chatcli.engine.engine import Engine
+from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+
+
+class WarmCache:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.cache: KVCache | None = None
+        # What the cache holds, position by position; a generation appends each token it
+        # yields and `settle` drops the last one, which decode yields but never writes.
+        self.tokens: list[int] = []
+
+    @torch.inference_mode()
+    def prefill(self, prompt: list[int]) -> tuple[torch.Tensor, int]:
+        """Bring the cache to hold `prompt`: the logits (1, V) of its last position and how
+        many of its tokens ran (at least one: the logits come from running it)."""
+        if self.cache is None:
+            self.cache = self.engine.new_cache(1, self.engine.context_len)
+        common = self.shared_with(prompt)
+        self.cache.rewind(common, prompt[common - 1] if common else None)
+        self.tokens = self.tokens[:common]  # what stays true if the forward below fails
+        device = self.engine.model.get_device()
+        ids = torch.tensor([prompt[common:]], dtype=torch.long, device=device)
+        logits = self.engine.forward_last(ids, self.cache)
+        self.tokens = list(prompt)
+        return logits, len(prompt) - common
+
+    def shared_with(self, prompt: list[int]) -> int:
+        """How many of the prompt's tokens the cache holds: their longest common prefix,
+        short of the prompt's last token (which runs again for its logits)."""
+        common, limit = 0, min(len(self.tokens), len(prompt) - 1)
+        while common < limit and self.tokens[common] == prompt[common]:
+            common += 1
+        return common
+
+    def settle(self) -> None:
+        """Make `tokens` what the cache holds after a generation, however it ended."""
+        self.tokens = self.tokens[: self.cache.get_pos()] if self.cache is not None else []
+
+    @torch.inference_mode()
+    def adopt(self, rows: KVCache | SharedPrefixCache, row: int, reply: list[int]) -> int:
+        """Take the K/V that sample row `row` of `rows` (Engine.fork of this cache, which
+        still holds the prompt they forked from) wrote for `reply`, the tokens it generated,
+        as if this cache had decoded them. Returns how many it took: all that were run (a
+        row's last token never is)."""
+        if self.cache is None:
+            raise ValueError("an empty warm cache has no rows forked from it")
+        start = self.cache.get_pos()
+        if len(self.tokens) != start:
+            raise ValueError("the warm cache's tokens are not what it holds: settle() first")
+        if isinstance(rows, SharedPrefixCache):
+            if rows.prefix is not self.cache or rows.prefix_len != start:
+                raise ValueError("the rows were not forked from this cache as it is")
+            k, v, at, written = rows.suffix.k_cache, rows.suffix.v_cache, 0, rows.suffix.get_pos()
+        else:  # a copy of the prompt in every row, then the row's own tokens
+            if rows.get_pos() < start:
+                raise ValueError("the rows were not forked from this cache as it is")
+            k, v, at, written = rows.k_cache, rows.v_cache, start, rows.get_pos() - start
+        if not 0 <= row < rows.batch_size:
+            raise ValueError(f"no row {row} among {rows.batch_size}")
+        n = min(len(reply), written)
+        if n == 0:
+            return 0
+        self.cache.k_cache[:, 0, start : start + n] = k[:, row, at : at + n]
+        self.cache.v_cache[:, 0, start : start + n] = v[:, row, at : at + n]
+        self.cache.advance(n)
+        self.cache.prev_token = torch.tensor([reply[n - 1]], device=self.cache.k_cache.device)
+        self.tokens.extend(reply[:n])
+        return n
+
+
+def choose(slots: list[WarmCache], prompt: list[int]) -> WarmCache:
+    """Of a server worker's warm caches, the one a prompt goes to, moved to the end of
+    `slots` (they are kept least recently used first). The one sharing most with the prompt,
+    where the prompt carries on at least half of what it holds (its conversation's next
+    turn, a retry); else the least recently used (an empty one first), so that another
+    conversation does not evict one that is still going on."""
+    shared = [slot.shared_with(prompt) for slot in slots]
+    best = max(range(len(slots)), key=shared.__getitem__)  # the oldest among equals
+    pick = best if shared[best] and 2 * shared[best] >= len(slots[best].tokens) else 0
+    slot = slots.pop(pick)
+    slots.append(slot)
+    return slot

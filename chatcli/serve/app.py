@@ -1,0 +1,611 @@
+"""`chatcli serve`: an OpenAI-compatible HTTP API (and a chat page) over a pool of workers.
+
+Owns: the HTTP surface: POST /v1/chat/completions (streamed as server-sent events or whole),
+GET (and HEAD) /v1/models, /health, /stats and the chat page at /; turning conversations into
+prompt tokens and stream events into OpenAI chunks; loading one model replica per worker; the
+guards a server on this machine needs against web pages the user visits (JSON bodies only, so
+no form or text/plain post slips past the browser's preflight; on a loopback address, only
+loopback Host names, against DNS rebinding); and a shutdown that ends open generations at
+once. What a valid request is, and the error bodies that name a bad field, are
+chatcli.serve.requests'.
+
+The calculator runs here, inside the engine. A call reaches clients twice over: as an inline
+marker in `content` (`[calc 1234*56 = 69104]`, see chatcli.chat.calc_markers) that any OpenAI client
+shows as text, and in a non-standard `chatcli_tool` field of the same chunk's delta
+(`{"expression": "1234*56", "output": "69104", "status": "ok"}`; output null when the tool gave
+no answer, and status "failed" for a call refused or ended by the model, "cut" for one the
+length limit or the context stopped, which the marker alone cannot tell apart). A delta
+carrying `chatcli_tool` has exactly the marker as its content, so a client that draws a badge
+from the field can skip that content. Assistant messages sent back are read for markers,
+so a multi-turn conversation replays its calculator calls exactly.
+
+Knows nothing of devices or generation threads beyond asking the WorkerPool, and nothing of
+the terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic import (
+    ValidationError,
+)
+from starlette.exceptions import HTTPException
+
+from chatcli.chat.calc_markers import format_marker, parts_from_text
+from chatcli.chat.stream import StreamEvent, TextDelta, ToolResult
+from chatcli.chat.turns import SamplingOptions
+from chatcli.errors import ChatcliError, ConfigError, TokenizerError
+from chatcli.serve.guards import HostCheck, hosts_to_check, media_type, read_body
+from chatcli.serve.requests import (
+    ChatMessage,
+    ChatRequest,
+    Limits,
+    error_body,
+    validation_error_response,
+)
+from chatcli.serve.worker_pool import (
+    Finished,
+    GenerationParams,
+    ShuttingDown,
+    Waiting,
+    Worker,
+    WorkerPool,
+)
+
+__all__ = ["BackgroundServer", "Limits", "Worker", "WorkerPool", "create_app", "run_app", "serve"]
+
+log = logging.getLogger(__name__)
+MAX_PORT = 65535
+# The engine says "context" when the model's context, not max_tokens, cut the reply; OpenAI
+# has one word for both.
+FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
+# A queued stream says it is alive this often, so proxies that cut idle connections do not.
+WAITING_EVERY_S = 10.0
+WAITING_COMMENT = ": waiting for a worker\n\n"  # an SSE comment: clients skip it
+RETRY_AFTER_S = 5  # a full queue's hint; a reply takes seconds, the queue drains in tens
+# uvicorn's wait for open connections at shutdown; the pool ends generations well before.
+GRACE_S = 5
+
+
+# ---- from requests to prompts, from events to chunks --------------------------------------------
+
+
+def conversation_of(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI messages as chatcli messages: assistant text becomes parts, markers replayed."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        content = m.content or ""
+        if m.role == "assistant":
+            out.append({"role": "assistant", "content": parts_from_text(content)})
+        else:
+            out.append({"role": m.role, "content": content})
+    return out
+
+
+def deltas_of(events: Sequence[StreamEvent]) -> list[dict[str, Any]]:
+    """Stream events as chunk deltas: neighbouring text merged, each calculator call its own
+    delta (marker as content, plus the chatcli_tool field). The call's opening and expression
+    events are not sent on their own: the finished call says it all."""
+    deltas: list[dict[str, Any]] = []
+    text = ""
+    for event in events:
+        if isinstance(event, TextDelta):
+            text += event.text
+        elif isinstance(event, ToolResult):
+            if text:
+                deltas.append({"content": text})
+                text = ""
+            deltas.append(
+                {
+                    "content": format_marker(event.expression, event.output),
+                    "chatcli_tool": {
+                        "expression": event.expression,
+                        "output": event.output,
+                        "status": event.status,  # "ok", "failed" or "cut": see the docstring
+                    },
+                }
+            )
+    if text:
+        deltas.append({"content": text})
+    return deltas
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """One accepted request, ready for a worker."""
+
+    id: str
+    created: int
+    model: str
+    prompt: list[int]
+    params: GenerationParams
+
+    def chunk(
+        self,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        usage: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        out = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+        if usage is not None:
+            out["usage"] = usage
+        return out
+
+
+def usage_of(finished: Finished) -> dict[str, Any]:
+    return {
+        "prompt_tokens": finished.prompt_tokens,
+        "completion_tokens": finished.completion_tokens,
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+        # OpenAI's field: the prompt's tokens served from the worker's cache, not prefilled.
+        "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
+        # chatcli's own: the server's decode time, from the first token to the last, from
+        # which a client tells its wait for the first token from the decode's speed.
+        "chatcli_decode_s": round(finished.decode_s, 6),
+    }
+
+
+# ---- the app ------------------------------------------------------------------------------------
+
+
+def _page() -> str:
+    return (resources.files("chatcli.serve") / "web" / "index.html").read_text(encoding="utf-8")
+
+
+def _prompt_of(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:
+    """A conversation's prompt tokens. Tens of milliseconds for a long one: run it in a
+    thread, so open streams go on meanwhile."""
+    return tokenizer.render_for_completion(conversation_of(messages))
+
+
+def create_app(
+    workers: Sequence[Worker] | WorkerPool,
+    limits: Limits = Limits(),
+    model_name: str = "chatcli",
+    *,
+    allowed_hosts: Collection[str] | None = None,
+    waiting_every: float = WAITING_EVERY_S,
+) -> FastAPI:
+    """The HTTP app over `workers` (all replicas of one model).
+
+    allowed_hosts: the Host names (any port) it answers, others get a 400; None for any.
+    serve() fills it from --host (hosts_to_check). waiting_every: seconds between the
+    keep-alive comments of a stream queued for a worker.
+    """
+    pool = workers if isinstance(workers, WorkerPool) else WorkerPool(workers)
+    defaults = SamplingOptions()
+    started = int(time.time())
+    # No /docs, /redoc or /openapi.json: public pages the API does not need, and /docs pulls
+    # its scripts from a CDN.
+    app = FastAPI(title="chatcli", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.pool = pool
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheck, allowed=allowed_hosts)
+
+    def get(path: str, **kwargs: Any) -> Callable[..., Any]:
+        # HEAD too, as Starlette's own routes do (FastAPI's GET does not): uptime monitors
+        # ask with HEAD. uvicorn sends the headers and leaves out the body.
+        return app.api_route(path, methods=["GET", "HEAD"], **kwargs)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error_response(exc.errors())
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # An unknown path or method, in OpenAI's error shape rather than FastAPI's {"detail"}.
+        message = f"{exc.detail}: {request.method} {request.url.path}"
+        return JSONResponse(error_body(message), exc.status_code, headers=exc.headers)
+
+    @get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(_page())
+
+    @get("/health")
+    async def health() -> dict[str, Any]:
+        idle = sum(not w.busy for w in pool.workers)
+        return {"status": "ok", "model": model_name, "workers": len(pool.workers), "idle": idle}
+
+    @get("/stats")
+    async def stats() -> dict[str, Any]:
+        return {"model": model_name, "uptime_s": int(time.time()) - started, **pool.describe()}
+
+    model_entry = {
+        "id": model_name,
+        "object": "model",
+        "created": started,
+        "owned_by": "chatcli",
+        "context_length": pool.context_len,
+    }
+
+    @get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_entry]}
+
+    @get("/v1/models/{model_id:path}", response_model=None)
+    async def model(model_id: str) -> dict[str, Any] | JSONResponse:
+        if model_id == model_name:
+            return model_entry
+        message = f"The model {model_id!r} does not exist here; this server serves {model_name!r}."
+        return JSONResponse(error_body(message, "model", code="model_not_found"), 404)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        # The body is validated here rather than by a typed parameter so the limits can be
+        # handed to the validators as context; errors go through the same 400 handler.
+        # JSON only: text/plain and form posts are the ones any web page may send here
+        # without the browser asking first, so taking them would let it run the model.
+        sent_as = media_type(request.headers.get("content-type", ""))
+        if sent_as != "application/json":
+            message = (
+                f"The body must be JSON, sent with Content-Type: application/json (got "
+                f"{sent_as or 'no Content-Type'}). With curl, add "
+                "-H 'Content-Type: application/json'."
+            )
+            return JSONResponse(error_body(message), status_code=415)
+        raw = await read_body(request, limits.max_body_bytes)
+        if raw is None:
+            message = (
+                f"The body is over {limits.max_body_bytes} bytes, this server's limit. "
+                "Send fewer or shorter messages."
+            )
+            return JSONResponse(error_body(message), status_code=413)
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return JSONResponse(error_body("The body is not valid JSON."), status_code=400)
+        except RecursionError:  # Python's JSON parser recurses once per nested [ or {
+            return JSONResponse(error_body("The body's JSON is nested too deeply."), 400)
+        try:
+            req = ChatRequest.model_validate(body, context={"limits": limits})
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+        try:
+            prompt = await asyncio.to_thread(_prompt_of, pool.tokenizer, req.messages)
+        except TokenizerError as e:
+            return JSONResponse(error_body(str(e), "messages"), status_code=400)
+        room = pool.context_len - len(prompt)
+        if room < 1:
+            message = (
+                f"The conversation is {len(prompt)} tokens; the model's context is "
+                f"{pool.context_len}. Send fewer or shorter messages."
+            )
+            return JSONResponse(
+                error_body(message, "messages", code="context_length_exceeded"), status_code=400
+            )
+        wanted = req.max_tokens or req.max_completion_tokens or defaults.max_tokens
+        temperature = defaults.temperature if req.temperature is None else req.temperature
+        top_k = defaults.top_k if req.top_k is None else req.top_k
+        turn = _Turn(
+            id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            created=int(time.time()),
+            model=model_name,
+            prompt=prompt,
+            params=GenerationParams(
+                max_tokens=min(wanted, room),
+                temperature=temperature,
+                top_k=top_k or None,
+                top_p=req.top_p if req.top_p is not None and req.top_p < 1 else None,
+                seed=req.seed if req.seed is not None else random.randrange(2**31),
+                stop=tuple(req.stop or ()),
+            ),
+        )
+        if pool.closed:
+            return _shutting_down()
+        if pool.queue_full(limits.max_queue):
+            message = (
+                f"{pool.waiting} requests are already waiting for a worker, this server's "
+                "limit. Try again in a few seconds."
+            )
+            return JSONResponse(
+                error_body(message, type_="server_error", code="queue_full"),
+                status_code=429,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        if req.stream:
+            return StreamingResponse(
+                _stream(pool, turn, waiting_every),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await _complete(pool, turn, request)
+
+    return app
+
+
+def _shutting_down_body() -> dict[str, Any]:
+    return error_body(str(ShuttingDown()), type_="server_error", code="server_shutting_down")
+
+
+def _shutting_down() -> JSONResponse:
+    return JSONResponse(_shutting_down_body(), status_code=503)
+
+
+async def _stream(pool: WorkerPool, turn: _Turn, waiting_every: float) -> AsyncIterator[str]:
+    """The SSE body. When the client disconnects, Starlette cancels this generator at its
+    current await; leaving `pool.generate` then stops the generation and frees the worker."""
+    yield sse(turn.chunk({"role": "assistant", "content": ""}))
+    try:
+        async for item in pool.generate(turn.prompt, turn.params, waiting_every):
+            if isinstance(item, Waiting):
+                yield WAITING_COMMENT
+            elif isinstance(item, Finished):
+                reason = FINISH_REASONS.get(item.finish_reason, item.finish_reason)
+                yield sse(turn.chunk({}, finish_reason=reason, usage=usage_of(item)))
+            else:
+                for delta in deltas_of(item):
+                    yield sse(turn.chunk(delta))
+    except ShuttingDown:  # the headers are gone: report in-band, as OpenAI servers do
+        yield sse(_shutting_down_body())
+    except Exception as e:
+        log.exception("generation failed")
+        yield sse(error_body(f"Generation failed: {e}", type_="server_error"))
+    yield sse("[DONE]")
+
+
+async def _complete(pool: WorkerPool, turn: _Turn, request: Request) -> Response:
+    """A whole reply as one chat.completion; a client that leaves meanwhile stops it."""
+
+    async def collect() -> tuple[list[StreamEvent], Finished]:
+        events: list[StreamEvent] = []
+        async for item in pool.generate(turn.prompt, turn.params):
+            if isinstance(item, Finished):
+                return events, item
+            assert not isinstance(item, Waiting)  # only sent when asked for
+            events += item
+        raise AssertionError("a generation always ends with Finished")
+
+    task = asyncio.ensure_future(collect())
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.25)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            return Response(status_code=499)
+    try:
+        events, finished = task.result()
+    except ShuttingDown:
+        return _shutting_down()
+    except Exception as e:
+        log.exception("generation failed")
+        return JSONResponse(
+            error_body(f"Generation failed: {e}", type_="server_error"), status_code=500
+        )
+    deltas = deltas_of(events)
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(d["content"] for d in deltas),
+    }
+    tools = [d["chatcli_tool"] for d in deltas if "chatcli_tool" in d]
+    if tools:
+        message["chatcli_tools"] = tools
+    return JSONResponse(
+        {
+            "id": turn.id,
+            "object": "chat.completion",
+            "created": turn.created,
+            "model": turn.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": FINISH_REASONS.get(
+                        finished.finish_reason, finished.finish_reason
+                    ),
+                }
+            ],
+            "usage": usage_of(finished),
+        }
+    )
+
+
+# ---- running it ---------------------------------------------------------------------------------
+
+
+def worker_devices(device: str = "auto", workers: int | None = None) -> list[str]:
+    """One device per worker: every CUDA GPU by default where there is one, else one CPU
+    (or MPS) worker unless `workers` asks for more replicas."""
+    import torch
+
+    from chatcli.model.checkpoint import pick_device
+
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be at least 1 (got {workers}).")
+    resolved = pick_device(device)
+    if resolved.type == "cuda" and resolved.index is None:
+        count = torch.cuda.device_count()
+        return [f"cuda:{i % count}" for i in range(workers or count)]
+    return [str(resolved)] * (workers or 1)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or a ChatcliError that says which flag to fix."""
+    # bind() itself raises OverflowError, not OSError, for a port out of range.
+    if not 0 <= port <= MAX_PORT:
+        raise ChatcliError(
+            f"--port must be between 0 and {MAX_PORT} (0 picks a free port); got {port}."
+        )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ChatcliError(_bind_error(host, port, e)) from e
+    sock.listen(2048)
+    return sock
+
+
+def _bind_error(host: str, port: int, e: OSError) -> str:
+    """Why bind() failed, pointing at --host or --port, whichever is at fault."""
+    where = f"Cannot listen on {host}:{port}: {e.strerror or e}."
+    check_host = (
+        "Check --host: it must be an address of this machine (127.0.0.1 for this machine "
+        "only, 0.0.0.0 for every network)."
+    )
+    # gaierror: the host is neither an address nor a name that resolves (999.1.1.1, typos).
+    if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+        return f"{where} {check_host}"
+    if e.errno == errno.EADDRINUSE:
+        return f"{where} Is another server running there? Pick another --port."
+    if e.errno == errno.EACCES and 0 < port < 1024:
+        return f"{where} Ports below 1024 need root: pick a --port above 1023."
+    return f"{where} Check --host and --port."
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server, that closes the pool first when it shuts down (Ctrl-C, SIGTERM,
+    BackgroundServer.stop): open streams then end at once with an error event and [DONE],
+    queued and non-streamed requests with a 503, instead of running on through the grace
+    period and being cut off mid-body, a CancelledError logged for each."""
+
+    def __init__(self, config: uvicorn.Config, pool: WorkerPool | None) -> None:
+        super().__init__(config)
+        self.pool = pool
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        await super().shutdown(sockets)
+
+
+def run_app(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
+    """Serve `app` (create_app's or any ASGI app) on the listening `sock` until Ctrl-C or
+    SIGTERM, in this thread."""
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=GRACE_S)
+    _Server(config, getattr(app.state, "pool", None)).run(sockets=[sock])
+
+
+def serve(
+    model: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: int | None = None,
+    device: str = "auto",
+    limits: Limits = Limits(),
+    *,
+    cache_slots: int = 1,
+    source: str = "sft",
+    step: int | None = None,
+    dtype: str = "auto",
+    quantize: str = "none",
+    softcap: float | None = None,
+    model_name: str | None = None,
+    log_level: str = "info",
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Load one replica of `model` per worker and serve until interrupted. Each worker keeps
+    `cache_slots` conversations' K/V warm (worker_pool.Worker). On a loopback `host` only
+    loopback Host names are answered (hosts_to_check).
+
+    on_ready gets {"url", "model", "devices", "cpu_threads"} once the models are loaded, just
+    before the first request can come in: the CLI's cue to say where the server is.
+    cpu_threads is the CPU plan's thread count (cpu_plan.py), None off the CPU.
+    """
+    from chatcli.engine.cpu_plan import apply_cpu_plan
+    from chatcli.model.checkpoint import load_model
+
+    sock = _listen(host, port)  # fail on a taken port before minutes of model loading
+    try:
+        replicas = []
+        for i, dev in enumerate(worker_devices(device, workers)):
+            m, tokenizer, _ = load_model(
+                model,
+                source=source,
+                step=step,
+                device=dev,
+                dtype=dtype,
+                quantize=quantize,
+                softcap=softcap,
+            )
+            replicas.append(Worker(m, tokenizer, name=str(i), cache_slots=cache_slots))
+        # torch's thread count is the process's: the generation threads take it up when they
+        # start. A small model decodes fastest on one (cpu_plan), as it does in `chatcli chat`.
+        plan = apply_cpu_plan(replicas[0].engine.model)
+        info = replicas[0].engine.model.info
+        name = model_name or ("chatcli-default" if info.embedded else info.tag or "chatcli")
+        app = create_app(replicas, limits, name, allowed_hosts=hosts_to_check(host))
+        if on_ready is not None:
+            shown = f"[{host}]" if ":" in host else host
+            devices = [w.device for w in replicas]
+            bound = sock.getsockname()[1]  # the real port when asked for 0
+            threads = plan.threads if plan else None  # None: not a CPU model
+            on_ready(
+                {
+                    "url": f"http://{shown}:{bound}",
+                    "model": name,
+                    "devices": devices,
+                    "cpu_threads": threads,
+                }
+            )
+        run_app(app, sock, log_level)
+    finally:
+        sock.close()
+
+
+class BackgroundServer:
+    """Serves an app from a thread on a free loopback port (tests, benchmarks, notebooks).
+
+    with BackgroundServer(app) as server: httpx.get(server.url + "/health")
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._sock = _listen(host, port)
+        self.host, self.port = self._sock.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+        self._server = _Server(config, getattr(app.state, "pool", None))
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the background server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

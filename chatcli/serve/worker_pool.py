@@ -1,0 +1,322 @@
+"""Model replicas behind a server: workers, the pool that lends them out, one generation each.
+
+Owns: a Worker (one model + tokenizer + Engine on one device, and the counters /stats shows),
+the WorkerPool (an asyncio queue of idle workers: a request waits there, in arrival order, while
+every worker is busy), and running the Engine's synchronous generator in a thread so the event
+loop stays free, passing its stream events back through an asyncio queue. A generation whose
+consumer goes away (a client disconnect cancels it) is told to stop and its worker returns to
+the pool as soon as the thread lets go of the model: never earlier, so no two generations ever
+share a model. Closing the pool (the server is shutting down) stops every running generation
+and refuses every queued and later request with ShuttingDown.
+
+Knows nothing of HTTP or the OpenAI format: it takes prompt token ids and yields batches of
+chatcli.chat.stream events, then one Finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chatcli.chat.stop_text import StopText
+from chatcli.chat.stream import StreamEvent, TokenDecoder
+from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.warm_cache import WarmCache, choose
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int
+    temperature: float
+    top_k: int | None  # None: off
+    top_p: float | None  # None: off
+    seed: int
+    stop: tuple[str, ...] = ()  # the reply ends before the first of these in its text
+
+
+class ShuttingDown(Exception):
+    """The pool was closed: a queued request never runs, a running one was stopped."""
+
+    def __init__(self) -> None:
+        super().__init__("The server is shutting down.")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Yielded while a request is still queued for a worker, every `waiting_every` seconds:
+    the consumer's cue to show it is alive (a stream's keep-alive comment)."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last item of every generation."""
+
+    finish_reason: str  # stop | length | context (the engine's), or interrupted
+    prompt_tokens: int
+    completion_tokens: int  # every token generated, calculator-forced ones and the stop included
+    cached_tokens: int = 0  # of the prompt's, those the worker's warm cache already held
+    # From the first token to the last: a client cannot time it where the reply starts with
+    # a calculator call, which reaches it only once the call is over.
+    decode_s: float = 0.0
+
+
+Emit = Callable[[list[StreamEvent]], None]
+
+
+class Worker:
+    """One model replica. `generate` is synchronous and runs in a thread: one at a time."""
+
+    def __init__(self, model: Any, tokenizer: Any, name: str = "0", cache_slots: int = 1) -> None:
+        if cache_slots < 1:
+            raise ValueError("a worker needs at least one cache slot")
+        self.engine = Engine(model, tokenizer)
+        # The last conversations' K/V (each slot a whole context's worth of memory): a
+        # client that resends its conversation with one more turn gets only that turn
+        # prefilled. On CUDA the decode step keeps one graph, captured for a cache: one
+        # slot keeps it for the worker's life, several capture again as requests switch.
+        self.slots = [WarmCache(self.engine) for _ in range(cache_slots)]
+        self.warm = self.slots[0]  # the slot the last request used
+        self.tokenizer = tokenizer
+        self.name = name
+        self.device = str(model.get_device())
+        self.busy = False
+        self.requests_served = 0
+        self.tokens_served = 0
+        self.requests_interrupted = 0  # stopped early: the client left, or the server closed
+
+    @property
+    def context_len(self) -> int:
+        return self.engine.context_len
+
+    def generate(
+        self, prompt: list[int], params: GenerationParams, emit: Emit, stop: threading.Event
+    ) -> Finished:
+        """Run one reply to the end (or until `stop` is set), emitting events as they form.
+
+        The prompt goes to one of the worker's warm caches (warm_cache.choose) and is
+        prefilled past the longest prefix it shares with what that cache holds (an earlier
+        request's prompt and reply)."""
+        budget = self.engine.budget_for(prompt, params.max_tokens)
+        self.warm = choose(self.slots, prompt)
+        decoder = TokenDecoder(self.tokenizer)
+        stop_text = StopText(params.stop)
+        stats = GenerationStats()
+        generated = 0
+        first_at = last_at = 0.0
+        try:
+            logits, prefilled = self.warm.prefill(prompt)
+            steps = self.engine.decode(
+                self.warm.cache,
+                logits,
+                budget,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                seed=params.seed,
+                stats=stats,
+            )
+            with contextlib.closing(steps):
+                for column, masks in steps:
+                    if stop.is_set():
+                        break
+                    generated += 1
+                    last_at = time.perf_counter()
+                    first_at = first_at or last_at
+                    self.warm.tokens.append(column[0])
+                    events = stop_text.feed(decoder.feed(column[0], masks[0]))
+                    if events:
+                        emit(events)
+                    if stop_text.stopped:
+                        break
+        finally:
+            self.warm.settle()
+        cached, decode_s = len(prompt) - prefilled, last_at - first_at
+        if stop.is_set():
+            return Finished("interrupted", len(prompt), generated, cached, decode_s)
+        if stop_text.stopped:
+            return Finished("stop", len(prompt), generated, cached, decode_s)
+        tail = stop_text.feed(decoder.flush())
+        tail += stop_text.flush()
+        if tail:
+            emit(tail)
+        reason = stats.finish_reasons[0] if stats.finish_reasons else "length"
+        if stop_text.stopped:
+            reason = "stop"  # found in the text the decoder held back to the end
+        elif reason == "length" and budget < params.max_tokens:
+            reason = "context"  # the context ran out before the request's limit
+        return Finished(reason, len(prompt), generated, cached, decode_s)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "device": self.device,
+            "busy": self.busy,
+            "requests_served": self.requests_served,
+            "tokens_served": self.tokens_served,
+            "requests_interrupted": self.requests_interrupted,
+            "cache_slots": len(self.slots),
+        }
+
+
+class WorkerPool:
+    """Lends workers out one request at a time; requests beyond the workers wait their turn."""
+
+    def __init__(self, workers: Sequence[Worker]) -> None:
+        if not workers:
+            raise ValueError("a WorkerPool needs at least one worker")
+        self.workers = list(workers)
+        # Python >= 3.10: the queue binds to the event loop on first use, not here. None in
+        # it is the closed pool's answer: each waiter that takes it puts it back for the next.
+        self._idle: asyncio.Queue[Worker | None] = asyncio.Queue()
+        for w in self.workers:
+            self._idle.put_nowait(w)
+        self.waiting = 0  # requests queued for a worker right now
+        self.closed = False
+        self._running: set[threading.Event] = set()  # the stop events of running generations
+
+    @property
+    def tokenizer(self) -> Any:
+        """Every worker holds the same model, so any worker's tokenizer serves for prompts."""
+        return self.workers[0].tokenizer
+
+    @property
+    def context_len(self) -> int:
+        return self.workers[0].context_len
+
+    def queue_full(self, max_queue: int) -> bool:
+        """Whether a new request would find every worker busy and `max_queue` already waiting."""
+        return self._idle.empty() and self.waiting >= max_queue
+
+    def close(self) -> None:
+        """Stop every running generation and refuse every queued and later request (both
+        raise ShuttingDown in `generate`). On the event loop; a stopped generation ends
+        after the model step it is in."""
+        if self.closed:
+            return
+        self.closed = True
+        for stop in self._running:
+            stop.set()
+        self._idle.put_nowait(None)
+
+    async def acquire(self) -> Worker:
+        if self.closed:
+            raise ShuttingDown()
+        self.waiting += 1
+        try:
+            # Cancelling this wait (the client left while queued) takes no worker with it.
+            worker = await self._idle.get()
+        finally:
+            self.waiting -= 1
+        if worker is None or self.closed:
+            self._idle.put_nowait(worker)  # for the next waiter, which must learn it too
+            raise ShuttingDown()
+        worker.busy = True
+        return worker
+
+    def release(self, worker: Worker) -> None:
+        worker.busy = False
+        self._idle.put_nowait(worker)
+
+    async def generate(
+        self, prompt: list[int], params: GenerationParams, waiting_every: float | None = None
+    ) -> AsyncIterator[list[StreamEvent] | Finished | Waiting]:
+        """Wait for a worker, then yield batches of events and finally one Finished.
+
+        Each batch holds every event the thread produced since the consumer last looked, so a
+        slow consumer gets fewer, larger batches instead of falling behind one token at a time.
+        With `waiting_every`, a Waiting comes every that many seconds the request is queued.
+        Closing or cancelling this iterator stops the generation. Raises ShuttingDown when
+        the pool is closed before or during the generation.
+        """
+        getting = asyncio.ensure_future(self.acquire())
+        try:
+            while not getting.done():
+                await asyncio.wait({getting}, timeout=waiting_every)
+                if not getting.done():
+                    yield Waiting()
+        except BaseException:  # closed or cancelled while queued
+            # cancel() is False once the task is done: it may hold a worker, to give back.
+            if not getting.cancel() and getting.exception() is None:
+                self.release(getting.result())
+            raise
+        worker = getting.result()
+        if self.closed:  # closed between the worker's coming free and this resuming
+            self.release(worker)
+            raise ShuttingDown()
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[list[StreamEvent] | Finished | BaseException] = asyncio.Queue()
+        stop = threading.Event()
+        self._running.add(stop)
+
+        def to_loop(item: list[StreamEvent] | Finished | BaseException) -> None:
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, item)
+            except RuntimeError:  # the loop closed under us (server shutdown): nobody listens
+                stop.set()
+
+        def done(result: Finished | Exception) -> None:
+            # On the loop. Runs whether or not anyone still reads `items`: the worker must
+            # come back to the pool even when its client has gone.
+            if isinstance(result, Finished) and result.finish_reason == "interrupted":
+                worker.requests_interrupted += 1
+            elif isinstance(result, Finished):
+                worker.requests_served += 1
+                worker.tokens_served += result.completion_tokens
+            self.release(worker)
+            items.put_nowait(result)
+
+        def run() -> None:
+            try:
+                result: Finished | Exception = worker.generate(prompt, params, to_loop, stop)
+            except Exception as e:  # handed to the consumer, which raises it on the loop
+                log.exception("generation failed on worker %s", worker.name)
+                result = e
+            try:
+                loop.call_soon_threadsafe(done, result)
+            except RuntimeError:
+                worker.busy = False
+
+        threading.Thread(target=run, name=f"chatcli-worker-{worker.name}", daemon=True).start()
+        try:
+            while True:
+                batch: list[StreamEvent] = []
+                item = await items.get()
+                while True:
+                    if isinstance(item, BaseException):
+                        raise item
+                    if isinstance(item, Finished):
+                        if batch:
+                            yield batch
+                        # Only close() stops a generation whose consumer is still here.
+                        if item.finish_reason == "interrupted" and self.closed:
+                            raise ShuttingDown()
+                        yield item
+                        return
+                    batch += item
+                    if items.empty():
+                        break
+                    item = items.get_nowait()
+                yield batch
+        finally:
+            stop.set()
+            self._running.discard(stop)
+
+    def describe(self) -> dict[str, Any]:
+        busy = sum(w.busy for w in self.workers)
+        return {
+            "workers": [w.describe() for w in self.workers],
+            "busy": busy,
+            "idle": len(self.workers) - busy,
+            "queue_length": self.waiting,
+            "requests_served": sum(w.requests_served for w in self.workers),
+            "tokens_served": sum(w.tokens_served for w in self.workers),
+            "requests_interrupted": sum(w.requests_interrupted for w in self.workers),
+        }

@@ -1,0 +1,645 @@
+"""Drawing a chat on the terminal: the streamed reply, status line, errors, notices, banner,
+tables and alternative replies side by side. The chat's Rich lives here: repl.py and
+chat_commands.py hand a console through and never call Rich themselves.
+
+Owns the theme, the console set-up, and the live reply renderer. The renderer never redraws
+the whole answer: in markdown mode the reply is cut into blocks (paragraphs, fenced code,
+headings, top-level list items: chatcli.terminal.markdown_blocks cuts them); a block is printed
+once, when it is finished, and stays in scrollback; only the block still being written is
+repainted (a transient Rich `Live`), and of a long one only what fits on the screen, so a
+repaint costs a screenful at most.
+
+Does not know: tokens, tokenizers or torch (it consumes the events of stream.py), prompts and
+key bindings (repl), what a command does (chat_commands), or where settings come from (cli).
+Everything it draws comes in as plain data: strings, mappings, stream events.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import IO
+
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.live import Live
+from rich.markdown import Markdown
+from rich.measure import Measurement
+from rich.panel import Panel
+from rich.segment import Segment
+from rich.table import Table
+from rich.text import Text
+from rich.theme import Theme
+
+from chatcli.chat.stream import SpecialToken, StreamEvent, TextDelta, ToolResult
+from chatcli.errors import ConfigError
+from chatcli.terminal.keyboard import interrupts_deferred
+from chatcli.terminal.markdown_blocks import TAG, Block, BlockSplitter, markdown_kept
+
+CHAT_THEME = Theme(
+    {
+        "calc": "dim",
+        # The calculator badge in Markdown mode is drawn as <kbd> (see _markdown_badge).
+        "markdown.kbd": "dim",
+        "calc.expr": "cyan",
+        "calc.result": "green",
+        "calc.failed": "red",
+        "calc.cut": "yellow",
+        "calc.off": "dim",
+        "special": "magenta",
+        "interrupted": "italic yellow",
+        "status": "dim",
+        "error": "bold red",
+        "notice": "yellow",
+        "banner": "bold",
+        "user": "bold green",
+        "assistant": "default",
+    }
+)
+
+HELP_LINE = "Type /help for commands, Ctrl-D to exit."
+
+# Control characters but newline and tab: C0, DEL and C1. Rich drops only a few of them, and
+# the rest would reach the terminal as they are: ESC starts sequences that clear the screen,
+# set the window title or write the clipboard, and a model (or a server) may write any of it.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """`text` safe to print: each control character shown as its Unicode control picture
+    (ESC as ␛), or as � where it has none (C1). Newlines and tabs stay."""
+
+    def picture(match: re.Match[str]) -> str:
+        code = ord(match[0])
+        if code == 0x0D:  # a carriage return (a model's \r\n): dropped, as Rich drops it
+            return ""
+        return chr(0x2400 + code) if code < 0x20 else "\u2421" if code == 0x7F else "\ufffd"
+
+    return _CONTROLS.sub(picture, text)
+
+
+def _print_line(console: Console, text: Text) -> None:
+    # On a terminal Rich wraps at word boundaries; into a pipe or a file, a line stays whole.
+    # Its text may come from a server or a file: visible() keeps control characters inert.
+    clean = visible(text.plain)
+    if clean != text.plain:  # (its spans would no longer fit: one style for the whole)
+        text = Text(clean, style=text.style)
+    console.print(text, soft_wrap=not console.is_terminal)
+
+
+def make_console(force_plain: bool = False, file: IO[str] | None = None) -> Console:
+    """A console with the chat theme. NO_COLOR (or force_plain) gives plain text; a stdout that
+    is not a terminal gets no colour from Rich's own detection."""
+    plain = force_plain or os.environ.get("NO_COLOR", "") != ""
+    # Model text is always printed as Text, but highlight and emoji stay off so nothing the
+    # model writes (":smile:", "[1, 2]") is ever reinterpreted.
+    return Console(
+        file=file,
+        theme=CHAT_THEME,
+        color_system=None if plain else "auto",
+        highlight=False,
+        emoji=False,
+    )
+
+
+def use_markdown(console: Console, mode: str = "auto") -> bool:
+    """Resolves `--markdown auto|always|never`: auto means a real, colourful terminal."""
+    if mode == "always":
+        return True
+    if mode == "never":
+        return False
+    if mode == "auto":
+        return (
+            console.is_terminal
+            and not console.is_dumb_terminal
+            and console.color_system is not None
+        )
+    raise ConfigError(f"--markdown must be auto, always or never, not {mode!r}")
+
+
+CUT_MARK = "… cut"  # a call the length limit stopped: neither answered nor failed
+OFF_MARK = "not run (tools off)"  # a call written under /tools off: nothing was asked
+
+
+def format_badge(expression: str, output: str | None, cut: bool = False, off: bool = False) -> str:
+    """One line for a calculator call: `calc 12*7 = 84`, `calc 1/0 failed`,
+    `calc 12* … cut` for one the reply's length limit stopped before it finished, or
+    `calc 12*7 not run (tools off)` for one written while the calculator was off."""
+    expression = " ".join(expression.split())
+    if cut:
+        return f"calc {expression} {CUT_MARK}"
+    if output is None:
+        return f"calc {expression} {OFF_MARK if off else 'failed'}"
+    return f"calc {expression} = {' '.join(output.split())}"
+
+
+def _badge(expression: str, output: str | None, cut: bool = False, off: bool = False) -> Text:
+    """The styled plain-mode badge: `[calc 12*7 = 84]`, `[calc 1/0 failed]`,
+    `[calc 12* … cut]` or `[calc 12*7 not run (tools off)]`."""
+    badge = Text("[calc ", style="calc")
+    badge.append(" ".join(expression.split()), style="calc.expr")
+    if cut:
+        badge.append(f" {CUT_MARK}", style="calc.cut")
+    elif output is None and off:
+        badge.append(f" {OFF_MARK}", style="calc.off")
+    elif output is None:
+        badge.append(" failed", style="calc.failed")
+    else:
+        badge.append(" = ")
+        badge.append(" ".join(output.split()), style="calc.result")
+    badge.append("]")
+    return badge
+
+
+def _markdown_escape(text: str) -> str:
+    """Markdown that shows `text` literally: every ASCII punctuation character escaped."""
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", text)
+
+
+def _markdown_badge(
+    expression: str, output: str | None, cut: bool = False, off: bool = False
+) -> str:
+    """The badge in Markdown source: `[calc 12*7 = 84]` as in plain mode, escaped so that
+    neither `*` nor `[` is read as Markdown, inside <kbd>, the one inline tag Rich draws in a
+    style of its own (the theme's markdown.kbd: dim, as the plain badge)."""
+    badge = _markdown_escape(f"[{format_badge(expression, output, cut, off)}]")
+    return f"{TAG}kbd>{badge}{TAG}/kbd>"  # tags of ours: see TAG
+
+
+def _code_span(text: str) -> str:
+    """Markdown inline code holding `text` verbatim, whatever backticks it contains."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+class _BlockView:
+    """Draws one block as markdown. Rich puts a blank line before a list; it is dropped here
+    because `Block.gap` decides spacing. With `tail`, only the last lines that fit on screen
+    are drawn, so a live area never outgrows the screen (rows pushed into scrollback could not
+    be erased and would stay there as duplicates)."""
+
+    def __init__(self, block: Block | None, tail: bool = False) -> None:
+        self.block = block
+        self.tail = tail
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.block is None:
+            return
+        # hyperlinks off: a link shows its URL, where many terminals would hide it
+        markdown = Markdown(markdown_kept(self.block.text), hyperlinks=False)
+        lines = console.render_lines(markdown, options, pad=False)
+        while lines and Segment.get_line_length(lines[0]) == 0:
+            del lines[0]
+        if self.block.gap:
+            lines.insert(0, [])
+        if self.tail:
+            lines = lines[-max(1, options.size.height - 1) :]
+        for line in lines:
+            yield from line
+            yield Segment.line()
+
+
+class _OpenBlockView:
+    """The live area's renderable: always the tail of the splitter's current open block, so
+    printing a finished block above the live area never repaints stale text below it."""
+
+    def __init__(self, splitter: BlockSplitter) -> None:
+        self.splitter = splitter
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        block = self.splitter.live_block(options.size.height, options.max_width)
+        yield _BlockView(block, tail=True)
+
+
+# --- the reply ---------------------------------------------------------------------------
+
+
+class ReplyRenderer:
+    """Shows one streamed reply. Feed it every event (including the decoder's flush), then
+    call `finish` exactly once, also when generation failed or was interrupted.
+
+    Plain mode prints text as it comes, and a calculator call as an inline badge
+    `[calc 12*7 = 84]` / `[calc 1/0 failed]` / `[calc 12* … cut]` once its result is known.
+    Markdown mode puts the same badge into the block, escaped and dim (`_markdown_badge`), so
+    it never breaks the markdown around it.
+    """
+
+    def __init__(
+        self, console: Console, markdown: bool, refresh_interval_s: float = 1 / 20
+    ) -> None:
+        self.console = console
+        self.markdown = markdown
+        self._refresh_interval_s = refresh_interval_s  # repaints of the open block, at most
+        self._at_line_start = True  # plain mode: whether the cursor is at column 0
+        self._blocks = BlockSplitter()
+        self._unprinted: deque[Block] = deque()  # finished blocks not yet printed
+        self._live: Live | None = None
+        self._last_paint = 0.0
+        self._unpainted = False  # text in the open block that the screen does not show yet
+        # The repaint of text that came too soon after the last one, due when the interval
+        # is up: without it, that text would wait for the next token, which may be seconds
+        # away (a slow server, a calculator call drawing nothing). It runs on a timer thread:
+        # _lock keeps it and the writer from using the splitter or the console at once.
+        self._trailing_paint: threading.Timer | None = None
+        self._lock = threading.Lock()
+        self._finished = False
+
+    def handle(self, event: StreamEvent) -> None:
+        if isinstance(event, TextDelta):
+            text = visible(event.text)
+            self._write(text, Text(text, style="assistant"))
+        elif isinstance(event, ToolResult):
+            expression = visible(event.expression)
+            output = None if event.output is None else visible(event.output)
+            markdown = _markdown_badge(expression, output, event.cut, event.off)
+            self._write(markdown, _badge(expression, output, event.cut, event.off))
+        elif isinstance(event, SpecialToken):
+            self._write(_code_span(event.name), Text(event.name, style="special"))
+        # ToolCallStart and ToolCallDelta draw nothing: the badge comes with the result.
+
+    def finish(self, finish_reason: str) -> None:
+        """Commits what is still open, marks an interrupted reply, ends on a fresh line."""
+        if self._finished:
+            return
+        self._finished = True
+        interrupted = finish_reason == "interrupted"
+        if self.markdown:
+            with self._lock:
+                if self._trailing_paint is not None:
+                    self._trailing_paint.cancel()
+                    self._trailing_paint = None
+                self._unprinted.extend(self._blocks.close())
+                try:
+                    self._print_finished()
+                finally:  # a Ctrl-C meanwhile must not leave the live view up, cursor hidden
+                    if self._live is not None:
+                        self._live.stop()  # the open block is empty now: nothing left behind
+                        self._live = None
+            if interrupted:
+                self.console.print(Text("[interrupted]", style="interrupted"))
+            return
+        if interrupted:
+            space = "" if self._at_line_start else " "
+            self._print_plain(Text(f"{space}[interrupted]", style="interrupted"))
+        if not self._at_line_start:
+            self._print_plain(Text("\n"))
+
+    def _write(self, source: str, plain: Text) -> None:
+        if not self.markdown:
+            self._print_plain(plain)
+            return
+        with self._lock:
+            finished = self._blocks.feed(source)
+            self._unprinted.extend(finished)
+            console = self.console
+            if self._live is None and console.is_terminal and not console.is_dumb_terminal:
+                self._live = Live(
+                    _OpenBlockView(self._blocks),
+                    console=console,
+                    transient=True,
+                    auto_refresh=False,
+                    redirect_stdout=False,
+                    redirect_stderr=False,
+                )
+                self._live.start()
+            self._print_finished()
+            if self._live is None:
+                return
+            if finished:
+                self._painted()
+                return
+            wait = self._last_paint + self._refresh_interval_s - time.monotonic()
+            if wait <= 0:
+                self._live.refresh()
+                self._painted()
+                return
+            self._unpainted = True
+            if self._trailing_paint is None:
+                self._trailing_paint = threading.Timer(wait, self._paint_trailing)
+                self._trailing_paint.daemon = True  # never keeps the program from exiting
+                self._trailing_paint.start()
+
+    def _print_finished(self) -> None:
+        """Prints the finished blocks, each whole and once: above the live area, which Rich
+        repaints below them. A block leaves the queue only once printed, and a Ctrl-C waits
+        for the block being printed, so one that lands meanwhile loses nothing: finish()
+        prints what is still queued."""
+        while self._unprinted:
+            with interrupts_deferred():
+                self.console.print(_BlockView(self._unprinted[0]))
+                self._unprinted.popleft()
+
+    def _paint_trailing(self) -> None:
+        with self._lock:
+            if self._trailing_paint is not threading.current_thread():
+                return  # cancelled, too late to stop it: a repaint came first
+            self._trailing_paint = None
+            if self._live is not None and self._unpainted:
+                self._live.refresh()
+                self._painted()
+
+    def _painted(self) -> None:
+        """The screen shows the open block as it stands. The interval counts from the end of
+        a repaint: however long one takes, writing gets the time between."""
+        self._last_paint = time.monotonic()
+        self._unpainted = False
+        if self._trailing_paint is not None:
+            self._trailing_paint.cancel()
+            self._trailing_paint = None
+
+    def _print_plain(self, text: Text) -> None:
+        # soft_wrap: no line breaks of Rich's own; each piece lands where the last one ended.
+        self.console.print(text, end="", soft_wrap=True)
+        if text.plain:
+            self._at_line_start = text.plain.endswith("\n")
+
+
+# --- one-line messages -------------------------------------------------------------------
+
+
+def _number(stats: Mapping[str, object], key: str) -> float | None:
+    value = stats.get(key)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def render_status(console: Console, stats: Mapping[str, object]) -> None:
+    """`ttft 0.12s · prefill 850 tok/s · decode 120 tok/s · 35 in / 20 out · ctx 55/512 · stop`;
+    a piece whose numbers are missing is left out, and so is a time or a speed of 0: not
+    measured (a reply stopped before its prefill or its first token), not a measurement."""
+    pieces = []
+    ttft, prefill, decode = (_number(stats, k) for k in ("ttft_s", "prefill_tps", "decode_tps"))
+    tokens_in, tokens_out = _number(stats, "tokens_in"), _number(stats, "tokens_out")
+    used, length = _number(stats, "context_used"), _number(stats, "context_len")
+    if ttft:
+        pieces.append(f"ttft {ttft:.2f}s")
+    if prefill:
+        pieces.append(f"prefill {prefill:.0f} tok/s")
+    if decode:
+        pieces.append(f"decode {decode:.0f} tok/s")
+    if tokens_in is not None and tokens_out is not None:
+        pieces.append(f"{tokens_in:.0f} in / {tokens_out:.0f} out")
+    if used is not None and length:  # 0: a server that does not say its context
+        pieces.append(f"ctx {used:.0f}/{length:.0f}")
+    if stats.get("finish_reason"):
+        pieces.append(str(stats["finish_reason"]))
+    _print_line(console, Text(" · ".join(pieces), style="status"))
+
+
+def render_error(console: Console, message: str) -> None:
+    _print_line(console, Text(f"Error: {visible(message)}", style="error"))
+
+
+def render_notice(console: Console, message: str) -> None:
+    _print_line(console, Text(visible(message), style="notice"))
+
+
+def render_hint(console: Console, message: str) -> None:
+    """A quiet line of advice, in the status style (e.g. how to leave)."""
+    console.print(Text(visible(message), style="status"))
+
+
+def render_text(console: Console, message: str) -> None:
+    """Plain text printed as it is: no markup; wrapped at words on a terminal only."""
+    _print_line(console, Text(visible(message)))
+
+
+def render_interrupted(console: Console) -> None:
+    console.print(Text("[interrupted]", style="interrupted"))
+
+
+def _format_count(n: float) -> str:
+    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= size:
+            return f"{n / size:.1f}{suffix}"
+    return f"{n:.0f}"
+
+
+def render_banner(console: Console, info: Mapping[str, object]) -> None:
+    """The start-up banner. Keys, each optional: path, tag, source, step, era, params,
+    device, dtype, context_len, load_s."""
+
+    def present(key: str) -> bool:
+        return info.get(key) not in (None, "")
+
+    title = ["chatcli"]
+    title += [str(info[k]) for k in ("tag", "source") if present(k)]
+    if present("step"):
+        title.append(f"step {info['step']}")
+    if present("era"):
+        title.append(f"era {info['era']}")
+    params = _number(info, "params")
+    if params is not None:
+        title.append(f"{_format_count(params)} params")
+    _print_line(console, Text(" · ".join(title), style="banner"))
+    if present("path"):
+        _print_line(console, Text(str(info["path"]), style="status"))
+
+    setup = [str(info[k]) for k in ("device", "dtype") if present(k)]
+    context_len, load_s = _number(info, "context_len"), _number(info, "load_s")
+    if context_len is not None:
+        setup.append(f"context {context_len:.0f}")
+    if load_s is not None:
+        setup.append(f"loaded in {load_s:.1f}s")
+    if setup:
+        _print_line(console, Text(" · ".join(setup), style="status"))
+    _print_line(console, Text(HELP_LINE, style="status"))
+
+
+# --- tables and side-by-side replies -----------------------------------------------------
+
+
+PIPED_TABLE_WIDTH = 10_000  # wider than any row: a table not on a terminal is never folded
+
+
+# A cell that is a number, with its unit if any: 2455, 0.12s, 1,234,567, 561.0M, 3.87x, 2.1 GB.
+_NUMBER = re.compile(r"^[-+]?\d[\d,]*(?:\.\d+)?(?: ?[A-Za-z%/]+)?$")
+_NO_NUMBER = ("", "-")  # what a numeric column may show where it has no number
+TOKEN_CELLS = 24  # a token cell this short is kept whole (_unbroken)
+# A date, a time, an id: one or two words with digits in them (words alone may fold).
+_TOKEN = re.compile(r"^(?=.*\d)\S+(?: \S+)?$")
+
+
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int | None] = ()
+) -> Table:
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        show_header=any(headers),
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=bool(widths),  # squeezed: two spaces between columns, not three
+    )
+    for header, width in zip(headers, widths or [None] * len(headers), strict=True):
+        table.add_column(header, overflow="fold", width=width)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _unbroken(column: Sequence[str]) -> bool:
+    """Whether a column's cells are kept whole on a narrow terminal: numbers (2455, 0.12s),
+    and short tokens such as a date and time or an id (`2026-11-26 09:19`, a conversation's
+    id to copy into /load): cut in two, they no longer read, or no longer paste."""
+    filled = [cell for cell in column if cell not in _NO_NUMBER]
+    return bool(filled) and all(
+        _NUMBER.match(cell) or (_TOKEN.match(cell) and cell_len(cell) <= TOKEN_CELLS)
+        for cell in filled
+    )
+
+
+def _squeezed_widths(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], room: int
+) -> list[int | None]:
+    """Widths for a table that does not fit in `room` columns (its text, gaps left out).
+    Rich, left to itself, folds every column alike: 2455 became 245 over 5. Here a numeric
+    column is as wide as its longest number; then, while room is left, as its header's
+    longest word, and (once the text columns have their natural width) as its whole header,
+    the smallest steps first. Text columns (None) get what is left, and fold."""
+    columns = [[row[i] if i < len(row) else "" for row in rows] for i in range(len(headers))]
+    widths: list[int | None] = [
+        max(map(cell_len, column)) if _unbroken(column) else None for column in columns
+    ]
+    text = [
+        max(map(cell_len, (header, *column)))
+        for header, column, width in zip(headers, columns, widths, strict=True)
+        if width is None
+    ]
+
+    def widen(wanted: Callable[[str], int], spare: int) -> int:
+        steps = sorted(
+            (wanted(header) - width, i)
+            for i, (header, width) in enumerate(zip(headers, widths, strict=True))
+            if width is not None and wanted(header) > width
+        )
+        for step, i in steps:
+            if step <= spare:
+                widths[i] = wanted(headers[i])
+                spare -= step
+        return spare
+
+    least = sum(min(4, width) for width in text)  # what text columns keep at least
+    spare = room - least - sum(width or 0 for width in widths)
+    if spare < 0:  # a date and time may wrap at its space first: each word stays whole
+        for i, column in enumerate(columns):
+            words = max((cell_len(w) for cell in column for w in cell.split()), default=0)
+            if widths[i] is not None and not all(_NUMBER.match(c) for c in column if c):
+                spare += widths[i] - words
+                widths[i] = words
+    if spare < 0:  # not even whole words fit: Rich folds every column alike
+        return [None] * len(headers)
+    spare = widen(lambda header: max(map(cell_len, header.split()), default=0), spare)
+    widen(cell_len, spare - (sum(text) - least))
+    return widths
+
+
+def render_table(console: Console, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A small table; a header of "" leaves the header row out. On a terminal too narrow for
+    it, numbers stay whole and text folds (_squeezed_widths)."""
+    cells = [[visible(cell) for cell in row] for row in rows]
+    table = _table(headers, cells)
+    if not console.is_terminal:
+        # Into a pipe or a file, rows at their natural width: folded at Rich's default 80
+        # columns, a path split over lines and `chatcli models | grep` missed it. (A
+        # console's print never goes wider than the console.)
+        console = Console(
+            file=console.file, width=PIPED_TABLE_WIDTH, color_system=None, highlight=False
+        )
+    else:
+        unbounded = console.options.update_width(PIPED_TABLE_WIDTH)
+        if Measurement.get(console, unbounded, table).maximum > console.width:
+            ones = _table(headers, cells, [1] * len(headers))  # as wide as its gaps, and 1 a column
+            gaps = Measurement.get(console, unbounded, ones).maximum - len(headers)
+            widths = _squeezed_widths(headers, cells, console.width - gaps)
+            table = _table(headers, cells, widths)
+    console.print(table)
+
+
+def reply_text(parts: Sequence[Mapping[str, str]], tools: bool = True) -> Text:
+    """A finished reply's parts as text, each calculator call as its `[calc ...]` badge.
+    tools: whether the calculator ran; if not, a call without a result was not run."""
+    text = Text()
+    pending: str | None = None  # the expression of a call whose result may follow
+    for part in parts:
+        if part["type"] == "python_output":
+            text.append(f"[{format_badge(pending or '?', visible(part['text']))}]", style="calc")
+            pending = None
+            continue
+        if pending is not None:
+            text.append(f"[{format_badge(pending, None, off=not tools)}]", style="calc")
+            pending = None
+        if part["type"] == "python":
+            pending = visible(part["text"])
+        else:
+            text.append(visible(part["text"]), style="assistant")
+    if pending is not None:
+        text.append(f"[{format_badge(pending, None, off=not tools)}]", style="calc")
+    return text
+
+
+def render_recap(console: Console, messages: Sequence[Mapping[str, object]]) -> None:
+    """Where a resumed conversation left off: how many messages came before, then its last
+    question and reply (calculator calls as badges), so the next message has its context."""
+    rest = [m for m in messages if m["role"] != "system"]
+    start = max(
+        (i for i, m in enumerate(rest) if m["role"] == "user"), default=len(rest)
+    )  # the last question, and whatever answered it
+    if start > 0:
+        earlier = f"{start} earlier message{'s' if start > 1 else ''}"
+        _print_line(console, Text(f"… {earlier}", style="status"))
+    for message in rest[start:]:
+        content = message["content"]
+        if message["role"] == "user":
+            _print_line(console, Text(f"> {visible(str(content))}", style="user"))
+        else:
+            parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+            _print_line(console, reply_text(parts))  # type: ignore[arg-type]
+
+
+# The narrowest panel that still reads well: about 26 columns of text inside its border.
+MIN_PANEL_WIDTH = 30
+PANEL_GAP = 1  # columns between two panels side by side
+
+
+def panels_per_row(width: int, count: int) -> int:
+    """How many of `count` panels go side by side on a `width`-column terminal: as many as
+    get MIN_PANEL_WIDTH each, spread evenly over the rows they need (4 on 100 columns: 2
+    and 2, not 3 and 1); 1 stacks them."""
+    fit = max(1, (width + PANEL_GAP) // (MIN_PANEL_WIDTH + PANEL_GAP))
+    rows = -(-count // fit)  # ceil
+    return -(-count // rows) if count else 1
+
+
+def render_replies(
+    console: Console,
+    replies: Sequence[tuple[Sequence[Mapping[str, str]], str]],
+    tools: bool = True,
+) -> None:
+    """Alternative replies, each given as its parts and a subtitle, in panels titled 1..N:
+    side by side, in rows of as many as fit (panels_per_row), one after another where not
+    even two fit. tools: whether the calculator ran for them (reply_text)."""
+    panels = [
+        Panel(
+            reply_text(parts, tools), title=str(i), subtitle=visible(subtitle), title_align="left"
+        )
+        for i, (parts, subtitle) in enumerate(replies, start=1)
+    ]
+    per_row = panels_per_row(console.width, len(panels))
+    if per_row == 1:
+        for panel in panels:
+            console.print(panel)
+        return
+    # One grid, so the panels of a shorter last row line up under those above.
+    grid = Table.grid(expand=True, padding=(0, PANEL_GAP))  # a grid's padding collapses
+    for _ in range(per_row):
+        grid.add_column(ratio=1)
+    for start in range(0, len(panels), per_row):
+        row = panels[start : start + per_row]
+        grid.add_row(*row, *[""] * (per_row - len(row)))
+    console.print(grid)
