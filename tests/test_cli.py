@@ -572,25 +572,6 @@ def test_a_chatcli_config_that_does_not_exist_is_an_error(tmp_path, monkeypatch)
     )
 
 
-def test_readme_gives_every_parameter_of_load_model_and_engine_generate():
-    import inspect
-    import re
-    from pathlib import Path
-
-    from chatcli.engine.engine import Engine
-    from chatcli.model.checkpoint import load_model
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    for shown_as, function in (
-        ("# load_model(", load_model),
-        ("`Engine.generate(", Engine.generate),
-    ):
-        start = readme.index(shown_as)
-        shown = set(re.findall(r"\w+", readme[start : readme.index(")", start)]))
-        missing = set(inspect.signature(function).parameters) - {"self"} - shown
-        assert not missing, (shown_as, missing)
-
-
 def test_once_shows_the_special_tokens_when_raw_is_set(monkeypatch):
     # raw in the config or CHATCLI_RAW: what `chat` shows, `once` shows too.
     args = ["once", "What is 2*3?", "-t", "0", "--max-tokens", "24"]

@@ -59,8 +59,8 @@ class Preset:
     compile: bool = False
     # Off by default (the shipped model is a last-step checkpoint): save a moving average of
     # the weights from this fraction of the budget on instead. Tried because held-out scores
-    # of otherwise identical runs moved by 10+ points; it did not narrow that (README, runs
-    # 8-10).
+    # of otherwise identical runs moved by 10+ points; it did not narrow that
+    # (docs/training-history.md, runs 8-10).
     average_from: float | None = None
     average_decay: float = 0.995
     # "muon": hidden-layer matrices step with Muon at matrix_lr (training/muon.py), the rest
@@ -72,7 +72,8 @@ class Preset:
 PRESETS = {
     # Sized so the bf16 checkpoint ships in under 8 MB and trains in ~20 minutes on 2 cores.
     # 1374 steps: the shipped run's (its schedule then followed the clock, and 1374 steps
-    # fitted its 27 minutes); over 1700 the same recipe scored worse (README, runs 23-24).
+    # fitted its 27 minutes); over 1700 the same recipe scored worse
+    # (docs/training-history.md, runs 23-24).
     "default": Preset(
         vocab_size=1024,
         n_layer=6,
