@@ -222,8 +222,8 @@ def _plain_errors(hub: HubId) -> Iterator[None]:
         ) from None
     except (ConnectionError, TimeoutError, *_transport_errors()) as e:
         raise CheckpointError(
-            f"Fetching {hub} stopped ({_first_line(e)}): run the command again; the download "
-            "goes on where it stopped."
+            f"Fetching {hub} stopped ({_first_line(e)}): run the command again; the files "
+            "fetched whole are kept."
         ) from None
 
 
