@@ -388,7 +388,7 @@ def test_an_uncached_model_offline_gets_one_line_saying_what_to_do(cache, tmp_pa
         "so it cannot be downloaded: unset HF_HUB_OFFLINE, or run `chatcli pull hf:org/missing` "
         "where the Hub can be reached."
     )
-    step = run_cli("once", "--model", "hf:org/flat", "--step", "5", "hi", home=tmp_path, **offline)
+    step = run_cli("pull", "hf:org/flat", "--step", "5", home=tmp_path, **offline)
     assert one_line_error(step) == (
         "Error: No step 5 in the cached copy of hf:org/flat; steps there: 1374."
     )

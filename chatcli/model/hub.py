@@ -204,11 +204,13 @@ def _plain_errors(hub: HubId) -> Iterator[None]:
             f"{hub.repo_id} has no revision {hub.revision!r}: name one of its branches, tags or "
             f"commits (see {page}), or drop the @."
         ) from None
-    except LocalEntryNotFoundError as e:
-        # The cache holds the snapshot but not every file picked (IncompleteSnapshotError).
+    except LocalEntryNotFoundError:
+        # The Hub stopped answering between the listing and the download, and the cache has
+        # not every file (huggingface_hub's message is about its own arguments).
         raise CheckpointError(
-            f"The Hub cache holds only part of {hub} and the Hub cannot be asked for the rest "
-            f"({_first_line(e)[:160]}…): run `chatcli pull {hub}` where the Hub can be reached."
+            f"The Hub stopped answering while {hub} was fetched, and the Hub cache does not "
+            f"hold all of it: run the command again (or `chatcli pull {hub}`) when the Hub can "
+            "be reached."
         ) from None
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else None

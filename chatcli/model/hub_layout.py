@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from chatcli.errors import CheckpointError
 from chatcli.model.checkpoint_paths import SOURCES
@@ -135,15 +134,14 @@ def pick_files(
     the last in order, for the Hub keeps no folder times.
     """
     files = set(listing)
-    steps: dict[str, list[int]] = {}
-    for path in files:
-        p = PurePosixPath(path)
-        if m := _STEP_RE.fullmatch(p.name):
-            steps.setdefault(_folder(p), []).append(int(m[1]))
-    if steps:
-        return _pick_nanochat(
-            files, {k: sorted(v) for k, v in steps.items()}, where, source, tag, step
-        )
+    # folder ("" for the root) -> step -> its model file: model_000650.pt or model_650.pt
+    checkpoints: dict[str, dict[int, str]] = {}
+    for path in sorted(files):
+        if m := _STEP_RE.fullmatch(_name(path)):
+            checkpoints.setdefault(_parent(path), {})[int(m[1])] = path
+    if checkpoints:
+        folder = _pick_folder(set(checkpoints), where, source, tag)
+        return _pick_step(files, checkpoints[folder], folder, where, step)
     if "config.json" in files:
         return _pick_transformers(files, where, source, step)
     raise CheckpointError(
@@ -153,73 +151,63 @@ def pick_files(
     )
 
 
-def _folder(p: PurePosixPath) -> str:
-    return "" if str(p.parent) == "." else str(p.parent)
+def _parent(path: str) -> str:
+    """The folder of a repo path, "" for the root."""
+    return path.rpartition("/")[0]
 
 
-def _pick_nanochat(
-    files: set[str],
-    steps: dict[str, list[int]],
-    where: str,
-    source: str,
-    tag: str | None,
-    step: int | None,
-) -> HubFiles:
+def _pick_folder(folders: set[str], where: str, source: str, tag: str | None) -> str:
+    """The checkpoint folder: the root of a flat repo, else a tag of the source's folder
+    (<source>_checkpoints/<tag>/, or <tag>/ where the repo is one source's folder)."""
     if source not in SOURCES:
         raise CheckpointError(f"Unknown source {source!r}; use one of {', '.join(SOURCES)}.")
-    if "" in steps:  # a flat repo: one checkpoint folder, as nanochat's downloads are
+    if "" in folders:  # a flat repo: one checkpoint folder, as nanochat's downloads are
         if tag is not None:
             raise CheckpointError(
                 f"{where} is one checkpoint folder, so tag {tag!r} cannot pick another: leave "
                 "the tag out."
             )
-        folder = ""
-    else:
-        tags = {
-            PurePosixPath(f).name: f for f in steps if _folder(PurePosixPath(f)) == SOURCES[source]
-        }
-        if not tags:  # tag folders at the root: the repo is one source's folder
-            tags = {f: f for f in steps if "/" not in f}
-        if not tags:
-            have = [
-                k for k, v in SOURCES.items() if any(_folder(PurePosixPath(f)) == v for f in steps)
-            ]
-            raise CheckpointError(
-                f"No {SOURCES[source]} in {where}"
-                + (
-                    f"; it has checkpoints of {', '.join(have)}: pick one with --source {have[0]}."
-                    if have
-                    else f"; its checkpoints are in {', '.join(sorted(steps))}, a layout chatcli "
-                    "does not know (expected model_*.pt at the root, or <source>_checkpoints/<tag>/)."
-                )
-            )
-        if tag is None:
-            depth = [(int(t[1:]), t) for t in tags if re.fullmatch(r"d\d+", t)]
-            tag = max(depth)[1] if depth else max(tags)
-        elif tag not in tags:
-            raise CheckpointError(
-                f"No tag {tag!r} in {where}; tags there: {', '.join(sorted(tags))}."
-            )
-        folder = tags[tag]
-    shown = f"{where} ({folder})" if folder else where
-    have = steps[folder]
-    if step is None:
-        step = have[-1]
-    elif step not in have:
+        return ""
+    tags = {f.rpartition("/")[2]: f for f in folders if _parent(f) == SOURCES[source]}
+    if not tags:
+        tags = {f: f for f in folders if "/" not in f}
+    if not tags:
+        have = [k for k, v in SOURCES.items() if any(_parent(f) == v for f in folders)]
         raise CheckpointError(
-            f"No step {step} in {shown}; steps there: {', '.join(map(str, have))}."
+            f"No {SOURCES[source]} in {where}"
+            + (
+                f"; it has checkpoints of {', '.join(have)}: pick one with --source {have[0]}."
+                if have
+                else f"; its checkpoints are in {', '.join(sorted(folders))}, a layout chatcli "
+                "does not know (model_*.pt at the root, or <source>_checkpoints/<tag>/)."
+            )
         )
-    model_file = _step_path(files, folder, step)
-    meta_file = _join(
-        folder, "meta_" + PurePosixPath(model_file).name[len("model_") : -len(".pt")] + ".json"
-    )
-    if meta_file not in files:
-        whole = [
-            s for s in have if _join(folder, f"meta_{_digits(files, folder, s)}.json") in files
-        ]
+    if tag is None:
+        depth = [(int(t[1:]), t) for t in tags if re.fullmatch(r"d\d+", t)]
+        return tags[max(depth)[1] if depth else max(tags)]
+    if tag not in tags:
+        raise CheckpointError(f"No tag {tag!r} in {where}; tags there: {', '.join(sorted(tags))}.")
+    return tags[tag]
+
+
+def _pick_step(
+    files: set[str], steps: dict[int, str], folder: str, where: str, step: int | None
+) -> HubFiles:
+    """One step of `folder` (the latest unless asked), its meta, and its tokenizer."""
+    shown = f"{where} ({folder})" if folder else where
+    if step is None:
+        step = max(steps)
+    elif step not in steps:
         raise CheckpointError(
-            f"{PurePosixPath(model_file).name} in {shown} has no {PurePosixPath(meta_file).name} "
-            "beside it (it holds the model_config)"
+            f"No step {step} in {shown}; steps there: {', '.join(map(str, sorted(steps)))}."
+        )
+    model_file = steps[step]
+    meta_file = _meta_of(model_file)
+    if meta_file not in files:
+        whole = [s for s in sorted(steps) if _meta_of(steps[s]) in files]
+        raise CheckpointError(
+            f"{_name(model_file)} in {shown} has no {_name(meta_file)} beside it (it holds the "
+            "model_config)"
             + (
                 f": load a whole step with --step {whole[-1]}."
                 if whole
@@ -231,27 +219,25 @@ def _pick_nanochat(
     )
 
 
-def _join(folder: str, name: str) -> str:
-    return f"{folder}/{name}" if folder else name
+def _meta_of(model_file: str) -> str:
+    """model_000650.pt's meta: meta_000650.json beside it."""
+    folder, _, name = model_file.rpartition("/")
+    meta = "meta_" + name[len("model_") : -len(".pt")] + ".json"
+    return f"{folder}/{meta}" if folder else meta
 
 
-def _step_path(files: set[str], folder: str, step: int) -> str:
-    return _join(folder, f"model_{_digits(files, folder, step)}.pt")
-
-
-def _digits(files: set[str], folder: str, step: int) -> str:
-    """The step as its file writes it: model_000650.pt or model_650.pt."""
-    names = (PurePosixPath(f).name for f in files if _folder(PurePosixPath(f)) == folder)
-    return next(m[1] for n in names if (m := _STEP_RE.fullmatch(n)) and int(m[1]) == step)
+def _name(path: str) -> str:
+    return path.rpartition("/")[2]
 
 
 def _tokenizer(files: set[str], folder: str, shown: str) -> str:
     """The tokenizer.pkl the local loader finds for `folder` (checkpoint_paths._find_tokenizer's
     places, first found wins), so that the downloaded files load as they would on disk."""
-    parts = PurePosixPath(folder).parts if folder else ()
-    candidates = [_join(folder, "tokenizer.pkl"), _join(folder, "tokenizer/tokenizer.pkl")]
-    if len(parts) >= 2:  # <source>/<tag>/: the base dir's tokenizer/ beside the sources
-        candidates.append(_join("/".join(parts[:-2]), "tokenizer/tokenizer.pkl"))
+    prefix = f"{folder}/" if folder else ""
+    candidates = [f"{prefix}tokenizer.pkl", f"{prefix}tokenizer/tokenizer.pkl"]
+    if folder.count("/") >= 1:  # <source>/<tag>/: the base dir's tokenizer/ beside the sources
+        base = _parent(_parent(folder))
+        candidates.append(f"{base}/tokenizer/tokenizer.pkl" if base else "tokenizer/tokenizer.pkl")
     found = next((c for c in candidates if c in files), None)
     if found is None:
         raise CheckpointError(
