@@ -99,6 +99,7 @@ class FakeRepo:
     commits: dict[str, dict[str, bytes]]  # commit -> its files
     refs: dict[str, str]  # branch or tag -> commit
     token: str | None = None  # gated: its files need `Authorization: Bearer <token>`
+    files_down: bool = False  # its files answer 503, as a Hub in trouble does
 
 
 @dataclass
@@ -210,6 +211,8 @@ class FakeHub:
         if repo.token and h.headers.get("Authorization") != f"Bearer {repo.token}":
             message = f"Access to model {repo_id} is restricted. You must be authenticated."
             return self._error(h, 401, "GatedRepo", message, body)
+        if repo.files_down:
+            return self._error(h, 503, "ServiceUnavailable", "Service Unavailable", body)
         data = repo.commits[commit].get(name)
         if data is None:
             return self._error(h, 404, "EntryNotFound", f"{name} does not exist", body)

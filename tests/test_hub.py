@@ -560,6 +560,17 @@ def test_an_unreachable_hub_falls_back_to_the_cache_or_says_so(hub, tmp_path, lo
 
 
 @pytest.mark.slow
+def test_a_hub_that_fails_while_fetching_gets_one_line(hub, tmp_path):
+    hub.repos["org/down"] = FakeRepo({MAIN: flat_files()}, {"main": MAIN}, files_down=True)
+    result = run_cli("pull", "hf:org/down", home=tmp_path, HF_ENDPOINT=hub.url)
+    assert one_line_error(result) == (
+        "Error: The Hub stopped answering while hf:org/down was fetched, and the Hub cache does "
+        "not hold all of it: run the command again (or `chatcli pull hf:org/down`) when the Hub "
+        "can be reached."
+    )
+
+
+@pytest.mark.slow
 def test_a_transformers_repo_is_fetched_without_its_code_and_another_kind_is_not(hub, tmp_path):
     result = run_cli("pull", "hf:org/tf", home=tmp_path, HF_ENDPOINT=hub.url)
     assert result.returncode == 0, result.stderr
