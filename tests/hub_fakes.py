@@ -151,6 +151,11 @@ class FakeHub:
     def _answer(self, h: BaseHTTPRequestHandler, body: bool) -> None:
         path = unquote(urlsplit(h.path).path)
         self.requests.append((h.command, path, h.headers.get("Range")))
+        sent = h.headers.get("Authorization")
+        if sent and sent not in {f"Bearer {r.token}" for r in self.repos.values() if r.token}:
+            # What the Hub answers a token it does not know, whatever was asked.
+            message = "Invalid credentials in Authorization header"
+            return self._error(h, 401, "Unauthorized", message, body)
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "models"]:
             return self._api(h, parts[2:], body)

@@ -513,6 +513,11 @@ def test_a_missing_repo_and_a_gated_one_say_what_to_do_in_one_line(hub, tmp_path
     )
     assert allowed.returncode == 0, allowed.stderr
     assert (snapshot(tmp_path, "org/gated", MAIN) / "model_001374.pt").is_file()
+    wrong = run_cli("pull", "hf:org/flat", home=tmp_path, HF_ENDPOINT=hub.url, HF_TOKEN="hf_old")
+    assert (
+        one_line_error(wrong)
+        == f"Error: The Hub refused the token sent for hf:org/flat (401): {login}"
+    )
 
 
 @pytest.mark.slow

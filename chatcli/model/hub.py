@@ -76,10 +76,10 @@ def fetch_model(
             listing, commit = remote
             where = str(hub)
         else:
-            revision = cached_revision(hub)
-            if revision is None:
+            cached = cached_revision(hub)
+            if cached is None:
                 raise CheckpointError(_not_cached(hf, hub, cache_only or ""))
-            listing, commit = cached_files(revision), revision.commit_hash
+            listing, commit = cached_files(cached), cached.commit_hash
             where = f"the cached copy of {hub}"
         picked = pick_files(listing, where, source=source, tag=tag, step=step)
         # From the cache, by the commit found; from the Hub, by the revision asked for, so
@@ -113,7 +113,9 @@ def _remote_listing(hf: Any, hub: HubId) -> tuple[list[str], str] | str:
 
     unreachable = f"the Hub at {hf.constants.ENDPOINT} cannot be reached"
     try:
-        info = hf.HfApi().model_info(hub.repo_id, revision=hub.revision)
+        # The default branch by name, as snapshot_download asks for it.
+        revision = hub.revision or hf.constants.DEFAULT_REVISION
+        info = hf.HfApi().model_info(hub.repo_id, revision=revision)
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else None
         if status is not None and (status >= 500 or status == 429):
