@@ -494,6 +494,35 @@ def test_a_revision_picks_its_commit_and_is_remembered_for_offline_runs(hub, tmp
 
 
 @pytest.mark.slow
+def test_source_and_step_pick_one_checkpoint_of_a_base_dir_repo(hub, tmp_path):
+    files = base_dir_files()
+    files["base_checkpoints/d6/model_000500.pt"] = files["chatsft_checkpoints/d6/model_001374.pt"]
+    files["base_checkpoints/d6/meta_000500.json"] = files["chatsft_checkpoints/d6/meta_001374.json"]
+    files["base_checkpoints/d6/model_000900.pt"] = b"a later step, not asked for"
+    files["base_checkpoints/d6/optim_000500_rank0.pt"] = b"optimizer state, never fetched"
+    hub.repos["org/runs"] = FakeRepo({MAIN: files}, {"main": MAIN})
+    result = run_cli(
+        "pull",
+        "hf:org/runs",
+        "--source",
+        "base",
+        "--step",
+        "500",
+        home=tmp_path,
+        HF_ENDPOINT=hub.url,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith(
+        "Run it: chatcli chat --model hf:org/runs --source base --step 500\n"
+    )
+    assert sorted(hub.downloads()) == [
+        "base_checkpoints/d6/meta_000500.json",
+        "base_checkpoints/d6/model_000500.pt",
+        "tokenizer/tokenizer.pkl",
+    ]
+
+
+@pytest.mark.slow
 def test_a_missing_repo_and_a_gated_one_say_what_to_do_in_one_line(hub, tmp_path):
     login = (
         "set HF_TOKEN to an access token of an account that may read it (or run `hf auth login`)."

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from chatcli.cli.options import fail
 from chatcli.errors import ChatcliError
+
+if TYPE_CHECKING:
+    from chatcli.model.hub_cache import CachedHubModel
 
 # ---- models and config --------------------------------------------------------------------------
 
@@ -72,7 +75,7 @@ def models(
         )
 
 
-def _hub_row(m) -> tuple[str, ...]:
+def _hub_row(m: CachedHubModel) -> tuple[str, ...]:
     """A row of a model in the Hub cache: a nanochat checkpoint's facts, or a transformers
     folder's (no source, tag, step or era of its own)."""
     c = m.checkpoint

@@ -382,10 +382,10 @@ def load_model(
     path: a nanochat base dir (~/.cache/nanochat layout), a checkpoint folder, a flat download
     folder (model_*.pt, meta_*.json, tokenizer.pkl side by side), a model_*.pt file, a tag in
     $NANOCHAT_BASE_DIR, hf:ORG/NAME[@REVISION] (a Hub model, fetched into the Hub cache), or
-    None for the embedded default model. The largest d<N> tag and the
-    last step are taken unless tag/step say otherwise. softcap overrides the logit softcap (15)
-    for the short-lived variant that used 20, which nothing on disk reveals. quantize (int8,
-    int4; CPU only) reads the matrices in that format during batch-1 decode.
+    None for the embedded default model. The largest d<N> tag and the last step are taken
+    unless tag/step say otherwise. softcap overrides the logit softcap (15) for the
+    short-lived variant that used 20, which nothing on disk reveals. quantize (int8, int4; CPU
+    only) reads the matrices in that format during batch-1 decode.
     """
     t0 = time.perf_counter()
     hub = None
