@@ -1,9 +1,10 @@
-"""The `chatcli` command: chat, once, models, serve, bench, config path; -h and --version.
+"""The `chatcli` command: chat, once, models, pull, serve, bench, config path; -h and --version.
 
 Owns: the Typer app and its subcommands' registration, the root options, and `main` (choosing
 how OpenMP threads wait before torch loads). Each command lives in its own module
-(`chat_commands`, `models_command`, `serve_command`, `bench_command`); the shared options and
-click's one-line errors live in `options`, settings and session loading in `session_setup`.
+(`chat_commands`, `models_command`, `pull_command`, `serve_command`, `bench_command`); the
+shared options and click's one-line errors live in `options`, settings and session loading in
+`session_setup`.
 Typer lives only in this package. torch is imported only by the commands that load a model, so
 `chatcli --help` stays fast.
 """
@@ -26,6 +27,7 @@ from chatcli.cli.options import (
     OneLineErrors,
     print_version,
 )
+from chatcli.cli.pull_command import pull
 from chatcli.cli.serve_command import serve
 
 app = typer.Typer(
@@ -80,5 +82,6 @@ def main() -> None:
 app.command(cls=Command)(chat)
 app.command(cls=Command)(once)
 app.command(cls=Command)(models)
+app.command(cls=Command)(pull)
 app.command(cls=Command)(serve)
 app.command(cls=Command, help=BENCH_HELP)(bench)

@@ -125,7 +125,9 @@ HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 
 ModelOpt = Annotated[
     str | None,
-    typer.Option("--model", "-m", help="Checkpoint: base dir, folder, model_*.pt or tag."),
+    typer.Option(
+        "--model", "-m", help="Checkpoint: base dir, folder, model_*.pt, tag or hf:ORG/NAME."
+    ),
 ]
 # Each default is the built-in one; the config file or CHATCLI_<NAME> may set another.
 SourceOpt = Annotated[

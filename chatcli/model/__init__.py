@@ -1,10 +1,11 @@
 """The model layer: nanochat's GPT for every checkpoint era, and everything needed to load one.
 
 Owns the GPT module (`gpt`), its attention cache layout (`kv_cache`), next-token sampling from
-logits (`sampling`), finding checkpoints on disk (`checkpoint_paths`), loading them safely
-(`checkpoint`), the tokenizer and its special tokens, and quantized decode copies of the
+logits (`sampling`), finding checkpoints on disk (`checkpoint_paths`) and on the Hugging Face
+Hub (`hub_layout`, `hub`, `hub_cache`: hf:ORG/NAME, fetched by huggingface_hub), loading them
+safely (`checkpoint`), the tokenizer and its special tokens, and quantized decode copies of the
 weights (`quantize`). May import `chatcli.errors` and `chatcli.kernels`; nothing above. Knows
-nothing about conversations, terminals or HTTP.
+nothing about conversations, terminals or HTTP (the Hub's is huggingface_hub's).
 
 `load_model` is re-exported lazily, so importing this package does not import torch.
 """

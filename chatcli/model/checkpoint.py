@@ -31,6 +31,8 @@ from chatcli.model.checkpoint_paths import (
     steps_in,
 )
 from chatcli.model.gpt import GPT, GPTConfig, infer_architecture, is_embedding_table
+from chatcli.model.hub import fetch_model
+from chatcli.model.hub_layout import is_hub_id
 from chatcli.model.quantize import default_half_kind
 from chatcli.model.tokenizer import Tokenizer
 
@@ -379,12 +381,17 @@ def load_model(
 
     path: a nanochat base dir (~/.cache/nanochat layout), a checkpoint folder, a flat download
     folder (model_*.pt, meta_*.json, tokenizer.pkl side by side), a model_*.pt file, a tag in
-    $NANOCHAT_BASE_DIR, or None for the embedded default model. The largest d<N> tag and the
-    last step are taken unless tag/step say otherwise. softcap overrides the logit softcap (15)
-    for the short-lived variant that used 20, which nothing on disk reveals. quantize (int8,
-    int4; CPU only) reads the matrices in that format during batch-1 decode.
+    $NANOCHAT_BASE_DIR, hf:ORG/NAME[@REVISION] (a Hub model, fetched into the Hub cache), or
+    None for the embedded default model. The largest d<N> tag and the last step are taken
+    unless tag/step say otherwise. softcap overrides the logit softcap (15) for the
+    short-lived variant that used 20, which nothing on disk reveals. quantize (int8, int4; CPU
+    only) reads the matrices in that format during batch-1 decode.
     """
     t0 = time.perf_counter()
+    hub = None
+    if is_hub_id(path):  # fetched, or found in the Hub cache, then loaded as any local one
+        hub = fetch_model(str(path), source=source, tag=tag, step=step)
+        path = hub.local_path
     ref = resolve_checkpoint(path, source=source, tag=tag, step=step)
     meta, config = read_meta(ref.meta_file)
     try:
@@ -403,7 +410,7 @@ def load_model(
     model = build_model(sd, config, ref.model_file, dev, precision, softcap)
     model.info = ModelInfo(
         path=str(ref.model_file),
-        tag=ref.tag,
+        tag=hub.shown_tag(ref.tag) if hub else ref.tag,
         step=ref.step,
         source=ref.source,
         era=model.arch.era,
@@ -455,10 +462,13 @@ def _summarize(name: str, ref: CheckpointRef) -> CheckpointSummary:
     )
 
 
-def list_checkpoints(base_dir: Path | None = None) -> list[CheckpointSummary]:
-    """The embedded model, then every step of every tag of every source in the base dir."""
+def list_checkpoints(
+    base_dir: Path | None = None, *, embedded: bool = True
+) -> list[CheckpointSummary]:
+    """The embedded model (unless `embedded` is False), then every step of every tag of every
+    source in the base dir."""
     found = []
-    if (EMBEDDED_DIR / SOURCES["sft"]).is_dir():
+    if embedded and (EMBEDDED_DIR / SOURCES["sft"]).is_dir():
         found.append(_summarize("embedded", resolve_checkpoint(None)))
     base = base_dir or default_base_dir()
 
