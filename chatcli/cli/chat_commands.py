@@ -31,11 +31,11 @@ from chatcli.cli.options import (
     TopKOpt,
     TopPOpt,
     UrlOpt,
-    fail,
+    fail_with,
     local_model_flags,
     server_url,
 )
-from chatcli.errors import ChatcliError, ConversationFileError
+from chatcli.errors import ChatcliError, ConversationFileError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -136,7 +136,7 @@ def chat(
             # Its file is made at the first message: a session that says nothing leaves none.
             conversation = NewConversation(folder, model=info["path"], system=session.system)
     except ChatcliError as e:
-        raise fail(str(e)) from None
+        raise fail_with(e) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     code = run_repl(
@@ -206,7 +206,7 @@ def once(
         else:
             _once_stream(session, console, settings, text)
     except ChatcliError as e:
-        raise fail(str(e)) from None
+        raise fail_with(e) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -216,7 +216,7 @@ def _read_prompt(words: list[str] | None) -> str:
     stdin for none or `-`."""
     if not words or words == ["-"]:
         if sys.stdin is None or sys.stdin.isatty():
-            raise ChatcliError(
+            raise UsageError(
                 'No prompt given. Usage: chatcli once "What is 12*7?" (or pipe it in).'
             )
         prompt = sys.stdin.read()
@@ -224,7 +224,7 @@ def _read_prompt(words: list[str] | None) -> str:
         prompt = " ".join(words)
     prompt = prompt.strip()
     if not prompt:
-        raise ChatcliError("The prompt is empty.")
+        raise UsageError("The prompt is empty.")
     return prompt
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from chatcli.cli.options import fail
+from chatcli.cli.options import fail, fail_with
 from chatcli.errors import ChatcliError
 
 # ---- models and config --------------------------------------------------------------------------
@@ -31,12 +31,13 @@ def models(
         raise fail(
             f"No folder at {base_dir}. Pass --base-dir a folder: a nanochat base dir (the "
             "one that holds chatsft_checkpoints, base_checkpoints, ...), one of those, or a "
-            "download's folder of model_*.pt files."
+            "download's folder of model_*.pt files.",
+            2,  # the option's value is wrong: a usage error
         )
     try:
         found = list_checkpoints(base_dir)
     except ChatcliError as e:
-        raise fail(str(e)) from None
+        raise fail_with(e) from None
     console = make_console()
     rows = [
         (

@@ -15,11 +15,19 @@ from chatcli.chat.settings import (
     SETTING_NAMES,
     Settings,
     load_settings,
+    read_flags,
 )
-from chatcli.errors import ChatcliError, ConversationFileError
+from chatcli.errors import ChatcliError, ConfigError, ConversationFileError, UsageError
 
 
 def settings_from(**flags: Any) -> Settings:
+    """The settings, flag > CHATCLI_* > config file > default. A bad flag's value is a usage
+    error (exit 2), said before any other source is read; a bad config file or variable is
+    not (exit 1)."""
+    try:
+        read_flags(flags)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     # config_file follows CHATCLI_CONFIG, which must then name a file that exists.
     return load_settings(flags=flags, env=os.environ)
 
@@ -56,7 +64,7 @@ def load_session(
     if url is not None:
         if local_flags:
             named = ", ".join(local_flags)
-            raise ChatcliError(
+            raise UsageError(
                 f"{named} is a local model's: it picks or shapes the model chatcli loads, "
                 f"and a server at --url chooses its own. Drop {named} or --url."
                 if len(local_flags) == 1

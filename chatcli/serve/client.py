@@ -147,7 +147,12 @@ class RemoteSession:
             said = message
             refused = f"The server refused the request ({code}): {message}"
         if code in (401, 403):
-            raise ChatcliError(f"{self.url} refused the API key: {said}. Pass --api-key.")
+            said = said.rstrip(".")
+            fix = "Check" if self.api_key else "Pass the server's key with"
+            raise ChatcliError(
+                f"{self.url} refused the request ({code}): {said}. {fix} --api-key KEY "
+                "or CHATCLI_API_KEY."
+            )
         if code == 400 and _context_full(response):
             raise _ContextFull(refused)
         if code == 404:
