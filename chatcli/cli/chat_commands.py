@@ -39,7 +39,13 @@ from chatcli.errors import ChatcliError, ConversationFileError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
-from chatcli.cli.session_setup import load_session, setting_flags, settings_from, system_on_resume
+from chatcli.cli.session_setup import (
+    load_session,
+    move_old_files_saying,
+    setting_flags,
+    settings_from,
+    system_on_resume,
+)
 
 # ---- chat ---------------------------------------------------------------------------------------
 
@@ -75,13 +81,12 @@ def chat(
     """Start an interactive chat session."""
     url = server_url(url)
     local_flags = local_model_flags(locals())
+    from chatcli.chat.conversation_index import latest_conversation, resolve_conversation
     from chatcli.chat.conversation_store import (
         ConversationFile,
         ConversationSink,
         NewConversation,
-        latest_conversation,
         read_conversation,
-        resolve_conversation,
     )
     from chatcli.terminal.render import make_console, render_banner, render_notice, render_recap
     from chatcli.terminal.repl import run_repl
@@ -95,6 +100,7 @@ def chat(
         settings = settings_from(**setting_flags(locals()))
         console = make_console()
         notes = make_console(file=sys.stderr) if piped or stdout_piped else console
+        move_old_files_saying()
         folder = conversations_dir()
         loaded = path = None
         if resume is not None:  # a name that finds nothing should not wait for the model
@@ -124,6 +130,8 @@ def chat(
                     conversation = None
             count = sum(1 for m in loaded.messages if m["role"] != "system")
             render_notice(notes, f"Resumed {path.name}: {count} messages.")
+            for notice in session.take_notices():  # exchanges out of the model's view
+                render_notice(notes, notice.text)
             render_recap(notes, loaded.messages)
             conversation = system_on_resume(notes, session, settings.system, system, conversation)
             if system is None and settings.system and settings.system != session.system:

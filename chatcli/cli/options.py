@@ -82,22 +82,21 @@ class OneLineErrors(FlagsShowNoType, TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-def nearest_option(name: str, options: Sequence[str]) -> str | None:
-    """The option an unknown `name` most likely meant, or None: the same with dashes for
-    underscores (--max_tokens), the one option it begins (--max), else the closest spelling
-    (--temprature, --top_k, -temperature)."""
+def nearest_options(name: str, options: Sequence[str]) -> list[str]:
+    """The options an unknown `name` most likely meant: the same with dashes for underscores
+    (--max_tokens), else those it begins, up to three (--max; --top: --top-k and --top-p),
+    else the one closest spelling (--temprature, --top_k); none when none is close."""
     key = name.lower().replace("_", "-")
     if key in options:
-        return key
+        return [key]
     longs = [o for o in options if o.startswith("--")]
     if key.startswith("--") and len(key) > 3:
         starts = [o for o in longs if o.startswith(key)]
-        if len(starts) == 1:
-            return starts[0]
+        if 1 <= len(starts) <= 3:
+            return starts
     # Among the long options for anything longer than a short one: -x is not near --x.
     pool = longs if len(key) > 2 else options
-    close = difflib.get_close_matches(key, pool, n=1, cutoff=0.6)
-    return close[0] if close else None
+    return difflib.get_close_matches(key, pool, n=1, cutoff=0.6)
 
 
 def _no_such_option(error: Exception) -> str:
@@ -109,8 +108,8 @@ def _no_such_option(error: Exception) -> str:
     if ctx is not None:
         for param in ctx.command.get_params(ctx):
             options += [*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())]
-    near = nearest_option(name, options)
-    return f"No such option: {name}." + (f" Did you mean {near}?" if near else "")
+    near = nearest_options(name, options)
+    return f"No such option: {name}." + (f" Did you mean {' or '.join(near)}?" if near else "")
 
 
 def _prompt_taken_for_option(error: Exception, argv: list[str]) -> str | None:

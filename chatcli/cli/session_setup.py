@@ -8,6 +8,7 @@ banner's facts. torch is imported only inside `load_session`, so `--help` stays 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -30,6 +31,19 @@ def settings_from(**flags: Any) -> Settings:
         raise UsageError(str(e)) from None
     # config_file follows CHATCLI_CONFIG, which must then name a file that exists.
     return load_settings(flags=flags, env=os.environ)
+
+
+def move_old_files_saying() -> None:
+    """Moves the conversations and history an earlier chatcli kept beside the config to
+    where they live now (chatcli.chat.user_dirs), saying so on stderr: once."""
+    from chatcli.chat.user_dirs import move_old_files
+    from chatcli.terminal.render import make_console, render_notice
+
+    said = move_old_files()
+    if said:
+        notes = make_console(file=sys.stderr)
+        for line in said:
+            render_notice(notes, line)
 
 
 def setting_flags(params: dict[str, Any]) -> dict[str, Any]:
