@@ -97,14 +97,17 @@ def _move(source: Path, target: Path) -> None:
 def move_old_files(env: Mapping[str, str] | None = None) -> list[str]:
     """Moves the conversations and input history an earlier chatcli kept in the config's
     folder to where they live now; returns what it did, one line a move, for the person to
-    read (nothing when there was nothing to move, or CHATCLI_HOME keeps all in one place).
+    read (nothing when there was nothing to move, or CHATCLI_HOME keeps all in one place;
+    nor conversations where CHATCLI_CONVERSATIONS_DIR names their folder).
     A conversation whose name is taken in the new place moves under another (name-2); a
     move that fails is reported, never raised: what was not moved is still there, whole."""
     env = os.environ if env is None else env
     old = user_dir(env)
     said: list[str] = []
     old_conversations, new_conversations = old / CONVERSATIONS, conversations_dir(env)
-    if old_conversations.is_dir() and old_conversations != new_conversations:
+    # With CHATCLI_CONVERSATIONS_DIR, conversations were never saved in the old place.
+    chosen = env_path(env, ENV_CONVERSATIONS_DIR) is not None
+    if old_conversations.is_dir() and old_conversations != new_conversations and not chosen:
         said += _move_conversations(old_conversations, new_conversations)
     old_history, new_history = old / HISTORY, history_path(env)
     if old_history.is_file() and old_history != new_history and not new_history.exists():

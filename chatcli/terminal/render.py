@@ -653,7 +653,7 @@ def render_transcript(console: Console, messages: Sequence[Mapping[str, object]]
         if message["role"] == "system":
             _print_line(console, Text(f"system: {visible(str(content))}", style="status"))
         elif message["role"] == "user":
-            if i > 0:
+            if i > 0 and messages[i - 1]["role"] == "assistant":
                 console.print()
             _print_line(console, Text(f"> {visible(str(content))}", style="user"))
         else:
