@@ -53,7 +53,8 @@ ENTER = "\r"
 ALT_ENTER = "\x1b\r"
 CTRL_C = "\x03"
 CTRL_D = "\x04"
-STATUS = "ttft 0.10s · prefill 100 tok/s · decode 50 tok/s · 10 in / {out} out · ctx {ctx}/256 · {reason}"
+# Speeds are left out: a few tokens measure nothing (render.MIN_RATE_TOKENS).
+STATUS = "ttft 0.10s · 10 in / {out} out · ctx {ctx}/256 · {reason}"
 
 
 def status(out: int, reason: str = "stop") -> str:
