@@ -64,6 +64,7 @@ class _CompiledStatic:
     """The static step through torch.compile (what --compile once did for small models)."""
 
     reads_whole_cache = True  # under a mask: the Engine hands it a zeroed cache
+    wants_full_cache = False
 
     def __init__(self, model) -> None:
         self.step = StaticDecodeStep(model)

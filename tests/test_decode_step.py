@@ -10,7 +10,7 @@ from chatcli.engine.decode_step import (
     DecodeStep,
     ModuleStep,
     StaticDecodeStep,
-    WithFallback,
+    StepWithFallback,
 )
 from chatcli.engine.engine import Engine
 from chatcli.kernels.native import rows_step, unavailable_reason
@@ -425,7 +425,7 @@ def test_a_failing_fast_step_hands_over_to_the_plain_one():
     def broken(ids, cache):
         raise RuntimeError("no compiler")
 
-    step = WithFallback(broken, plain, "torch.compile")
+    step = StepWithFallback(broken, plain, "torch.compile")
     cache = _cache(model)
     with pytest.warns(UserWarning, match="torch.compile failed, running eagerly: no compiler"):
         first = step(torch.tensor([[5]]), cache)
@@ -441,7 +441,7 @@ def test_a_failed_graph_hands_over_to_the_modules_own_forward():
     def broken(ids, cache):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    step = WithFallback(broken, ModuleStep(model), "CUDA graph capture")
+    step = StepWithFallback(broken, ModuleStep(model), "CUDA graph capture")
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 190, (2, 40), generator=g)
     ours, theirs = KVCache(2, 2, 64, 16, 4), KVCache(2, 2, 64, 16, 4)
@@ -476,7 +476,7 @@ def test_cuda_graph_step_equals_the_module_forward():
 
 def test_a_full_context_passes_through_the_fallback():
     model = _random_model("E")
-    step = WithFallback(DecodeStep(model), DecodeStep(model), "torch.compile")
+    step = StepWithFallback(DecodeStep(model), DecodeStep(model), "torch.compile")
     cache = KVCache(1, 2, 4, 16, 4)
     cache.advance(4)
     with pytest.raises(ValueError, match=r"exceeds|overflow"):

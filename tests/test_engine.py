@@ -26,8 +26,9 @@ from fakes import (
 from test_model import _random_model
 
 from chatcli.bench.baseline import baseline_generate
-from chatcli.engine.decode_step import CudaGraphStep, ModuleStep, StaticDecodeStep, WithFallback
-from chatcli.engine.engine import Engine, GenerationStats, compiled_or_eager
+from chatcli.engine.decode_step import CudaGraphStep, ModuleStep, StaticDecodeStep, StepWithFallback
+from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.fallback import compiled_or_eager
 from chatcli.engine.tool_use import RESULT_RESERVE
 from chatcli.errors import ContextOverflowError
 from chatcli.model.gpt import GPT
@@ -533,7 +534,7 @@ def _static_step_engine() -> tuple[GPT, Engine]:
     (run eagerly here on the CPU), behind the fallback the GPU path wraps it in."""
     model = _random_model("E")
     engine = Engine(model, ByteTokenizer())
-    engine.decode_step = WithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
+    engine.decode_step = StepWithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
     return model, engine
 
 
@@ -658,7 +659,7 @@ def test_compile_on_a_gpu_keeps_the_eager_graph_step(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled on a GPU"))
     engine = Engine(model, ByteTokenizer(), compile=True)
     step = engine.decode_step
-    assert isinstance(step, WithFallback) and isinstance(step.fast, CudaGraphStep)
+    assert isinstance(step, StepWithFallback) and isinstance(step.fast, CudaGraphStep)
     assert not engine.compiled  # what the bench reports
 
 
@@ -679,22 +680,28 @@ def test_a_compile_that_fails_runs_eagerly_from_then_on(monkeypatch):
     assert step(5) == 6 and calls == ["compiled"]  # not tried again
 
 
-def _failing_graph_engine() -> tuple[GPT, Engine, WithFallback]:
-    model = _random_model("E")
-    engine = Engine(model, ByteTokenizer())
-    step = WithFallback(CudaGraphStep(StaticDecodeStep(model)), ModuleStep(model), "graph")
-    engine.decode_step = step
+class BrokenGraph:
+    """A CUDA graph's step whose capture fails, as the static step asks for its caches."""
 
-    def broken(ids, cache):
+    wants_full_cache = True
+    reads_whole_cache = True
+
+    def __call__(self, ids, cache):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    step.fast = broken
+
+def _failing_graph_engine() -> tuple[GPT, Engine, StepWithFallback]:
+    model = _random_model("E")
+    engine = Engine(model, ByteTokenizer())
+    step = StepWithFallback(BrokenGraph(), ModuleStep(model), "graph")
+    engine.decode_step = step
     return model, engine, step
 
 
 def test_a_failed_graph_step_warns_once_and_answers_through_the_plain_step():
     model, engine, step = _failing_graph_engine()
     prompt = _prompts(20)[0]
+    assert step.wants_full_cache and step.reads_whole_cache
     with pytest.warns(UserWarning, match="graph failed, running eagerly"):
         assert _static_greedy(engine, prompt) == _baseline_greedy(model, prompt)
     assert not step.wants_full_cache and not step.reads_whole_cache

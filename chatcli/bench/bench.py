@@ -27,7 +27,7 @@ import torch
 from chatcli.bench.baseline import baseline_generate
 from chatcli.chat.session import ChatSession, SamplingOptions
 from chatcli.engine.cpu_plan import apply_cpu_plan, torch_threads
-from chatcli.engine.decode_step import DecodeStep, WithFallback
+from chatcli.engine.decode_step import DecodeStep, StepWithFallback
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS, native_bf16
 from chatcli.model.gpt import ERAS, GPT, GPTConfig, Linear
@@ -635,6 +635,6 @@ def _run_bench(
 def _decode_path(engine: Engine) -> str:
     """How ours decoded one row at a time, as the report names it."""
     step = engine.decode_step
-    if isinstance(step, WithFallback):  # a GPU's: did the CUDA graph hold to the end?
+    if isinstance(step, StepWithFallback):  # a GPU's: did the CUDA graph hold to the end?
         return "CUDA graph" if step.fast is not None else f"module forward ({step.what} failed)"
     return "decode_step" if step is not None else "module forward"

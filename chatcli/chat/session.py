@@ -10,10 +10,9 @@ it. Knows nothing about the terminal: it yields typed stream events and returns 
 from __future__ import annotations
 
 import contextlib
-import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from chatcli.chat.stream import StreamEvent, TokenDecoder, decode_assistant_parts
 from chatcli.chat.turns import (
@@ -55,6 +54,9 @@ class _Entry:
 
 @dataclass
 class ChatSession:
+    can_sample_replies: ClassVar[bool] = True  # n rows forked from the warm cache
+    can_show_raw: ClassVar[bool] = True  # `raw`: its decoder streams the special tokens
+
     model: Any
     tokenizer: Tokenizer
     options: SamplingOptions = field(default_factory=SamplingOptions)
@@ -366,7 +368,7 @@ class ChatSession:
         undo() to drop the question.
         """
         self.send_prepare(text)
-        seed = self._seed()
+        seed = self.options.turn_seed()
         prompt = self.prompt_tokens()
         gen = GenerationStats()
         columns = list(self._generate(prompt, n, seed, gen))  # the warm cache stays the prompt
@@ -411,10 +413,6 @@ class ChatSession:
         self._forked = None
         self.warm.drop_rows()
 
-    def _seed(self) -> int:
-        """This turn's seed: the fixed one, or a fresh random one."""
-        return self.options.seed if self.options.seed is not None else random.randrange(2**31)
-
     def _generate(
         self,
         prompt: list[int],
@@ -453,7 +451,7 @@ class ChatSession:
         kept = prefix_masks is not None and len(prefix_masks) == len(prefix)
         masks: list[int] = list(prefix_masks) if kept else [1] * len(prefix)  # type: ignore[arg-type]
         gen = GenerationStats()
-        seed = self._seed()
+        seed = self.options.turn_seed()
         prompt: list[int] = []
         finish = "interrupted"
         try:

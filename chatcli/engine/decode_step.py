@@ -1,7 +1,7 @@
 """One decode step of our GPT (one token per row) in as few operations as the math allows.
 
 Owns: repacking a loaded GPT's weights for decode, the step itself in three forms, and the
-fallback that keeps a failed fast form from breaking a chat. A small model (the embedded one:
+fallback that keeps a failed fast form from breaking a chat (StepWithFallback). A small model (the embedded one:
 3.6M parameters) fits in cache, so a decode step costs what its ops cost to dispatch (~2-15 us
 each on this CPU), not what they compute. The module-by-module forward spends ~300 ops per
 token. Where our C kernel compiles (native_kernels.rows_step), a small fp32 model's whole
@@ -43,7 +43,6 @@ from __future__ import annotations
 import functools
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -52,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from chatcli.engine.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice, available_cores
+from chatcli.engine.fallback import Fallback
 from chatcli.kernels.native import Matrix, RowsLayer, RowsModel, rows_step
 from chatcli.model.gpt import (
     GPT,
@@ -227,6 +227,9 @@ class DecodeStep:
 
     The cache is a KVCache with N rows or a SharedPrefixCache over N sample rows.
     """
+
+    wants_full_cache = False  # any cache shape: it reads what was written, nothing more
+    reads_whole_cache = False
 
     def __init__(self, model: GPT) -> None:
         cfg, arch = model.config, model.arch
@@ -972,42 +975,27 @@ class CudaGraphStep:
         return logits
 
 
-class WithFallback:
-    """A fast decode step that hands over to a plain one for good if it ever fails.
+class StepWithFallback(Fallback[torch.Tensor]):
+    """A fast decode step (a CUDA graph's) that hands over to a plain one for good if it
+    ever fails. The step's K/V writes happen before the cache advances, so the plain step
+    simply redoes the same position. A ValueError is the caller's (a full context), not the
+    fast path's: it passes through.
 
-    CUDA graphs fail in many ways (an op that cannot be captured, a driver without graph
-    support); the step's K/V writes happen before the cache advances,
-    so the plain step simply redoes the same position. A ValueError is the caller's (a full
-    context), not the fast path's: it passes through.
-    """
+    It asks of the caches what the step in use asks: after a fallback, the plain step's
+    (sample rows back over a shared prompt, caches no longer zeroed or whole)."""
 
     def __init__(
         self, fast: Callable[..., torch.Tensor], plain: Callable[..., torch.Tensor], what: str
     ) -> None:
-        self.fast: Callable[..., torch.Tensor] | None = fast
-        self.plain = plain
-        self.what = what
+        super().__init__(fast, plain, what, passes=(ValueError,))
 
-    # What the step in use asks of the caches it is given: after a fallback, the plain
-    # step's (sample rows back over a shared prompt, caches no longer zeroed or whole).
     @property
     def wants_full_cache(self) -> bool:
-        return getattr(self.fast or self.plain, "wants_full_cache", False)
+        return self.current.wants_full_cache  # type: ignore[attr-defined]
 
     @property
     def reads_whole_cache(self) -> bool:
-        return getattr(self.fast or self.plain, "reads_whole_cache", False)
-
-    def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
-        if self.fast is not None:
-            try:
-                return self.fast(ids, cache)
-            except ValueError:
-                raise
-            except Exception as e:  # many exception types; the plain step always works
-                warnings.warn(f"{self.what} failed, running eagerly: {e}", stacklevel=2)
-                self.fast = None
-        return self.plain(ids, cache)
+        return self.current.reads_whole_cache  # type: ignore[attr-defined]
 
 
 class ModuleStep:
@@ -1015,6 +1003,9 @@ class ModuleStep:
     token a row, over whatever cache it is given. What a failed CUDA graph hands over to:
     the static step it captured reads the whole context under a mask every token, which
     only a graph's single launch pays for."""
+
+    wants_full_cache = False
+    reads_whole_cache = False
 
     def __init__(self, model: GPT) -> None:
         self.model = model

@@ -18,11 +18,10 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -32,8 +31,9 @@ from chatcli.engine.decode_step import (
     DecodeStep,
     ModuleStep,
     StaticDecodeStep,
-    WithFallback,
+    StepWithFallback,
 )
+from chatcli.engine.fallback import compiled_or_eager
 from chatcli.engine.tool_use import RESULT_RESERVE, RowState, ToolTokenizer, ToolUse
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.errors import ContextOverflowError
@@ -79,41 +79,23 @@ class GenerationStats:
         return len(self.finish_reasons) * (self.steps - 1) / self.decode_s
 
 
-T = TypeVar("T")
-
-
-def compiled_or_eager(fn: Callable[..., T], **options: object) -> Callable[..., T]:
-    """fn through torch.compile (with `options`), falling back to fn itself for good if
-    compiling or running the compiled code fails.
-
-    Inductor caches its kernels on disk (its default cache dir), so only the first run on a
-    machine pays the full compile time. A failure (no C compiler, an unsupported op) is
-    reported once as a warning, and fn runs eagerly from then on.
-    """
-    compiled: Callable[..., T] | None = torch.compile(fn, **options)
-
-    def run(*args: object, **kwargs: object) -> T:
-        nonlocal compiled
-        if compiled is not None:
-            try:
-                return compiled(*args, **kwargs)
-            except Exception as e:  # inductor raises many types; eager always works
-                warnings.warn(f"torch.compile failed, running eagerly: {e}", stacklevel=2)
-                compiled = None
-        return fn(*args, **kwargs)
-
-    return run
-
-
 def compiled_forward(model: CachedModel) -> Callable[..., torch.Tensor]:
-    """model.forward through torch.compile (dynamic shapes), falling back to eager if
-    compiling fails (compiled_or_eager)."""
+    """model.forward through torch.compile (dynamic shapes), eager for good if compiling
+    fails (fallback.compiled_or_eager)."""
     return compiled_or_eager(model.forward, dynamic=True)
 
 
-def _pick_decode_step(
-    model: CachedModel, compile: bool = False
-) -> Callable[..., torch.Tensor] | None:
+class Step(Protocol):
+    """A decode step: ids (N, 1), one token a cache row, -> logits (N, V), the cache
+    advanced by one, as model.forward would."""
+
+    wants_full_cache: bool  # its shapes are the cache's: one-row caches span the context
+    reads_whole_cache: bool  # it reads past the written positions (under a mask): zeroed
+
+    def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor: ...
+
+
+def _pick_decode_step(model: CachedModel, compile: bool = False) -> Step | None:
     """The fastest one-token-per-row step that reproduces this model, or None (the forward).
 
     - CUDA: the static step captured as a CUDA graph (one launch per token instead of
@@ -128,12 +110,12 @@ def _pick_decode_step(
       kernel (its fp16 copies read in one call per token, at the memory's speed: d20 at
       26-33 tok/s on a 2-core Zen 3), which a compiled fp32 forward cannot approach.
     """
-    device = model.get_device().type if hasattr(model, "get_device") else "cpu"
+    device = model.get_device().type
     if device == "cuda" and StaticDecodeStep.supports(model):
         # --compile is not taken here: compiled, the captured step replayed slower (d20 in
         # bf16 on an H200: 2.56 against 1.82 ms, 380 against 519 tok/s in `chatcli bench`;
         # scripts/cuda_step_profile.py).
-        return WithFallback(
+        return StepWithFallback(
             CudaGraphStep(StaticDecodeStep(model)), ModuleStep(model), "CUDA graph capture"
         )
     if device == "cpu" and DecodeStep.supports(model):
@@ -463,7 +445,7 @@ class Engine:
     def _static_step(self) -> bool:
         """Whether the decode step in use is static (a CUDA graph's): it wants every cache
         whole and reads past the written positions."""
-        return getattr(self.decode_step, "wants_full_cache", False)
+        return self.decode_step is not None and self.decode_step.wants_full_cache
 
     def new_cache(self, batch_size: int, seq_len: int) -> KVCache:
         m = self.model.config
@@ -486,7 +468,8 @@ class Engine:
             dtype=dtype,
             # Only a static step reads past the written positions (under a mask, where
             # uninitialised memory could hold NaN); zeroing is cheap off the CPU anyway.
-            zeroed=device.type != "cpu" or getattr(self.decode_step, "reads_whole_cache", False),
+            zeroed=device.type != "cpu"
+            or (self.decode_step is not None and self.decode_step.reads_whole_cache),
         )
 
     def fork(self, prefix: KVCache, num_samples: int, budget: int) -> KVCache | SharedPrefixCache:

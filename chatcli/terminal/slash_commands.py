@@ -15,7 +15,6 @@ and the caller goes on.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,13 +42,12 @@ from chatcli.chat.conversation_store import (
 )
 from chatcli.chat.settings import Settings, format_setting
 from chatcli.chat.stream import StreamEvent
+from chatcli.chat.turns import SEED_RANGE, random_seed
 from chatcli.errors import ChatcliError, ConversationFileError
 from chatcli.terminal.keyboard import interrupts_held, quiet_keyboard
 
 if TYPE_CHECKING:
     from chatcli.chat.turns import Reply, SamplingOptions, TurnNotice, TurnStats
-
-SEED_RANGE = 2**31  # the range ChatSession draws its random seeds from
 
 
 # ---- what this module needs of the session and of the terminal ---------------------------------
@@ -58,6 +56,8 @@ SEED_RANGE = 2**31  # the range ChatSession draws its random seeds from
 class Session(Protocol):
     """What the commands need of a chat session (session.ChatSession, remote.RemoteSession)."""
 
+    can_sample_replies: bool  # /samples: n replies over one prefill (a local model's)
+    can_show_raw: bool  # a `raw` flag makes its replies the exact token text
     options: SamplingOptions
     system: str | None
     last_reply: Reply | None
@@ -291,7 +291,7 @@ class ChatCommands:
             # Ctrl-C while the terminal's modes are put back still closes the turn below.
             with quiet_keyboard():
                 self.show_notices()
-                renderer = self.screen.renderer(raw=self.raw and self._session_has_raw())
+                renderer = self.screen.renderer(raw=self.raw and self.session.can_show_raw)
                 for event in events:
                     if first:
                         save_question()  # a reply has begun: a killed process keeps the question
@@ -475,12 +475,8 @@ class ChatCommands:
         self.screen.markdown_mode = value  # from the next reply on
         return self._echo("markdown", value)
 
-    def _session_has_raw(self) -> bool:
-        # ChatSession.raw makes its decoder emit special tokens; other sessions lack it.
-        return hasattr(self.session, "raw")
-
     def _set_session_raw(self, value: bool) -> bool:
-        if not self._session_has_raw():
+        if not self.session.can_show_raw:
             return False
         self.session.raw = value  # type: ignore[attr-defined]
         return True
@@ -564,7 +560,7 @@ class ChatCommands:
             return True
         retry = self.retries + 1
         if fixed is None:
-            seed, why = random.randrange(SEED_RANGE), ""
+            seed, why = random_seed(), ""
         else:
             # Reproducible yet different: the n-th retry of a reply uses the fixed seed + n.
             seed = (fixed + retry) % SEED_RANGE
@@ -588,7 +584,7 @@ class ChatCommands:
     def cmd_samples(self, n: int) -> bool:
         # A session that cannot sample (a server's: one reply per request) says so now,
         # not after the message is typed.
-        if not getattr(self.session, "can_sample_replies", True):
+        if not self.session.can_sample_replies:
             raise ChatcliError(
                 "/samples is not supported against a server; it needs a local model."
             )
