@@ -16,8 +16,8 @@ from reference import REFERENCE, needs_reference
 from chatcli.bench import bench
 from chatcli.bench.baseline import baseline_generate
 from chatcli.chat.session import ChatSession, SamplingOptions
-from chatcli.engine.decode_step import CudaGraphStep, StaticDecodeStep, StepWithFallback
 from chatcli.engine.engine import Engine
+from chatcli.engine.static_step import CudaGraphStep, StaticDecodeStep, StepWithFallback
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.model.checkpoint import load_model
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache

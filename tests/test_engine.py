@@ -26,9 +26,9 @@ from fakes import (
 from test_model import _random_model
 
 from chatcli.bench.baseline import baseline_generate
-from chatcli.engine.decode_step import CudaGraphStep, ModuleStep, StaticDecodeStep, StepWithFallback
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.fallback import compiled_or_eager
+from chatcli.engine.static_step import CudaGraphStep, ModuleStep, StaticDecodeStep, StepWithFallback
 from chatcli.engine.tool_use import RESULT_RESERVE
 from chatcli.errors import ContextOverflowError
 from chatcli.model.gpt import GPT
@@ -464,7 +464,6 @@ def test_negative_max_tokens_raises_a_value_error_that_names_it():
 
 def test_caches_are_zeroed_only_for_steps_that_read_past_the_written_positions(monkeypatch):
     import chatcli.model.kv_cache as kv_cache
-    from chatcli.engine.decode_step import StaticDecodeStep
     from chatcli.model.checkpoint import load_model
 
     model, tokenizer, _ = load_model()
@@ -653,7 +652,7 @@ def test_a_static_step_s_sample_rows_get_the_prompt_copied_and_answer_as_shared_
 
 
 def test_compile_on_a_gpu_keeps_the_eager_graph_step(monkeypatch):
-    # Compiled, the captured step replayed slower on an H200 (engine._pick_decode_step).
+    # Compiled, the captured step replayed slower on an H200 (step_choice.pick_decode_step).
     model = _random_model("E")
     monkeypatch.setattr(model, "get_device", lambda: torch.device("cuda"))
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled on a GPU"))

@@ -18,22 +18,15 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from chatcli.engine.cpu_plan import SMALL_MODEL_PARAMS, prefill_threads, torch_threads
-from chatcli.engine.decode_step import (
-    CudaGraphStep,
-    DecodeStep,
-    ModuleStep,
-    StaticDecodeStep,
-    StepWithFallback,
-)
-from chatcli.engine.fallback import compiled_or_eager
+from chatcli.engine.cpu_plan import prefill_threads, torch_threads
+from chatcli.engine.step_choice import Step, compiled_forward, pick_decode_step
 from chatcli.engine.tool_use import RESULT_RESERVE, RowState, ToolTokenizer, ToolUse
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.errors import ContextOverflowError
@@ -79,53 +72,6 @@ class GenerationStats:
         return len(self.finish_reasons) * (self.steps - 1) / self.decode_s
 
 
-def compiled_forward(model: CachedModel) -> Callable[..., torch.Tensor]:
-    """model.forward through torch.compile (dynamic shapes), eager for good if compiling
-    fails (fallback.compiled_or_eager)."""
-    return compiled_or_eager(model.forward, dynamic=True)
-
-
-class Step(Protocol):
-    """A decode step: ids (N, 1), one token a cache row, -> logits (N, V), the cache
-    advanced by one, as model.forward would."""
-
-    wants_full_cache: bool  # its shapes are the cache's: one-row caches span the context
-    reads_whole_cache: bool  # it reads past the written positions (under a mask): zeroed
-
-    def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor: ...
-
-
-def _pick_decode_step(model: CachedModel, compile: bool = False) -> Step | None:
-    """The fastest one-token-per-row step that reproduces this model, or None (the forward).
-
-    - CUDA: the static step captured as a CUDA graph (one launch per token instead of
-      hundreds), falling back to the module's forward if capture fails. --compile does not
-      change it (compiled, the step replayed slower).
-    - CPU, fp32 activations: the fused step (decode_step.py), reading a big model's compact
-      decode copies. A small model keeps it with --compile too: in a chat session (a
-      512-position cache) it decodes the embedded model in 1.75 ms per token, where its
-      static twin through torch.compile took 5.5 ms (scripts/bench_decode_paths.py; the
-      compiled module forward took 4.3 ms against an older step's 2.0). A big model with
-      --compile compiles its forward instead, as asked, unless its step runs through our
-      kernel (its fp16 copies read in one call per token, at the memory's speed: d20 at
-      26-33 tok/s on a 2-core Zen 3), which a compiled fp32 forward cannot approach.
-    """
-    device = model.get_device().type
-    if device == "cuda" and StaticDecodeStep.supports(model):
-        # --compile is not taken here: compiled, the captured step replayed slower (d20 in
-        # bf16 on an H200: 2.56 against 1.82 ms, 380 against 519 tok/s in `chatcli bench`;
-        # scripts/cuda_step_profile.py).
-        return StepWithFallback(
-            CudaGraphStep(StaticDecodeStep(model)), ModuleStep(model), "CUDA graph capture"
-        )
-    if device == "cpu" and DecodeStep.supports(model):
-        step = DecodeStep(model)
-        if compile and model.num_params() >= SMALL_MODEL_PARAMS and step.kernel is None:
-            return None
-        return step
-    return None
-
-
 def wait_for_device(device: torch.device | str) -> None:
     """Wait for a CUDA device's queued work, so that a prefill's time is the prefill's and
     not the first decode step's (whose host read would wait for it). Free: that read comes
@@ -154,7 +100,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self._forward = model.forward
-        self.decode_step = _pick_decode_step(model, compile)
+        self.decode_step: Step | None = pick_decode_step(model, compile)
         self.compiled = False  # whether --compile took: only where no faster step was kept
         if compile and self.decode_step is None:
             # No faster step for this model: compile the whole forward (dynamic shapes).
