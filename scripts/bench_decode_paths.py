@@ -272,7 +272,7 @@ def parts(model_path: str | None) -> None:
     from chatcli.engine import engine as engine_module
     from chatcli.engine.cpu_plan import apply_cpu_plan
     from chatcli.engine.decode_step import DecodeStep
-    from chatcli.kernels.native import RowsStep
+    from chatcli.kernels.rows_step import RowsStep
 
     model, tokenizer, _ = load_model(model_path, device="cpu")
     apply_cpu_plan(model)

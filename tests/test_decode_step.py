@@ -9,7 +9,8 @@ from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine
 from chatcli.engine.static_step import CudaGraphStep, ModuleStep, StaticDecodeStep, StepWithFallback
 from chatcli.engine.step_matrices import StepMatrix
-from chatcli.kernels.native import rows_step, unavailable_reason
+from chatcli.kernels.build import unavailable_reason
+from chatcli.kernels.rows_step import rows_step
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import ERAS
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache

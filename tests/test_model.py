@@ -9,7 +9,7 @@ import torch
 from reference import REFERENCE, needs_reference
 
 from chatcli.engine.engine import Engine
-from chatcli.kernels.native import rows_step
+from chatcli.kernels.rows_step import rows_step
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import (
     ERAS,

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from chatcli.engine.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice, available_cores
 from chatcli.engine.step_attention import attend_over_prefix, attend_rows
 from chatcli.engine.step_matrices import StepLayer, StepMatrix, kernel_model, run_on_threads
-from chatcli.kernels.native import RowsModel, rows_step
+from chatcli.kernels.rows_step import RowsModel, rows_step
 from chatcli.model.gpt import GPT, SMEAR_CHANNELS, is_embedding_table
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 
@@ -129,7 +129,7 @@ class DecodeStep:
         self.lean = self.dtype == torch.float32 and self.wte.device.type == "cpu"
         self.fold_norms = self.lean and all(c.float_activations for c in model.decode_weights())
         # The whole step, one row or many, in one call of our own kernel
-        # (native_kernels.rows_step) where it compiles here: a small fp32 model's ~150 ops
+        # (kernels/rows_step.py) where it compiles here: a small fp32 model's ~150 ops
         # of ~2-5 us each become one; a big model's fp16 copies are read from their own
         # panels, and the ~300 ops and thread hand-offs between its products go (d20 on a
         # 2-core Zen 3: 52 ms a token through fbgemm and torch's ops, see _native_rows).

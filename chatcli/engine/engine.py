@@ -30,7 +30,7 @@ from chatcli.engine.step_choice import Step, compiled_forward, pick_decode_step
 from chatcli.engine.tool_use import RESULT_RESERVE, RowState, ToolTokenizer, ToolUse
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.errors import ContextOverflowError
-from chatcli.kernels.native import sample_rows
+from chatcli.kernels.sample_rows import sample_rows
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model.sampling import sample_next_token
 from chatcli.model.special_tokens import ASSISTANT_END

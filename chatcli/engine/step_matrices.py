@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from chatcli.kernels.native import Matrix, RowsLayer, RowsModel, RowsStep
+from chatcli.kernels.panels import Matrix
+from chatcli.kernels.rows_step import RowsLayer, RowsModel, RowsStep
 from chatcli.model.gpt import Attention, linear, through_copy, weight_major
 from chatcli.model.quantize import DecodeWeight
 
