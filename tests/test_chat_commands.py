@@ -86,6 +86,9 @@ def reply(text: str) -> Reply:
 class FakeSession:
     """Each turn or sample takes the next scripted reply text."""
 
+    can_sample_replies = True
+    can_show_raw = False
+
     def __init__(self, *replies: str) -> None:
         self.replies = list(replies)
         self.options = SamplingOptions()
@@ -214,6 +217,7 @@ def test_model_table_formats_large_counts(tmp_path):
 
 def test_raw_on_asks_for_a_raw_view_where_the_session_can_show_special_tokens(tmp_path):
     class RawSession(FakeSession):
+        can_show_raw = True
         raw = False
 
     screen = FakeScreen()

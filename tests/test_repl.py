@@ -130,6 +130,9 @@ class FakeStream:
 
 
 class FakeSession:
+    can_sample_replies = True
+    can_show_raw = True
+
     def __init__(self, *replies: Scripted | str, context_len: int = 256) -> None:
         self.script = deque(words(r) if isinstance(r, str) else r for r in replies)
         self.options = SamplingOptions()
@@ -442,7 +445,7 @@ def test_undo_drops_the_last_exchange_and_says_what(tmp_path):
 
 
 def test_retry_regenerates_with_a_new_seed_shown(tmp_path, monkeypatch):
-    monkeypatch.setattr("chatcli.terminal.slash_commands.random.randrange", lambda n: 1234)
+    monkeypatch.setattr("chatcli.terminal.slash_commands.random_seed", lambda: 1234)
     session = FakeSession("first answer", "second answer")
     run = chat(session, tmp_path, "question", "/retry")
     assert run.lines == [

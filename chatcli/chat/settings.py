@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from chatcli.chat.turns import SamplingOptions
+
 # Where the files are lives in user_dirs; these names stay importable from here.
 from chatcli.chat.user_dirs import (  # noqa: F401
     ENV_CONFIG,
@@ -52,6 +54,7 @@ TOP_K_MAX = 1000
 MAX_TOKENS_MAX = 65536
 SEED_MAX = 2**63 - 1  # torch.manual_seed accepts any int64
 
+_SAMPLING = SamplingOptions()  # the sampling defaults, in the settings' words below
 _TRUE_WORDS = ("on", "true", "yes", "1")
 _FALSE_WORDS = ("off", "false", "no", "0")
 
@@ -66,14 +69,14 @@ class Settings:
     device: str = "auto"
     dtype: str = "auto"
     quantize: str = "none"  # int8/int4 copies of big matrices for CPU decode
-    temperature: float = 0.6
-    top_k: int = 50  # 0: off
-    top_p: float = 1.0  # 1.0: off
-    max_tokens: int = 512
-    seed: int | None = None  # None: a fresh random seed each turn
+    temperature: float = _SAMPLING.temperature
+    top_k: int = _SAMPLING.top_k or 0  # 0: off
+    top_p: float = _SAMPLING.top_p or 1.0  # 1.0: off
+    max_tokens: int = _SAMPLING.max_tokens
+    seed: int | None = _SAMPLING.seed  # None: a fresh random seed each turn
     system: str | None = None
     markdown: str = "auto"
-    tools: bool = True
+    tools: bool = _SAMPLING.tools
     raw: bool = False
     history: bool = True  # persistent input history
 

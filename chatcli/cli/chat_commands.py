@@ -242,7 +242,7 @@ def _once_stream(session: Any, console: Console, settings: Settings, text: str) 
 
     # The raw setting (config or CHATCLI_RAW) shows the special tokens, as in a chat: exact
     # token text, never read as Markdown. A server's session has no tokens to show.
-    raw = settings.raw and hasattr(session, "raw")
+    raw = settings.raw and session.can_show_raw
     if raw:
         session.raw = True
     markdown = not raw and use_markdown(console, settings.markdown)

@@ -30,7 +30,6 @@ import asyncio
 import errno
 import json
 import logging
-import random
 import socket
 import threading
 import time
@@ -51,7 +50,7 @@ from starlette.exceptions import HTTPException
 
 from chatcli.chat.calc_markers import format_marker, parts_from_text
 from chatcli.chat.stream import StreamEvent, TextDelta, ToolResult
-from chatcli.chat.turns import SamplingOptions
+from chatcli.chat.turns import SamplingOptions, random_seed
 from chatcli.errors import ChatcliError, ConfigError, TokenizerError
 from chatcli.serve.auth import ApiKeyCheck
 from chatcli.serve.guards import HostCheck, hosts_to_check, media_type, read_body
@@ -325,7 +324,7 @@ def create_app(
                 temperature=temperature,
                 top_k=top_k or None,
                 top_p=req.top_p if req.top_p is not None and req.top_p < 1 else None,
-                seed=req.seed if req.seed is not None else random.randrange(2**31),
+                seed=req.seed if req.seed is not None else random_seed(),
                 stop=tuple(req.stop or ()),
             ),
         )

@@ -15,7 +15,6 @@ every turn sends the whole conversation.
 from __future__ import annotations
 
 import json
-import random
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -54,8 +53,9 @@ def _base_url(url: str) -> str:
 @dataclass
 class RemoteSession:
     # A server sends one reply per request: /samples, which needs one shared prefill, is
-    # refused as soon as it is typed (chat_commands reads this; a local session lacks it).
+    # refused as soon as it is typed; and text, not the tokens `raw` would show.
     can_sample_replies: ClassVar[bool] = False
+    can_show_raw: ClassVar[bool] = False
 
     url: str
     api_key: str | None = None
@@ -272,7 +272,7 @@ class RemoteSession:
         return body
 
     def _stream(self, added_user: bool) -> Iterator[StreamEvent]:
-        seed = self.options.seed if self.options.seed is not None else random.randrange(2**31)
+        seed = self.options.turn_seed()
         turn = _Turn()
         answered = False  # the server took the request: from here on a reply is recorded
         earlier = len(self._earlier)  # exchanges dropped before this turn

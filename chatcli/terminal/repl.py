@@ -48,7 +48,8 @@ from chatcli.terminal.render import (
     render_text,
     use_markdown,
 )
-from chatcli.terminal.slash_commands import ChatCommands, Session
+from chatcli.terminal.session_protocols import Session
+from chatcli.terminal.slash_commands import ChatCommands
 
 if TYPE_CHECKING:
     from chatcli.terminal.render import Console  # Rich's console: only render.py calls into it
