@@ -121,7 +121,8 @@ def clean_name(name: str) -> str:
         )
     if clean.lower() == LATEST:
         raise ConversationFileError(
-            f"{name!r} is taken: --resume {LATEST} opens the newest conversation. Pick another."
+            f"{name!r} is taken: --resume {LATEST} opens the newest conversation. Pick another "
+            "name."
         )
     return clean
 
