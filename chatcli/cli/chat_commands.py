@@ -75,13 +75,12 @@ def chat(
     """Start an interactive chat session."""
     url = server_url(url)
     local_flags = local_model_flags(locals())
+    from chatcli.chat.conversation_index import latest_conversation, resolve_conversation
     from chatcli.chat.conversation_store import (
         ConversationFile,
         ConversationSink,
         NewConversation,
-        latest_conversation,
         read_conversation,
-        resolve_conversation,
     )
     from chatcli.terminal.render import make_console, render_banner, render_notice, render_recap
     from chatcli.terminal.repl import run_repl

@@ -28,15 +28,13 @@ from chatcli.chat.command_parsing import (
     parse_command,
     unescape_message,
 )
+from chatcli.chat.conversation_export import export_json, export_markdown
+from chatcli.chat.conversation_index import list_conversations, resolve_conversation
 from chatcli.chat.conversation_store import (
     ConversationFile,
     ConversationSink,
     NewConversation,
-    export_json,
-    export_markdown,
-    list_conversations,
     read_conversation,
-    resolve_conversation,
 )
 from chatcli.chat.settings import Settings, format_setting
 from chatcli.chat.turns import SEED_RANGE, random_seed
