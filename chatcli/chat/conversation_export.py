@@ -1,7 +1,7 @@
-"""A conversation written out for people and other programs: Markdown with calculator calls
-as `calc EXPR -> RESULT`, or nanochat's JSON ({"messages": [...]}).
+"""A conversation exported for reading elsewhere: Markdown, or nanochat's JSON (/export).
 
-Knows nothing about files, tokens or terminals: it turns messages into text.
+Owns how each message reads in Markdown (calculator calls as `calc EXPR -> RESULT` code
+spans) and the JSON form. Knows nothing about files on disk beyond the text it returns.
 """
 
 from __future__ import annotations

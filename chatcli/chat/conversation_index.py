@@ -18,9 +18,9 @@ from pathlib import Path
 from chatcli.chat.conversation_store import (
     LATEST,
     SUFFIX,
-    message_snippet,
     read_conversation,
     sanitize_name,
+    snippet,
 )
 from chatcli.errors import ConversationFileError
 
@@ -69,7 +69,7 @@ def summarize(path: Path) -> ConversationSummary:
         path,
         modified,
         len(rest),
-        next((message_snippet(m) for m in rest if m["role"] == "user"), ""),
+        next((snippet(m) for m in rest if m["role"] == "user"), ""),
         name=result.name,
         turns=sum(1 for m in rest if m["role"] == "user"),
         created=_created(result.header.get("created")),

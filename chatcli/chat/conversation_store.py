@@ -17,7 +17,8 @@ loses at most the record it was writing. Reading never fails on a damaged line: 
 and reported in LoadResult.warnings. Messages use nanochat's format: content is a string, or
 for the assistant a list of parts {"type": "text"|"python"|"python_output", "text": str}.
 
-This module knows nothing about tokens, models or terminals.
+This module knows nothing about tokens, models or terminals; finding saved conversations is
+conversation_index.py's, exporting one conversation_export.py's.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ SUFFIX = ".jsonl"
 LATEST = "last"  # --resume last: the newest conversation, so no file may be named so
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "python", "python_output")
-PREVIEW_CHARS = 60
+PREVIEW_CHARS = 60  # of a message, in /history and in warnings
 _NAME_MAX = 80
 
 
@@ -542,15 +543,16 @@ def _alternating(messages: list[dict[str, Any]], warnings: list[str]) -> list[di
         if message["role"] == expected:
             kept.append(message)
         elif message["role"] == "assistant":
-            warnings.append(f"a reply without its question dropped: {message_snippet(message)!r}")
+            warnings.append(f"a reply without its question dropped: {snippet(message)!r}")
         else:
             dropped = kept.pop()
-            warnings.append(f"a question without its reply dropped: {message_snippet(dropped)!r}")
+            warnings.append(f"a question without its reply dropped: {snippet(dropped)!r}")
             kept.append(message)
     return head + kept
 
 
-def message_snippet(message: dict[str, Any]) -> str:
+def snippet(message: dict[str, Any]) -> str:
+    """A message's text on one line, shortened to PREVIEW_CHARS."""
     content = message["content"]
     if isinstance(content, list):  # an assistant's parts
         content = "".join(part["text"] for part in content)

@@ -63,7 +63,8 @@ def conversations(ctx: typer.Context) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from chatcli.chat.conversation_index import list_conversations
-    from chatcli.terminal.render import make_console, render_notice, render_table
+    from chatcli.terminal.render import make_console, render_notice
+    from chatcli.terminal.render_panels import render_table
 
     folder = _folder()
     summaries = list_conversations(folder)
@@ -91,7 +92,8 @@ def show(conversation: IdArg) -> None:
     """Print a conversation as the chat showed it."""
     from chatcli.chat.conversation_index import summarize
     from chatcli.chat.conversation_store import read_conversation
-    from chatcli.terminal.render import make_console, render_notice, render_transcript
+    from chatcli.terminal.render import make_console, render_notice
+    from chatcli.terminal.render_panels import render_transcript
 
     try:
         path = _find(_folder(), conversation)
