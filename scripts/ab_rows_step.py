@@ -5,7 +5,7 @@ test).
 
 On a shared host a slow spell can outlast a whole benchmark run, so two runs compare the
 host more than the code. This builds chatcli/kernels/decode_ops.c as it was at the other
-revision and as it is now (the flags native_kernels uses), loads both into one process, and
+revision and as it is now (the flags kernels/build.py uses), loads both into one process, and
 calls both on the same captured calls: the embedded model's step (or a synthetic model's,
 with its fp16 copies) of one row and of 8 sample rows over one shared prompt (256 tokens;
 512 for a synthetic model), as a generation at temperature 1 last made them. Each round
@@ -32,7 +32,8 @@ from ab_rounds import ROOT, comparison_parser, rounds, source_at
 from chatcli.bench.bench import _prompt, synthetic_model
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine
-from chatcli.kernels.native import DECODE_OPS_SOURCE, FLAGS, RowsStep
+from chatcli.kernels.build import FLAGS
+from chatcli.kernels.rows_step import DECODE_OPS_SOURCE, RowsStep
 from chatcli.model.checkpoint import load_model
 from chatcli.model.quantize import default_half_kind
 
@@ -40,7 +41,7 @@ from chatcli.model.quantize import default_half_kind
 def build_rows_step(
     source: str, folder: Path, name: str, extra: tuple[str, ...] = ()
 ) -> tuple[RowsStep, ctypes.CDLL]:
-    """decode_ops.c's text compiled into `folder` (the flags native_kernels uses, then
+    """decode_ops.c's text compiled into `folder` (the flags kernels/build.py uses, then
     `extra`) and loaded: the kernel, and the library for what else it exports."""
     c_file, library = folder / f"{name}.c", folder / f"{name}.so"
     c_file.write_text(source)

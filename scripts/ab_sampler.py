@@ -21,7 +21,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "100000")  # as the CLI runs (openmp_wai
 from chatcli.bench.bench import _prompt
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine, GenerationStats
-from chatcli.kernels.native import sample_rows
+from chatcli.kernels.sample_rows import sample_rows
 from chatcli.model import sampling
 from chatcli.model.checkpoint import load_model
 

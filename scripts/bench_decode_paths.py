@@ -17,7 +17,7 @@ int8 copies through our kernel against fbgemm's and against fp16 copies, one row
 `layouts` times each kind of matrix of one model (default: the embedded one; q, k and v
 stacked) for one row and for 8 rows, read as the (out, in) weight and as a transposed (in,
 out) copy, with the caches flushed before every pass so the weights come from memory as they
-do in a step: the measurements behind decode_step._Matrix's choice of layout.
+do in a step: the measurements behind step_matrices.StepMatrix's choice of layout.
 `parts` splits one model's decode (default: the embedded one) over a 256-token prompt, as
 `chatcli bench` runs it, into its parts: in generations of one row and of 8 sample rows
 (temperature 1, 200 tokens at most, three seeds) the time a step spends in our rows_step
@@ -41,8 +41,8 @@ choose_openmp_wait()  # before torch starts its threads, as the CLI does
 
 import torch
 
-from chatcli.engine.decode_step import StaticDecodeStep
 from chatcli.engine.engine import Engine
+from chatcli.engine.static_step import StaticDecodeStep
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import linear
 from chatcli.model.kv_cache import KVCache
@@ -64,6 +64,7 @@ class _CompiledStatic:
     """The static step through torch.compile (what --compile once did for small models)."""
 
     reads_whole_cache = True  # under a mask: the Engine hands it a zeroed cache
+    wants_full_cache = False
 
     def __init__(self, model) -> None:
         self.step = StaticDecodeStep(model)
@@ -271,7 +272,7 @@ def parts(model_path: str | None) -> None:
     from chatcli.engine import engine as engine_module
     from chatcli.engine.cpu_plan import apply_cpu_plan
     from chatcli.engine.decode_step import DecodeStep
-    from chatcli.kernels.native import RowsStep
+    from chatcli.kernels.rows_step import RowsStep
 
     model, tokenizer, _ = load_model(model_path, device="cpu")
     apply_cpu_plan(model)

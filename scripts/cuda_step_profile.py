@@ -17,8 +17,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from chatcli.bench.bench import _cast_copy, synthetic_model
-from chatcli.engine.decode_step import CudaGraphStep, StaticDecodeStep
-from chatcli.engine.engine import compiled_or_eager
+from chatcli.engine.fallback import compiled_or_eager
+from chatcli.engine.static_step import CudaGraphStep, StaticDecodeStep
 from chatcli.model.checkpoint import load_model
 from chatcli.model.kv_cache import KVCache
 

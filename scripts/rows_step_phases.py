@@ -27,7 +27,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "100000")  # as the CLI runs (openmp_wai
 import torch
 from ab_rows_step import build_rows_step, captured_calls
 
-from chatcli.kernels.native import DECODE_OPS_SOURCE
+from chatcli.kernels.rows_step import DECODE_OPS_SOURCE
 
 PHASES = (
     "lambdas and norm",

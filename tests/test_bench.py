@@ -12,7 +12,7 @@ from chatcli.bench import bench
 from chatcli.bench.bench import matrix_params, run_bench, synthetic_model, weight_bytes_per_token
 from chatcli.engine.cpu_plan import available_cores
 from chatcli.engine.warm_cache import WarmCache
-from chatcli.kernels.native import rows_step
+from chatcli.kernels.rows_step import rows_step
 from chatcli.model.checkpoint import load_model
 from tests.test_model import _random_model
 

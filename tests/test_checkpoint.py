@@ -14,7 +14,7 @@ from reference import REFERENCE, needs_reference
 from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine
 from chatcli.errors import CheckpointError
-from chatcli.kernels.native import rows_step
+from chatcli.kernels.rows_step import rows_step
 from chatcli.model.checkpoint import (
     Precision,
     build_model,

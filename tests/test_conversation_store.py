@@ -9,16 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from chatcli.chat.conversation_export import export_json, export_markdown
+from chatcli.chat.conversation_index import (
+    latest_conversation,
+    list_conversations,
+    resolve_conversation,
+)
 from chatcli.chat.conversation_store import (
     SUFFIX,
     ConversationFile,
     NewConversation,
-    export_json,
-    export_markdown,
-    latest_conversation,
-    list_conversations,
     read_conversation,
-    resolve_conversation,
     sanitize_name,
 )
 from chatcli.errors import ConversationFileError

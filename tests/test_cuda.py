@@ -16,8 +16,8 @@ from reference import REFERENCE, needs_reference
 from chatcli.bench import bench
 from chatcli.bench.baseline import baseline_generate
 from chatcli.chat.session import ChatSession, SamplingOptions
-from chatcli.engine.decode_step import CudaGraphStep, StaticDecodeStep, WithFallback
 from chatcli.engine.engine import Engine
+from chatcli.engine.static_step import CudaGraphStep, StaticDecodeStep, StepWithFallback
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.model.checkpoint import load_model
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
@@ -58,7 +58,7 @@ def _baseline_greedy(model, tokenizer, prompt: list[int], n: int = 40) -> list[i
 def test_the_cuda_graph_decodes_what_the_plain_way_decodes_in_fp32():
     model, tokenizer = _embedded("float32")
     engine = Engine(model, tokenizer)
-    assert isinstance(engine.decode_step, WithFallback)
+    assert isinstance(engine.decode_step, StepWithFallback)
     assert isinstance(engine.decode_step.fast, CudaGraphStep)
     for text in PROMPTS:
         prompt = _chat_prompt(tokenizer, text)

@@ -3,17 +3,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatcli.engine import decode_step
+from chatcli.engine import decode_step, step_attention
 from chatcli.engine.cpu_plan import ThreadChoice
-from chatcli.engine.decode_step import (
-    CudaGraphStep,
-    DecodeStep,
-    ModuleStep,
-    StaticDecodeStep,
-    WithFallback,
-)
+from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine
-from chatcli.kernels.native import rows_step, unavailable_reason
+from chatcli.engine.static_step import CudaGraphStep, ModuleStep, StaticDecodeStep, StepWithFallback
+from chatcli.engine.step_matrices import StepMatrix
+from chatcli.kernels.build import unavailable_reason
+from chatcli.kernels.rows_step import rows_step
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import ERAS
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
@@ -345,7 +342,7 @@ def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest
     copy = step.layers[0].fc.copies[0]
     matvec = copy.matvec
     attention = torch.nn.functional.scaled_dot_product_attention
-    with_lse = decode_step._attention_with_lse
+    with_lse = step_attention._attention_with_lse
     rms_scale = decode_step._rms_scale
 
     def spy(kind, fn):
@@ -359,7 +356,7 @@ def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest
     monkeypatch.setattr(
         torch.nn.functional, "scaled_dot_product_attention", spy("attention", attention)
     )
-    monkeypatch.setattr(decode_step, "_attention_with_lse", spy("attention", with_lse))
+    monkeypatch.setattr(step_attention, "_attention_with_lse", spy("attention", with_lse))
     monkeypatch.setattr(decode_step, "_rms_scale", spy("norm", rms_scale))
     before = torch.get_num_threads()
     ours, theirs = _cache(model), _cache(model)
@@ -425,7 +422,7 @@ def test_a_failing_fast_step_hands_over_to_the_plain_one():
     def broken(ids, cache):
         raise RuntimeError("no compiler")
 
-    step = WithFallback(broken, plain, "torch.compile")
+    step = StepWithFallback(broken, plain, "torch.compile")
     cache = _cache(model)
     with pytest.warns(UserWarning, match="torch.compile failed, running eagerly: no compiler"):
         first = step(torch.tensor([[5]]), cache)
@@ -434,14 +431,14 @@ def test_a_failing_fast_step_hands_over_to_the_plain_one():
 
 
 def test_a_failed_graph_hands_over_to_the_modules_own_forward():
-    # The CUDA path's fallback (engine._pick_decode_step) is the module's forward, not the
+    # The CUDA path's fallback (step_choice.pick_decode_step) is the module's forward, not the
     # static step it captured, which reads the whole context under a mask every token.
     model = _random_model("E")
 
     def broken(ids, cache):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    step = WithFallback(broken, ModuleStep(model), "CUDA graph capture")
+    step = StepWithFallback(broken, ModuleStep(model), "CUDA graph capture")
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 190, (2, 40), generator=g)
     ours, theirs = KVCache(2, 2, 64, 16, 4), KVCache(2, 2, 64, 16, 4)
@@ -476,7 +473,7 @@ def test_cuda_graph_step_equals_the_module_forward():
 
 def test_a_full_context_passes_through_the_fallback():
     model = _random_model("E")
-    step = WithFallback(DecodeStep(model), DecodeStep(model), "torch.compile")
+    step = StepWithFallback(DecodeStep(model), DecodeStep(model), "torch.compile")
     cache = KVCache(1, 2, 4, 16, 4)
     cache.advance(4)
     with pytest.raises(ValueError, match=r"exceeds|overflow"):
@@ -567,7 +564,7 @@ def test_small_matrices_read_a_transposed_copy_with_the_same_products():
 
 
 def test_a_big_matrix_keeps_no_transposed_copy(monkeypatch):
-    monkeypatch.setattr("chatcli.engine.decode_step.STACK_AT_MOST", 1000)  # every matrix is "big"
+    monkeypatch.setattr("chatcli.engine.step_matrices.STACK_AT_MOST", 1000)  # every matrix is "big"
     step = DecodeStep(_random_model("E"))
     for m in step.matrices:
         assert m.weight_t is None and not m.vector_from_t
@@ -648,12 +645,11 @@ def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measu
 
 
 def test_a_big_fp32_matrix_takes_sample_rows_weight_major_on_the_products_threads(monkeypatch):
-    from chatcli.engine.decode_step import _Matrix
     from chatcli.model.gpt import Linear
 
     torch.manual_seed(0)
     layer = Linear(1024, 1040, bias=False)  # 4 MB: no transposed copy, read where it is
-    matrix = _Matrix([layer])
+    matrix = StepMatrix([layer])
     assert matrix.weight is not None and matrix.weight_t is None
     matrix.threads = 2
     seen = []

@@ -26,8 +26,10 @@ from fakes import (
 from test_model import _random_model
 
 from chatcli.bench.baseline import baseline_generate
-from chatcli.engine.decode_step import CudaGraphStep, ModuleStep, StaticDecodeStep, WithFallback
-from chatcli.engine.engine import Engine, GenerationStats, compiled_or_eager
+from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.fallback import compiled_or_eager
+from chatcli.engine.static_step import CudaGraphStep, ModuleStep, StaticDecodeStep, StepWithFallback
+from chatcli.engine.tool_use import RESULT_RESERVE
 from chatcli.errors import ContextOverflowError
 from chatcli.model.gpt import GPT
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
@@ -462,7 +464,6 @@ def test_negative_max_tokens_raises_a_value_error_that_names_it():
 
 def test_caches_are_zeroed_only_for_steps_that_read_past_the_written_positions(monkeypatch):
     import chatcli.model.kv_cache as kv_cache
-    from chatcli.engine.decode_step import StaticDecodeStep
     from chatcli.model.checkpoint import load_model
 
     model, tokenizer, _ = load_model()
@@ -532,51 +533,103 @@ def _static_step_engine() -> tuple[GPT, Engine]:
     (run eagerly here on the CPU), behind the fallback the GPU path wraps it in."""
     model = _random_model("E")
     engine = Engine(model, ByteTokenizer())
-    engine.decode_step = WithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
+    engine.decode_step = StepWithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
     return model, engine
 
 
-def test_a_static_step_s_one_row_generations_share_one_kept_cache():
+def _caches_made(engine: Engine, monkeypatch) -> list[tuple[int, int]]:
+    """The (batch, length) of every cache the engine makes from now on."""
+    made = []
+    real_new_cache = engine.new_cache
+    monkeypatch.setattr(engine, "new_cache", lambda *a: made.append(a) or real_new_cache(*a))
+    return made
+
+
+def _static_greedy(engine: Engine, prompt: list[int], steps=None) -> list[int]:
+    steps = steps or engine.generate(prompt, max_tokens=20, temperature=0.0, use_tools=False)
+    return [column[0] for column, _ in steps]
+
+
+def _baseline_greedy(model: GPT, prompt: list[int]) -> list[int]:
+    return [c[0] for c in baseline_generate(model, prompt, 1, 20, 0.0)]
+
+
+def _prompts(*lengths: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(4)
+    return [torch.randint(0, 190, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_a_static_step_s_one_row_generations_share_one_kept_whole_context_cache(monkeypatch):
     # A CUDA graph's step (here its static step on the CPU): each request would otherwise
     # make a whole-context cache and capture the graph afresh.
     model, engine = _static_step_engine()
-    made = []
-    real_new_cache = engine.new_cache
-    engine.new_cache = lambda *a: made.append(a) or real_new_cache(*a)
-    g = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(0, 190, (n,), generator=g).tolist() for n in (40, 12, 25)]
-
-    def greedy(prompt, steps=None):
-        steps = steps or engine.generate(prompt, max_tokens=20, temperature=0.0, use_tools=False)
-        return [column[0] for column, _ in steps]
-
-    def plain(prompt):
-        return [c[0] for c in baseline_generate(model, prompt, 1, 20, 0.0)]
-
-    # One after another (the second shorter than the first: stale K/V lie past its prompt).
-    for prompt in prompts:
-        assert greedy(prompt) == plain(prompt)
+    made = _caches_made(engine, monkeypatch)
+    # One after another, the second shorter than the first: stale K/V lie past its prompt.
+    for prompt in _prompts(40, 12, 25):
+        assert _static_greedy(engine, prompt) == _baseline_greedy(model, prompt)
     assert made == [(1, model.config.sequence_len)]  # made once, at the first request
-    # A generation begun while another is still open gets a cache of its own.
-    first = engine.generate(prompts[0], max_tokens=20, temperature=0.0, use_tools=False)
+
+
+def test_a_static_step_s_generation_begun_while_another_is_open_gets_its_own_cache(monkeypatch):
+    model, engine = _static_step_engine()
+    first_prompt, second_prompt = _prompts(40, 12)
+    first = engine.generate(first_prompt, max_tokens=20, temperature=0.0, use_tools=False)
     head = [next(first)[0][0] for _ in range(5)]
-    assert greedy(prompts[1]) == plain(prompts[1])
-    assert len(made) == 3  # the second's prefill cache and its fork
-    assert head + greedy(prompts[0], first) == plain(prompts[0])
-    first.close()
-    # A closed generation hands the cache back, and a failed one too.
-    assert engine._row_cache_lent.acquire(blocking=False)
-    engine._row_cache_lent.release()
+    made = _caches_made(engine, monkeypatch)
+    assert _static_greedy(engine, second_prompt) == _baseline_greedy(model, second_prompt)
+    assert made == [(1, model.config.sequence_len)]  # its own, the first's kept one lent out
+    assert head + _static_greedy(engine, first_prompt, first) == _baseline_greedy(
+        model, first_prompt
+    )
+
+
+def test_a_static_step_s_closed_generation_hands_the_kept_cache_back(monkeypatch):
+    model, engine = _static_step_engine()
+    prompt, other = _prompts(40, 12)
+    steps = engine.generate(prompt, max_tokens=20, temperature=0.0)
+    next(steps)
+    steps.close()  # closed mid-reply
+    made = _caches_made(engine, monkeypatch)
+    assert _static_greedy(engine, other) == _baseline_greedy(model, other)
+    assert made == []  # the kept cache served it
+
+
+def test_a_static_step_s_failed_generation_hands_the_kept_cache_back(monkeypatch):
+    model, engine = _static_step_engine()
+    prompt, other = _prompts(40, 12)
+    _static_greedy(engine, prompt)  # the kept cache made
     real_forward = engine.forward_last
 
     def out_of_memory(ids, cache):
         raise RuntimeError("CUDA out of memory")
 
-    engine.forward_last = out_of_memory
+    monkeypatch.setattr(engine, "forward_last", out_of_memory)
     with pytest.raises(RuntimeError, match="out of memory"):
-        greedy(prompts[1])
-    engine.forward_last = real_forward
-    assert greedy(prompts[2]) == plain(prompts[2]) and len(made) == 3
+        _static_greedy(engine, other)
+    monkeypatch.setattr(engine, "forward_last", real_forward)
+    made = _caches_made(engine, monkeypatch)
+    assert _static_greedy(engine, other) == _baseline_greedy(model, other)
+    assert made == []
+
+
+def test_a_static_step_s_kept_cache_that_could_not_be_made_is_made_at_the_next_request(
+    monkeypatch,
+):
+    model, engine = _static_step_engine()
+    prompt = _prompts(20)[0]
+    real_new_cache = engine.new_cache
+
+    def out_of_memory(*args):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(engine, "new_cache", out_of_memory)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        next(engine.generate(prompt, max_tokens=5, temperature=0.0))
+    monkeypatch.setattr(engine, "new_cache", real_new_cache)
+    made = _caches_made(engine, monkeypatch)
+    for _ in range(2):
+        assert _static_greedy(engine, prompt) == _baseline_greedy(model, prompt)
+    assert made == [(1, model.config.sequence_len)]  # once: not lent out by the failed one
 
 
 def test_a_static_step_s_sample_rows_get_the_prompt_copied_and_answer_as_shared_rows():
@@ -599,15 +652,14 @@ def test_a_static_step_s_sample_rows_get_the_prompt_copied_and_answer_as_shared_
 
 
 def test_compile_on_a_gpu_keeps_the_eager_graph_step(monkeypatch):
-    # Compiled, the captured step replayed slower on an H200 (engine._pick_decode_step).
+    # Compiled, the captured step replayed slower on an H200 (step_choice.pick_decode_step).
     model = _random_model("E")
     monkeypatch.setattr(model, "get_device", lambda: torch.device("cuda"))
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled on a GPU"))
     engine = Engine(model, ByteTokenizer(), compile=True)
     step = engine.decode_step
-    assert isinstance(step, WithFallback) and isinstance(step.fast, CudaGraphStep)
+    assert isinstance(step, StepWithFallback) and isinstance(step.fast, CudaGraphStep)
     assert not engine.compiled  # what the bench reports
-    assert step.fast.step.forward_static.__func__ is StaticDecodeStep.forward_static
 
 
 def test_a_compile_that_fails_runs_eagerly_from_then_on(monkeypatch):
@@ -627,54 +679,41 @@ def test_a_compile_that_fails_runs_eagerly_from_then_on(monkeypatch):
     assert step(5) == 6 and calls == ["compiled"]  # not tried again
 
 
-def test_the_kept_cache_comes_back_from_a_closed_or_failed_generation(monkeypatch):
-    _, engine = _static_step_engine()
+class BrokenGraph:
+    """A CUDA graph's step whose capture fails, as the static step asks for its caches."""
 
-    def lent() -> bool:
-        if not engine._row_cache_lent.acquire(blocking=False):
-            return True
-        engine._row_cache_lent.release()
-        return False
+    wants_full_cache = True
+    reads_whole_cache = True
 
-    steps = engine.generate(list(range(40, 60)), max_tokens=20, temperature=0.0)
-    next(steps)
-    assert lent()
-    steps.close()  # closed mid-reply
-    assert not lent()
-    real_new_cache = engine.new_cache
-
-    def out_of_memory(*args):
-        raise RuntimeError("CUDA out of memory")
-
-    engine._row_cache = None
-    monkeypatch.setattr(engine, "new_cache", out_of_memory)
-    with pytest.raises(RuntimeError, match="out of memory"):
-        next(engine.generate(list(range(40, 60)), max_tokens=5, temperature=0.0))
-    assert not lent()
-    monkeypatch.setattr(engine, "new_cache", real_new_cache)
-    next(engine.generate(list(range(40, 60)), max_tokens=5, temperature=0.0))
-    assert engine._row_cache is not None
-
-
-def test_a_failed_graph_step_lets_the_caches_go_back_to_the_plain_kind():
-    model = _random_model("E")
-    engine = Engine(model, ByteTokenizer())
-
-    def broken(ids, cache):
+    def __call__(self, ids, cache):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    step = WithFallback(CudaGraphStep(StaticDecodeStep(model)), ModuleStep(model), "graph")
+
+def _failing_graph_engine() -> tuple[GPT, Engine, StepWithFallback]:
+    model = _random_model("E")
+    engine = Engine(model, ByteTokenizer())
+    step = StepWithFallback(BrokenGraph(), ModuleStep(model), "graph")
     engine.decode_step = step
+    return model, engine, step
+
+
+def test_a_failed_graph_step_warns_once_and_answers_through_the_plain_step():
+    model, engine, step = _failing_graph_engine()
+    prompt = _prompts(20)[0]
     assert step.wants_full_cache and step.reads_whole_cache
-    prompt = list(range(40, 60))
-    next(engine.generate(prompt, max_tokens=3, temperature=0.0))
-    assert engine._row_cache is not None
-    step.fast = broken
     with pytest.warns(UserWarning, match="graph failed, running eagerly"):
-        engine.generate_batch(prompt, max_tokens=3, temperature=0.0)
+        assert _static_greedy(engine, prompt) == _baseline_greedy(model, prompt)
     assert not step.wants_full_cache and not step.reads_whole_cache
-    next(engine.generate(prompt, max_tokens=3, temperature=0.0))
-    assert engine._row_cache is None  # its memory let go
+
+
+def test_after_a_failed_graph_step_caches_are_the_plain_kind_again(monkeypatch):
+    _, engine, _ = _failing_graph_engine()
+    prompt = _prompts(20)[0]
+    with pytest.warns(UserWarning):
+        engine.generate_batch(prompt, max_tokens=3, temperature=0.0)
+    made = _caches_made(engine, monkeypatch)
+    engine.generate_batch(prompt, max_tokens=3, temperature=0.0)
+    assert made == [(1, 20 + 3 + RESULT_RESERVE)]  # room for its budget, not the whole context
     prefix = engine.new_cache(1, len(prompt))
     with torch.inference_mode():
         engine.forward_last(torch.tensor([prompt]), prefix)

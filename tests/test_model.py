@@ -9,7 +9,7 @@ import torch
 from reference import REFERENCE, needs_reference
 
 from chatcli.engine.engine import Engine
-from chatcli.kernels.native import rows_step
+from chatcli.kernels.rows_step import rows_step
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import (
     ERAS,
@@ -259,7 +259,7 @@ def test_compiled_engine_gives_the_eager_greedy_output(monkeypatch):
     # its forward.
     assert Engine(model, tokenizer, compile=True).decode_step is not None
     assert Engine(model, tokenizer).decode_step is not None
-    monkeypatch.setattr("chatcli.engine.engine.SMALL_MODEL_PARAMS", 0)
+    monkeypatch.setattr("chatcli.engine.step_choice.SMALL_MODEL_PARAMS", 0)
     kernel = Engine(model, tokenizer, compile=True).decode_step
     assert (kernel is not None) == (rows_step() is not None)
     monkeypatch.setattr("chatcli.engine.decode_step.rows_step", lambda: None)  # no kernel here

@@ -8,34 +8,25 @@ import subprocess
 import pytest
 import torch
 
-from chatcli.kernels import native as native_kernels
-from chatcli.kernels.native import (
-    F16Matvec,
-    F16Rows,
-    HalfPanels,
-    Int8Panels,
-    RowsLayer,
-    RowsStep,
-    build,
-    embed_errors,
-    f16_matvec,
-    f16_rows,
-    int8_rows,
-    library_path,
-    pack_panels,
-    rows_step,
-    rows_step_errors,
-)
+from chatcli.kernels import build as kernel_build
+from chatcli.kernels import rows_step_reference
+from chatcli.kernels.build import build, library_path
+from chatcli.kernels.f16_matvec import F16Matvec, f16_matvec
+from chatcli.kernels.f16_rows import F16Rows, f16_rows
+from chatcli.kernels.panels import HalfPanels, Int8Panels, int8_rows, pack_panels
+from chatcli.kernels.rows_step import DECODE_OPS_SOURCE, RowsLayer, RowsStep, rows_step
+from chatcli.kernels.rows_step_reference import embed_errors, rows_step_errors
+from chatcli.kernels.sample_rows import sample_rows
 from chatcli.model import sampling
 from chatcli.model.quantize import Fp16Weight
 
 _KERNEL = f16_matvec()
 needs_kernel = pytest.mark.skipif(
-    _KERNEL is None, reason=f"no native kernel: {native_kernels.unavailable_reason()}"
+    _KERNEL is None, reason=f"no native kernel: {kernel_build.unavailable_reason()}"
 )
 _F16_ROWS = f16_rows()
 needs_rows_kernel = pytest.mark.skipif(
-    _F16_ROWS is None, reason=f"no f16_rows: {native_kernels.unavailable_reason('f16_rows')}"
+    _F16_ROWS is None, reason=f"no f16_rows: {kernel_build.unavailable_reason('f16_rows')}"
 )
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 
@@ -166,25 +157,25 @@ def test_it_can_be_turned_off(fresh, monkeypatch):
     monkeypatch.setenv("CHATCLI_NATIVE_KERNELS", "0")
     assert f16_matvec() is None
     assert f16_rows() is None
-    assert "CHATCLI_NATIVE_KERNELS=0" in native_kernels.unavailable_reason()
+    assert "CHATCLI_NATIVE_KERNELS=0" in kernel_build.unavailable_reason()
     with pytest.raises(RuntimeError, match="no native fp16 kernel"):
         Fp16Weight(torch.randn(8, 64), use_native=True)
 
 
 def test_a_cpu_without_avx512_keeps_torchs_kernels(fresh, monkeypatch):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    monkeypatch.setattr(native_kernels.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(kernel_build.platform, "machine", lambda: "x86_64")
     assert f16_matvec() is None
-    assert "AVX-512" in native_kernels.unavailable_reason()
+    assert "AVX-512" in kernel_build.unavailable_reason()
     assert not list(fresh.rglob("*.so"))  # nothing was compiled
 
 
 def test_a_missing_compiler_is_a_reason_not_a_crash(fresh, monkeypatch):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    monkeypatch.setattr(native_kernels.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(native_kernels.shutil, "which", lambda name: None)
+    monkeypatch.setattr(kernel_build.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(kernel_build.shutil, "which", lambda name: None)
     assert f16_matvec() is None
-    assert "no C compiler" in native_kernels.unavailable_reason()
+    assert "no C compiler" in kernel_build.unavailable_reason()
 
 
 @needs_compiler
@@ -205,9 +196,9 @@ def test_the_library_is_built_once_and_rebuilt_when_its_source_changes(
     built = build(src)
     assert built == library_path(src) and built.exists()
     runs = []
-    real_run = native_kernels.subprocess.run
+    real_run = kernel_build.subprocess.run
     monkeypatch.setattr(
-        native_kernels.subprocess, "run", lambda *a, **k: runs.append(a) or real_run(*a, **k)
+        kernel_build.subprocess, "run", lambda *a, **k: runs.append(a) or real_run(*a, **k)
     )
     assert build(src) == built and runs == []  # found in the cache
     src.write_text("int answer(void) { return 43; }\n")
@@ -221,12 +212,12 @@ def test_a_library_that_answers_wrongly_is_not_used(fresh, monkeypatch):
 
     monkeypatch.setattr(F16Matvec, "__call__", wrong)
     assert f16_matvec() is None
-    assert "disagrees" in native_kernels.unavailable_reason()
+    assert "disagrees" in kernel_build.unavailable_reason()
 
 
 _ROWS = rows_step()
 needs_rows = pytest.mark.skipif(
-    _ROWS is None, reason=f"no native kernel: {native_kernels.unavailable_reason('rows_step')}"
+    _ROWS is None, reason=f"no native kernel: {kernel_build.unavailable_reason('rows_step')}"
 )
 
 
@@ -282,7 +273,7 @@ def test_the_step_kernel_loads_wherever_a_compiler_does():
     # A library that fails to build or its load check leaves rows_step() None, which skips
     # every test of it above and below: that must fail here instead. A wrong answer fails
     # anywhere; a failed build only where cc is GCC (its OpenMP is the one the flags name).
-    reason = native_kernels.unavailable_reason("rows_step")
+    reason = kernel_build.unavailable_reason("rows_step")
     if _ROWS is None and reason and reason.startswith("could not build") and not _cc_is_gcc():
         pytest.skip(reason)
     assert _ROWS is not None, reason
@@ -292,14 +283,12 @@ def test_the_step_kernel_loads_wherever_a_compiler_does():
 def test_the_sampler_loads_wherever_the_step_kernel_does():
     # Built from the same source: a sampler that fails its load check (a wrong choice) would
     # otherwise only skip tests/test_sampling.py's native half.
-    assert native_kernels.sample_rows() is not None, native_kernels.unavailable_reason(
-        "sample_rows"
-    )
+    assert sample_rows() is not None, kernel_build.unavailable_reason("sample_rows")
 
 
 needs_sampler = pytest.mark.skipif(
-    native_kernels.sample_rows() is None,
-    reason=f"no native kernel: {native_kernels.unavailable_reason('sample_rows')}",
+    sample_rows() is None,
+    reason=f"no native kernel: {kernel_build.unavailable_reason('sample_rows')}",
 )
 
 
@@ -449,7 +438,7 @@ def test_a_rows_step_whose_embed_answers_wrongly_is_not_used(fresh, monkeypatch)
 
     monkeypatch.setattr(RowsStep, "embed", wrong)
     assert rows_step() is None
-    assert "embed disagrees" in native_kernels.unavailable_reason("rows_step")
+    assert "embed disagrees" in kernel_build.unavailable_reason("rows_step")
 
 
 @needs_rows
@@ -510,14 +499,14 @@ def test_half_panels_are_the_fp16_matrix_in_f16_rows_layout():
 
 @needs_half_rows
 def test_a_rows_step_that_answers_fp16_wrongly_is_not_used(fresh, monkeypatch):
-    errors = native_kernels.rows_step_errors
+    errors = rows_step_reference.rows_step_errors
 
     def fp16_wrong(kernel: RowsStep, **case: object) -> list[float]:
         return [1.0, 0.0, 0.0] if case.get("half") else errors(kernel, **case)
 
-    monkeypatch.setattr(native_kernels, "rows_step_errors", fp16_wrong)
+    monkeypatch.setattr(rows_step_reference, "rows_step_errors", fp16_wrong)
     assert rows_step() is None
-    assert "fp16" in native_kernels.unavailable_reason("rows_step")
+    assert "fp16" in kernel_build.unavailable_reason("rows_step")
 
 
 @needs_half_rows
@@ -596,14 +585,14 @@ def test_the_int8_product_is_each_row_times_the_codes_then_the_scales(rows, thre
 
 @needs_int8_rows
 def test_a_rows_step_that_answers_int8_wrongly_is_not_used(fresh, monkeypatch):
-    errors = native_kernels.rows_step_errors
+    errors = rows_step_reference.rows_step_errors
 
     def int8_wrong(kernel: RowsStep, **case: object) -> list[float]:
         return [1.0, 0.0, 0.0] if case.get("int8") else errors(kernel, **case)
 
-    monkeypatch.setattr(native_kernels, "rows_step_errors", int8_wrong)
+    monkeypatch.setattr(rows_step_reference, "rows_step_errors", int8_wrong)
     assert rows_step() is None
-    assert "int8" in native_kernels.unavailable_reason("rows_step")
+    assert "int8" in kernel_build.unavailable_reason("rows_step")
 
 
 @needs_int8_rows
@@ -640,8 +629,8 @@ def test_rows_step_built_for_a_cpu_with_f16c_but_not_avx2_reads_no_int8(tmp_path
     import ctypes
 
     lib = tmp_path / "decode_ops.so"
-    flags = [f if f != "-march=native" else "-march=ivybridge" for f in native_kernels.FLAGS]
-    subprocess.run(["cc", *flags, str(native_kernels.DECODE_OPS_SOURCE), "-o", str(lib)],
+    flags = [f if f != "-march=native" else "-march=ivybridge" for f in kernel_build.FLAGS]
+    subprocess.run(["cc", *flags, str(DECODE_OPS_SOURCE), "-o", str(lib)],
                    check=True)  # fmt: skip
     ivy = RowsStep(ctypes.CDLL(str(lib)))
     assert ivy.half_panel == 8 and ivy.int8_panel == 0
@@ -661,8 +650,8 @@ def test_rows_step_built_without_f16c_reads_fp32_only(tmp_path):
     import subprocess
 
     lib = tmp_path / "decode_ops.so"
-    flags = [f if f != "-march=native" else "-march=x86-64" for f in native_kernels.FLAGS]
-    subprocess.run(["cc", *flags, str(native_kernels.DECODE_OPS_SOURCE), "-o", str(lib)],
+    flags = [f if f != "-march=native" else "-march=x86-64" for f in kernel_build.FLAGS]
+    subprocess.run(["cc", *flags, str(DECODE_OPS_SOURCE), "-o", str(lib)],
                    check=True)  # fmt: skip
     oldest = RowsStep(ctypes.CDLL(str(lib)))
     assert oldest.half_panel == oldest.int8_panel == 0 and oldest.block == 8
@@ -729,7 +718,7 @@ def test_a_decode_step_keeps_torchs_ops_when_the_kernels_are_off(fresh, monkeypa
 
     monkeypatch.setenv("CHATCLI_NATIVE_KERNELS", "0")
     assert DecodeStep(_random_model("E"))._rows_model is None
-    assert "CHATCLI_NATIVE_KERNELS=0" in native_kernels.unavailable_reason("rows_step")
+    assert "CHATCLI_NATIVE_KERNELS=0" in kernel_build.unavailable_reason("rows_step")
 
 
 def test_panels_hold_each_block_of_columns_contiguous_then_the_rest():

@@ -3,7 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatcli.kernels.native import f16_matvec, f16_rows, rows_step, unavailable_reason
+from chatcli.kernels.build import unavailable_reason
+from chatcli.kernels.f16_matvec import f16_matvec
+from chatcli.kernels.f16_rows import f16_rows
+from chatcli.kernels.rows_step import rows_step
 from chatcli.model.quantize import (
     INT4_GROUP_SIZE,
     NATIVE_INT8_MAX_ROWS,

@@ -8,18 +8,19 @@ import math
 import pytest
 import torch
 
-from chatcli.kernels import native as native_kernels
+from chatcli.kernels.build import unavailable_reason
+from chatcli.kernels.sample_rows import sample_rows
 from chatcli.model import sampling
 from chatcli.model.sampling import sample_next_token
 
-_KERNEL = native_kernels.sample_rows()
+_KERNEL = sample_rows()
 
 
 @pytest.fixture(autouse=True, params=["native", "torch"])
 def path(request, monkeypatch) -> str:
     """Every test twice: through the kernel, and with it unavailable (torch's ops)."""
     if request.param == "native" and _KERNEL is None:
-        pytest.skip(f"no native kernel: {native_kernels.unavailable_reason('sample_rows')}")
+        pytest.skip(f"no native kernel: {unavailable_reason('sample_rows')}")
     if request.param == "torch":
         monkeypatch.setattr(sampling, "sample_rows", lambda: None)
     return request.param

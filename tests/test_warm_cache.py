@@ -66,17 +66,32 @@ def test_a_failed_prefill_keeps_only_what_the_cache_still_holds(monkeypatch):
     torch.testing.assert_close(logits, fresh_logits(model, prompt), atol=2e-5, rtol=0)
 
 
-def test_settle_keeps_the_tokens_decode_wrote():
+def test_a_generation_leaves_the_tokens_it_wrote_in_the_cache():
     engine = Engine(random_model("E"), ByteTokenizer())
     warm = WarmCache(engine)
     prompt = list(range(40, 60))
-    logits, _ = warm.prefill(prompt)
-    with torch.inference_mode():
-        for column, _ in engine.decode(warm.cache, logits, 5, temperature=0.0):
-            warm.tokens.append(column[0])
-    assert len(warm.tokens) == len(prompt) + 5
-    warm.settle()  # the last token was yielded, never run
-    assert len(warm.tokens) == warm.cache.get_pos() == len(prompt) + 4
+    steps = engine.generate(prompt, max_tokens=5, temperature=0.0, use_tools=False, warm=warm)
+    reply = [column[0] for column, _ in steps]
+    assert len(reply) == 5
+    # The last token was yielded, never run: the cache holds the rest.
+    assert warm.tokens == prompt + reply[:-1] and warm.cache.get_pos() == len(warm.tokens)
+
+
+def test_a_generation_closed_early_leaves_what_it_wrote():
+    engine = Engine(random_model("E"), ByteTokenizer())
+    warm = WarmCache(engine)
+    prompt = list(range(40, 60))
+    steps = engine.generate(prompt, max_tokens=20, temperature=0.0, warm=warm)
+    reply = [next(steps)[0][0] for _ in range(3)]
+    steps.close()
+    assert warm.tokens == prompt + reply[:2] and warm.cache.get_pos() == len(warm.tokens)
+
+
+def _sample_rows(engine: Engine, warm: WarmCache, prompt: list[int], n: int, max_tokens: int):
+    """Every row's tokens of an n-row generation forked from the warm cache."""
+    steps = engine.generate(prompt, n, max_tokens, temperature=1.0, seed=4, warm=warm)
+    columns = [column for column, _ in steps]
+    return [[column[i] for column in columns] for i in range(n)]
 
 
 @pytest.mark.parametrize("shared", [True, False])  # rows over the cache, or copies of it
@@ -86,14 +101,10 @@ def test_a_sample_rows_tokens_are_adopted_as_if_decoded_here(shared):
     engine.shared_prefix = shared
     warm = WarmCache(engine)
     prompt = list(range(70, 90))
-    logits, _ = warm.prefill(prompt)
-    rows = engine.fork(warm.cache, 3, 6)
-    assert isinstance(rows, SharedPrefixCache) == shared
-    with torch.inference_mode():
-        steps = engine.decode(rows, logits.expand(3, -1), 6, temperature=1.0, seed=4)
-        reply = [column[2] for column, _ in steps]
+    reply = _sample_rows(engine, warm, prompt, 3, 6)[2]
+    assert isinstance(warm.rows, SharedPrefixCache) == shared
     assert warm.tokens == prompt  # forking changed nothing
-    assert warm.adopt(rows, 2, reply) == len(reply) - 1  # the last was never run
+    assert warm.adopt(2, reply) == len(reply) - 1  # the last was never run
     assert warm.tokens == prompt + reply[:-1] and warm.cache.get_pos() == len(warm.tokens)
     following = [*prompt, *reply, 5]
     logits, n = warm.prefill(following)
@@ -101,19 +112,23 @@ def test_a_sample_rows_tokens_are_adopted_as_if_decoded_here(shared):
     torch.testing.assert_close(logits, fresh_logits(model, following), atol=2e-5, rtol=0)
 
 
-def test_rows_not_forked_from_the_cache_as_it_is_are_refused():
+def test_a_row_the_fork_does_not_have_is_refused():
     engine = Engine(random_model("E"), ByteTokenizer())
-    engine.shared_prefix = False
     warm = WarmCache(engine)
-    logits, _ = warm.prefill(list(range(40, 60)))
-    rows = engine.fork(warm.cache, 2, 4)
-    with torch.inference_mode():
-        reply = [column[0] for column, _ in engine.decode(rows, logits.expand(2, -1), 4)]
+    prompt = list(range(40, 60))
+    reply = _sample_rows(engine, warm, prompt, 2, 4)[0]
     with pytest.raises(ValueError, match="no row 2"):
-        warm.adopt(rows, 2, reply)
+        warm.adopt(2, reply)
+    assert warm.tokens == prompt and warm.cache.get_pos() == len(prompt)
+
+
+def test_rows_are_refused_once_the_cache_moved_on():
+    engine = Engine(random_model("E"), ByteTokenizer())
+    warm = WarmCache(engine)
+    reply = _sample_rows(engine, warm, list(range(40, 60)), 2, 4)[0]
     warm.prefill(list(range(40, 70)))  # the cache moved on past the rows' prompt
-    with pytest.raises(ValueError, match="not forked"):
-        warm.adopt(rows, 0, reply)
+    with pytest.raises(ValueError, match="no sample rows"):
+        warm.adopt(0, reply)
     assert warm.tokens == list(range(40, 70)) and warm.cache.get_pos() == 30
 
 

@@ -27,8 +27,9 @@ import torch
 from chatcli.bench.baseline import baseline_generate
 from chatcli.chat.session import ChatSession, SamplingOptions
 from chatcli.engine.cpu_plan import apply_cpu_plan, torch_threads
-from chatcli.engine.decode_step import DecodeStep, WithFallback
+from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.static_step import StepWithFallback
 from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS, native_bf16
 from chatcli.model.gpt import ERAS, GPT, GPTConfig, Linear
 from chatcli.model.quantize import QUANTIZE_KINDS, default_half_kind
@@ -448,7 +449,7 @@ def run_bench(
     float32, or a quantize.QUANTIZE_KINDS format for any model. On a CUDA device the
     weights ours runs (gpu_weights: auto is what chatcli loads there).
 
-    compile: ours as `--compile` runs it (engine._pick_decode_step).
+    compile: ours as `--compile` runs it (step_choice.pick_decode_step).
     """
     device = model.get_device()
     if device.type == "cuda":
@@ -635,6 +636,6 @@ def _run_bench(
 def _decode_path(engine: Engine) -> str:
     """How ours decoded one row at a time, as the report names it."""
     step = engine.decode_step
-    if isinstance(step, WithFallback):  # a GPU's: did the CUDA graph hold to the end?
+    if isinstance(step, StepWithFallback):  # a GPU's: did the CUDA graph hold to the end?
         return "CUDA graph" if step.fast is not None else f"module forward ({step.what} failed)"
     return "decode_step" if step is not None else "module forward"

@@ -9,13 +9,16 @@ A file is a header line followed by events; replaying the events gives the messa
                                           by earlier versions' /clear, which now starts a file)
     {"type": "system", "text": str|null}  set (or remove) the system prompt
     {"type": "replace_last", "message": {...}, "meta": {...}}   /retry and /continue
+    {"type": "name", "name": str}         /save NAME: what the conversation is called (the
+                                          last one given counts; its id stays)
 
 Every record is one line, flushed and fsync'd before the call returns, so a killed process
 loses at most the record it was writing. Reading never fails on a damaged line: it is skipped
 and reported in LoadResult.warnings. Messages use nanochat's format: content is a string, or
 for the assistant a list of parts {"type": "text"|"python"|"python_output", "text": str}.
 
-This module knows nothing about tokens, models or terminals.
+This module knows nothing about tokens, models or terminals; finding saved conversations is
+conversation_index.py's, exporting one conversation_export.py's.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ SUFFIX = ".jsonl"
 LATEST = "last"  # --resume last: the newest conversation, so no file may be named so
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "python", "python_output")
-PREVIEW_CHARS = 60
+PREVIEW_CHARS = 60  # of a message, in /history and in warnings
 _NAME_MAX = 80
 
 
@@ -61,18 +64,7 @@ class LoadResult:
     # Each message's finish_reason as its record's meta gave it (a reply's: stop, length,
     # interrupted...), else None: whether a resumed reply can be continued.
     finishes: list[str | None] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ConversationSummary:
-    """One line of /history. `problem` is set (and messages is 0) for a file that cannot be read."""
-
-    id: str
-    path: Path
-    modified: datetime
-    messages: int
-    preview: str
-    problem: str | None = None
+    name: str | None = None  # what /save NAME called it
 
 
 def message_problem(message: object) -> str | None:
@@ -114,6 +106,26 @@ def sanitize_name(name: str) -> str:
     if stem.lower().endswith(SUFFIX):
         stem = stem[: -len(SUFFIX)]
     return stem
+
+
+def clean_name(name: str) -> str:
+    """A name for /save NAME as it is kept: one line, its spaces as one; ConversationFileError
+    for one that is empty, too long, or `last` (which --resume reads as the newest)."""
+    clean = " ".join(readable_text(name).split())
+    if not clean or any(not c.isprintable() for c in clean):
+        raise ConversationFileError(
+            f"{name!r} cannot name a conversation: give it letters, digits or punctuation."
+        )
+    if len(clean) > _NAME_MAX:
+        raise ConversationFileError(
+            f"A conversation's name is at most {_NAME_MAX} characters; this one has {len(clean)}."
+        )
+    if clean.lower() == LATEST:
+        raise ConversationFileError(
+            f"{name!r} is taken: --resume {LATEST} opens the newest conversation. Pick another "
+            "name."
+        )
+    return clean
 
 
 def _timestamp_id(now: datetime) -> str:
@@ -232,6 +244,10 @@ class ConversationFile:
         """Record /undo: the last user message and the reply after it are dropped."""
         self._append({"type": "undo"})
 
+    def append_name(self, name: str) -> None:
+        """Record what the conversation is called (/save NAME): clean_name's."""
+        self._append({"type": "name", "name": clean_name(name)})
+
     def append_snapshot(
         self, messages: list[dict[str, Any]], finishes: list[str | None] | None = None
     ) -> None:
@@ -306,6 +322,8 @@ class ConversationSink(Protocol):
 
     def append_undo(self) -> None: ...
 
+    def append_name(self, name: str) -> None: ...
+
     def replace_last(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None: ...
 
 
@@ -319,6 +337,7 @@ class NewConversation:
         self.directory = directory
         self.model = model
         self.system = system
+        self.name: str | None = None  # /save NAME before the first message: written with it
         self.file: ConversationFile | None = None
 
     @property
@@ -333,6 +352,8 @@ class NewConversation:
         if self.file is None:
             _require_valid(message)  # a bad message leaves no file either
             created = ConversationFile.create(self.directory, model=self.model)
+            if self.name:
+                created.append_name(self.name)
             if self.system:
                 created.append_system(self.system)
             self.file = created
@@ -347,6 +368,12 @@ class NewConversation:
     def append_undo(self) -> None:
         if self.file is not None:  # before the file, nothing was saved to undo
             self.file.append_undo()
+
+    def append_name(self, name: str) -> None:
+        if self.file is None:
+            self.name = clean_name(name)
+        else:
+            self.file.append_name(name)
 
     def replace_last(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
         if self.file is None:
@@ -436,6 +463,7 @@ def read_conversation(path: Path) -> LoadResult:
         lines.pop()
 
     header: dict[str, Any] | None = None
+    name: str | None = None
     messages: list[dict[str, Any]] = []
     warnings: list[str] = []
     # (message, finish_reason) of every record that had one; the list keeps the messages
@@ -472,6 +500,12 @@ def read_conversation(path: Path) -> LoadResult:
             header = record
             recovered += 1
             continue
+        if record.get("type") == "name":  # what the conversation is called: the last one
+            if isinstance(record.get("name"), str) and record["name"].strip():
+                name, recovered = " ".join(record["name"].split()), recovered + 1
+            else:
+                warnings.append(f"line {number}: a name must be a text; skipped")
+            continue
         problem = _apply(record, messages)
         if problem is None:
             recovered += 1
@@ -492,6 +526,7 @@ def read_conversation(path: Path) -> LoadResult:
         recovered,
         repaired=len(warnings) > before,
         finishes=[finish_of.get(id(m)) for m in kept],
+        name=name,
     )
 
 
@@ -508,147 +543,18 @@ def _alternating(messages: list[dict[str, Any]], warnings: list[str]) -> list[di
         if message["role"] == expected:
             kept.append(message)
         elif message["role"] == "assistant":
-            warnings.append(f"a reply without its question dropped: {_snippet(message)!r}")
+            warnings.append(f"a reply without its question dropped: {snippet(message)!r}")
         else:
             dropped = kept.pop()
-            warnings.append(f"a question without its reply dropped: {_snippet(dropped)!r}")
+            warnings.append(f"a question without its reply dropped: {snippet(dropped)!r}")
             kept.append(message)
     return head + kept
 
 
-def _preview(messages: list[dict[str, Any]]) -> str:
-    """The first question, shortened: what /history shows of a conversation."""
-    return next((_snippet(m) for m in messages if m["role"] == "user"), "")
-
-
-def _snippet(message: dict[str, Any]) -> str:
+def snippet(message: dict[str, Any]) -> str:
+    """A message's text on one line, shortened to PREVIEW_CHARS."""
     content = message["content"]
     if isinstance(content, list):  # an assistant's parts
         content = "".join(part["text"] for part in content)
     text = " ".join(str(content).split())
     return text[: PREVIEW_CHARS - 1] + "…" if len(text) > PREVIEW_CHARS else text
-
-
-def _conversation_files(directory: Path) -> list[Path]:
-    """The *.jsonl files in `directory`, newest first (ties: by name, descending)."""
-    if not directory.is_dir():
-        return []
-    files = [p for p in directory.glob("*" + SUFFIX) if p.is_file()]
-    return sorted(files, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
-
-
-def list_conversations(directory: Path) -> list[ConversationSummary]:
-    """Every saved conversation, newest first. Unreadable files are listed with `problem` set."""
-    summaries = []
-    for path in _conversation_files(directory):
-        modified = datetime.fromtimestamp(path.stat().st_mtime).astimezone()
-        try:
-            result = read_conversation(path)
-        except ConversationFileError as e:
-            summaries.append(ConversationSummary(path.stem, path, modified, 0, "", str(e)))
-            continue
-        count = sum(1 for m in result.messages if m["role"] != "system")
-        summaries.append(
-            ConversationSummary(path.stem, path, modified, count, _preview(result.messages))
-        )
-    return summaries
-
-
-def latest_conversation(directory: Path) -> Path | None:
-    """The newest conversation with at least one message (for --resume), or None.
-
-    Files with no messages yet (a session left at once) and unreadable files are passed
-    over, so they never shadow the conversation a person means to pick up.
-    """
-    for summary in list_conversations(directory):
-        if summary.problem is None and summary.messages > 0:
-            return summary.path
-    return None
-
-
-def resolve_conversation(directory: Path, name_or_id: str) -> Path:
-    """Find a saved conversation by exact id, file name, or unique id prefix."""
-    wanted = name_or_id.strip()
-    as_path = Path(wanted).expanduser()
-    if (os.sep in wanted or wanted.endswith(SUFFIX)) and as_path.is_file():
-        return as_path
-    stems = {p.stem: p for p in _conversation_files(directory)}
-    # /save sanitised the name it was given, so "my chat" finds "my-chat".
-    candidates = [wanted, sanitize_name(wanted)]
-    for stem in candidates:
-        if stem.endswith(SUFFIX):
-            stem = stem[: -len(SUFFIX)]
-        if stem in stems:
-            return stems[stem]
-    matches = sorted({s for s in stems for c in candidates if c and s.startswith(c)})
-    if len(matches) == 1:
-        return stems[matches[0]]
-    if matches:
-        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
-        raise ConversationFileError(
-            f"{name_or_id!r} matches {len(matches)} conversations ({shown}); type more of the id."
-        )
-    raise ConversationFileError(
-        f"No conversation {name_or_id!r} in {directory}. /history (in a chat) lists the "
-        f"saved ones; {LATEST!r} names the newest."
-    )
-
-
-def _code_span(text: str) -> str:
-    # A Markdown code span needs a backtick fence longer than any run of backticks inside.
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _assistant_markdown(content: str | list[dict[str, str]]) -> str:
-    if isinstance(content, str):
-        return content
-    out: list[str] = []
-    pending_call: str | None = None
-    after_call = False  # the last thing written is a call's code span
-
-    def call(expression: str, result: str) -> None:
-        nonlocal after_call
-        out.append(_code_span(f"calc {expression} -> {result}"))
-        after_call = True
-
-    for part in content:
-        kind, text = part["type"], part["text"]
-        if kind == "python_output":
-            call(pending_call if pending_call is not None else "?", text.strip())
-            pending_call = None
-            continue
-        if pending_call is not None:
-            call(pending_call, "(no result)")
-            pending_call = None
-        if kind == "python":
-            pending_call = text.strip()
-        else:
-            if after_call and text[:1].isalnum():
-                out.append(" ")  # the model writes on straight after a call's result
-            out.append(text)
-            after_call = False
-    if pending_call is not None:
-        call(pending_call, "(no result)")
-    return "".join(out)
-
-
-def export_markdown(messages: list[dict[str, Any]]) -> str:
-    """The conversation as readable Markdown, calculator calls as `calc EXPR -> RESULT`."""
-    sections = []
-    for message in messages:
-        role, content = message["role"], message["content"]
-        if role == "system":
-            sections.append(f"**System:**\n\n{content}")
-        elif role == "user":
-            sections.append(f"**You:**\n\n{content}")
-        else:
-            sections.append(f"**Assistant:**\n\n{_assistant_markdown(content)}")
-    return "\n\n".join(sections) + "\n" if sections else ""
-
-
-def export_json(messages: list[dict[str, Any]]) -> str:
-    """The conversation as nanochat's JSON: {"messages": [...]}, indented."""
-    return json.dumps({"messages": messages}, ensure_ascii=False, indent=2) + "\n"

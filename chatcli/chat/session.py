@@ -10,13 +10,9 @@ it. Knows nothing about the terminal: it yields typed stream events and returns 
 from __future__ import annotations
 
 import contextlib
-import random
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import Any, ClassVar
 
 from chatcli.chat.stream import StreamEvent, TokenDecoder, decode_assistant_parts
 from chatcli.chat.turns import (
@@ -29,10 +25,10 @@ from chatcli.chat.turns import (
     readable_text,
     split_system,
 )
-from chatcli.engine.engine import Engine, GenerationStats, wait_for_device
+from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.tool_use import RowState
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.errors import ChatcliError, ContextOverflowError
-from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model.special_tokens import (
     ASSISTANT_END,
     ASSISTANT_START,
@@ -47,6 +43,13 @@ SYSTEM_MIN_ROOM = 16
 CONTEXT_REFILL_FRACTION = 0.75  # after dropping old exchanges, the prompt + reply budget use this
 
 
+def _dropped_notice(dropped: int, system: str | None) -> str:
+    """What a chat says when old exchanges leave the model's view; the system prompt, never
+    dropped, is named only where there is one."""
+    kept = " (the system prompt is kept)" if system else ""
+    return f"Context full: dropped the {dropped} oldest exchange{'s' if dropped > 1 else ''}{kept}."
+
+
 @dataclass
 class _Entry:
     message: Message
@@ -58,6 +61,9 @@ class _Entry:
 
 @dataclass
 class ChatSession:
+    can_sample_replies: ClassVar[bool] = True  # n rows forked from the warm cache
+    can_show_raw: ClassVar[bool] = True  # `raw`: its decoder streams the special tokens
+
     model: Any
     tokenizer: Tokenizer
     options: SamplingOptions = field(default_factory=SamplingOptions)
@@ -73,9 +79,9 @@ class ChatSession:
         self.earlier: list[_Entry] = []
         self._popped: _Entry | None = None  # the reply a /retry replaces, until a new one comes
         self.warm = WarmCache(self.engine)  # the conversation's K/V, kept across turns
-        # The last sample_replies' rows and replies, until one is accepted: its K/V go into
-        # the warm cache rather than being prefilled again with the next turn.
-        self._forked: tuple[KVCache | SharedPrefixCache, list[Reply], list[int]] | None = None
+        # The last sample_replies' replies and prompt, until one is accepted: its K/V (the
+        # warm cache's rows) go into the warm cache rather than being prefilled again.
+        self._forked: tuple[list[Reply], list[int]] | None = None
         self.last_reply: Reply | None = None
         self.notices: list[TurnNotice] = []
         self.history_stats: list[TurnStats] = []
@@ -109,15 +115,33 @@ class ChatSession:
         self, messages: list[Message], finishes: Sequence[str | None] | None = None
     ) -> None:
         """Replace the conversation (e.g. a resumed file); the cache refills on the next turn.
-        finishes: each message's finish_reason where the file kept it (LoadResult's)."""
+        finishes: each message's finish_reason where the file kept it (LoadResult's).
+
+        The oldest exchanges leave the model's view as they did in the chat that wrote them:
+        each question makes room for itself as it did when it was asked (at today's
+        max_tokens), so the next turn sees what it would have seen had the chat gone on.
+        One notice says how many are out."""
         self.system, _ = split_system(messages)
-        self.earlier, self._popped = [], None
-        self.entries = [
-            _Entry(m, [], f, rendered=True)
-            for m, f in zip(messages, finishes or [None] * len(messages), strict=True)
-            if m["role"] != "system"
-        ]
+        self.earlier, self._popped, self.entries = [], None, []
+        notices = len(self.notices)
+        reserve = self._reply_reserve()
+        for m, f in zip(messages, finishes or [None] * len(messages), strict=True):
+            if m["role"] == "system":
+                continue
+            if m["role"] == "user" and self.entries:
+                self._fit_context(m["content"], reserve)
+            first = not self.entries
+            entry = _Entry(m, [], f, rendered=True)
+            user = m["role"] == "user"
+            entry.tokens = (
+                self._user_tokens(m["content"], first) if user else self._assistant_tokens(m)
+            )
+            self.entries.append(entry)
         self._retokenize()
+        del self.notices[notices:]  # the drops of turns gone by: said once, below
+        dropped = sum(1 for e in self.earlier if e.message["role"] == "user")
+        if dropped:
+            self.notices.append(TurnNotice(_dropped_notice(dropped, self.system)))
 
     def set_system(self, text: str | None) -> None:
         """Set (or with None remove) the system prompt. One that leaves no room in the
@@ -137,13 +161,14 @@ class ChatSession:
     def clear(self) -> None:
         self.entries, self.earlier, self._popped = [], [], None
         self.last_reply = None
-        self._forked = None
+        self._drop_samples()
 
     def undo(self) -> bool:
         """Drop the last exchange (the last user message and whatever followed it). Exchanges
         dropped earlier to make room come back into the model's view: the room was made for
         this one (the next turn drops again what does not fit)."""
-        self._forked = self._popped = None
+        self._popped = None
+        self._drop_samples()
         if not self.entries and self.earlier:
             self.entries, self.earlier = self.earlier, []
         for i in range(len(self.entries) - 1, -1, -1):
@@ -223,12 +248,12 @@ class ChatSession:
                 first.tokens = self._user_tokens(first.message["content"], first=True)
             dropped += 1
         if dropped:
-            self.notices.append(
-                TurnNotice(
-                    f"Context full: dropped the {dropped} oldest exchange"
-                    f"{'s' if dropped > 1 else ''} (the system prompt is kept)."
-                )
-            )
+            self.notices.append(TurnNotice(_dropped_notice(dropped, self.system)))
+
+    def _reply_reserve(self) -> int:
+        """The room a reply gets when old exchanges are dropped for a new message: a quarter
+        of the context, at most max_tokens."""
+        return min(self.options.max_tokens, max(self.context_len // 4, 16))
 
     def _drop_oldest(self) -> bool:
         """Move the oldest exchange (a user message and the reply after it) out of the
@@ -263,8 +288,7 @@ class ChatSession:
         # What to put back if the message still does not fit after the drops.
         before, notices = [(e, e.tokens) for e in self.entries], len(self.notices)
         earlier = len(self.earlier)
-        reserve = min(self.options.max_tokens, max(self.context_len // 4, 16))
-        self._fit_context(text, reserve + reply_so_far)
+        self._fit_context(text, self._reply_reserve() + reply_so_far)
         user = _Entry({"role": "user", "content": text}, self._user_tokens(text, not self.entries))
         self.entries.append(user)
         if len(self.prompt_tokens()) + reply_so_far >= self.context_len:  # see _check_fits_alone
@@ -277,7 +301,7 @@ class ChatSession:
                 f"This message does not fit the model's {self.context_len}-token context. "
                 "Send a shorter one, or /clear to start afresh."
             )
-        self._forked = None  # sample rows not taken are dropped with their memory
+        self._drop_samples()  # sample rows not taken are dropped with their memory
 
     def _check_fits_alone(self, text: str, reply_so_far: int = 0) -> None:
         # <|bos|>, the message (with the system prompt) and <|assistant_start|>, with room
@@ -368,30 +392,10 @@ class ChatSession:
         undo() to drop the question.
         """
         self.send_prepare(text)
-        opts = self.options
-        seed = opts.seed if opts.seed is not None else random.randrange(2**31)
+        seed = self.options.turn_seed()
         prompt = self.prompt_tokens()
-        budget = min(opts.max_tokens, self.context_len - len(prompt))
         gen = GenerationStats()
-        t0 = time.perf_counter()
-        logits, prefilled = self.warm.prefill(prompt)
-        gen.prefill_s = time.perf_counter() - t0
-        self._forked = None
-        rows = self.engine.fork(self.warm.cache, n, budget)  # the warm cache stays the prompt
-        columns = list(
-            self.engine.decode(
-                rows,
-                logits.expand(n, -1),
-                budget,
-                temperature=opts.temperature,
-                top_k=opts.top_k,
-                top_p=opts.top_p,
-                seed=seed,
-                use_tools=opts.tools,
-                stats=gen,
-                t_start=t0,
-            )
-        )
+        columns = list(self._generate(prompt, n, seed, gen))  # the warm cache stays the prompt
         end, bos = self._ids[ASSISTANT_END], self.tokenizer.get_bos_token_id()
         replies = []
         for i in range(n):
@@ -401,24 +405,10 @@ class ChatSession:
                     break
                 tokens.append(column[i])
                 masks.append(column_masks[i])
-            finish = gen.finish_reasons[i]
-            stats = TurnStats(
-                ttft_s=gen.first_token_s,
-                prefill_tokens=prefilled,
-                prefill_tps=prefilled / max(gen.prefill_s, 1e-9),
-                decode_tps=n * gen.steps / max(gen.decode_s, 1e-9),
-                tokens_in=len(prompt),
-                tokens_out=len(tokens),
-                context_used=len(prompt) + len(tokens),
-                context_len=self.context_len,
-                finish_reason="context"
-                if finish == "length" and budget < opts.max_tokens
-                else finish,
-                seed=seed,
-            )
+            stats = self._turn_stats(gen, len(prompt), len(tokens), gen.finish_reasons[i], seed)
             parts = decode_assistant_parts(tokens, masks, self.tokenizer)
             replies.append(Reply(parts, tokens, masks, stats))
-        self._forked = rows, replies, prompt
+        self._forked = replies, prompt
         return replies
 
     def accept_reply(self, reply: Reply) -> None:
@@ -433,14 +423,44 @@ class ChatSession:
         self.last_reply = reply
         self.history_stats.append(reply.stats)
         self._warn_if_nearly_full(reply.stats)
-        rows, replies, prompt = self._forked or (None, [], None)
-        self._forked = None
+        replies, prompt = self._forked or ([], None)
         row = next((i for i, r in enumerate(replies) if r is reply), None)
         if row is not None and self.warm.tokens == prompt:  # the cache they forked from
             # adopt refuses before it changes anything; the reply is kept all the same,
             # and the next turn prefills it.
             with contextlib.suppress(ValueError):
-                self.warm.adopt(rows, row, reply.tokens)
+                self.warm.adopt(row, reply.tokens)
+        self._drop_samples()
+
+    def _drop_samples(self) -> None:
+        """Forget sample_replies' rows and replies (their memory with them)."""
+        self._forked = None
+        self.warm.drop_rows()
+
+    def _generate(
+        self,
+        prompt: list[int],
+        n: int,
+        seed: int,
+        gen: GenerationStats,
+        resume: RowState | None = None,
+    ) -> Iterator[tuple[list[int], list[int]]]:
+        """The engine's generation of n rows after `prompt`, over the warm cache, with the
+        session's sampling options."""
+        opts = self.options
+        return self.engine.generate(
+            prompt,
+            n,
+            max_tokens=opts.max_tokens,
+            temperature=opts.temperature,
+            top_k=opts.top_k,
+            top_p=opts.top_p,
+            seed=seed,
+            use_tools=opts.tools,
+            stats=gen,
+            resume=resume,
+            warm=self.warm,
+        )
 
     def _stream(
         self, prefix: list[int] | None = None, prefix_masks: list[int] | None = None
@@ -454,96 +474,68 @@ class ChatSession:
         tokens: list[int] = list(prefix)
         kept = prefix_masks is not None and len(prefix_masks) == len(prefix)
         masks: list[int] = list(prefix_masks) if kept else [1] * len(prefix)  # type: ignore[arg-type]
-        n_before = len(tokens)
         gen = GenerationStats()
-        stats = TurnStats(context_len=self.context_len)
-        t0 = time.perf_counter()
+        seed = self.options.turn_seed()
+        prompt: list[int] = []
         finish = "interrupted"
         try:
-            opts = self.options
-            stats.seed = opts.seed if opts.seed is not None else random.randrange(2**31)
-            seed = stats.seed
             prompt = self.prompt_tokens() + prefix
-            stats.tokens_in = len(prompt)
             # A continued reply keeps what it had, and picks up where it stopped: inside a
             # calculator call, or with the rest of the calculator's result still to write.
             resume, replayed = self.engine.replay_tool_use(prefix)
             if not kept:
                 masks = replayed  # else as generated: the model may have written an output
-            if not opts.tools:
-                resume = None  # the calculator is off: nothing queued is forced
-            decoder = TokenDecoder(self.tokenizer, raw=self.raw, tools=opts.tools)
+            decoder = TokenDecoder(self.tokenizer, raw=self.raw, tools=self.options.tools)
             decoder.resume(prefix, masks)
-            with torch.inference_mode():
-                logits, stats.prefill_tokens = self.warm.prefill(prompt)
-                wait_for_device(self.engine.model.get_device())
-                t_prefill = time.perf_counter() - t0
-                stats.prefill_tps = stats.prefill_tokens / max(t_prefill, 1e-9)
-                budget = min(opts.max_tokens, self.context_len - len(prompt))
-                steps = self.engine.decode(
-                    self.warm.cache,
-                    logits,
-                    budget,
-                    temperature=opts.temperature,
-                    top_k=opts.top_k,
-                    top_p=opts.top_p,
-                    seed=seed,
-                    use_tools=opts.tools,
-                    stats=gen,
-                    resume=resume,
-                )
+            with contextlib.closing(self._generate(prompt, 1, seed, gen, resume)) as steps:
                 for column, column_masks in steps:
-                    token, mask = column[0], column_masks[0]
-                    if len(tokens) == n_before:
-                        stats.ttft_s = time.perf_counter() - t0
-                    tokens.append(token)
-                    masks.append(mask)
-                    self.warm.tokens.append(token)
-                    yield from decoder.feed(token, mask)
-            finish = gen.finish_reasons[0] if gen.finish_reasons else "length"
-            if finish == "length" and budget < opts.max_tokens:
-                finish = "context"
+                    tokens.append(column[0])
+                    masks.append(column_masks[0])
+                    yield from decoder.feed(column[0], column_masks[0])
+            finish = gen.finish_reasons[0]
         except Exception:
             finish = "error"
             raise
         finally:
             # Runs on normal completion, on Ctrl-C (GeneratorExit) and on errors alike: the
             # partial reply is kept and the turn is closed with <|assistant_end|>.
-            self.warm.settle()
-            self._close_turn(tokens, masks, len(tokens) - n_before, finish, stats, gen)
+            stats = self._turn_stats(gen, len(prompt), len(tokens) - len(prefix), finish, seed)
+            self._close_turn(tokens, masks, stats)
         yield from decoder.flush()
 
-    def _close_turn(
-        self,
-        tokens: list[int],
-        masks: list[int],
-        generated: int,
-        finish: str,
-        stats: TurnStats,
-        gen: GenerationStats,
-    ) -> None:
-        """Record the reply (a continued one includes what it continued) and its statistics.
+    def _turn_stats(
+        self, gen: GenerationStats, tokens_in: int, tokens_out: int, finish: str, seed: int
+    ) -> TurnStats:
+        """A reply's statistics from its generation's: a prompt of `tokens_in`, `tokens_out`
+        of its own."""
+        return TurnStats(
+            ttft_s=gen.first_token_s,
+            prefill_tokens=gen.prefill_tokens,
+            prefill_tps=gen.prefill_tps,
+            decode_tps=gen.decode_tps,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            context_used=tokens_in + tokens_out,
+            context_len=self.context_len,
+            finish_reason=finish,
+            seed=seed,
+        )
 
-        `generated` counts this turn's new tokens; the first came from the prefill, so decode
-        speed is over the rest.
-        """
+    def _close_turn(self, tokens: list[int], masks: list[int], stats: TurnStats) -> None:
+        """Record the reply (a continued one includes what it continued) and its statistics."""
         end = self._ids[ASSISTANT_END]
         # The engine ends a reply at <|assistant_end|> or <|bos|>: neither is the reply's.
         ended = tokens and tokens[-1] in (end, self.engine.bos)
         body = tokens[:-1] if ended else tokens
         parts = decode_assistant_parts(body, masks[: len(body)], self.tokenizer)
-        stats.tokens_out = generated
-        stats.finish_reason = finish
-        stats.decode_tps = (
-            (generated - 1) / gen.decode_s if gen.decode_s > 0 and generated > 1 else 0.0
-        )
-        stats.context_used = stats.tokens_in + generated
         self._warn_if_nearly_full(stats)
         reply = Reply(parts, list(body), masks[: len(body)], stats)
         self.last_reply = reply
         self.history_stats.append(stats)
         entry_tokens = [self._ids[ASSISTANT_START], *body, end]
-        self.entries.append(_Entry(reply.message, entry_tokens, finish, masks=reply.masks))
+        self.entries.append(
+            _Entry(reply.message, entry_tokens, stats.finish_reason, masks=reply.masks)
+        )
 
     def _warn_if_nearly_full(self, stats: TurnStats) -> None:
         # Said after the reply, before the next message: that message's turn is the one

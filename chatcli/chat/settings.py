@@ -1,9 +1,9 @@
-"""The settings model, where settings live on disk, and their precedence.
+"""The settings model, their values' rules and their precedence.
 
 This module owns the one list of settings (`Settings`), the rule that checks each value
-(`SETTING_RULES`, also used by slash commands so ranges live in one place), the user's
-directories, and `load_settings`, which merges the four sources in the order
-flag > env var (CHATCLI_<NAME>) > config file (TOML) > default.
+(`SETTING_RULES`, also used by slash commands so ranges live in one place), and
+`load_settings`, which merges the four sources in the order flag > env var (CHATCLI_<NAME>) >
+config file (TOML) > default. Where the files are is chatcli.chat.user_dirs'.
 
 It knows nothing about models, terminals or commands: it only parses and validates values
 and raises ConfigError with a message that names the source and says what would be valid.
@@ -18,6 +18,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from chatcli.chat.turns import SamplingOptions
+
+# Where the files are lives in user_dirs; these names stay importable from here.
+from chatcli.chat.user_dirs import (  # noqa: F401
+    ENV_CONFIG,
+    ENV_CONVERSATIONS_DIR,
+    ENV_HOME,
+    config_path,
+    conversations_dir,
+    env_path,
+    history_path,
+    user_dir,
+)
 from chatcli.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -26,9 +39,6 @@ else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
 ENV_PREFIX = "CHATCLI_"
-ENV_HOME = "CHATCLI_HOME"
-ENV_CONFIG = "CHATCLI_CONFIG"
-ENV_CONVERSATIONS_DIR = "CHATCLI_CONVERSATIONS_DIR"
 ENV_NO_HISTORY = "CHATCLI_NO_HISTORY"
 
 SOURCES = ("sft", "rl", "base", "mid")
@@ -44,6 +54,7 @@ TOP_K_MAX = 1000
 MAX_TOKENS_MAX = 65536
 SEED_MAX = 2**63 - 1  # torch.manual_seed accepts any int64
 
+_SAMPLING = SamplingOptions()  # the sampling defaults, in the settings' words below
 _TRUE_WORDS = ("on", "true", "yes", "1")
 _FALSE_WORDS = ("off", "false", "no", "0")
 
@@ -58,14 +69,14 @@ class Settings:
     device: str = "auto"
     dtype: str = "auto"
     quantize: str = "none"  # int8/int4 copies of big matrices for CPU decode
-    temperature: float = 0.6
-    top_k: int = 50  # 0: off
-    top_p: float = 1.0  # 1.0: off
-    max_tokens: int = 512
-    seed: int | None = None  # None: a fresh random seed each turn
+    temperature: float = _SAMPLING.temperature
+    top_k: int = _SAMPLING.top_k or 0  # 0: off
+    top_p: float = _SAMPLING.top_p or 1.0  # 1.0: off
+    max_tokens: int = _SAMPLING.max_tokens
+    seed: int | None = _SAMPLING.seed  # None: a fresh random seed each turn
     system: str | None = None
     markdown: str = "auto"
-    tools: bool = True
+    tools: bool = _SAMPLING.tools
     raw: bool = False
     history: bool = True  # persistent input history
 
@@ -290,42 +301,6 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _env_path(env: Mapping[str, str], key: str) -> Path | None:
-    value = env.get(key, "").strip()
-    return Path(value).expanduser() if value else None
-
-
-def user_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where chatcli keeps its files: $CHATCLI_HOME, else $XDG_CONFIG_HOME/chatcli, else
-    ~/.config/chatcli. Not created here; writers create what they need."""
-    env = os.environ if env is None else env
-    override = _env_path(env, ENV_HOME)
-    if override is not None:
-        return override
-    xdg = _env_path(env, "XDG_CONFIG_HOME")
-    # The XDG spec says a relative XDG_CONFIG_HOME is invalid and must be ignored.
-    if xdg is not None and xdg.is_absolute():
-        return xdg / "chatcli"
-    return Path.home() / ".config" / "chatcli"
-
-
-def config_path(env: Mapping[str, str] | None = None) -> Path:
-    """The TOML config file: $CHATCLI_CONFIG, else user_dir()/config.toml."""
-    env = os.environ if env is None else env
-    return _env_path(env, ENV_CONFIG) or user_dir(env) / "config.toml"
-
-
-def conversations_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where conversations are saved: $CHATCLI_CONVERSATIONS_DIR, else user_dir()/conversations."""
-    env = os.environ if env is None else env
-    return _env_path(env, ENV_CONVERSATIONS_DIR) or user_dir(env) / "conversations"
-
-
-def history_path(env: Mapping[str, str] | None = None) -> Path:
-    """The persistent input-history file (Up/Down, Ctrl-R at the prompt)."""
-    return user_dir(env) / "input_history"
-
-
 def read_config_file(path: Path, named_by: str | None = None) -> dict[str, object]:
     """The validated settings set in a TOML file; {} when the file does not exist, unless a
     variable (`named_by`, CHATCLI_CONFIG) named it: then that path is a mistake to report."""
@@ -397,7 +372,7 @@ def load_settings(
     than hidden by a flag.
     """
     env = os.environ if env is None else env
-    named = config_file is None and _env_path(env, ENV_CONFIG) is not None
+    named = config_file is None and env_path(env, ENV_CONFIG) is not None
     path = config_path(env) if config_file is None else config_file
     merged: dict[str, object] = {}
     merged.update(read_config_file(path, named_by=ENV_CONFIG if named else None))

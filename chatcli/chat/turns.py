@@ -1,12 +1,13 @@
 """What a chat turn is made of, independent of where it runs (local engine or a server).
 
-Owns: the sampling options of a session, a reply (its message parts, tokens and masks) and a
+Owns: the sampling options of a session (chatcli's sampling defaults and seed range), a reply (its message parts, tokens and masks) and a
 turn's statistics. Pure Python: the REPL, `chatcli once` and the HTTP client use these without
 importing torch.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -33,14 +34,29 @@ def readable_text(text: str) -> str:
 CONTEXT_WARN_FRACTION = 0.8  # warn when a prompt takes more of the context than this
 
 
+# A turn without a fixed seed draws one below this; a fixed seed's retries wrap at it.
+SEED_RANGE = 2**31
+
+
+def random_seed() -> int:
+    """A fresh seed, for a turn or request that has no fixed one."""
+    return random.randrange(SEED_RANGE)
+
+
 @dataclass
 class SamplingOptions:
+    """How a session samples its replies; the defaults are chatcli's (Settings reads them)."""
+
     temperature: float = 0.6
-    top_k: int | None = 50
-    top_p: float | None = None
+    top_k: int | None = 50  # None: off
+    top_p: float | None = None  # None: off
     max_tokens: int = 512
     seed: int | None = None  # None: a fresh random seed each turn (shown in the stats)
     tools: bool = True
+
+    def turn_seed(self) -> int:
+        """The seed a turn samples with: the fixed one, else a fresh random one."""
+        return self.seed if self.seed is not None else random_seed()
 
 
 @dataclass

@@ -1,10 +1,11 @@
-"""The `chatcli` command: chat, once, models, pull, serve, bench, config path; -h and --version.
+"""The `chatcli` command: chat, once, models, pull, serve, bench, conversations, config path;
+-h and --version.
 
 Owns: the Typer app and its subcommands' registration, the root options, and `main` (choosing
 how OpenMP threads wait before torch loads). Each command lives in its own module
-(`chat_commands`, `models_command`, `pull_command`, `serve_command`, `bench_command`); the
-shared options and click's one-line errors live in `options`, settings and session loading in
-`session_setup`.
+(`chat_commands`, `models_command`, `pull_command`, `serve_command`, `bench_command`,
+`conversations_command`); the shared options and click's one-line errors live in `options`,
+settings and session loading in `session_setup`.
 Typer lives only in this package. torch is imported only by the commands that load a model, so
 `chatcli --help` stays fast.
 """
@@ -19,6 +20,7 @@ import typer
 from chatcli.chat.settings import config_path
 from chatcli.cli.bench_command import BENCH_HELP, bench
 from chatcli.cli.chat_commands import chat, once
+from chatcli.cli.conversations_command import conversations_app
 from chatcli.cli.models_command import models
 from chatcli.cli.openmp_wait import choose_openmp_wait
 from chatcli.cli.options import (
@@ -42,6 +44,7 @@ app = typer.Typer(
 )
 config_app = typer.Typer(cls=OneLineErrors, help="Inspect the configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+app.add_typer(conversations_app, name="conversations")
 
 
 @app.callback()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from chatcli.cli.options import fail
+from chatcli.cli.options import fail, fail_with
 from chatcli.errors import ChatcliError
 
 if TYPE_CHECKING:
@@ -30,20 +30,22 @@ def models(
     """List the checkpoints chatcli can find."""
     from chatcli.model.checkpoint import default_base_dir, list_checkpoints
     from chatcli.model.hub_cache import list_cached_models
-    from chatcli.terminal.render import make_console, render_notice, render_table
+    from chatcli.terminal.render import make_console, render_notice
+    from chatcli.terminal.render_panels import render_table
 
     if base_dir is not None and not base_dir.is_dir():
         raise fail(
             f"No folder at {base_dir}. Pass --base-dir a folder: a nanochat base dir (the "
             "one that holds chatsft_checkpoints, base_checkpoints, ...), one of those, or a "
-            "download's folder of model_*.pt files."
+            "download's folder of model_*.pt files.",
+            2,  # the option's value is wrong: a usage error
         )
     try:
         found = list_checkpoints(base_dir)
         # --base-dir asks about one folder; without it, the Hub cache's models are listed too.
         hub = [] if base_dir is not None else list_cached_models()
     except ChatcliError as e:
-        raise fail(str(e)) from None
+        raise fail_with(e) from None
     console = make_console()
     rows = [
         (

@@ -1,7 +1,9 @@
-"""The serve command: the OpenAI-compatible server and its chat page."""
+"""The serve command: the OpenAI-compatible server and its chat page, and who may use it."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,9 +17,10 @@ from chatcli.cli.options import (
     SourceOpt,
     StepOpt,
     fail,
+    fail_with,
 )
 from chatcli.cli.session_setup import settings_from
-from chatcli.errors import ChatcliError
+from chatcli.errors import ChatcliError, UsageError
 
 
 def serve(
@@ -48,17 +51,54 @@ def serve(
         ),
     ] = 64,
     softcap: SoftcapOpt = None,
+    api_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--api-key",
+            envvar="CHATCLI_API_KEY",
+            metavar="KEY",
+            help="Let in only requests with Authorization: Bearer KEY (repeat for more keys); "
+            "/health and the chat page's HTML stay open.",
+        ),
+    ] = None,
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(metavar="PATH", help="Keys to let in, one a line (# starts a comment)."),
+    ] = None,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/)."""
     try:
-        from chatcli.serve.app import Limits
+        from chatcli.serve.app import MAX_PORT, Limits
         from chatcli.serve.app import serve as run_server
+        from chatcli.serve.auth import api_keys, open_server_warning
     except ImportError:
         raise fail("chatcli serve needs the serve extra: pip install -e '.[serve]'") from None
+    from chatcli.terminal.render import make_console, render_notice
+
     try:
         s = settings_from(
             model=model, source=source, step=step, device=device, dtype=dtype, quantize=quantize
         )
+        # The command line's mistakes first (exit 2), then the files' and the system's (1).
+        if not 0 <= port <= MAX_PORT:
+            raise UsageError(
+                f"--port must be between 0 and {MAX_PORT} (0 picks a free port); got {port}."
+            )
+        if workers is not None and workers < 1:
+            raise UsageError(f"--workers must be at least 1 (got {workers}).")
+        try:
+            keys = api_keys(api_key or (), None)
+        except ChatcliError as e:
+            raise UsageError(str(e)) from None
+        if api_key_file is not None:
+            keys = api_keys(keys, api_key_file)
+        warning = open_server_warning(host, port, keys)
+
+        def warn() -> None:  # once it listens, before the model loads: not minutes later
+            if warning is not None:
+                render_notice(make_console(file=sys.stderr), warning)
+
+        locked = f"; {len(keys)} API key{'s' if len(keys) > 1 else ''}" if keys else ""
         run_server(
             s.model,
             host=host,
@@ -72,12 +112,14 @@ def serve(
             dtype=s.dtype,
             quantize=s.quantize,
             softcap=softcap,
+            api_keys=keys,
+            on_listening=warn,
             on_ready=lambda i: typer.echo(
                 f"Serving {i['model']} on {', '.join(i['devices'])} at {i['url']} "
-                "(chat page at /, API at /v1)"
+                f"(chat page at /, API at /v1{locked})"
             ),
         )
     except ChatcliError as e:
-        raise fail(str(e)) from None
+        raise fail_with(e) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

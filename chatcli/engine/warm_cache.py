@@ -7,23 +7,36 @@ with the held tokens and prefills only the rest; rewinding copies nothing (later
 are overwritten) and restores era E's remembered previous token from the prompt. The cache
 spans the model's whole context and lives as long as its owner, so a static decode step (a
 CUDA graph) is captured once for it, not once a prompt.
+
+Owns the cache, its tokens, and the sample rows last forked from it (until it moves on), so
+that a chosen row's K/V can be taken over. Does not generate: Engine.generate prefills into
+it and decodes, appending what it writes.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from chatcli.engine.engine import Engine
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+
+if TYPE_CHECKING:
+    from chatcli.engine.engine import Engine
 
 
 class WarmCache:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, cache: KVCache | None = None) -> None:
+        """cache: the batch-1 cache to keep (empty); None makes a whole-context one at the
+        first prefill."""
         self.engine = engine
-        self.cache: KVCache | None = None
+        self.cache = cache
         # What the cache holds, position by position; a generation appends each token it
         # yields and `settle` drops the last one, which decode yields but never writes.
         self.tokens: list[int] = []
+        # Sample rows forked from the cache as it is (`fork`), until it moves on: `adopt`
+        # takes a chosen row's K/V from them.
+        self.rows: KVCache | SharedPrefixCache | None = None
 
     @torch.inference_mode()
     def prefill(self, prompt: list[int]) -> tuple[torch.Tensor, int]:
@@ -31,6 +44,7 @@ class WarmCache:
         many of its tokens ran (at least one: the logits come from running it)."""
         if self.cache is None:
             self.cache = self.engine.new_cache(1, self.engine.context_len)
+        self.rows = None  # rows over a shared prefix read the positions rewritten below
         common = self.shared_with(prompt)
         self.cache.rewind(common, prompt[common - 1] if common else None)
         self.tokens = self.tokens[:common]  # what stays true if the forward below fails
@@ -48,32 +62,41 @@ class WarmCache:
             common += 1
         return common
 
+    def fork(self, num_samples: int, budget: int) -> KVCache | SharedPrefixCache:
+        """`num_samples` rows going on from what the cache holds, for up to `budget` tokens
+        (Engine.fork); the cache itself stays as it is, and remembers them."""
+        if self.cache is None:
+            raise ValueError("an empty warm cache has nothing to fork")
+        self.rows = self.engine.fork(self.cache, num_samples, budget)
+        return self.rows
+
     def settle(self) -> None:
         """Make `tokens` what the cache holds after a generation, however it ended."""
         self.tokens = self.tokens[: self.cache.get_pos()] if self.cache is not None else []
 
+    def drop_rows(self) -> None:
+        """Let the forked rows go (their memory with them): none of them will be adopted."""
+        self.rows = None
+
     @torch.inference_mode()
-    def adopt(self, rows: KVCache | SharedPrefixCache, row: int, reply: list[int]) -> int:
-        """Take the K/V that sample row `row` of `rows` (Engine.fork of this cache, which
-        still holds the prompt they forked from) wrote for `reply`, the tokens it generated,
-        as if this cache had decoded them. Returns how many it took: all that were run (a
-        row's last token never is)."""
-        if self.cache is None:
-            raise ValueError("an empty warm cache has no rows forked from it")
+    def adopt(self, row: int, reply: list[int]) -> int:
+        """Take the K/V that sample row `row` of the rows last forked from this cache wrote
+        for `reply`, the tokens it generated, as if this cache had decoded them. Returns how
+        many it took: all that were run (a row's last token never is)."""
+        rows = self.rows
+        if self.cache is None or rows is None:
+            raise ValueError("no sample rows were forked from this cache as it is")
         start = self.cache.get_pos()
         if len(self.tokens) != start:
             raise ValueError("the warm cache's tokens are not what it holds: settle() first")
-        if isinstance(rows, SharedPrefixCache):
-            if rows.prefix is not self.cache or rows.prefix_len != start:
-                raise ValueError("the rows were not forked from this cache as it is")
-            k, v, at, written = rows.suffix.k_cache, rows.suffix.v_cache, 0, rows.suffix.get_pos()
-        else:  # a copy of the prompt in every row, then the row's own tokens
-            if rows.get_pos() < start:
-                raise ValueError("the rows were not forked from this cache as it is")
-            k, v, at, written = rows.k_cache, rows.v_cache, start, rows.get_pos() - start
         if not 0 <= row < rows.batch_size:
             raise ValueError(f"no row {row} among {rows.batch_size}")
+        if isinstance(rows, SharedPrefixCache):
+            k, v, at, written = rows.suffix.k_cache, rows.suffix.v_cache, 0, rows.suffix.get_pos()
+        else:  # a copy of the prompt in every row, then the row's own tokens
+            k, v, at, written = rows.k_cache, rows.v_cache, start, rows.get_pos() - start
         n = min(len(reply), written)
+        self.rows = None  # the cache moves on past the prompt they share
         if n == 0:
             return 0
         self.cache.k_cache[:, 0, start : start + n] = k[:, row, at : at + n]

@@ -13,7 +13,7 @@ that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
   time than bf16's torch.mv, and 8 rows 2.5x faster than fp32 (1.3 against 3.3 ms a
   5120x1280 matrix), still 0.88 of fp32's time at 1024 rows (FBGEMM_FP16_MAX_ROWS). Where
   fbgemm is missing, torch.mv over fp16, one row, its input scaled into fp16's range. On
-  AVX-512 one row goes through our own kernel instead (native_kernels.f16_matvec).
+  AVX-512 one row goes through our own kernel instead (kernels/f16_matvec.py).
 - bfloat16: half the bytes; exact products of rounded weights (torch.mv).
 - int8: a quarter; one symmetric scale per output row. Where our kernels run (a C compiler,
   AVX2) it is weight-only in them: the codes widened to fp32 in registers, fp32 activations
@@ -38,15 +38,11 @@ from typing import Protocol
 
 import torch
 
-from chatcli.kernels.native import (
-    HalfPanels,
-    Int8Panels,
-    f16_matvec,
-    f16_rows,
-    int8_rows,
-    rows_step,
-    unavailable_reason,
-)
+from chatcli.kernels.build import unavailable_reason
+from chatcli.kernels.f16_matvec import f16_matvec
+from chatcli.kernels.f16_rows import f16_rows
+from chatcli.kernels.panels import HalfPanels, Int8Panels, int8_rows
+from chatcli.kernels.rows_step import rows_step
 
 # From the most bits to the fewest.
 QUANTIZE_KINDS = ("float16", "bfloat16", "int8", "int4")
@@ -99,7 +95,7 @@ class Fp16Weight:
     """fp16: on x86, fbgemm's fp16 GEMM over weights packed once, which widens them to fp32
     in registers and takes and accumulates fp32 activations, so any number of rows and no
     range to mind. Elsewhere torch.mv, one row, its input scaled into fp16's range. One row
-    goes through our own kernel where it runs (native_kernels: AVX-512), which also widens
+    goes through our own kernel where it runs (kernels/f16_matvec.py: AVX-512), which also widens
     the weights in registers and sums in fp32: it streams d20's matrices at 27-30 GB/s on a
     2-core Xeon where fbgemm's packed ones read at 21. It reads a plain fp16 copy beside
     fbgemm's packing (which serves several rows), unpacked from the panels below at its
@@ -109,7 +105,7 @@ class Fp16Weight:
     in 52-54 ms on a 2-core Zen 3 where fbgemm's took 75-82 (two threads, ABBA rounds,
     one-off script), as its loop widens each weight once for all the rows. Another fp16
     copy, kept beside fbgemm's, which still serves 9 rows and more (chat chunks, prompts).
-    A decode step through our whole-step kernel (native_kernels.rows_step) reads those
+    A decode step through our whole-step kernel (kernels/rows_step.py) reads those
     panels itself (half_panels) and calls none of these products."""
 
     float_activations = True
@@ -174,7 +170,7 @@ class Fp16Weight:
 
     @property
     def half_panels(self) -> HalfPanels | None:
-        """The f16_rows panels as a whole decode step reads them (native_kernels.rows_step
+        """The f16_rows panels as a whole decode step reads them (kernels/rows_step.py
         of a big model: its products with no copy of their own), or None without them."""
         if self._panels is None:
             return None
@@ -228,7 +224,7 @@ class Int8Weight:
     """int8, one scale per output row (int8_rows). Where our step kernel reads int8 (a C
     compiler, AVX2) and the rows are whole panels: weight-only in our own kernels, the
     codes in panels beside their scales (Int8Panels), which the whole decode step
-    (native_kernels.rows_step) and this copy's own products (rows_int8_product: sample
+    (kernels/rows_step.py) and this copy's own products (rows_int8_product: sample
     rows, a chat turn, a prompt: up to NATIVE_INT8_MAX_ROWS) read, fp32 activations and
     sums, a byte a weight. Else fbgemm's dynamic int8 linear, which also rounds the
     activations to 7-bit integers, or, where fbgemm is missing, torch's weight-only kernel

@@ -6,7 +6,7 @@ the same seed gives the same tokens. Knows nothing about models or caches.
 Sampling draws one uniform number per row and inverts the cumulative distribution
 (cumsum + searchsorted): over a 65k vocabulary that is ~30x cheaper on CPU than
 torch.multinomial. Top-p only sorts what it must: inside top-k when top-k is set.
-On the CPU, where our sample_rows kernel compiled (native_kernels), the same draw is
+On the CPU, where our sample_rows kernel compiled (kernels/sample_rows.py), the same draw is
 inverted there in one call instead of ~10 torch ops: 84-114 against 27-28 us a token with
 chat's defaults over the embedded model's 1024 words.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from chatcli.kernels.native import SampleRows, sample_rows
+from chatcli.kernels.sample_rows import SampleRows, sample_rows
 
 # Below this a temperature decodes greedily: dividing logits by 1e-39 overflows to inf and
 # the softmax to NaN, and what it would sample differs from the argmax only on near-ties.

@@ -5,8 +5,9 @@ GET (and HEAD) /v1/models, /health, /stats and the chat page at /; turning conve
 prompt tokens and stream events into OpenAI chunks; loading one model replica per worker; the
 guards a server on this machine needs against web pages the user visits (JSON bodies only, so
 no form or text/plain post slips past the browser's preflight; on a loopback address, only
-loopback Host names, against DNS rebinding); and a shutdown that ends open generations at
-once. What a valid request is, and the error bodies that name a bad field, are
+loopback Host names, against DNS rebinding); who may use it (API keys, chatcli.serve.auth's
+check, put in front of the whole app); and a shutdown that ends open generations at once.
+What a valid request is, and the error bodies that name a bad field, are
 chatcli.serve.requests'.
 
 The calculator runs here, inside the engine. A call reaches clients twice over: as an inline
@@ -29,7 +30,6 @@ import asyncio
 import errno
 import json
 import logging
-import random
 import socket
 import threading
 import time
@@ -50,8 +50,9 @@ from starlette.exceptions import HTTPException
 
 from chatcli.chat.calc_markers import format_marker, parts_from_text
 from chatcli.chat.stream import StreamEvent, TextDelta, ToolResult
-from chatcli.chat.turns import SamplingOptions
+from chatcli.chat.turns import SamplingOptions, random_seed
 from chatcli.errors import ChatcliError, ConfigError, TokenizerError
+from chatcli.serve.auth import ApiKeyCheck
 from chatcli.serve.guards import HostCheck, hosts_to_check, media_type, read_body
 from chatcli.serve.requests import (
     ChatMessage,
@@ -193,12 +194,17 @@ def create_app(
     *,
     allowed_hosts: Collection[str] | None = None,
     waiting_every: float = WAITING_EVERY_S,
+    api_keys: Sequence[str] = (),
+    demo: bool = False,
 ) -> FastAPI:
     """The HTTP app over `workers` (all replicas of one model).
 
     allowed_hosts: the Host names (any port) it answers, others get a 400; None for any.
     serve() fills it from --host (hosts_to_check). waiting_every: seconds between the
-    keep-alive comments of a stream queued for a worker.
+    keep-alive comments of a stream queued for a worker. api_keys: with any, every request
+    but /health and the page's HTML needs one of them (chatcli.serve.auth). demo: the model
+    is chatcli's embedded demo, as its model entry says (`chatcli_demo`), so the chat page
+    says what it can do.
     """
     pool = workers if isinstance(workers, WorkerPool) else WorkerPool(workers)
     defaults = SamplingOptions()
@@ -209,6 +215,8 @@ def create_app(
     app.state.pool = pool
     if allowed_hosts is not None:
         app.add_middleware(HostCheck, allowed=allowed_hosts)
+    if api_keys:  # in front of the whole app: routes added to it later are covered too
+        app.add_middleware(ApiKeyCheck, keys=api_keys)
 
     def get(path: str, **kwargs: Any) -> Callable[..., Any]:
         # HEAD too, as Starlette's own routes do (FastAPI's GET does not): uptime monitors
@@ -245,6 +253,8 @@ def create_app(
         "owned_by": "chatcli",
         "context_length": pool.context_len,
     }
+    if demo:
+        model_entry["chatcli_demo"] = True
 
     @get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -314,7 +324,7 @@ def create_app(
                 temperature=temperature,
                 top_k=top_k or None,
                 top_p=req.top_p if req.top_p is not None and req.top_p < 1 else None,
-                seed=req.seed if req.seed is not None else random.randrange(2**31),
+                seed=req.seed if req.seed is not None else random_seed(),
                 stop=tuple(req.stop or ()),
             ),
         )
@@ -519,22 +529,28 @@ def serve(
     quantize: str = "none",
     softcap: float | None = None,
     model_name: str | None = None,
+    api_keys: Sequence[str] = (),
     log_level: str = "info",
+    on_listening: Callable[[], None] | None = None,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Load one replica of `model` per worker and serve until interrupted. Each worker keeps
     `cache_slots` conversations' K/V warm (worker_pool.Worker). On a loopback `host` only
-    loopback Host names are answered (hosts_to_check).
+    loopback Host names are answered (hosts_to_check); with `api_keys`, only requests that
+    carry one of them (chatcli.serve.auth).
 
     on_ready gets {"url", "model", "devices", "cpu_threads"} once the models are loaded, just
     before the first request can come in: the CLI's cue to say where the server is.
-    cpu_threads is the CPU plan's thread count (cpu_plan.py), None off the CPU.
+    cpu_threads is the CPU plan's thread count (cpu_plan.py), None off the CPU. on_listening
+    is called once the address is taken, before the models load: what must be said at once.
     """
     from chatcli.engine.cpu_plan import apply_cpu_plan
     from chatcli.model.checkpoint import load_model
 
     sock = _listen(host, port)  # fail on a taken port before minutes of model loading
     try:
+        if on_listening is not None:
+            on_listening()
         replicas = []
         for i, dev in enumerate(worker_devices(device, workers)):
             m, tokenizer, _ = load_model(
@@ -552,7 +568,14 @@ def serve(
         plan = apply_cpu_plan(replicas[0].engine.model)
         info = replicas[0].engine.model.info
         name = model_name or ("chatcli-default" if info.embedded else info.tag or "chatcli")
-        app = create_app(replicas, limits, name, allowed_hosts=hosts_to_check(host))
+        app = create_app(
+            replicas,
+            limits,
+            name,
+            allowed_hosts=hosts_to_check(host),
+            api_keys=api_keys,
+            demo=info.embedded,
+        )
         if on_ready is not None:
             shown = f"[{host}]" if ":" in host else host
             devices = [w.device for w in replicas]

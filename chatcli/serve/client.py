@@ -15,7 +15,6 @@ every turn sends the whole conversation.
 from __future__ import annotations
 
 import json
-import random
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -54,8 +53,9 @@ def _base_url(url: str) -> str:
 @dataclass
 class RemoteSession:
     # A server sends one reply per request: /samples, which needs one shared prefill, is
-    # refused as soon as it is typed (chat_commands reads this; a local session lacks it).
+    # refused as soon as it is typed; and text, not the tokens `raw` would show.
     can_sample_replies: ClassVar[bool] = False
+    can_show_raw: ClassVar[bool] = False
 
     url: str
     api_key: str | None = None
@@ -147,7 +147,12 @@ class RemoteSession:
             said = message
             refused = f"The server refused the request ({code}): {message}"
         if code in (401, 403):
-            raise ChatcliError(f"{self.url} refused the API key: {said}. Pass --api-key.")
+            said = said.rstrip(".")
+            fix = "Check" if self.api_key else "Pass the server's key with"
+            raise ChatcliError(
+                f"{self.url} refused the request ({code}): {said}. {fix} --api-key KEY "
+                "or CHATCLI_API_KEY."
+            )
         if code == 400 and _context_full(response):
             raise _ContextFull(refused)
         if code == 404:
@@ -267,7 +272,7 @@ class RemoteSession:
         return body
 
     def _stream(self, added_user: bool) -> Iterator[StreamEvent]:
-        seed = self.options.seed if self.options.seed is not None else random.randrange(2**31)
+        seed = self.options.turn_seed()
         turn = _Turn()
         answered = False  # the server took the request: from here on a reply is recorded
         earlier = len(self._earlier)  # exchanges dropped before this turn
@@ -361,7 +366,8 @@ class RemoteSession:
         self.notices.append(
             TurnNotice(
                 f"Context full: dropped the {dropped} oldest exchange"
-                f"{'s' if dropped > 1 else ''} (the system prompt is kept)."
+                f"{'s' if dropped > 1 else ''}"
+                f"{' (the system prompt is kept)' if self.system else ''}."
             )
         )
 
@@ -370,7 +376,11 @@ class RemoteSession:
         usage = turn.usage or {}
         stats.tokens_in = int(usage.get("prompt_tokens") or 0)
         stats.tokens_out = int(usage.get("completion_tokens") or turn.deltas)
-        stats.prefill_tokens = stats.tokens_in
+        # The prompt's tokens the server computed: those its cache held were not prefilled.
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        cached = cached if isinstance(cached, int) and not isinstance(cached, bool) else 0
+        stats.prefill_tokens = max(stats.tokens_in - cached, 0)
         decode_s = usage.get("chatcli_decode_s")
         if isinstance(decode_s, int | float) and not isinstance(decode_s, bool):
             # chatcli's server timed its decode: the first token came that long before the
@@ -381,8 +391,9 @@ class RemoteSession:
                 stats.decode_tps = (stats.tokens_out - 1) / decode_s
         elif turn.first_at is not None and stats.tokens_out > 1 and now > turn.first_at:
             stats.decode_tps = (stats.tokens_out - 1) / (now - turn.first_at)
-        if stats.ttft_s > 0 and stats.tokens_in:
-            stats.prefill_tps = stats.tokens_in / stats.ttft_s  # an upper bound on the wait
+        if stats.ttft_s > 0 and stats.prefill_tokens:
+            # The wait for the first token bounds the prefill's time: a lower bound on its speed.
+            stats.prefill_tps = stats.prefill_tokens / stats.ttft_s
         stats.context_used = stats.tokens_in + stats.tokens_out
         stats.finish_reason = turn.finish or "error"
         reply = Reply(turn.parts(), [], [], stats)

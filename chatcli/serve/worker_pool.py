@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,8 +62,8 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int  # every token generated, calculator-forced ones and the stop included
     cached_tokens: int = 0  # of the prompt's, those the worker's warm cache already held
-    # From the first token to the last: a client cannot time it where the reply starts with
-    # a calculator call, which reaches it only once the call is over.
+    # The decode steps after the first token (GenerationStats.decode_s): a client cannot time
+    # them where the reply starts with a calculator call, which reaches it only once over.
     decode_s: float = 0.0
 
 
@@ -104,55 +103,46 @@ class Worker:
         The prompt goes to one of the worker's warm caches (warm_cache.choose) and is
         prefilled past the longest prefix it shares with what that cache holds (an earlier
         request's prompt and reply)."""
-        budget = self.engine.budget_for(prompt, params.max_tokens)
         self.warm = choose(self.slots, prompt)
         decoder = TokenDecoder(self.tokenizer)
         stop_text = StopText(params.stop)
         stats = GenerationStats()
+        steps = self.engine.generate(
+            prompt,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=params.seed,
+            stats=stats,
+            warm=self.warm,
+        )
         generated = 0
-        first_at = last_at = 0.0
-        try:
-            logits, prefilled = self.warm.prefill(prompt)
-            steps = self.engine.decode(
-                self.warm.cache,
-                logits,
-                budget,
-                temperature=params.temperature,
-                top_k=params.top_k,
-                top_p=params.top_p,
-                seed=params.seed,
-                stats=stats,
-            )
-            with contextlib.closing(steps):
-                for column, masks in steps:
-                    if stop.is_set():
-                        break
-                    generated += 1
-                    last_at = time.perf_counter()
-                    first_at = first_at or last_at
-                    self.warm.tokens.append(column[0])
-                    events = stop_text.feed(decoder.feed(column[0], masks[0]))
-                    if events:
-                        emit(events)
-                    if stop_text.stopped:
-                        break
-        finally:
-            self.warm.settle()
-        cached, decode_s = len(prompt) - prefilled, last_at - first_at
+        with contextlib.closing(steps):
+            for column, masks in steps:
+                if stop.is_set():
+                    break
+                generated += 1
+                events = stop_text.feed(decoder.feed(column[0], masks[0]))
+                if events:
+                    emit(events)
+                if stop_text.stopped:
+                    break
+
+        def finished(reason: str) -> Finished:
+            cached = len(prompt) - stats.prefill_tokens
+            return Finished(reason, len(prompt), generated, cached, stats.decode_s)
+
         if stop.is_set():
-            return Finished("interrupted", len(prompt), generated, cached, decode_s)
+            return finished("interrupted")
         if stop_text.stopped:
-            return Finished("stop", len(prompt), generated, cached, decode_s)
+            return finished("stop")
         tail = stop_text.feed(decoder.flush())
         tail += stop_text.flush()
         if tail:
             emit(tail)
-        reason = stats.finish_reasons[0] if stats.finish_reasons else "length"
-        if stop_text.stopped:
-            reason = "stop"  # found in the text the decoder held back to the end
-        elif reason == "length" and budget < params.max_tokens:
-            reason = "context"  # the context ran out before the request's limit
-        return Finished(reason, len(prompt), generated, cached, decode_s)
+        # Found in the text the decoder held back to the end, or the engine's reason.
+        return finished("stop" if stop_text.stopped else stats.finish_reasons[0])
 
     def describe(self) -> dict[str, Any]:
         return {

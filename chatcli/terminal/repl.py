@@ -30,7 +30,14 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.output import Output, create_output
 from prompt_toolkit.styles import Style
 
-from chatcli.chat.command_parsing import COMMANDS, SYSTEM_CLEAR, CommandError, find_command
+from chatcli.chat.command_parsing import (
+    COMMANDS,
+    SET_NAMES,
+    SHOW_WHAT,
+    SYSTEM_CLEAR,
+    CommandError,
+    find_command,
+)
 from chatcli.chat.conversation_store import SUFFIX, ConversationSink
 from chatcli.chat.settings import Settings, history_path
 from chatcli.chat.turns import readable_text
@@ -41,14 +48,13 @@ from chatcli.terminal.render import (
     render_hint,
     render_interrupted,
     render_notice,
-    render_recap,
-    render_replies,
     render_status,
-    render_table,
     render_text,
     use_markdown,
 )
-from chatcli.terminal.slash_commands import ChatCommands, Session
+from chatcli.terminal.render_panels import render_recap, render_replies, render_table
+from chatcli.terminal.session_protocols import Session
+from chatcli.terminal.slash_commands import ChatCommands
 
 if TYPE_CHECKING:
     from chatcli.terminal.render import Console  # Rich's console: only render.py calls into it
@@ -161,6 +167,10 @@ class CommandCompleter(Completer):
             return ["md", "json"]
         if name == "seed":
             return ["random"]
+        if name == "set":
+            return list(SET_NAMES)
+        if name == "show":
+            return list(SHOW_WHAT)
         if name == "system":
             return [SYSTEM_CLEAR]
         if name == "load" and self.conversations_dir.is_dir():

@@ -1,24 +1,21 @@
-"""What each slash command and each turn does to the session, the saved conversation and
-the screen.
+"""What each slash command does to the session, the saved conversation and the screen.
 
-Owns: running one line (a slash command, or a message to the model), the `cmd_*` handler of
-every command in commands.COMMANDS, one turn from the user's message to the saved reply
-(Ctrl-C while the model writes closes the reply's stream; the session keeps the partial reply),
-/retry's seed, /samples' choice, and which messages reach the conversation file.
+Owns: ChatCommands, which runs one line (a slash command, or a message to the model: a turn,
+turn_runner.py's), the `cmd_*` handler of every command in command_parsing.COMMANDS, /retry's
+seed and /samples' request.
 
 Does not know: tokens or torch (the session does), the prompt, key bindings or history
 (repl.py; a question for /samples comes through `Screen.ask`), Rich or how anything is drawn
-(the `Screen` it is given), how a command line is parsed (commands.py), or where settings
-come from (cli.py). Nothing here exits the process: a bad turn or command prints one red line
-and the caller goes on.
+(the `Screen` it is given, session_protocols.py), how a command line is parsed
+(command_parsing.py), or where settings come from (cli/). Nothing here exits the process: a
+bad turn or command prints one red line and the caller goes on.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from chatcli.chat.command_parsing import (
     COMMANDS,
@@ -31,122 +28,24 @@ from chatcli.chat.command_parsing import (
     parse_command,
     unescape_message,
 )
+from chatcli.chat.conversation_export import export_json, export_markdown
+from chatcli.chat.conversation_index import (
+    check_name_free,
+    list_conversations,
+    resolve_conversation,
+)
 from chatcli.chat.conversation_store import (
     ConversationFile,
     ConversationSink,
     NewConversation,
-    export_json,
-    export_markdown,
-    list_conversations,
+    clean_name,
     read_conversation,
-    resolve_conversation,
 )
 from chatcli.chat.settings import Settings, format_setting
-from chatcli.chat.stream import StreamEvent
-from chatcli.errors import ChatcliError, ConversationFileError
-from chatcli.terminal.keyboard import interrupts_held, quiet_keyboard
-
-if TYPE_CHECKING:
-    from chatcli.chat.turns import Reply, SamplingOptions, TurnNotice, TurnStats
-
-SEED_RANGE = 2**31  # the range ChatSession draws its random seeds from
-
-
-# ---- what this module needs of the session and of the terminal ---------------------------------
-
-
-class Session(Protocol):
-    """What the commands need of a chat session (session.ChatSession, remote.RemoteSession)."""
-
-    options: SamplingOptions
-    system: str | None
-    last_reply: Reply | None
-    history_stats: list[TurnStats]
-
-    @property
-    def messages(self) -> list[dict[str, Any]]: ...
-
-    @property
-    def transcript(self) -> tuple[list[dict[str, Any]], list[str | None]]:
-        """The whole conversation (exchanges dropped for the context included) and each
-        message's finish_reason where known: what /save and /export write."""
-        ...
-
-    @property
-    def context_len(self) -> int: ...
-
-    def send(self, text: str) -> Iterator[StreamEvent]: ...
-
-    def regenerate(self) -> Iterator[StreamEvent]: ...
-
-    def continue_reply(self) -> Iterator[StreamEvent]: ...
-
-    def sample_replies(self, text: str, n: int) -> list[Reply]: ...
-
-    def accept_reply(self, reply: Reply) -> None: ...
-
-    def undo(self) -> bool: ...
-
-    def pop_last_reply(self) -> dict[str, Any] | None: ...
-
-    def clear(self) -> None: ...
-
-    def set_system(self, text: str | None) -> None: ...
-
-    def load_messages(
-        self, messages: list[dict[str, Any]], finishes: Sequence[str | None] | None = None
-    ) -> None: ...
-
-    def take_notices(self) -> list[TurnNotice]: ...
-
-
-class ReplyView(Protocol):
-    """One streamed reply on the screen (render.ReplyRenderer)."""
-
-    def handle(self, event: StreamEvent) -> None: ...
-
-    def finish(self, finish_reason: str) -> None: ...
-
-
-class Screen(Protocol):
-    """What the commands need of the terminal (repl.ChatUI): places to draw, one question
-    asked of the person for /samples, and how replies are drawn (/markdown sets it)."""
-
-    markdown_mode: str  # auto, always or never
-
-    def renderer(self, raw: bool = False) -> ReplyView:
-        """A view for one reply; `raw`: the reply is exact token text, special tokens
-        included, to show as it is (never read as Markdown)."""
-        ...
-
-    def notice(self, message: str) -> None: ...
-
-    def error(self, message: str) -> None: ...
-
-    def status(self, stats: Mapping[str, object]) -> None: ...
-
-    def text(self, message: str) -> None: ...
-
-    def interrupted(self) -> None: ...
-
-    def table(self, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None: ...
-
-    def replies(
-        self, replies: Sequence[tuple[Sequence[Mapping[str, str]], str]], tools: bool = True
-    ) -> None:
-        """Alternative replies side by side: each as its parts and a one-line subtitle.
-        tools: whether the calculator ran (off: a call without a result was not run)."""
-        ...
-
-    def ask(self, question: str) -> str | None:
-        """A one-line answer; None when the person declined (Ctrl-C). Ctrl-D, or the end of
-        piped input, is an empty answer, as Enter."""
-        ...
-
-    def recap(self, messages: Sequence[Mapping[str, object]]) -> None:
-        """Where a loaded conversation left off: its last question and reply."""
-        ...
-
+from chatcli.chat.turns import SEED_RANGE, random_seed
+from chatcli.errors import ChatcliError
+from chatcli.terminal.session_protocols import Screen, Session
+from chatcli.terminal.turn_runner import TurnRunner, one_line
 
 # ---- running a line -----------------------------------------------------------------------------
 
@@ -160,42 +59,11 @@ def _quote(text: str, limit: int = 60) -> str:
     return f'"{text[: limit - 1]}…"' if len(text) > limit else f'"{text}"'
 
 
-def _one_line(error: Exception) -> str:
-    if isinstance(error, ChatcliError):
-        return str(error)
-    # Not one of ours: a bug or a system failure. Name it, but keep it to one line.
-    detail = " ".join(str(error).split())
-    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
-
-
-def _is_exit(line: str) -> bool:
-    """True for /exit or one of its aliases (/quit, /bye)."""
-    if not is_command(line):
-        return False
-    try:
-        return parse_command(line).name == "exit"
-    except CommandError:
-        return False
-
-
-def _close(events: Iterator[StreamEvent]) -> None:
-    # Closing the session's generator ends its turn as "interrupted" (in its finally block).
-    close = getattr(events, "close", None)
-    if close is not None:
-        close()
-
-
-def _reply_meta(reply: Reply) -> dict[str, object]:
-    """What is saved beside a reply: enough to tell how it ended and to reproduce it."""
-    stats = reply.stats
-    return {"finish_reason": stats.finish_reason, "seed": stats.seed, "stats": stats.as_dict()}
-
-
 def _json_value(value: object) -> object:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
-class ChatCommands:
+class ChatCommands(TurnRunner):
     """Runs each line the person typed: a slash command, or a message to the model (one turn)."""
 
     def __init__(
@@ -207,16 +75,12 @@ class ChatCommands:
         conversations_dir: Path,
         model_info: Mapping[str, object] | None,
     ) -> None:
-        self.session = session
-        self.screen = screen
+        super().__init__(session, screen, conversation, settings.raw)
         self.settings = settings
-        self.conversation = conversation
         self.conversations_dir = conversations_dir
         self.model_info = dict(model_info or {})
-        self.raw = settings.raw
         self._set_session_raw(self.raw)
         self.samples_next: int | None = None  # /samples N: the next message gets N replies
-        self.retries = 0  # /retry's of the last reply so far: a fixed seed moves on by one each
         self.handlers: dict[str, Callable[[Any], bool]] = {
             name: getattr(self, "cmd_" + name) for name in COMMANDS
         }
@@ -242,178 +106,8 @@ class ChatCommands:
             else:
                 self.send(message)
         except Exception as e:
-            self.screen.error(_one_line(e))
+            self.screen.error(one_line(e))
         return True
-
-    # ---- turns ----------------------------------------------------------------------------------
-
-    def send(self, text: str) -> None:
-        self._check_answered()
-        events = self.session.send(text)  # a message that cannot fit raises here, unsaved
-        self.retries = 0
-        self.stream(events, replace=False, question={"role": "user", "content": text})
-
-    def _check_answered(self) -> None:
-        # Only a resumed file ends in a question (chatcli was stopped mid-turn): a second
-        # one after it would give the model two questions in a row, and a server a 400.
-        messages = self.session.messages
-        if messages and messages[-1]["role"] == "user":
-            raise ChatcliError(
-                "The last question has no reply yet: /retry answers it, /undo drops it."
-            )
-
-    def stream(
-        self,
-        events: Iterator[StreamEvent],
-        replace: bool,
-        question: dict[str, Any] | None = None,
-    ) -> None:
-        """Shows one streamed reply, then its status line, then saves it (after `question`,
-        the message it answers, where it is a new one).
-
-        The question is saved once the reply has begun, or once the turn is over and the
-        session still holds it: a server refuses a message only once it is sent, and the
-        session takes it back, so a refused one never reaches the file (nor makes one)."""
-        before = self.session.last_reply
-        asked = len(self.session.messages)
-
-        def save_question() -> None:
-            nonlocal question
-            if question is not None and len(self.session.messages) >= asked:
-                message, question = question, None
-                self._save(lambda c: c.append_message(message))
-
-        renderer: ReplyView | None = None
-        first = True
-        interrupted, failure = False, None
-        try:
-            # Keys typed meanwhile wait for the prompt, not the reply. Inside the try: a
-            # Ctrl-C while the terminal's modes are put back still closes the turn below.
-            with quiet_keyboard():
-                self.show_notices()
-                renderer = self.screen.renderer(raw=self.raw and self._session_has_raw())
-                for event in events:
-                    if first:
-                        save_question()  # a reply has begun: a killed process keeps the question
-                        self.show_notices()  # e.g. old exchanges dropped to make room
-                        first = False
-                    renderer.handle(event)
-        except KeyboardInterrupt:
-            interrupted = True
-        except BaseException as e:
-            failure = e
-        # Closing the turn: a second Ctrl-C here would leave it half closed (unmarked, the
-        # file a message behind the session).
-        with interrupts_held():
-            if interrupted:
-                _close(events)
-                if renderer is not None:
-                    renderer.finish("interrupted")
-                else:
-                    self.screen.interrupted()
-                messages = self.session.messages
-                if question is not None and messages and messages[-1]["role"] == "user":
-                    # Ctrl-C before the session's turn began (its stream never ran, so
-                    # nothing closed it): the question goes, unsaved, rather than wait
-                    # without a reply.
-                    self.session.undo()
-                    question = None
-                    self.screen.notice("Stopped before the reply began: your message was dropped.")
-            elif failure is not None:
-                _close(events)  # a failure outside the stream must still end the turn
-                if renderer is not None:
-                    renderer.finish("error")
-                save_question()
-                self._save_reply(before, replace)  # the session closed the turn: keep in step
-                raise failure
-            else:
-                reply = self.session.last_reply
-                assert renderer is not None  # made before the stream ran
-                renderer.finish(reply.stats.finish_reason if reply is not None else "stop")
-            save_question()
-            self.show_notices()
-            reply = self.session.last_reply
-            if reply is not None and reply is not before:
-                self.screen.status(reply.stats.as_dict())
-            self._save_reply(before, replace)
-
-    def _save_reply(self, before: Reply | None, replace: bool) -> None:
-        reply = self.session.last_reply
-        if reply is None or reply is before:
-            return
-        meta = _reply_meta(reply)
-        if replace:
-            self._save(lambda c: c.replace_last(reply.message, meta))
-        else:
-            self._save(lambda c: c.append_message(reply.message, meta))
-
-    def _save(self, write: Callable[[ConversationSink], None]) -> None:
-        if self.conversation is None:
-            return
-        try:
-            write(self.conversation)
-        except ConversationFileError as e:
-            # Saving is a convenience: a full disk or an unwritable folder should not end
-            # the chat, nor repeat its error at every turn.
-            self.conversation = None
-            self.screen.error(f"{_one_line(e)} This conversation is not saved from here on.")
-
-    def show_notices(self) -> None:
-        for notice in self.session.take_notices():
-            self.screen.notice(notice.text)
-
-    def choose_reply(self, text: str, n: int) -> bool:
-        """/samples: n replies side by side; the one the person keeps joins the conversation.
-        False when the person typed /exit at the question: leave."""
-        self._check_answered()
-        try:
-            replies = self.session.sample_replies(text, n)
-        except KeyboardInterrupt:
-            self._drop_question(text)
-            self.screen.interrupted()
-            return True
-        except BaseException:
-            self._drop_question(text)
-            raise
-        self.show_notices()
-        self.screen.replies(
-            [(r.parts, f"{r.stats.tokens_out} tok · {r.stats.finish_reason}") for r in replies],
-            tools=self.session.options.tools,
-        )
-        choice = self._ask_choice(n)
-        if choice is None or choice == 0:
-            self.session.undo()
-            self.screen.notice("Kept none; your message was dropped too.")
-            return choice == 0
-        reply = replies[choice - 1]
-        self.session.accept_reply(reply)
-        self.retries = 0
-        self.screen.notice(f"Kept reply {choice}.")
-        self.screen.status(reply.stats.as_dict())
-        self.show_notices()  # a context nearly full
-        meta = {**_reply_meta(reply), "sample": f"{choice}/{n}"}
-        self._save(lambda c: c.append_message({"role": "user", "content": text}))
-        self._save(lambda c: c.append_message(reply.message, meta))
-        return True
-
-    def _ask_choice(self, n: int) -> int | None:
-        """The number of the reply to keep, 0 for none; None for /exit (or /quit): leave."""
-        while True:
-            answer = self.screen.ask(f"Keep which reply? [1-{n}, Enter=1, 0=none] ")
-            if answer is None:
-                return 0
-            if not answer:
-                return 1
-            if answer.isdigit() and 0 <= int(answer) <= n:
-                return int(answer)
-            if _is_exit(answer):
-                return None
-            self.screen.error(f"Type a number from 0 to {n}, or /exit to leave; got {answer!r}.")
-
-    def _drop_question(self, text: str) -> None:
-        messages = self.session.messages
-        if messages and messages[-1] == {"role": "user", "content": text}:
-            self.session.undo()
 
     # ---- settings -------------------------------------------------------------------------------
 
@@ -475,12 +169,8 @@ class ChatCommands:
         self.screen.markdown_mode = value  # from the next reply on
         return self._echo("markdown", value)
 
-    def _session_has_raw(self) -> bool:
-        # ChatSession.raw makes its decoder emit special tokens; other sessions lack it.
-        return hasattr(self.session, "raw")
-
     def _set_session_raw(self, value: bool) -> bool:
-        if not self._session_has_raw():
+        if not self.session.can_show_raw:
             return False
         self.session.raw = value  # type: ignore[attr-defined]
         return True
@@ -516,6 +206,15 @@ class ChatCommands:
         ]
         self.screen.table(("setting", "value"), rows)
         return True
+
+    def cmd_set(self, _: None) -> bool:
+        # parse_command turns every /set into the command it stands for; alone, /help set.
+        return self.cmd_help("set")
+
+    def cmd_show(self, _: None) -> bool:
+        """ollama's /show: the settings, then the model."""
+        self.cmd_settings(None)
+        return self.cmd_model(None)
 
     # ---- the conversation -----------------------------------------------------------------------
 
@@ -564,7 +263,7 @@ class ChatCommands:
             return True
         retry = self.retries + 1
         if fixed is None:
-            seed, why = random.randrange(SEED_RANGE), ""
+            seed, why = random_seed(), ""
         else:
             # Reproducible yet different: the n-th retry of a reply uses the fixed seed + n.
             seed = (fixed + retry) % SEED_RANGE
@@ -588,7 +287,7 @@ class ChatCommands:
     def cmd_samples(self, n: int) -> bool:
         # A session that cannot sample (a server's: one reply per request) says so now,
         # not after the message is typed.
-        if not getattr(self.session, "can_sample_replies", True):
+        if not self.session.can_sample_replies:
             raise ChatcliError(
                 "/samples is not supported against a server; it needs a local model."
             )
@@ -604,18 +303,38 @@ class ChatCommands:
     # ---- files ----------------------------------------------------------------------------------
 
     def cmd_save(self, name: str | None) -> bool:
+        """/save NAME names the conversation being saved (its id and file stay); /save alone
+        says where it is saved. Only where saving had stopped (a write failed) does /save
+        write the conversation anew, to a new file."""
         current = self.conversation
-        if name is None and current is not None and current.path is not None:
-            self.screen.notice(
-                f"This conversation is saved already, as {current.id} ({current.path}); every "
-                "turn is. "
-                "/save NAME writes a copy under NAME."
-            )
+        if name is None and current is not None:
+            if current.path is None:
+                self.screen.notice(
+                    "This conversation is saved from its first message; /save NAME names it."
+                )
+            else:
+                self.screen.notice(
+                    f"This conversation is saved already, as {current.id} ({current.path}); "
+                    "every turn is. /save NAME names it."
+                )
+            return True
+        clean = None if name is None else clean_name(name)
+        if clean is not None:  # --resume NAME must find this one alone
+            check_name_free(self.conversations_dir, clean, current.path if current else None)
+        if current is not None and clean is not None:
+            current.append_name(clean)
+            resume = f'chatcli chat --resume "{clean}"'
+            if current.path is None:
+                self.screen.notice(f'Named "{clean}": saved from its first message; {resume}.')
+            else:
+                self.screen.notice(f'Named this conversation "{clean}" ({current.id}); {resume}.')
             return True
         model = self.model_info.get("path")
-        saved = ConversationFile.create(self.conversations_dir, name, model=_json_value(model))
+        saved = ConversationFile.create(self.conversations_dir, model=_json_value(model))
         messages, finishes = self.session.transcript
         saved.append_all(messages, finishes)
+        if clean is not None:
+            saved.append_name(clean)
         self.conversation = saved
         count = sum(m["role"] != "system" for m in messages)
         self.screen.notice(
@@ -635,6 +354,7 @@ class ChatCommands:
             self._save(lambda c: c.append_snapshot(loaded.messages, loaded.finishes))
         count = sum(1 for m in loaded.messages if m["role"] != "system")
         self.screen.notice(f"Loaded {count} messages from {self.conversation.id}.")
+        self.show_notices()  # the oldest exchanges out of the model's view, as they were
         self.screen.recap(loaded.messages)
         self.hint_unanswered()
         return True
@@ -657,13 +377,14 @@ class ChatCommands:
         rows = [
             (
                 ("* " if s.path == current else "") + s.id,
+                s.name or "-",
                 f"{s.modified:%Y-%m-%d %H:%M}",
                 str(s.messages) if s.problem is None else "-",
                 s.preview if s.problem is None else f"(unreadable: {s.problem})",
             )
             for s in summaries
         ]
-        self.screen.table(("id", "modified", "messages", "preview"), rows)
+        self.screen.table(("id", "name", "modified", "messages", "preview"), rows)
         return True
 
     def cmd_export(self, arg: tuple[str, str]) -> bool:
@@ -739,6 +460,10 @@ class ChatCommands:
         ):
             cid = self.conversation.id
             path = self.conversation.path
-            # A file outside the conversations folder (/load PATH) is found by its path.
+            # A file outside the conversations folder (/load PATH) is found by its path; a
+            # named one by its name.
             where = cid if path is None or path.parent == self.conversations_dir else str(path)
+            name = read_conversation(path).name if path is not None else None
+            if name is not None and path is not None and path.parent == self.conversations_dir:
+                cid, where = f'{cid} ("{name}")', f'"{name}"'
             self.screen.notice(f"Saved as {cid}; chatcli chat --resume {where} picks it up.")

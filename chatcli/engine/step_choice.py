@@ -1,0 +1,67 @@
+"""Which decode step a model gets: the fastest one-token-per-row step that reproduces it.
+
+Owns: the Step protocol the Engine runs a decode step through, picking a model's step (the
+fused step on the CPU, a CUDA graph of the static step on a GPU, or none: the model's own
+forward), and --compile's compiled forward where no faster step is kept. Knows nothing about
+generation (engine.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from chatcli.engine.cpu_plan import SMALL_MODEL_PARAMS
+from chatcli.engine.decode_step import DecodeStep
+from chatcli.engine.fallback import compiled_or_eager
+from chatcli.engine.static_step import CudaGraphStep, ModuleStep, StaticDecodeStep, StepWithFallback
+from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+
+
+def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
+    """model.forward through torch.compile (dynamic shapes), eager for good if compiling
+    fails (fallback.compiled_or_eager)."""
+    return compiled_or_eager(model.forward, dynamic=True)
+
+
+class Step(Protocol):
+    """A decode step: ids (N, 1), one token a cache row, -> logits (N, V), the cache
+    advanced by one, as model.forward would."""
+
+    wants_full_cache: bool  # its shapes are the cache's: one-row caches span the context
+    reads_whole_cache: bool  # it reads past the written positions (under a mask): zeroed
+
+    def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor: ...
+
+
+def pick_decode_step(model: Any, compile: bool = False) -> Step | None:
+    """The fastest one-token-per-row step that reproduces this model, or None (the forward).
+
+    - CUDA: the static step captured as a CUDA graph (one launch per token instead of
+      hundreds), falling back to the module's forward if capture fails. --compile does not
+      change it (compiled, the step replayed slower).
+    - CPU, fp32 activations: the fused step (decode_step.py), reading a big model's compact
+      decode copies. A small model keeps it with --compile too: in a chat session (a
+      512-position cache) it decodes the embedded model in 1.75 ms per token, where its
+      static twin through torch.compile took 5.5 ms (scripts/bench_decode_paths.py; the
+      compiled module forward took 4.3 ms against an older step's 2.0). A big model with
+      --compile compiles its forward instead, as asked, unless its step runs through our
+      kernel (its fp16 copies read in one call per token, at the memory's speed: d20 at
+      26-33 tok/s on a 2-core Zen 3), which a compiled fp32 forward cannot approach.
+    """
+    device = model.get_device().type
+    if device == "cuda" and StaticDecodeStep.supports(model):
+        # --compile is not taken here: compiled, the captured step replayed slower (d20 in
+        # bf16 on an H200: 2.56 against 1.82 ms, 380 against 519 tok/s in `chatcli bench`;
+        # scripts/cuda_step_profile.py).
+        return StepWithFallback(
+            CudaGraphStep(StaticDecodeStep(model)), ModuleStep(model), "CUDA graph capture"
+        )
+    if device == "cpu" and DecodeStep.supports(model):
+        step = DecodeStep(model)
+        if compile and model.num_params() >= SMALL_MODEL_PARAMS and step.kernel is None:
+            return None
+        return step
+    return None
