@@ -9,7 +9,6 @@ generation or the terminal.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import zipfile
@@ -20,6 +19,12 @@ from typing import Any
 import torch
 
 from chatcli.errors import CheckpointError, TokenizerError
+from chatcli.model.checkpoint_checks import (
+    check_config_against_weights,
+    check_finite,
+    check_tensors,
+    config_from_meta,
+)
 from chatcli.model.checkpoint_paths import (
     EMBEDDED_DIR,
     SOURCES,
@@ -30,11 +35,13 @@ from chatcli.model.checkpoint_paths import (
     step_file,
     steps_in,
 )
+from chatcli.model.data_files import UnreadableFileError, check_readable, read_json_file
 from chatcli.model.gpt import GPT, GPTConfig, infer_architecture, is_embedding_table
 from chatcli.model.quantize import default_half_kind
 from chatcli.model.tokenizer import Tokenizer
 
-CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+# A meta file is a few hundred bytes; one of megabytes is something else.
+META_MAX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -169,47 +176,28 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def read_meta(meta_file: Path) -> tuple[dict[str, Any], GPTConfig]:
-    if not meta_file.is_file():
-        raise CheckpointError(f"Missing meta file {meta_file} (it holds the model_config).")
     try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"Meta file {meta_file} is not readable JSON: {e}.") from e
+        meta = read_json_file(meta_file, META_MAX_BYTES)
+    except UnreadableFileError as e:
+        if e.missing:
+            raise CheckpointError(
+                f"Missing meta file {meta_file} (it holds the model_config)."
+            ) from None
+        raise CheckpointError(f"Meta file {e}. Copy the meta saved with the weights.") from None
+    except ValueError as e:
+        raise CheckpointError(f"Meta file {meta_file} is not readable JSON: {e}.") from None
     cfg = meta.get("model_config") if isinstance(meta, dict) else None
     if not isinstance(cfg, dict):
         raise CheckpointError(f"Meta file {meta_file} has no model_config object.")
-    missing = [k for k in CONFIG_KEYS if k not in cfg]
-    bad = [k for k in CONFIG_KEYS if k in cfg and (not isinstance(cfg[k], int) or cfg[k] <= 0)]
-    if missing or bad:
-        raise CheckpointError(
-            f"Meta file {meta_file}: model_config "
-            + (
-                f"lacks {', '.join(missing)}"
-                if missing
-                else f"has non-positive/non-int {', '.join(bad)}"
-            )
-            + f"; expected positive ints for {', '.join(CONFIG_KEYS)}."
-        )
-    pattern = cfg.get("window_pattern") or "L"
-    if not isinstance(pattern, str) or not re.fullmatch(r"[SLsl]+", pattern):
-        raise CheckpointError(
-            f"Meta file {meta_file}: window_pattern {pattern!r} is not made of S and L."
-        )
-    config = GPTConfig(**{k: cfg[k] for k in CONFIG_KEYS}, window_pattern=pattern.upper())
-    if config.n_embd % config.n_head or config.n_head % config.n_kv_head:
-        raise CheckpointError(
-            f"Meta file {meta_file}: n_embd ({config.n_embd}) must divide by n_head "
-            f"({config.n_head}) and n_head by n_kv_head ({config.n_kv_head})."
-        )
-    return meta, config
+    # Every number checked for its type and range here, against the weights in build_model.
+    return meta, config_from_meta(cfg, meta_file)
 
 
 def read_state_dict(model_file: Path) -> dict[str, torch.Tensor]:
-    if not model_file.exists():  # a link whose file was moved or deleted
-        target = f" (a link to {model_file.resolve()})" if model_file.is_symlink() else ""
-        raise CheckpointError(
-            f"{model_file} is not there{target}. Copy or download the weights again."
-        )
+    try:  # a folder, a link to nothing or to itself, no permission: said as such
+        check_readable(model_file)
+    except UnreadableFileError as e:
+        raise CheckpointError(f"{e}. Copy or download the weights again.") from None
     try:
         if zipfile.is_zipfile(model_file):
             sd = torch.load(model_file, map_location="cpu", weights_only=True, mmap=True)
@@ -228,6 +216,7 @@ def read_state_dict(model_file: Path) -> dict[str, torch.Tensor]:
             "is the model's state_dict itself. Save model.state_dict() alone, or pass the "
             "folder of a nanochat checkpoint."
         )
+    check_tensors(sd, model_file)  # names, kinds and storage sizes: no value read yet
     # torch.compile'd models save their keys under an `_orig_mod.` prefix.
     return {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
 
@@ -251,14 +240,6 @@ def check_state_dict(
     model: GPT, sd: dict[str, torch.Tensor], model_file: Path, config: GPTConfig
 ) -> None:
     expected = model.state_dict()
-    layers = {int(m[1]) for k in sd if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
-    if layers and max(layers) + 1 != config.n_layer:
-        # Said first: otherwise the keys of the layers one side lacks read as a broken file.
-        raise CheckpointError(
-            f"{model_file}: the meta's model_config says n_layer={config.n_layer}, but the "
-            f"weights have {max(layers) + 1} layers. The meta file belongs to another model: "
-            "copy the one saved with these weights."
-        )
     missing = sorted(set(expected) - set(sd))
     unknown = sorted(set(sd) - set(expected))
     if missing or unknown:
@@ -337,14 +318,10 @@ def build_model(
     precision: Precision,
     softcap: float | None = None,
 ) -> GPT:
-    if "transformer.wte.weight" not in sd:
-        raise CheckpointError(f"{model_file}: missing key transformer.wte.weight.")
-    padded = sd["transformer.wte.weight"].shape[0]
-    if padded < config.vocab_size:
-        raise CheckpointError(
-            f"{model_file}: transformer.wte.weight has {padded} rows but the meta's vocab_size is "
-            f"{config.vocab_size}."
-        )
+    # Before a module is allocated: the config's sizes against the weights' shapes (a meta
+    # claiming 10^9 layers fails here at once), and the values (NaN or inf load and babble).
+    check_config_against_weights(config, sd, model_file)
+    check_finite(sd, model_file)
     arch = infer_architecture(sd, config, softcap=softcap)
     with torch.device("meta"):
         model = GPT(config, arch)
