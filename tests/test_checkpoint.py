@@ -18,13 +18,13 @@ from chatcli.kernels.native import rows_step
 from chatcli.model.checkpoint import (
     Precision,
     build_model,
-    list_checkpoints,
     load_model,
     pick_device,
     pick_precision,
     read_state_dict,
     resolve_checkpoint,
 )
+from chatcli.model.checkpoint_listing import list_checkpoints
 
 FIXTURES = REFERENCE
 PROMPT = torch.tensor([[503, 504, 87, 459, 349, 32, 49, 505, 506]])

@@ -1,9 +1,11 @@
 """The model layer: nanochat's GPT for every checkpoint era, and everything needed to load one.
 
 Owns the GPT module (`gpt`), its attention cache layout (`kv_cache`), next-token sampling from
-logits (`sampling`), finding checkpoints on disk (`checkpoint_paths`), loading them safely
-(`checkpoint`), the tokenizer and its special tokens, and quantized decode copies of the
-weights (`quantize`). May import `chatcli.errors` and `chatcli.kernels`; nothing above. Knows
+logits (`sampling`), finding checkpoints on disk (`checkpoint_paths`), checking them before
+anything is built (`checkpoint_checks`), loading them safely (`checkpoint`), listing them
+(`checkpoint_listing`), reading the JSON and TOML files people hand chatcli (`data_files`),
+the tokenizer, its special tokens and the long runs it encodes around tiktoken's regex
+(`long_runs`), and quantized decode copies of the weights (`quantize`). May import `chatcli.errors` and `chatcli.kernels`; nothing above. Knows
 nothing about conversations, terminals or HTTP.
 
 `load_model` is re-exported lazily, so importing this package does not import torch.

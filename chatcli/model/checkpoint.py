@@ -1,10 +1,11 @@
 """Finding and loading nanochat checkpoints, safely, with errors that say how to fix them.
 
 Owns: reading meta and weights (`torch.load(weights_only=True)`: no code runs), checking
-every key and shape against the meta, choosing device and dtype, building the model, and
-listing what is on disk. Which files a user points at (a base dir, a folder, a file, a tag,
-or nothing = the embedded default model) is chatcli.model.checkpoint_paths'. Knows nothing about
-generation or the terminal.
+every key and shape against the meta, choosing device and dtype, and building the model.
+Which files a user points at (a base dir, a folder, a file, a tag, or nothing = the embedded
+default model) is chatcli.model.checkpoint_paths'; the checks made before anything is built
+are chatcli.model.checkpoint_checks'; listing what is on disk is
+chatcli.model.checkpoint_listing's. Knows nothing about generation or the terminal.
 """
 
 from __future__ import annotations
@@ -25,17 +26,14 @@ from chatcli.model.checkpoint_checks import (
     check_tensors,
     config_from_meta,
 )
-from chatcli.model.checkpoint_paths import (
-    EMBEDDED_DIR,
-    SOURCES,
-    CheckpointRef,
-    default_base_dir,
-    ref_in_folder,
-    resolve_checkpoint,
-    step_file,
-    steps_in,
+from chatcli.model.checkpoint_paths import EMBEDDED_DIR as EMBEDDED_DIR  # imported from here
+from chatcli.model.checkpoint_paths import SOURCES as SOURCES  # by tests: re-exported
+from chatcli.model.checkpoint_paths import resolve_checkpoint
+from chatcli.model.data_files import (
+    UnreadableFileError,
+    check_readable,
+    read_json_file,
 )
-from chatcli.model.data_files import UnreadableFileError, check_readable, read_json_file
 from chatcli.model.gpt import GPT, GPTConfig, infer_architecture, is_embedding_table
 from chatcli.model.quantize import default_half_kind
 from chatcli.model.tokenizer import Tokenizer
@@ -392,78 +390,3 @@ def load_model(
         embedded=path is None,
     )
     return model, tokenizer, meta
-
-
-# ---- listing ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CheckpointSummary:
-    name: str  # "embedded" or the base dir
-    source: str | None
-    tag: str | None
-    step: int
-    era: str
-    num_params: int
-    size_bytes: int
-    path: Path
-    problem: str | None = None  # why it could not be read (then era and num_params are empty)
-
-
-def _summarize(name: str, ref: CheckpointRef) -> CheckpointSummary:
-    # mmap: only the zip index and the shapes are read, even for multi-GB checkpoints.
-    sd = read_state_dict(ref.model_file)
-    _, config = read_meta(ref.meta_file)
-    try:
-        era = infer_architecture(sd, config).era
-    except (KeyError, ValueError) as e:  # tensors of something other than a nanochat GPT
-        raise CheckpointError(
-            f"{ref.model_file} does not hold a nanochat model (looked for {e})."
-        ) from None
-    return CheckpointSummary(
-        name=name,
-        source=ref.source,
-        tag=ref.tag,
-        step=ref.step,
-        era=era,
-        num_params=sum(v.numel() for v in sd.values()),
-        size_bytes=ref.model_file.stat().st_size,
-        path=ref.model_file,
-    )
-
-
-def list_checkpoints(base_dir: Path | None = None) -> list[CheckpointSummary]:
-    """The embedded model, then every step of every tag of every source in the base dir."""
-    found = []
-    if (EMBEDDED_DIR / SOURCES["sft"]).is_dir():
-        found.append(_summarize("embedded", resolve_checkpoint(None)))
-    base = base_dir or default_base_dir()
-
-    # What --model takes, listed alike: a base dir's sources, one source's folder of tags
-    # (base/chatsft_checkpoints), or one folder of steps (a download, a tag's folder).
-    def tags_in(folder: Path) -> list[Path]:
-        return sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
-
-    named = next((k for k, v in SOURCES.items() if v == base.name), None)
-    places: list[tuple[str | None, list[Path]]] = []
-    if steps_in(base):
-        places.append((None, [base]))
-    if named is not None:
-        places.append((named, [t for t in tags_in(base) if t.name not in SOURCES.values()]))
-    places += [(source, tags_in(base / name)) for source, name in SOURCES.items()]
-    for source, tags in places:
-        for tag_dir in tags:
-            for step in steps_in(tag_dir):
-                try:
-                    ref = ref_in_folder(tag_dir, step, tag_dir.name, source)
-                    found.append(_summarize(str(base), ref))
-                except CheckpointError as e:
-                    # Listed with its problem: a checkpoint left out looked like none at all.
-                    path = step_file(tag_dir, step)
-                    size = path.stat().st_size if path.exists() else 0
-                    found.append(
-                        CheckpointSummary(
-                            str(base), source, tag_dir.name, step, "-", 0, size, path, str(e)
-                        )
-                    )
-    return found

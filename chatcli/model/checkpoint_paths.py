@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatcli.errors import CheckpointError
-from chatcli.model.data_files import UnreadableFileError, check_readable, list_folder
+from chatcli.model.data_files import (
+    UnreadableFileError,
+    check_readable,
+    described,
+    list_folder,
+)
 
 SOURCES = {
     "sft": "chatsft_checkpoints",
@@ -51,12 +56,14 @@ def default_base_dir() -> Path:
 def folder_entries(folder: Path) -> list[Path]:
     """What a folder holds; none where it is not a folder, and CheckpointError where it is
     one that cannot be listed (no permission): glob would make it look empty."""
-    if not folder.is_dir():
-        return []
     try:
+        if not folder.is_dir():
+            return []
         return list_folder(folder)
     except UnreadableFileError as e:
         raise CheckpointError(f"The folder {e}.") from None
+    except OSError as e:  # the folder above it may not be read
+        raise CheckpointError(f"{described(e)}.") from None
 
 
 def steps_in(folder: Path) -> list[int]:
@@ -185,6 +192,15 @@ def resolve_checkpoint(
     step: int | None = None,
 ) -> CheckpointRef:
     """Turn what the user named into the files of one checkpoint."""
+    try:
+        return _resolve(path, source, tag, step)
+    except OSError as e:  # a folder on the way without permission: even exists() raises
+        raise CheckpointError(f"{described(e)}.") from None
+
+
+def _resolve(
+    path: str | Path | None, source: str, tag: str | None, step: int | None
+) -> CheckpointRef:
     if source not in SOURCES:
         raise CheckpointError(f"Unknown source {source!r}; use one of {', '.join(SOURCES)}.")
     if path is None:

@@ -63,6 +63,18 @@ def why_unreadable(path: Path, error: OSError) -> str:
     return f"cannot be read ({error.strerror or error})"
 
 
+def described(error: OSError) -> str:
+    """ "<path> <why>" for an OSError from anywhere a path was stat'ed, opened or listed (a
+    folder on the way without permission makes even Path.exists() raise)."""
+    if error.filename is None:
+        return f"A file cannot be read ({error.strerror or error})"
+    path = Path(os.fsdecode(error.filename))
+    try:
+        return f"{path} {why_unreadable(path, error)}"
+    except OSError:  # asking whether it is a link failed too
+        return f"{path} cannot be read ({error.strerror or error})"
+
+
 def read_bytes(path: Path, max_bytes: int | None = None) -> bytes:
     """The whole file, or UnreadableFileError saying why not. max_bytes refuses a file far
     bigger than its kind ever is (a meta file of gigabytes), before reading it."""
