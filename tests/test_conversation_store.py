@@ -327,7 +327,7 @@ def test_missing_file_is_an_error_with_a_fix(tmp_path: Path) -> None:
     [
         (b"", "it is empty"),
         (b"\n\n", "it is empty"),
-        (b'{"type": "message", "message": {"role": "user", "content": "x"}}\n', "not a header"),
+        (b'{"type": "teleport"}\n{"type": "message", "message": "x"}\n', "not a header"),
         (b'{"type": "head', "line 1 is not JSON"),
         (b"hello world\n", "line 1 is not JSON"),
     ],

@@ -8,6 +8,7 @@ banner's facts. torch is imported only inside `load_session`, so `--help` stays 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -15,13 +16,22 @@ from chatcli.chat.settings import (
     SETTING_NAMES,
     Settings,
     load_settings,
+    unknown_env_warnings,
 )
 from chatcli.errors import ChatcliError, ConversationFileError
 
 
 def settings_from(**flags: Any) -> Settings:
     # config_file follows CHATCLI_CONFIG, which must then name a file that exists.
-    return load_settings(flags=flags, env=os.environ)
+    settings = load_settings(flags=flags, env=os.environ)
+    warnings = unknown_env_warnings(os.environ)
+    if warnings:  # on stderr: the reply on stdout stays the reply alone
+        from chatcli.terminal.render import make_console, render_notice
+
+        console = make_console(file=sys.stderr)
+        for warning in warnings:
+            render_notice(console, warning)
+    return settings
 
 
 def setting_flags(params: dict[str, Any]) -> dict[str, Any]:

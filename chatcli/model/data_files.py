@@ -28,7 +28,7 @@ else:  # pragma: no cover - exercised only on Python 3.10
 
 # Python's JSON and TOML parsers recurse once per nested [ or {: past the interpreter's
 # recursion limit (about 1000) they raise RecursionError, which is not a ValueError.
-TOO_DEEP = "nested too deeply to read (more brackets inside brackets than any real file has)"
+TOO_DEEP = "nested too deeply to read: more brackets inside brackets than any real file has"
 
 
 class UnreadableFileError(ChatcliError):
@@ -115,8 +115,9 @@ def list_folder(path: Path) -> list[Path]:
 
 
 def parse_json(data: bytes | str) -> Any:
-    """JSON text to Python values; ValueError (its message says what is wrong) for anything
-    that is not JSON: bad syntax, bytes that are not UTF-8, a number too long, too deep."""
+    """JSON text to Python values; ValueError for anything that is not JSON (bad syntax,
+    bytes that are not UTF-8, a number too long, too deep), whose message says what is
+    wrong and completes "X is not readable JSON: ..."."""
     try:
         return json.loads(data)
     except RecursionError:
@@ -124,7 +125,7 @@ def parse_json(data: bytes | str) -> Any:
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 text (byte {e.start})") from None
     except ValueError as e:  # JSONDecodeError, and int() refusing a 5000-digit number
-        raise ValueError(f"not valid JSON: {_said(e)}") from None
+        raise ValueError(_said(e)) from None
 
 
 def parse_toml(text: str) -> dict[str, Any]:
@@ -134,7 +135,7 @@ def parse_toml(text: str) -> dict[str, Any]:
     except RecursionError:
         raise ValueError(TOO_DEEP) from None
     except ValueError as e:  # TOMLDecodeError, and int() refusing a 5000-digit number
-        raise ValueError(f"not valid TOML: {_said(e)}") from None
+        raise ValueError(_said(e)) from None
 
 
 def _said(error: ValueError) -> str:
