@@ -449,7 +449,8 @@ def read_conversation(path: Path) -> LoadResult:
         lines.pop()
 
     header: dict[str, Any] | None = None
-    first_line: str | None = None  # what the first line was, when it was no header
+    first = next((n for n, line in enumerate(lines, start=1) if line.strip()), 0)
+    no_header: str | None = None  # why, when the first line is no header
     messages: list[dict[str, Any]] = []
     skipped: list[str] = []  # "line N: why", one per line not applied
     # (message, finish_reason) of every record that had one; the list keeps the messages
@@ -464,8 +465,8 @@ def read_conversation(path: Path) -> LoadResult:
             if not isinstance(record, dict):
                 raise ValueError("not a JSON object")
         except ValueError as e:  # UnicodeDecodeError is a ValueError too
-            if header is None and first_line is None:
-                first_line = f"line {number} is not JSON"
+            if number == first:
+                no_header = f"line {number} is not JSON"
                 skipped.append(f"line {number}: the header is damaged ({e}); skipped")
             elif last_is_cut and number == len(lines):
                 skipped.append(
@@ -475,7 +476,7 @@ def read_conversation(path: Path) -> LoadResult:
             else:
                 skipped.append(f"line {number}: unreadable record skipped ({e})")
             continue
-        if header is None and first_line is None:
+        if number == first:
             if record.get("type") == "header":
                 version = record.get("version")
                 if not isinstance(version, int) or version > FORMAT_VERSION:
@@ -486,21 +487,24 @@ def read_conversation(path: Path) -> LoadResult:
                 header = record
                 recovered += 1
                 continue
-            first_line = "the first line is not a header"
-            skipped.append(f"line {number}: not a header (the header line is missing)")
+            no_header = "the first line is not a header"
         problem = _apply(record, messages)
         if problem is None:
             recovered += 1
             meta, message = record.get("meta"), record.get("message")
             if isinstance(meta, dict) and isinstance(meta.get("finish_reason"), str):
                 finished.append((message, meta["finish_reason"]))
+            if number == first:
+                skipped.append(f"line {number}: a record where the header belongs; read on")
+        elif number == first:
+            skipped.append(f"line {number}: the header is damaged (not a header: {problem})")
         else:
             skipped.append(f"line {number}: {problem}; skipped")
     if header is None:
-        if first_line is None:
+        if no_header is None:
             raise _not_a_conversation(path, "it is empty")
         if recovered == 0:  # not one record: some other file that ends in .jsonl
-            raise _not_a_conversation(path, f"{first_line}, and no line is a record")
+            raise _not_a_conversation(path, f"{no_header}, and no line is a record")
         header = {"type": "header", "version": FORMAT_VERSION, "id": path.stem}
     dropped: list[str] = []
     kept = _alternating(messages, dropped)

@@ -144,6 +144,11 @@ def ref_in_folder(
             f"No step {step} in {folder}; steps there: {', '.join(map(str, steps))}."
         )
     model_file = step_file(folder, step)
+    if not model_file.exists():  # a link to nothing or to itself: said before what else lacks
+        try:
+            check_readable(model_file)
+        except UnreadableFileError as e:
+            raise CheckpointError(f"{e}. Copy or download the weights again.") from None
     meta_file = _meta_file(model_file)
     tokenizer_file = _find_tokenizer(folder)
     if model_file.exists() and not os.path.lexists(meta_file):
