@@ -461,10 +461,10 @@ def read_conversation(path: Path) -> LoadResult:
         if not raw.strip():
             continue
         try:
-            record = parse_json(raw.decode("utf-8"))  # too deep is a ValueError there
+            record = parse_json(raw)  # not UTF-8, or too deep, is a ValueError there
             if not isinstance(record, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as e:  # UnicodeDecodeError is a ValueError too
+        except ValueError as e:
             if number == first:
                 no_header = f"line {number} is not JSON"
                 skipped.append(f"line {number}: the header is damaged ({e}); skipped")

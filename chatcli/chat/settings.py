@@ -395,7 +395,7 @@ def _reads_as_number(text: str) -> bool:
 
 def unknown_env_warnings(env: Mapping[str, str]) -> list[str]:
     """One warning for each CHATCLI_* variable chatcli does not read, naming the closest one
-    it does: a misspelt CHATCLI_TEMPRATURE would otherwise change nothing, silently."""
+    it does: a misspelt variable would otherwise change nothing, silently."""
     known = [env_name(name) for name in SETTING_NAMES] + list(OTHER_ENV_VARS)
     return [
         f"{key} is not a chatcli variable, so it changes nothing"
@@ -406,9 +406,14 @@ def unknown_env_warnings(env: Mapping[str, str]) -> list[str]:
 
 
 def _closest(key: str, known: list[str]) -> list[str]:
-    # Compared without the shared prefix, which would make every name look alike.
+    # Compared without the shared prefix, which would make every name look alike; a name
+    # cut short (TEMP) or run on means the one it starts, before any look-alike.
     names = {k.removeprefix(ENV_PREFIX): k for k in known}
-    close = difflib.get_close_matches(key.removeprefix(ENV_PREFIX), list(names), n=1)
+    typed = key.removeprefix(ENV_PREFIX)
+    started = [n for n in names if n.startswith(typed) or typed.startswith(n)]
+    close = difflib.get_close_matches(
+        typed, started or list(names), n=1, cutoff=0 if started else 0.6
+    )
     return [names[c] for c in close]
 
 

@@ -119,7 +119,8 @@ def parse_json(data: bytes | str) -> Any:
     bytes that are not UTF-8, a number too long, too deep), whose message says what is
     wrong and completes "X is not readable JSON: ..."."""
     try:
-        return json.loads(data)
+        # Bytes are UTF-8, as JSON files are: json.loads would guess UTF-16 from some bytes.
+        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
     except RecursionError:
         raise ValueError(TOO_DEEP) from None
     except UnicodeDecodeError as e:
