@@ -38,8 +38,8 @@ OTHER_ENV_VARS = (
     "CHATCLI_NATIVE_KERNELS",
     "CHATCLI_REFERENCE_FIXTURES",
 )
-# Settings whose value is a number; in the TOML file a quoted one ("512") is a mistake, as
-# a quoted bool is, while their words ("off", "random", "latest") are strings.
+# Settings whose value is a number: in the TOML file a quoted one ("512") is a mistake, as
+# `max_tokens = true` is, while their words ("off", "random", "latest") are strings.
 NUMBER_SETTINGS = ("step", "temperature", "top_k", "top_p", "max_tokens", "seed")
 
 SOURCES = ("sft", "rl", "base", "mid")

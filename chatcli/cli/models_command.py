@@ -24,7 +24,8 @@ def models(
     ] = None,
 ) -> None:
     """List the checkpoints chatcli can find."""
-    from chatcli.model.checkpoint_listing import default_base_dir, list_checkpoints
+    from chatcli.model.checkpoint_listing import list_checkpoints
+    from chatcli.model.checkpoint_paths import default_base_dir
     from chatcli.terminal.render import make_console, render_notice, render_table
 
     if base_dir is not None and not base_dir.is_dir():

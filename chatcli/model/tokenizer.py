@@ -55,7 +55,7 @@ COPY_SPLIT_PATTERN = SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}").replace(
 # alternatives); another pattern can backtrack without end, and a pattern tiktoken's regex
 # engine cannot run panics it on ordinary input, where Python sees no error to catch.
 KNOWN_SPLIT_PATTERNS = (SPLIT_PATTERN, GPT4_SPLIT_PATTERN, COPY_SPLIT_PATTERN)
-# A 65536-token tokenizer.pkl is about 1 MB.
+# Far past any tokenizer.pkl (a 65536-token one is about 1 MB): more is something else.
 TOKENIZER_MAX_BYTES = 256 << 20
 
 
@@ -127,16 +127,20 @@ def _read_encoding_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def _check_pattern(pattern: str, what: str) -> None:
+    if pattern not in KNOWN_SPLIT_PATTERNS:
+        raise TokenizerError(
+            f"{what} splits text with the pattern {shown(pattern, 90)}, which is not one "
+            "nanochat uses: refused, since another pattern can crash tiktoken on ordinary "
+            "text. Use the tokenizer.pkl saved with the model."
+        )
+
+
 class Tokenizer:
     """A tiktoken Encoding with nanochat's special tokens and chat rendering."""
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
-        if encoding._pat_str not in KNOWN_SPLIT_PATTERNS:
-            raise TokenizerError(
-                f"The tokenizer splits text with the pattern {shown(encoding._pat_str, 90)}, "
-                "which is not one nanochat uses: refused, since another pattern can crash "
-                "tiktoken on ordinary text. Use the tokenizer.pkl saved with the model."
-            )
+        _check_pattern(encoding._pat_str, "The tokenizer")
         missing = [t for t in SPECIAL_TOKENS if t not in encoding._special_tokens]
         if missing:
             raise TokenizerError(f"Tokenizer lacks nanochat special tokens: {', '.join(missing)}.")
@@ -149,13 +153,7 @@ class Tokenizer:
         """Load a nanochat `tokenizer.pkl` safely (see module docstring)."""
         path = Path(path)
         state = _read_encoding_state(path)
-        if state["pat_str"] not in KNOWN_SPLIT_PATTERNS:  # before tiktoken compiles it
-            raise TokenizerError(
-                f"Tokenizer file {path} splits text with the pattern "
-                f"{shown(state['pat_str'], 90)}, which is not one nanochat uses: refused, since "
-                "another pattern can crash tiktoken on ordinary text. Use the tokenizer.pkl "
-                "saved with the model."
-            )
+        _check_pattern(state["pat_str"], f"Tokenizer file {path}")  # before tiktoken compiles it
         try:
             encoding = tiktoken.Encoding(
                 name=str(state["name"]),
