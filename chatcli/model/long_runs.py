@@ -19,10 +19,10 @@ after punctuation, so the pieces of the text before the run end where the run be
 the last blank starts a piece of its own reading only what follows (the pattern has no
 look-behind). A long run is therefore encoded as the one piece it is, by tiktoken's own BPE
 without its regex (`_encode_single_piece`: the BPE that encode_ordinary applies to each
-piece), and the text on either side by encode_ordinary. Tests hold the result equal to tiktoken's on
-hundreds of random texts it can encode, under each known pattern, and check BLANKS against
-the pattern's own \\s for every character below U+3100; a tiktoken that renamed
-`_encode_single_piece` fails them.
+piece), and the text on either side by encode_ordinary. Tests hold the result equal to
+tiktoken's on hundreds of random texts it can encode, under each known pattern, and check
+BLANKS against the pattern's own \\s for every character below U+3100; a tiktoken that
+renamed `_encode_single_piece` fails them.
 
 Knows nothing about special tokens or conversations (chatcli.model.tokenizer).
 """
