@@ -866,6 +866,21 @@ def test_input_history_is_written_to_the_history_file(tmp_path, monkeypatch):
     assert "/temperature 0.3" in (tmp_path / "home" / "input_history").read_text()
 
 
+@pytest.mark.parametrize("kind", ["folder", "loop"])
+def test_a_history_file_that_is_no_file_turns_history_off_and_says_why(tmp_path, monkeypatch, kind):
+    monkeypatch.setenv("CHATCLI_HOME", str(tmp_path / "home"))
+    path = tmp_path / "home" / "input_history"
+    path.parent.mkdir()
+    if kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to(path.name)
+    run = chat(FakeSession("Hi!"), tmp_path, "hello", settings=Settings(history=True))
+    assert run.code == 0 and "Hi!" in run.out
+    why = "is a folder, not a file" if kind == "folder" else "is a symbolic link that leads back"
+    assert f"Input history is off: {path} {why}" in run.out
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

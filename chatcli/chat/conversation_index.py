@@ -23,6 +23,7 @@ from chatcli.chat.conversation_store import (
     snippet,
 )
 from chatcli.errors import ConversationFileError
+from chatcli.model.data_files import UnreadableFileError, described, list_folder
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,19 @@ class ConversationSummary:
 
 def _conversation_files(directory: Path) -> list[Path]:
     """The *.jsonl files in `directory`, newest first (ties: by name, descending)."""
-    if not directory.is_dir():
-        return []
-    files = [p for p in directory.glob("*" + SUFFIX) if p.is_file()]
-    return sorted(files, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+    try:
+        if not directory.is_dir():
+            return []
+        files = [
+            p
+            for p in list_folder(directory)
+            if p.suffix == SUFFIX and not p.name.startswith(".") and p.is_file()
+        ]
+        return sorted(files, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+    except UnreadableFileError as e:  # glob would make a folder without permission look empty
+        raise ConversationFileError(f"The conversations folder {e}.") from None
+    except OSError as e:
+        raise ConversationFileError(f"The conversations folder: {described(e)}.") from None
 
 
 def _created(value: object) -> datetime | None:

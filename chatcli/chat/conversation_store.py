@@ -13,8 +13,8 @@ A file is a header line followed by events; replaying the events gives the messa
                                           last one given counts; its id stays)
 
 Every record is one line, flushed and fsync'd before the call returns, so a killed process
-loses at most the record it was writing. Reading never fails on a damaged line: it is skipped
-and reported in LoadResult.warnings. Messages use nanochat's format: content is a string, or
+loses at most the record it was writing. Reading never fails on a damaged line, the header
+included: it is skipped and reported in LoadResult.warnings. Messages use nanochat's format: content is a string, or
 for the assistant a list of parts {"type": "text"|"python"|"python_output", "text": str}.
 
 This module knows nothing about tokens, models or terminals; finding saved conversations is
@@ -35,6 +35,12 @@ from typing import Any, Protocol
 
 from chatcli.chat.turns import readable_text
 from chatcli.errors import ConversationFileError
+from chatcli.model.data_files import (
+    UnreadableFileError,
+    parse_json,
+    read_bytes,
+    shown,
+)
 
 FORMAT_VERSION = 1
 SUFFIX = ".jsonl"
@@ -43,6 +49,7 @@ ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "python", "python_output")
 PREVIEW_CHARS = 60  # of a message, in /history and in warnings
 _NAME_MAX = 80
+MAX_WARNINGS = 5  # warnings of one kind listed one by one; more are summed up in one
 
 
 @dataclass
@@ -53,7 +60,8 @@ class LoadResult:
     skipped instead has one entry in warnings, naming its line number. A message dropped to
     keep questions and replies in turn (after a damaged line) has one too, and sets repaired:
     the file's records no longer replay to these messages, so whoever appends to it should
-    first write them out again (ConversationFile.append_snapshot).
+    first write them out again (ConversationFile.append_snapshot). Past MAX_WARNINGS lines
+    (or messages), one entry counts them and names the first.
     """
 
     messages: list[dict[str, Any]]
@@ -444,16 +452,19 @@ def _not_a_conversation(path: Path, why: str) -> ConversationFileError:
 
 
 def read_conversation(path: Path) -> LoadResult:
-    """Replay a conversation file. Damaged lines are skipped and reported, never raised;
-    only a missing file or one without a readable header raises ConversationFileError."""
+    """Replay a conversation file. Damaged lines are skipped and reported, never raised, the
+    header line included (the messages after it are kept); only a missing file, one that
+    cannot be opened, or one in which no line is a conversation's record raises
+    ConversationFileError."""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConversationFileError(
-            f"No conversation file at {path}. /history (in a chat) lists the saved conversations."
-        ) from None
-    except OSError as e:
-        raise _not_a_conversation(path, str(e)) from None
+        data = read_bytes(path)
+    except UnreadableFileError as e:
+        if e.missing:
+            raise ConversationFileError(
+                f"No conversation file at {path}. /history (in a chat) lists the saved "
+                "conversations."
+            ) from None
+        raise _not_a_conversation(path, e.why) from None
 
     lines = data.split(b"\n")
     # A file that ends in "\n" splits into a last empty piece; anything else is a last line
@@ -464,8 +475,10 @@ def read_conversation(path: Path) -> LoadResult:
 
     header: dict[str, Any] | None = None
     name: str | None = None
+    first = next((n for n, line in enumerate(lines, start=1) if line.strip()), 0)
+    no_header: str | None = None  # why, when the first line is no header
     messages: list[dict[str, Any]] = []
-    warnings: list[str] = []
+    skipped: list[str] = []  # "line N: why", one per line not applied
     # (message, finish_reason) of every record that had one; the list keeps the messages
     # alive, so their ids stay theirs until the end.
     finished: list[tuple[dict[str, Any], str]] = []
@@ -474,37 +487,38 @@ def read_conversation(path: Path) -> LoadResult:
         if not raw.strip():
             continue
         try:
-            record = json.loads(raw.decode("utf-8"))
+            record = parse_json(raw)  # not UTF-8, or too deep, is a ValueError there
             if not isinstance(record, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            if header is None:
-                raise _not_a_conversation(path, f"line {number} is not JSON") from None
-            if last_is_cut and number == len(lines):
-                warnings.append(
+        except ValueError as e:
+            if number == first:
+                no_header = f"line {number} is not JSON"
+                skipped.append(f"line {number}: the header is damaged ({e}); skipped")
+            elif last_is_cut and number == len(lines):
+                skipped.append(
                     f"line {number}: incomplete last record skipped "
                     "(chatcli was probably stopped while saving)"
                 )
             else:
-                warnings.append(f"line {number}: unreadable record skipped ({e})")
+                skipped.append(f"line {number}: unreadable record skipped ({e})")
             continue
-        if header is None:
-            if record.get("type") != "header":
-                raise _not_a_conversation(path, "the first line is not a header")
-            version = record.get("version")
-            if not isinstance(version, int) or version > FORMAT_VERSION:
-                raise ConversationFileError(
-                    f"{path} has format version {version!r}; this chatcli reads version "
-                    f"{FORMAT_VERSION}. Upgrade chatcli to open it."
-                )
-            header = record
-            recovered += 1
-            continue
+        if number == first:
+            if record.get("type") == "header":
+                version = record.get("version")
+                if not isinstance(version, int) or version > FORMAT_VERSION:
+                    raise ConversationFileError(
+                        f"{path} has format version {shown(version)}; this chatcli reads "
+                        f"version {FORMAT_VERSION}. Upgrade chatcli to open it."
+                    )
+                header = record
+                recovered += 1
+                continue
+            no_header = "the first line is not a header"
         if record.get("type") == "name":  # what the conversation is called: the last one
             if isinstance(record.get("name"), str) and record["name"].strip():
                 name, recovered = " ".join(record["name"].split()), recovered + 1
             else:
-                warnings.append(f"line {number}: a name must be a text; skipped")
+                skipped.append(f"line {number}: a name must be a text; skipped")
             continue
         problem = _apply(record, messages)
         if problem is None:
@@ -512,22 +526,39 @@ def read_conversation(path: Path) -> LoadResult:
             meta, message = record.get("meta"), record.get("message")
             if isinstance(meta, dict) and isinstance(meta.get("finish_reason"), str):
                 finished.append((message, meta["finish_reason"]))
+            if number == first:
+                skipped.append(f"line {number}: a record where the header belongs; read on")
+        elif number == first:
+            skipped.append(f"line {number}: the header is damaged (not a header: {problem})")
         else:
-            warnings.append(f"line {number}: {problem}; skipped")
+            skipped.append(f"line {number}: {problem}; skipped")
     if header is None:
-        raise _not_a_conversation(path, "it is empty")
-    before = len(warnings)
-    kept = _alternating(messages, warnings)
+        if no_header is None:
+            raise _not_a_conversation(path, "it is empty")
+        if recovered == 0:  # not one record: some other file that ends in .jsonl
+            raise _not_a_conversation(path, f"{no_header}, and no line is a record")
+        header = {"type": "header", "version": FORMAT_VERSION, "id": path.stem}
+    dropped: list[str] = []
+    kept = _alternating(messages, dropped)
     finish_of = {id(message): reason for message, reason in finished}
     return LoadResult(
         kept,
         header,
-        warnings,
+        _summarized(skipped, "lines skipped, damaged or not a conversation's records")
+        + _summarized(dropped, "messages dropped to keep questions and replies in turn"),
         recovered,
-        repaired=len(warnings) > before,
+        repaired=bool(dropped),
         finishes=[finish_of.get(id(m)) for m in kept],
         name=name,
     )
+
+
+def _summarized(warnings: list[str], what: str) -> list[str]:
+    """The warnings, or past MAX_WARNINGS of them one line that counts them and gives the
+    first: 400 stray records are one thing to tell, not 400."""
+    if len(warnings) <= MAX_WARNINGS:
+        return warnings
+    return [f"{len(warnings)} {what}; the first: {warnings[0]}"]
 
 
 def _alternating(messages: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:

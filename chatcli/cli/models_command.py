@@ -28,7 +28,8 @@ def models(
     ] = None,
 ) -> None:
     """List the checkpoints chatcli can find."""
-    from chatcli.model.checkpoint import default_base_dir, list_checkpoints
+    from chatcli.model.checkpoint_listing import list_checkpoints
+    from chatcli.model.checkpoint_paths import default_base_dir
     from chatcli.model.hub_cache import list_cached_models
     from chatcli.terminal.render import make_console, render_notice
     from chatcli.terminal.render_panels import render_table
@@ -52,7 +53,7 @@ def models(
             c.name,
             c.source or "-",
             c.tag or "-",
-            str(c.step),
+            "-" if c.step is None else str(c.step),
             c.era,
             f"{c.num_params / 1e6:.1f}M" if c.problem is None else "-",
             f"{c.size_bytes / 1e6:.1f} MB",
@@ -64,8 +65,10 @@ def models(
     render_table(console, ("model", "source", "tag", "step", "era", "params", "size", "path"), rows)
     errors = make_console(file=sys.stderr)
     for c in [*found, *hub]:
-        if c.problem is not None:
-            render_notice(errors, f"{c.path}: {c.problem}")
+        if c.problem is not None:  # said once where the problem names its file already
+            render_notice(
+                errors, c.problem if str(c.path) in c.problem else f"{c.path}: {c.problem}"
+            )
     if all(c.name == "embedded" for c in found) and not hub:
         # Said for the default base dir too: NANOCHAT_BASE_DIR pointing at the wrong place
         # looked like a listing with nothing more to find.

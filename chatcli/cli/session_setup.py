@@ -17,6 +17,7 @@ from chatcli.chat.settings import (
     Settings,
     load_settings,
     read_flags,
+    unknown_env_warnings,
 )
 from chatcli.errors import ChatcliError, ConfigError, ConversationFileError, UsageError
 
@@ -30,7 +31,15 @@ def settings_from(**flags: Any) -> Settings:
     except ConfigError as e:
         raise UsageError(str(e)) from None
     # config_file follows CHATCLI_CONFIG, which must then name a file that exists.
-    return load_settings(flags=flags, env=os.environ)
+    settings = load_settings(flags=flags, env=os.environ)
+    warnings = unknown_env_warnings(os.environ)
+    if warnings:  # on stderr: the reply on stdout stays the reply alone
+        from chatcli.terminal.render import make_console, render_notice
+
+        console = make_console(file=sys.stderr)
+        for warning in warnings:
+            render_notice(console, warning)
+    return settings
 
 
 def move_old_files_saying() -> None:

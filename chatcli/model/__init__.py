@@ -2,10 +2,13 @@
 
 Owns the GPT module (`gpt`), its attention cache layout (`kv_cache`), next-token sampling from
 logits (`sampling`), finding checkpoints on disk (`checkpoint_paths`) and on the Hugging Face
-Hub (`hub_layout`, `hub`, `hub_cache`: hf:ORG/NAME, fetched by huggingface_hub), loading them
-safely (`checkpoint`), the tokenizer and its special tokens, and quantized decode copies of the
-weights (`quantize`). May import `chatcli.errors` and `chatcli.kernels`; nothing above. Knows
-nothing about conversations, terminals or HTTP (the Hub's is huggingface_hub's).
+Hub (`hub_layout`, `hub`, `hub_cache`: hf:ORG/NAME, fetched by huggingface_hub), checking them
+before anything is built (`checkpoint_checks`), loading them safely (`checkpoint`), listing them
+(`checkpoint_listing`), reading the JSON and TOML files people hand chatcli (`data_files`), the
+tokenizer, its special tokens and the long runs it encodes around tiktoken's regex
+(`long_runs`), and quantized decode copies of the weights (`quantize`). May import
+`chatcli.errors` and `chatcli.kernels`; nothing above. Knows nothing about conversations,
+terminals or HTTP (the Hub's is huggingface_hub's).
 
 `load_model` is re-exported lazily, so importing this package does not import torch.
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chatcli.errors import CheckpointError
-from chatcli.model.checkpoint import CheckpointSummary, list_checkpoints
+from chatcli.model.checkpoint_listing import CheckpointSummary, list_checkpoints
 from chatcli.model.checkpoint_paths import SOURCES
 from chatcli.model.hub import cached_files, import_hub, scan_cache
 from chatcli.model.hub_layout import HubId

@@ -14,6 +14,7 @@ exits the process.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -41,6 +42,7 @@ from chatcli.chat.command_parsing import (
 from chatcli.chat.conversation_store import SUFFIX, ConversationSink
 from chatcli.chat.settings import Settings, history_path
 from chatcli.chat.turns import readable_text
+from chatcli.model.data_files import UnreadableFileError, check_readable
 from chatcli.terminal.render import (
     ReplyRenderer,
     make_console,
@@ -254,7 +256,12 @@ class ChatUI:
         path = history_path()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if os.path.lexists(path):  # a folder or a link loop there is named as such
+                check_readable(path)
             path.touch()
+        except UnreadableFileError as e:
+            self.notice(f"Input history is off: {e}.")
+            return InMemoryHistory()
         except OSError as e:
             self.notice(f"Input history is off: cannot write {path} ({e}).")
             return InMemoryHistory()

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from chatcli.model.gpt import ERAS, GPT, GPTConfig, has_value_embed
 from chatcli.model.special_tokens import SPECIAL_TOKENS
-from chatcli.model.tokenizer import SPLIT_PATTERN, Tokenizer
+from chatcli.model.tokenizer import COPY_SPLIT_PATTERN, Tokenizer
 from chatcli.training.muon import Muon
 from chatcli.training.synthetic import generate_conversations
 
@@ -117,9 +117,10 @@ def conversation_text(conversation: list[dict]) -> str:
     return "\n".join(parts)
 
 
-# nanochat's split pattern with two changes that make copying position-aligned, which is most
-# of what this model does (operands into the calculator call, words into .count, names into
-# the answer):
+# COPY_SPLIT_PATTERN (defined beside nanochat's in chatcli.model.tokenizer, which knows every
+# pattern a tokenizer may split with) is nanochat's split pattern with two changes that make
+# copying position-aligned, which is most of what this model does (operands into the
+# calculator call, words into .count, names into the answer):
 # - numbers split into single digits (\p{N} rather than \p{N}{1,2}). With digit pairs,
 #   "4,892" is `4 , 89 2` but the call needs `48 92`: the model would re-chunk every number.
 # - a run of letters never takes the character before it. nanochat's `[^\r\n\p{L}\p{N}]?+\p{L}+`
@@ -127,9 +128,6 @@ def conversation_text(conversation: list[dict]) -> str:
 #   from the question into `"octopus".count(...)` or into the answer means translating between
 #   them; for a word never seen in training that failed most. Now a word is the same tokens
 #   wherever it stands (the space before it is its own token).
-COPY_SPLIT_PATTERN = SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}").replace(
-    r"[^\r\n\p{L}\p{N}]?+\p{L}+", r"\p{L}+"
-)
 assert COPY_SPLIT_PATTERN.count("\\p{L}+") == 1 and "{1,2}" not in COPY_SPLIT_PATTERN
 
 
