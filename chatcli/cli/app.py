@@ -1,9 +1,10 @@
-"""The `chatcli` command: chat, once, models, serve, bench, config path; -h and --version.
+"""The `chatcli` command: chat, once, models, serve, bench, export, config path; -h, --version.
 
 Owns: the Typer app and its subcommands' registration, the root options, and `main` (choosing
 how OpenMP threads wait before torch loads). Each command lives in its own module
-(`chat_commands`, `models_command`, `serve_command`, `bench_command`); the shared options and
-click's one-line errors live in `options`, settings and session loading in `session_setup`.
+(`chat_commands`, `models_command`, `serve_command`, `bench_command`, `export_command`); the
+shared options and click's one-line errors live in `options`, settings and session loading in
+`session_setup`.
 Typer lives only in this package. torch is imported only by the commands that load a model, so
 `chatcli --help` stays fast.
 """
@@ -18,6 +19,7 @@ import typer
 from chatcli.chat.settings import config_path
 from chatcli.cli.bench_command import BENCH_HELP, bench
 from chatcli.cli.chat_commands import chat, once
+from chatcli.cli.export_command import EXPORT_HELP, export
 from chatcli.cli.models_command import models
 from chatcli.cli.openmp_wait import choose_openmp_wait
 from chatcli.cli.options import (
@@ -82,3 +84,4 @@ app.command(cls=Command)(once)
 app.command(cls=Command)(models)
 app.command(cls=Command)(serve)
 app.command(cls=Command, help=BENCH_HELP)(bench)
+app.command(cls=Command, help=EXPORT_HELP)(export)

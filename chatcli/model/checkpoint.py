@@ -379,11 +379,18 @@ def load_model(
 
     path: a nanochat base dir (~/.cache/nanochat layout), a checkpoint folder, a flat download
     folder (model_*.pt, meta_*.json, tokenizer.pkl side by side), a model_*.pt file, a tag in
-    $NANOCHAT_BASE_DIR, or None for the embedded default model. The largest d<N> tag and the
+    $NANOCHAT_BASE_DIR, a transformers-format folder (hf_load), or None for the embedded
+    default model. The largest d<N> tag and the
     last step are taken unless tag/step say otherwise. softcap overrides the logit softcap (15)
     for the short-lived variant that used 20, which nothing on disk reveals. quantize (int8,
     int4; CPU only) reads the matrices in that format during batch-1 decode.
     """
+    from chatcli.model.hf_load import is_hf_folder, load_hf_model
+
+    if path is not None and is_hf_folder(path):  # config.json + safetensors + tokenizer.json
+        return load_hf_model(
+            Path(path), step=step, device=device, dtype=dtype, softcap=softcap, quantize=quantize
+        )
     t0 = time.perf_counter()
     ref = resolve_checkpoint(path, source=source, tag=tag, step=step)
     meta, config = read_meta(ref.meta_file)
