@@ -90,7 +90,10 @@ def to_hf_names(sd: Mapping[str, torch.Tensor], vocab_size: int) -> dict[str, to
         name = _rename(key, _PLAIN_NAMES, _TO_HF)
         if name is None:
             raise CheckpointError(f"No transformers name for the weight {key}.")
-        out[name] = tensor[:vocab_size] if _VOCAB_ROWS.fullmatch(name) else tensor
+        if _VOCAB_ROWS.fullmatch(name) and tensor.shape[0] > vocab_size:
+            # A copy: safetensors refuses to write part of a tensor's storage.
+            tensor = tensor[:vocab_size].clone()
+        out[name] = tensor
     return out
 
 
