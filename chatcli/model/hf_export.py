@@ -89,6 +89,14 @@ def require_hf_extra() -> None:
         raise ChatcliError(f"chatcli export needs {', '.join(missing)}: {HF_EXTRA}")
 
 
+def check_out_folder(out: Path) -> Path:
+    """OUT as an absolute path, where it is free: missing, or an empty folder."""
+    out = out.expanduser().absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ChatcliError(f"{out} exists and is not an empty folder: pick a new OUT folder.")
+    return out
+
+
 def read_source(
     model: str | Path | None, source: str, step: int | None, softcap: float | None
 ) -> ExportSource:
@@ -135,9 +143,7 @@ def export_model(
     t0 = time.perf_counter()
     if dtype not in DTYPES:
         raise ChatcliError(f"Unknown dtype {dtype!r}; use {', '.join(DTYPES)}.")
-    out = out.expanduser().absolute()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ChatcliError(f"{out} exists and is not an empty folder: pick a new OUT folder.")
+    out = check_out_folder(out)
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     if partial.exists():
         shutil.rmtree(partial)
