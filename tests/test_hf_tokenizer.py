@@ -122,6 +122,11 @@ def test_a_tokenizer_json_tiktoken_cannot_reproduce_is_refused(folder, tmp_path)
     (tmp_path / "tokenizer.json").write_text(json.dumps(data))
     with pytest.raises(TokenizerError, match="normalizer"):
         read_hf_tokenizer(tmp_path / "tokenizer.json")
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["model"]["vocab"]["a b"] = data["model"]["vocab"].pop("aĠb", 999)  # a raw space
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(TokenizerError, match="not byte-level"):
+        read_hf_tokenizer(tmp_path / "tokenizer.json")
 
 
 # ---- the chat template ------------------------------------------------------------------------

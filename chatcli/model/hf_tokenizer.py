@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import tiktoken
 
@@ -26,6 +27,7 @@ from chatcli.errors import TokenizerError
 from chatcli.model.special_tokens import ASSISTANT_END, BOS, SPECIAL_TOKENS
 from chatcli.model.tokenizer import Tokenizer
 
+T = TypeVar("T", str, bytes)
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
@@ -45,20 +47,29 @@ def byte_alphabet() -> dict[int, str]:
 
 
 _ALPHABET = byte_alphabet()
-_BYTE_OF = {c: b for b, c in _ALPHABET.items()}
+# str.translate tables both ways: a 65536-token vocabulary converts in C, not a Python loop.
+_TO_TEXT = {b: c for b, c in _ALPHABET.items()}
+_TO_LATIN1: dict[int, int | str] = {b: "\uffff" for b in range(256)}  # not in the alphabet
+_TO_LATIN1.update({ord(c): b for b, c in _ALPHABET.items()})
 
 
 def _text_of(token: bytes) -> str:
-    return "".join(_ALPHABET[b] for b in token)
+    return token.decode("latin-1").translate(_TO_TEXT)
 
 
 def _bytes_of(text: str) -> bytes:
-    return bytes(_BYTE_OF[c] for c in text)
+    """The bytes a byte-level token stands for; KeyError for a character outside the
+    alphabet (latin-1 cannot encode what translate left above U+00FF)."""
+    try:
+        return text.translate(_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
+        raise KeyError(text) from None
 
 
-def all_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+def all_merges(ranks: Mapping[T, int]) -> list[tuple[T, T]]:
     """Every split of every token into two tokens, ordered by the rank of the token made
-    (then by the ranks of its parts)."""
+    (then by the ranks of its parts, which tell the splits of one token apart). Tokens as
+    bytes, or as byte-level text (a character a byte: the same splits, the same order)."""
     found = []
     for token, rank in ranks.items():
         for cut in range(1, len(token)):
@@ -214,7 +225,7 @@ def read_hf_tokenizer(path: Path) -> Tokenizer:
         and isinstance(t.get("content"), str)
         and isinstance(t.get("id"), int)
     }
-    _check_merges(model, ranks, path)
+    _check_merges(model, vocab, path)
     ids = sorted([*ranks.values(), *specials.values()])
     if ids != list(range(len(ids))):
         raise TokenizerError(f"{path}: token ids are not 0..{len(ids) - 1}, each once.")
@@ -257,16 +268,16 @@ def _split_pattern(data: dict[str, Any], path: Path) -> str:
     return regex
 
 
-def _check_merges(model: dict[str, Any], ranks: dict[bytes, int], path: Path) -> None:
+def _check_merges(model: dict[str, Any], vocab: dict[str, int], path: Path) -> None:
+    """Compared as byte-level text, as the file holds them: [left, right] pairs (or, in older
+    files, "left right" strings)."""
     merges = model.get("merges")
     if not isinstance(merges, list):
         raise TokenizerError(f"{path}: the BPE model has no merges list.")
-    try:
-        pairs = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges]
-        got = [(_bytes_of(a), _bytes_of(b)) for a, b in pairs]
-    except (KeyError, ValueError, TypeError):
-        raise TokenizerError(f"{path}: the merges are not pairs of byte-level tokens.") from None
-    if not model.get("ignore_merges") or got != all_merges(ranks):
+    if merges and isinstance(merges[0], str):
+        merges = [m.split(" ") if isinstance(m, str) else m for m in merges]
+    expected = [list(pair) for pair in all_merges(vocab)]
+    if not model.get("ignore_merges") or merges != expected:
         raise TokenizerError(
             f"{path}: its BPE merges are not every split of every token in rank order (with "
             "ignore_merges), so tiktoken could not reproduce its encoding exactly. chatcli "
