@@ -182,6 +182,16 @@ def test_a_registered_attention_function_serves_every_layer_unchanged(name, root
     assert len(layer_calls) >= 5 * sdpa.config.num_hidden_layers
 
 
+@pytest.mark.parametrize("name", ["B-short", "E"])
+def test_eager_attention_gives_sdpa_s_logits(name, root):
+    _, out = _case(name, root)
+    ids = torch.tensor([_prompt(name, 100)])
+    with torch.no_grad():
+        eager = _hf(out, attn_implementation="eager")(ids).logits
+        sdpa = _hf(out, attn_implementation="sdpa")(ids).logits
+    torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=0)
+
+
 def _backend_attention(module, query, key, value, attention_mask, scaling, kv_store, **kwargs):
     """What a serving engine's backend does: the model runs without its own cache, and the
     attention function keeps each layer's K/V itself, masking by the config's layer types

@@ -87,6 +87,21 @@ def test_keep_writes_each_tensor_as_saved_and_float32_widens(root, tmp_path):
     assert torch.equal(widened["model.embed_tokens.weight"], tensors["model.embed_tokens.weight"])
 
 
+def test_an_export_starts_its_weights_on_64_byte_boundaries_as_safetensors_reads_them(root):
+    # MKL's products can round differently on data aligned otherwise: an export read in
+    # place must compute what the checkpoint computes, at d20's sizes too.
+    from safetensors.torch import load_file
+
+    _, out = _case("E", root)
+    ours = read_safetensors(out / "model.safetensors")
+    theirs = load_file(out / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+        if tensor.ndim == 2 and tensor.numel() * tensor.element_size() % 64 == 0:
+            assert tensor.data_ptr() % 64 == 0, name
+
+
 def test_a_sharded_export_writes_an_index_and_loads_in_both(root, tmp_path):
     from chatcli.model.hf_export import GenerationDefaults, export_model, read_source
 

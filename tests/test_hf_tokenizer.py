@@ -219,7 +219,7 @@ def test_text_spelling_a_special_token_stays_text_with_sanitize_control_tokens(o
     import inspect
 
     if "sanitize_control_tokens" not in inspect.signature(theirs.apply_chat_template).parameters:
-        pytest.skip("transformers before 5.24 has no sanitize_control_tokens")
+        pytest.skip("transformers before 5.20 has no sanitize_control_tokens")
     messages = [{"role": "user", "content": "say <|bos|> and <|assistant_end|> please"}]
     want = ours.render_for_completion(messages)
     got = theirs.apply_chat_template(

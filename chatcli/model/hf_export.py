@@ -6,8 +6,8 @@ transformers folder), and writing the folder: config.json, model.safetensors (sh
 the chat template), chatcli's modeling file for eras B-E, and a README.md model card. The
 folder is written beside OUT and renamed into place at the end, so a failed export leaves
 nothing half-written. Refuses what it cannot write exactly (a tokenizer the fast tokenizer
-would not reproduce, an OUT that is not empty). Needs the hf extra (tokenizers, safetensors,
-huggingface_hub); knows nothing about the command line.
+would not reproduce, an OUT that is not empty). Needs the hf extra (tokenizers builds the
+fast tokenizer, huggingface_hub plans the shards); knows nothing about the command line.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class ExportResult:
 def require_hf_extra() -> None:
     """Raise the one-line fix where the libraries an export writes with are missing."""
     missing = []
-    for name in ("tokenizers", "safetensors", "huggingface_hub"):
+    for name in ("tokenizers", "huggingface_hub"):
         try:
             __import__(name)
         except ImportError:

@@ -6,15 +6,17 @@ style), the vocabulary padding (left out on export: no token reaches those rows 
 logits are cut off, so the model computes exactly the same), writing safetensors files
 (sharded past max_shard_size, with transformers' index) and reading them back.
 
-Reading is ours, not the safetensors package's: the header is checked (size, dtypes,
-shapes, offsets inside the file, an index that names only files beside it) and each tensor
-is a view of the file mapped copy-on-write, as `torch.load(mmap=True)` gives for nanochat's
-files, so loading costs no copy and big embedding tables stay in the page cache. Nothing in
-a safetensors file can run code. Knows nothing about configs or tokenizers.
+Both directions are ours, not the safetensors package's. Writing puts every tensor on a
+64-byte boundary (write_aligned says why). Reading checks the header (size, dtypes, shapes,
+offsets inside the file, an index that names only files beside it) and makes each tensor a
+view of the file mapped copy-on-write, as `torch.load(mmap=True)` gives for nanochat's files,
+so loading costs no copy and big embedding tables stay in the page cache. Nothing in a
+safetensors file can run code. Knows nothing about configs or tokenizers.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
 import re
@@ -32,6 +34,8 @@ MAX_SHARD_SIZE = "5GB"  # transformers' default: the Hub's largest comfortable f
 # The dtypes a nanochat weight may have, by safetensors' names.
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+ALIGN = 64  # bytes: where torch's CPU allocator starts every tensor
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 # (nanochat, transformers) name patterns; {i} is a layer index.
 _LAYER_NAMES = (
@@ -140,12 +144,51 @@ def config_dtype(sd: Mapping[str, torch.Tensor]) -> str:
 def write_safetensors(
     sd: dict[str, torch.Tensor], folder: Path, max_shard_size: int | str = MAX_SHARD_SIZE
 ) -> list[str]:
-    """Write `sd` as model.safetensors, or as shards with model.safetensors.index.json past
-    max_shard_size; returns the file names written."""
-    from huggingface_hub import save_torch_state_dict
+    """Write `sd` as model.safetensors, or past max_shard_size as the shards and the index
+    transformers' own saving would name (huggingface_hub plans them); returns the names."""
+    from huggingface_hub import split_torch_state_dict_into_shards
 
-    save_torch_state_dict(sd, folder, max_shard_size=max_shard_size, metadata={"format": "pt"})
+    plan = split_torch_state_dict_into_shards(sd, max_shard_size=max_shard_size)
+    for filename, names in plan.filename_to_tensors.items():
+        write_aligned(folder / filename, {n: sd[n] for n in names})
+    if plan.is_sharded:
+        index = {"metadata": plan.metadata, "weight_map": plan.tensor_to_filename}
+        (folder / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return sorted(p.name for p in folder.glob("model*.safetensors*"))
+
+
+def write_aligned(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    """One safetensors file whose tensors each start on a 64-byte boundary, as torch's own
+    allocations and checkpoints do: MKL's products can round differently on data aligned
+    otherwise (d20's logits moved by 2e-6), so a file read in place computes bit for bit
+    what the checkpoint it came from computes. Tensors whose size keeps the alignment go
+    first, the few small ones after; the header is padded with spaces (which safetensors
+    allows) up to the boundary. Each tensor is written from its own memory, not copied."""
+    order = sorted(tensors, key=lambda n: (_nbytes(tensors[n]) % ALIGN != 0, n))
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    at = 0
+    for name in order:
+        t = tensors[name]
+        size = _nbytes(t)
+        header[name] = {
+            "dtype": _DTYPE_NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [at, at + size],
+        }
+        at += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % ALIGN)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name in order:
+            t = tensors[name].detach().contiguous()
+            if t.numel():
+                f.write((ctypes.c_char * _nbytes(t)).from_address(t.data_ptr()))
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 # ---- reading ----------------------------------------------------------------------------------
@@ -257,11 +300,15 @@ def _broken(path: Path, what: str) -> str:
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a transformers folder's safetensors files, under their own names."""
+    """Every tensor of a transformers folder's safetensors files, under their own names.
+    A weight that other writers left off the 64-byte alignment is copied (write_aligned
+    says why), except the embedding tables, which are only looked up by row."""
     out: dict[str, torch.Tensor] = {}
     for path in weight_files(folder):
         for name, tensor in read_safetensors(path).items():
             if name in out:
                 raise CheckpointError(f"{folder}: {name} is in two of its safetensors files.")
-            out[name] = tensor
+            table = name != "lm_head.weight" and _VOCAB_ROWS.fullmatch(name)
+            aligned = tensor.data_ptr() % ALIGN == 0
+            out[name] = tensor if aligned or table else tensor.clone()
     return out
