@@ -102,6 +102,24 @@ def test_an_export_starts_its_weights_on_64_byte_boundaries_as_safetensors_reads
             assert tensor.data_ptr() % 64 == 0, name
 
 
+@pytest.mark.parametrize("name", ["A", "C"])
+def test_a_softcap_override_is_written_and_read_back(name, root, tmp_path):
+    # The March 2026 variant capped at 20, which nothing in a checkpoint records.
+    checkpoint = era_checkpoint(name, root)
+    if not checkpoint.is_dir():
+        pytest.skip("reference fixtures not found")
+    out = tmp_path / "cap20"
+    result = runner.invoke(app, ["export", str(out), "--model", str(checkpoint), "--softcap", "20"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "config.json").read_text())["final_logit_softcapping"] == 20.0
+    want, _, _ = load_model(checkpoint, device="cpu", softcap=20)
+    got, _, _ = load_model(out, device="cpu")
+    assert got.arch.softcap == 20.0
+    ids = torch.tensor([[7, 8, 9, 10, 11]])
+    with torch.no_grad():
+        assert torch.equal(got(ids), want(ids))
+
+
 def test_a_sharded_export_writes_an_index_and_loads_in_both(root, tmp_path):
     from chatcli.model.hf_export import GenerationDefaults, export_model, read_source
 

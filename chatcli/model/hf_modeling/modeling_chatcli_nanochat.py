@@ -33,7 +33,11 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.configuration_utils import PreTrainedConfig
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 
@@ -348,7 +352,7 @@ class ChatcliNanoChatModel(ChatcliNanoChatPreTrainedModel):
             kind = self.config.layer_types[i]
             if kind == "full_attention" and "long_window" in masks:
                 kind = "long_window"
-            x = x + layer.self_attn(norm(x), cos, sin, ve, masks[kind], cache, **kwargs)
+            x = x + layer.self_attn(norm(x), cos, sin, ve, masks.get(kind), cache, **kwargs)
             x = x + layer.mlp(norm(x))
             if i == self.config.backout_layer:
                 saved = x
@@ -384,6 +388,10 @@ class ChatcliNanoChatModel(ChatcliNanoChatPreTrainedModel):
         causal attention within it, a window of its own past it."""
         if isinstance(attention_mask, dict):  # prepared by generate() for a static cache
             return attention_mask
+        if self.config._attn_implementation not in ALL_MASK_ATTENTION_FUNCTIONS:
+            # An attention function registered without a mask function (a serving engine's)
+            # masks by itself, from the config's layer types or each call's sliding_window.
+            return {}
         args = dict(
             config=self.config,
             inputs_embeds=x,
