@@ -188,6 +188,7 @@ def test_export_writes_the_folder_and_says_what_it_wrote(tmp_path):
     assert names == [
         "README.md",
         "config.json",
+        "configuration_chatcli_nanochat.py",
         "generation_config.json",
         "model.safetensors",
         "modeling_chatcli_nanochat.py",

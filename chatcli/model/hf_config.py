@@ -32,12 +32,13 @@ from chatcli.model.gpt import (
 
 NATIVE_MODEL_TYPE = "nanochat"  # transformers' own, era A
 OUR_MODEL_TYPE = "chatcli_nanochat"  # eras B-E, through our modeling file
-MODELING_FILE = "modeling_chatcli_nanochat.py"
-_MODULE = MODELING_FILE.removesuffix(".py")
+# The remote code an export of eras B-E carries (hf_modeling/), config first.
+CONFIG_CODE, MODELING_CODE = "configuration_chatcli_nanochat", "modeling_chatcli_nanochat"
+CODE_FILES = (f"{CONFIG_CODE}.py", f"{MODELING_CODE}.py")
 AUTO_MAP = {
-    "AutoConfig": f"{_MODULE}.ChatcliNanoChatConfig",
-    "AutoModel": f"{_MODULE}.ChatcliNanoChatModel",
-    "AutoModelForCausalLM": f"{_MODULE}.ChatcliNanoChatForCausalLM",
+    "AutoConfig": f"{CONFIG_CODE}.ChatcliNanoChatConfig",
+    "AutoModel": f"{MODELING_CODE}.ChatcliNanoChatModel",
+    "AutoModelForCausalLM": f"{MODELING_CODE}.ChatcliNanoChatForCausalLM",
 }
 # torch's default RMSNorm eps for fp32 (torch.finfo(torch.float32).eps): what nanochat's
 # F.rms_norm uses. transformers' NanoChatConfig defaults to 1e-6, so it is written out.

@@ -27,7 +27,7 @@ from chatcli.model.checkpoint import check_state_dict, read_meta, read_state_dic
 from chatcli.model.checkpoint_paths import resolve_checkpoint
 from chatcli.model.gpt import GPT, Architecture, GPTConfig, infer_architecture
 from chatcli.model.hf_chat_template import chat_template
-from chatcli.model.hf_config import MODELING_FILE, TokenIds, hf_config, uses_native_class
+from chatcli.model.hf_config import CODE_FILES, TokenIds, hf_config, uses_native_class
 from chatcli.model.hf_load import is_hf_folder, read_hf_folder
 from chatcli.model.hf_model_card import model_card
 from chatcli.model.hf_tokenizer import agreement, probe_texts, write_hf_tokenizer
@@ -43,7 +43,7 @@ from chatcli.model.tokenizer import Tokenizer
 
 HF_EXTRA = "pip install 'chatcli[hf]'"
 DTYPES = ("keep", "float32", "bfloat16")
-MODELING_SOURCE = Path(__file__).parent / "hf_modeling" / MODELING_FILE
+CODE_SOURCE = Path(__file__).parent / "hf_modeling"
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,8 @@ def _write(
     _write_json(folder / "generation_config.json", generation_config(ids, generation))
     write_safetensors(sd, folder, max_shard_size)
     if not native:
-        shutil.copyfile(MODELING_SOURCE, folder / MODELING_FILE)
+        for name in CODE_FILES:
+            shutil.copyfile(CODE_SOURCE / name, folder / name)
     card = model_card(hf, src.origin, sum(v.numel() for v in sd.values()), dtype)
     (folder / "README.md").write_text(card, encoding="utf-8")
 

@@ -46,7 +46,7 @@ def model_card(config: dict[str, Any], origin: str, num_params: int, dtype: str)
         code = (
             f"Era {era} adds {_ERA_PARTS[era]} to the original nanochat GPT, which "
             "transformers' own `NanoChatForCausalLM` does not compute, so this folder carries "
-            "chatcli's modeling file (`modeling_chatcli_nanochat.py`, loaded with "
+            "chatcli's modeling code (`modeling_chatcli_nanochat.py` and its config's file, loaded with "
             "`trust_remote_code=True`). It computes exactly what nanochat computes."
         )
     if era == "E":

@@ -1,7 +1,7 @@
 """nanochat GPTs of every era for transformers: the modeling file chatcli ships in an export.
 
-`chatcli export` copies this file beside config.json (`auto_map`), and
-`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` runs it. It computes
+`chatcli export` copies this file and its config's beside config.json (`auto_map`), and
+`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` runs them. It computes
 what chatcli's GPT (and nanochat's own full-sequence forward) computes, for every era: the
 config says which parts the era has (residual lambdas, sliding windows, value embeddings and
 their gates, the q/k scale, smear, backout, bf16-rounded rotary tables) and holds every
@@ -18,7 +18,7 @@ decodes; so era E refuses a continuation without `smear_prev_ids` rather than co
 something else. Value embeddings (C-E) need the token ids (not input embeddings) and a
 tensor-parallel size of 1.
 
-This file stands alone (it imports torch and transformers, nothing of chatcli's).
+These two files stand alone (they import torch and transformers, nothing of chatcli's).
 """
 
 import copy
@@ -27,11 +27,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.configuration_utils import PreTrainedConfig
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import (
     ALL_MASK_ATTENTION_FUNCTIONS,
@@ -41,6 +39,8 @@ from transformers.masking_utils import (
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 
+from .configuration_chatcli_nanochat import ChatcliNanoChatConfig
+
 # transformers 5.24 renamed `past_key_values` to `cache` (outputs and mask helpers alike).
 _CACHE_FIELD = (
     "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -48,68 +48,6 @@ _CACHE_FIELD = (
 _MASK_CACHE_ARG = (
     "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 )
-# nanochat's rotary tables cover ten times the training context, as here.
-ROTARY_SPAN = 10
-
-
-@strict
-class ChatcliNanoChatConfig(PreTrainedConfig):
-    """A nanochat GPT of one era. layer_windows[i] = w: query i sees keys i-w..i; layer_types
-    and sliding_window (= the short window + 1, counted in keys) say the same in the terms
-    transformers' caches and the serving engines read."""
-
-    model_type = "chatcli_nanochat"
-    # Plain class attributes, as transformers' own configs and models declare them.
-    base_model_tp_plan = {  # noqa: RUF012
-        "layers.*.self_attn.q_proj": "colwise",
-        "layers.*.self_attn.k_proj": "colwise",
-        "layers.*.self_attn.v_proj": "colwise",
-        "layers.*.self_attn.o_proj": "rowwise",
-        "layers.*.mlp.fc1": "colwise",
-        "layers.*.mlp.fc2": "rowwise",
-    }
-
-    nanochat_era: str = "E"
-    vocab_size: int = 65536
-    hidden_size: int = 1280
-    intermediate_size: int = 5120
-    num_hidden_layers: int = 20
-    num_attention_heads: int = 10
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    max_position_embeddings: int = 2048
-    rope_theta: float = 100000.0
-    rope_tables_bf16: bool = False
-    qk_scale: float | None = None
-    residual_lambdas: bool = False
-    layer_windows: list[int] | None = None
-    layer_types: list[str] | None = None
-    sliding_window: int | None = None
-    value_embed_layers: list[int] | None = None
-    value_gate_channels: int = 0
-    value_gate_scale: float = 0.0
-    smear_channels: int = 0
-    backout_layer: int | None = None
-    final_logit_softcapping: float = 15.0
-    initializer_range: float = 0.02
-    use_cache: bool = True
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-    pad_token_id: int | None = None
-    tie_word_embeddings: bool = False
-
-    def __post_init__(self, **kwargs):
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.layer_windows is None:
-            self.layer_windows = [self.max_position_embeddings] * self.num_hidden_layers
-        if self.layer_types is None:
-            self.layer_types = ["full_attention"] * self.num_hidden_layers
-        if self.value_embed_layers is None:
-            self.value_embed_layers = []
-        super().__post_init__(**kwargs)
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
