@@ -2,8 +2,9 @@
 
 Owns the GPT module (`gpt`), its attention cache layout (`kv_cache`), next-token sampling from
 logits (`sampling`), finding checkpoints on disk (`checkpoint_paths`), loading them safely
-(`checkpoint`), the tokenizer and its special tokens, and quantized decode copies of the
-weights (`quantize`). May import `chatcli.errors` and `chatcli.kernels`; nothing above. Knows
+(`checkpoint`), the tokenizer and its special tokens, quantized decode copies of the
+weights (`quantize`), and the transformers format both ways (`hf_*`: export, and loading
+transformers-format folders; `hf_modeling/` holds the remote code an export ships). May import `chatcli.errors` and `chatcli.kernels`; nothing above. Knows
 nothing about conversations, terminals or HTTP.
 
 `load_model` is re-exported lazily, so importing this package does not import torch.

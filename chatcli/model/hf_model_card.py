@@ -39,7 +39,7 @@ def model_card(config: dict[str, Any], origin: str, num_params: int, dtype: str)
         code = (
             "It is transformers' own `NanoChatForCausalLM` (no remote code). transformers "
             "computes its rotary tables in float32 where nanochat rounded them to bfloat16, so "
-            "float32 logits differ from nanochat's by about 1e-3; `chatcli export "
+            "float32 logits differ from nanochat's by a few 1e-3; `chatcli export "
             "--remote-code` writes chatcli's modeling file instead, which matches them."
         )
     else:
