@@ -217,6 +217,14 @@ def test_export_refuses_a_folder_that_is_not_empty(tmp_path):
     assert (tmp_path / "taken" / "x").read_text() == "mine"
 
 
+def test_export_refuses_an_unknown_dtype_before_reading_the_model(tmp_path):
+    result = runner.invoke(
+        app, ["export", str(tmp_path / "x"), "--model", "/nowhere", "--dtype", "fp8"]
+    )
+    assert result.exit_code == 1
+    assert "Unknown --dtype 'fp8'; use keep, float32, bfloat16." in result.output
+
+
 def test_export_without_the_hf_extra_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     result = runner.invoke(app, ["export", str(tmp_path / "x")])

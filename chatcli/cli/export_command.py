@@ -53,13 +53,15 @@ def export(
         settings = settings_from(model=model, source=source, step=step)
         from chatcli.model.hf_export import (
             GenerationDefaults,
+            check_dtype,
             check_out_folder,
             export_model,
             read_source,
             require_hf_extra,
         )
 
-        require_hf_extra()  # these two before reading gigabytes
+        require_hf_extra()  # these before reading gigabytes
+        check_dtype(dtype)
         check_out_folder(out)
         src = read_source(settings.model, settings.source, settings.step, softcap)
         typer.echo(f"Exporting era {src.arch.era} from {src.origin}…", err=True)

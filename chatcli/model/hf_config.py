@@ -233,7 +233,9 @@ def _softcap(cfg: dict[str, Any], where: str) -> float:
 def _read_native(cfg: dict[str, Any], where: str) -> HFModel:
     config = _shape(cfg, where)
     rope = cfg.get("rope_parameters") or {}
-    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0)) if isinstance(rope, dict) else 0
+    if not isinstance(rope, dict):
+        raise CheckpointError(f"{where}: rope_parameters is {rope!r}, not an object.")
+    theta = rope.get("rope_theta", cfg.get("rope_theta", ERAS["A"].rope_base))
     wanted = {
         "hidden_act": ("relu2", cfg.get("hidden_act", "relu2")),
         "attention_bias": (False, cfg.get("attention_bias", False)),

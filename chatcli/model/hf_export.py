@@ -89,6 +89,11 @@ def require_hf_extra() -> None:
         raise ChatcliError(f"chatcli export needs {', '.join(missing)}: {HF_EXTRA}")
 
 
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ChatcliError(f"Unknown --dtype {dtype!r}; use {', '.join(DTYPES)}.")
+
+
 def check_out_folder(out: Path) -> Path:
     """OUT as an absolute path, where it is free: missing, or an empty folder."""
     out = out.expanduser().absolute()
@@ -105,8 +110,10 @@ def read_source(
     if model is not None and is_hf_folder(model):
         if step is not None:
             raise CheckpointError(f"{model} is a transformers-format model: it has no steps.")
-        found = read_hf_folder(Path(model).expanduser(), softcap)
-        return ExportSource(found.state_dict, found.config, found.arch, found.tokenizer, str(model))
+        folder = Path(model).expanduser()
+        found = read_hf_folder(folder, softcap)
+        origin = f"the transformers-format folder {folder.absolute().name}"
+        return ExportSource(found.state_dict, found.config, found.arch, found.tokenizer, origin)
     ref = resolve_checkpoint(model, source=source, step=step)
     _, config = read_meta(ref.meta_file)
     try:
@@ -124,8 +131,12 @@ def read_source(
     arch = infer_architecture(sd, config, softcap=softcap)
     with torch.device("meta"):
         check_state_dict(GPT(config, arch), sd, ref.model_file, config)
-    origin = "the embedded default model" if model is None else str(ref.model_file)
-    return ExportSource(sd, config, arch, tokenizer, f"{origin} (step {ref.step})")
+    # Said without the local path, which is the exporter's business, not the card's reader's.
+    if model is None:
+        origin = f"chatcli's embedded demo model (step {ref.step})"
+    else:
+        origin = f"the {ref.source or 'nanochat'} checkpoint {ref.tag} at step {ref.step}"
+    return ExportSource(sd, config, arch, tokenizer, origin)
 
 
 def export_model(
@@ -141,8 +152,7 @@ def export_model(
     remote_code: chatcli's modeling file for era A too (exact rotary rounding)."""
     require_hf_extra()
     t0 = time.perf_counter()
-    if dtype not in DTYPES:
-        raise ChatcliError(f"Unknown dtype {dtype!r}; use {', '.join(DTYPES)}.")
+    check_dtype(dtype)
     out = check_out_folder(out)
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     if partial.exists():

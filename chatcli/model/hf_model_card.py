@@ -80,6 +80,8 @@ A [nanochat](https://github.com/karpathy/nanochat) GPT of {shape}. Exported by c
 
 ## Load it
 
+PATH is this folder, or its repository id on the Hugging Face Hub.
+
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
