@@ -1,11 +1,11 @@
-"""The `chatcli` command: chat, once, models, pull, serve, bench, conversations, config path;
--h and --version.
+"""The `chatcli` command: chat, once, models, pull, serve, bench, export, conversations, config
+path; -h and --version.
 
 Owns: the Typer app and its subcommands' registration, the root options, and `main` (choosing
 how OpenMP threads wait before torch loads). Each command lives in its own module
 (`chat_commands`, `models_command`, `pull_command`, `serve_command`, `bench_command`,
-`conversations_command`); the shared options and click's one-line errors live in `options`,
-settings and session loading in `session_setup`.
+`export_command`, `conversations_command`); the shared options and click's one-line errors
+live in `options`, settings and session loading in `session_setup`.
 Typer lives only in this package. torch is imported only by the commands that load a model, so
 `chatcli --help` stays fast.
 """
@@ -21,6 +21,7 @@ from chatcli.chat.settings import config_path
 from chatcli.cli.bench_command import BENCH_HELP, bench
 from chatcli.cli.chat_commands import chat, once
 from chatcli.cli.conversations_command import conversations_app
+from chatcli.cli.export_command import EXPORT_HELP, export
 from chatcli.cli.models_command import models
 from chatcli.cli.openmp_wait import choose_openmp_wait
 from chatcli.cli.options import (
@@ -88,3 +89,4 @@ app.command(cls=Command)(models)
 app.command(cls=Command)(pull)
 app.command(cls=Command)(serve)
 app.command(cls=Command, help=BENCH_HELP)(bench)
+app.command(cls=Command, help=EXPORT_HELP)(export)

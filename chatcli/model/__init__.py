@@ -6,9 +6,10 @@ Hub (`hub_layout`, `hub`, `hub_cache`: hf:ORG/NAME, fetched by huggingface_hub),
 before anything is built (`checkpoint_checks`), loading them safely (`checkpoint`), listing them
 (`checkpoint_listing`), reading the JSON and TOML files people hand chatcli (`data_files`), the
 tokenizer, its special tokens and the long runs it encodes around tiktoken's regex
-(`long_runs`), and quantized decode copies of the weights (`quantize`). May import
-`chatcli.errors` and `chatcli.kernels`; nothing above. Knows nothing about conversations,
-terminals or HTTP (the Hub's is huggingface_hub's).
+(`long_runs`), quantized decode copies of the weights (`quantize`), and the transformers
+format both ways (`hf_*`: export, and loading transformers-format folders; `hf_modeling/` holds
+the remote code an export ships). May import `chatcli.errors` and `chatcli.kernels`; nothing
+above. Knows nothing about conversations, terminals or HTTP (the Hub's is huggingface_hub's).
 
 `load_model` is re-exported lazily, so importing this package does not import torch.
 """

@@ -356,17 +356,23 @@ def load_model(
 
     path: a nanochat base dir (~/.cache/nanochat layout), a checkpoint folder, a flat download
     folder (model_*.pt, meta_*.json, tokenizer.pkl side by side), a model_*.pt file, a tag in
-    $NANOCHAT_BASE_DIR, hf:ORG/NAME[@REVISION] (a Hub model, fetched into the Hub cache), or
-    None for the embedded default model. The largest d<N> tag and the last step are taken
-    unless tag/step say otherwise. softcap overrides the logit softcap (15) for the
-    short-lived variant that used 20, which nothing on disk reveals. quantize (int8, int4; CPU
-    only) reads the matrices in that format during batch-1 decode.
+    $NANOCHAT_BASE_DIR, hf:ORG/NAME[@REVISION] (a Hub model, fetched into the Hub cache), a
+    transformers-format folder (hf_load), or None for the embedded default model. The largest
+    d<N> tag and the last step are taken unless tag/step say otherwise. softcap overrides the
+    logit softcap (15) for the short-lived variant that used 20, which nothing on disk reveals.
+    quantize (int8, int4; CPU only) reads the matrices in that format during batch-1 decode.
     """
+    from chatcli.model.hf_load import is_hf_folder, load_hf_model
+
     t0 = time.perf_counter()
     hub = None
     if is_hub_id(path):  # fetched, or found in the Hub cache, then loaded as any local one
         hub = fetch_model(str(path), source=source, tag=tag, step=step)
         path = hub.local_path
+    if path is not None and is_hf_folder(path):  # config.json + safetensors + tokenizer.json
+        return load_hf_model(
+            Path(path), step=step, device=device, dtype=dtype, softcap=softcap, quantize=quantize
+        )
     ref = resolve_checkpoint(path, source=source, tag=tag, step=step)
     meta, config = read_meta(ref.meta_file)
     try:
