@@ -34,7 +34,7 @@ from chatcli.model.checkpoint import (
     read_state_dict,
     saved_matrix_params,
 )
-from chatcli.model.gpt import is_embedding_table
+from chatcli.model.linear import is_embedding_table
 
 FIELDS = ("VmHWM", "RssAnon", "RssFile")
 

@@ -645,7 +645,7 @@ def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measu
 
 
 def test_a_big_fp32_matrix_takes_sample_rows_weight_major_on_the_products_threads(monkeypatch):
-    from chatcli.model.gpt import Linear
+    from chatcli.model.linear import Linear
 
     torch.manual_seed(0)
     layer = Linear(1024, 1040, bias=False)  # 4 MB: no transposed copy, read where it is

@@ -10,16 +10,9 @@ from reference import REFERENCE, needs_reference
 
 from chatcli.engine.engine import Engine
 from chatcli.kernels.rows_step import rows_step
+from chatcli.model.attention import _visible_cached, attend
 from chatcli.model.checkpoint import load_model
-from chatcli.model.gpt import (
-    ERAS,
-    GPT,
-    GPTConfig,
-    _visible_cached,
-    attend,
-    infer_era,
-    window_sizes,
-)
+from chatcli.model.gpt import ERAS, GPT, GPTConfig, infer_era, window_sizes
 from chatcli.model.kv_cache import KVCache
 from chatcli.model.special_tokens import ASSISTANT_END
 
@@ -401,7 +394,7 @@ def test_a_chunk_attends_through_one_cached_mask_per_window():
 def test_a_streamed_weight_takes_a_few_rows_weight_major_and_equals_f_linear(
     monkeypatch, rows, threads, weight_major
 ):
-    from chatcli.model.gpt import STREAMED_WEIGHT_NUMEL, Linear
+    from chatcli.model.linear import STREAMED_WEIGHT_NUMEL, Linear
 
     torch.manual_seed(0)
     layer = Linear(512, STREAMED_WEIGHT_NUMEL // 512, bias=False)
@@ -423,7 +416,7 @@ def test_a_streamed_weight_takes_a_few_rows_weight_major_and_equals_f_linear(
 
 
 def test_a_cache_sized_weight_keeps_f_linear(monkeypatch):
-    from chatcli.model.gpt import STREAMED_WEIGHT_NUMEL, Linear
+    from chatcli.model.linear import STREAMED_WEIGHT_NUMEL, Linear
 
     layer = Linear(256, STREAMED_WEIGHT_NUMEL // 256 - 1, bias=False)
     monkeypatch.setattr(torch, "mm", lambda *a, **k: pytest.fail("a small weight took mm"))

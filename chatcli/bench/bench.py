@@ -31,7 +31,8 @@ from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.static_step import StepWithFallback
 from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS, native_bf16
-from chatcli.model.gpt import ERAS, GPT, GPTConfig, Linear
+from chatcli.model.gpt import ERAS, GPT, GPTConfig
+from chatcli.model.linear import Linear
 from chatcli.model.quantize import QUANTIZE_KINDS, default_half_kind
 from chatcli.model.special_tokens import SPECIAL_TOKENS
 

@@ -36,8 +36,9 @@ from chatcli.engine.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice, available_
 from chatcli.engine.step_attention import attend_over_prefix, attend_rows
 from chatcli.engine.step_matrices import StepLayer, StepMatrix, kernel_model, run_on_threads
 from chatcli.kernels.rows_step import RowsModel, rows_step
-from chatcli.model.gpt import GPT, SMEAR_CHANNELS, is_embedding_table
+from chatcli.model.gpt import GPT, SMEAR_CHANNELS
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model.linear import is_embedding_table
 
 
 class DecodeStep:

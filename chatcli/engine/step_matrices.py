@@ -18,7 +18,8 @@ import torch
 
 from chatcli.kernels.panels import Matrix
 from chatcli.kernels.rows_step import RowsLayer, RowsModel, RowsStep
-from chatcli.model.gpt import Attention, linear, through_copy, weight_major
+from chatcli.model.gpt import Attention
+from chatcli.model.linear import linear, through_copy, weight_major
 from chatcli.model.quantize import DecodeWeight
 
 if TYPE_CHECKING:

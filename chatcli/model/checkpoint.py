@@ -30,7 +30,8 @@ from chatcli.model.checkpoint_paths import (
     step_file,
     steps_in,
 )
-from chatcli.model.gpt import GPT, GPTConfig, infer_architecture, is_embedding_table
+from chatcli.model.gpt import GPT, GPTConfig, infer_architecture
+from chatcli.model.linear import is_embedding_table
 from chatcli.model.quantize import default_half_kind
 from chatcli.model.tokenizer import Tokenizer
 
