@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from chatcli.bench.bench import SyntheticTokenizer, synthetic_config, synthetic_model
+from chatcli.bench.models import SyntheticTokenizer, synthetic_config, synthetic_model
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine
 from chatcli.model import checkpoint
