@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from builders import random_gpt
 from reference import REFERENCE, needs_reference
 
 from chatcli.bench import bench, models, roofline
@@ -16,7 +17,6 @@ from chatcli.engine.cpu_plan import available_cores
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.kernels.rows_step import rows_step
 from chatcli.model.checkpoint import load_model
-from tests.test_model import _random_model
 
 FIXTURE = REFERENCE / "E"
 
@@ -96,7 +96,7 @@ def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():
 def test_rounds_alternate_the_modes_and_keep_each_measures_best(monkeypatch):
     monkeypatch.setattr(bench, "REPEATS", 3)
     monkeypatch.setattr(bench, "MEASURE_SECONDS", 0.0)  # one run of each measure a round
-    model = _random_model("E")
+    model = random_gpt("E")
     order: list[str] = []
     values = {"base": iter([5.0, 9.0, 7.0]), "ours": iter([20.0, 10.0, 30.0])}
     ttfts = iter([0.5, 0.2, 0.4])
@@ -124,7 +124,7 @@ def test_rounds_alternate_the_modes_and_keep_each_measures_best(monkeypatch):
 
 
 def test_the_baseline_mode_sets_the_decode_copies_aside_and_puts_everything_back():
-    model = _random_model("E")
+    model = random_gpt("E")
     model.add_decode_weights("int8")
     copies = model.decode_weights()
     assert copies
@@ -168,7 +168,7 @@ def test_a_quick_measure_repeats_within_its_round_and_a_slow_one_runs_once(monke
         clock.now += 2.0
         return float(runs["slow"])
 
-    model = _random_model("E")
+    model = random_gpt("E")
     (kept,) = bench._rounds([(bench._Mode(model, 1, copies=True), {"q": quick, "s": slow})])
     assert runs == {"quick": 8, "slow": 2}
     assert kept == {"q": 8.0, "s": 2.0}
@@ -285,7 +285,7 @@ def test_a_cpu_decode_copy_on_a_gpu_is_refused(kind):
 
 
 def test_a_cast_copy_is_the_model_in_that_dtype_and_leaves_it_alone():
-    model = _random_model("E")
+    model = random_gpt("E")
     cast = bench.cast_copy(model, torch.bfloat16)
     assert next(model.parameters()).dtype == torch.float32
     assert all(p.dtype == torch.bfloat16 for p in cast.parameters())
