@@ -123,9 +123,8 @@ def cast_copy(model: GPT, dtype: torch.dtype) -> GPT:
     """A copy of model with its weights in dtype, as checkpoint.load_model would give them
     (the rotary tables made again in the era's own dtype), on the model's device.
 
-    Each weight is cast straight from the model's: a deepcopy first held a second fp32 copy
-    of every weight, and its peak was what an H200 reported for d20 (11425 MiB of device
-    memory, 5340 MiB of it that duplicate)."""
+    Each weight is cast straight from the model's, so no second fp32 copy of every weight
+    makes the peak the bench reports (scripts/cast_memory.py measures it)."""
     with torch.device("meta"):
         cast = GPT(model.config, model.arch)
     state = {k: v.to(dtype) for k, v in model.state_dict().items()}

@@ -93,7 +93,6 @@ def _visible(
 
 
 # Every layer of one forward asks for the same mask (one per window size), which costs ~7
-# small ops to build: a chat turn's chunk over 200 cached positions took 90 us per layer
-# with a boolean mask built each time, 57 with this one. At most 4 stay alive (a 2048-token
-# forward without a cache, through short windows, keeps a 16 MB fp32 one).
+# small ops to build. At most 4 stay alive (a 2048-token forward without a cache, through
+# short windows, keeps a 16 MB fp32 one).
 _visible_cached = functools.lru_cache(maxsize=4)(_visible)

@@ -151,7 +151,7 @@ class Attention(nn.Module):
         self.c_v = Linear(C, self.n_kv_head * self.head_dim, bias=False)
         self.c_proj = Linear(C, C, bias=False)
         # The compact decode copy of c_q, c_k and c_v stacked (GPT.add_decode_weights): one
-        # product instead of three, which saved ~0.3 ms a layer of d20's int8 step.
+        # product instead of three.
         self.qkv_decode_weight: DecodeWeight | None = None
         self.qkv_sizes = [self.n_head * self.head_dim] + [self.n_kv_head * self.head_dim] * 2
         self.ve_channels = arch.ve_gate_channels if has_value_embed(layer, config.n_layer) else 0

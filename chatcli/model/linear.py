@@ -27,7 +27,7 @@ class Linear(nn.Linear):
     int8 or int4: quantize.py), which reads a half to an eighth of the bytes, up to the
     copy's max_rows: fbgemm's fp16 kernel serves sample rows, chat chunks and prompts of up
     to 1024 tokens, and so does our int8 kernel (fbgemm's int8 16 rows), int4 up to 64,
-    bf16 one (its matrix-matrix kernel measured 6.6x slower than fp32). More rows use the
+    bf16 one (its matrix-matrix kernel is far slower than fp32's). More rows use the
     fp32 weight. Activations stay fp32 between products
     (inside one, the copy's kernel may round them: quantize.py).
     """
@@ -55,15 +55,10 @@ def through_copy(w: DecodeWeight, x: torch.Tensor) -> torch.Tensor | None:
 def weight_major(weight: torch.Tensor, rows: int) -> bool:
     """Whether `rows` rows go through `weight` as W @ x.T (the weight as MKL's left operand)
     rather than x @ W.T (F.linear): faster for a few to a hundred rows through a weight
-    that streams from memory, as in sample rows and a chat turn's chunk.
-
-    Measured on d20's shapes (5120x1280 and the like), two threads, best of 6 in ABBA
-    rounds: a decode step of 8 sample rows 245 against 320 ms, a chunk of 8 tokens over
-    a 512-token cache 216 against 284, of 48 tokens 447 against 677, of 128 997 against
-    1046, but of 512 3463 against 3180 (the products alone: 700 against 786 ms, so the
-    transposed result's copy decides it). On one thread 2 rows took 51 against 65 ms but
-    8 rows 107 against 96. The embedded model's small matrices, which stay in the caches,
-    show no difference either way (0.8-1.1x), so they keep F.linear."""
+    that streams from memory, as in sample rows and a chat turn's chunk (past that the
+    transposed result's copy costs more than it saves; on one thread only up to 4 rows
+    gain). Small matrices, which stay in the caches, gain nothing and keep F.linear. The
+    figures: docs/performance-notes.md ("A few rows through a big matrix go weight-major")."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return False
     if weight.numel() < STREAMED_WEIGHT_NUMEL or not 2 <= rows <= WEIGHT_MAJOR_ROWS:
