@@ -17,7 +17,8 @@ import torch
 from reference import REFERENCE
 
 from chatcli.model.checkpoint_paths import EMBEDDED_DIR
-from chatcli.model.gpt import ERAS, GPT, GPTConfig, is_embedding_table
+from chatcli.model.gpt import ERAS, GPT, GPTConfig
+from chatcli.model.linear import is_embedding_table
 
 TOKENIZER = EMBEDDED_DIR / "tokenizer" / "tokenizer.pkl"  # vocabulary of 1024
 VOCAB = 1024
