@@ -1,8 +1,10 @@
-"""The serve command: the OpenAI-compatible server and its chat page."""
+"""The serve command: the OpenAI-compatible server and its chat page, on this machine or with
+its replicas on a Ray cluster (--ray)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
 import typer
 
@@ -17,7 +19,9 @@ from chatcli.cli.options import (
     fail,
 )
 from chatcli.cli.session_setup import settings_from
-from chatcli.errors import ChatcliError
+from chatcli.errors import ChatcliError, ConfigError
+
+RAY_EXTRA = "chatcli serve --ray needs the ray extra: pip install 'chatcli[ray]'"
 
 
 def serve(
@@ -30,7 +34,12 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: a free one, said on start).")] = 8000,
     workers: Annotated[
-        int | None, typer.Option(help="Model replicas (default: one per GPU, else 1).")
+        str | None,
+        typer.Option(
+            metavar="N",
+            help="Model replicas (default: one per GPU, else 1). With --ray also MIN-MAX: "
+            "Ray Serve adds and removes replicas in that range as requests queue.",
+        ),
     ] = None,
     cache_slots: Annotated[
         int,
@@ -48,22 +57,46 @@ def serve(
         ),
     ] = 64,
     softcap: SoftcapOpt = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Run the replicas on a Ray cluster: local (one started here), auto (the "
+            "cluster this machine joined, or RAY_ADDRESS) or HOST:PORT of its head.",
+        ),
+    ] = None,
+    replica_cpus: Annotated[
+        float,
+        typer.Option(help="With --ray: CPUs each CPU replica reserves and runs torch on."),
+    ] = 1.0,
 ) -> None:
-    """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/)."""
+    """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/).
+
+    Three ways to serve the same API. On one machine (the default): one replica of the
+    model per GPU, or --workers of them on the CPU, in this process; enough while one
+    machine keeps up. On a Ray cluster (--ray auto, after `ray start --head` here and
+    `ray start --address HEAD:6379` on the others; --ray local to try it on this machine):
+    the same server here, its replicas across the cluster under Ray Serve, which restarts
+    a replica that dies and, with --workers MIN-MAX, follows the load; a conversation's
+    turns go back to the replica that holds its cache. Any nanochat era serves either way.
+    As a transformers export under vLLM (`chatcli export`, then `vllm serve`): vLLM's
+    batched GPU engine, for the eras transformers reads (docs/huggingface.md); the most
+    throughput on GPUs where the era allows it.
+    """
     try:
         from chatcli.serve.app import Limits
         from chatcli.serve.app import serve as run_server
     except ImportError:
         raise fail("chatcli serve needs the serve extra: pip install -e '.[serve]'") from None
     try:
+        count = replica_count(workers, ray is not None)
         s = settings_from(
             model=model, source=source, step=step, device=device, dtype=dtype, quantize=quantize
         )
-        run_server(
-            s.model,
+        options: dict[str, Any] = dict(
             host=host,
             port=port,
-            workers=workers,
             cache_slots=cache_slots,
             device=s.device,
             limits=Limits(max_queue=max_queue),
@@ -72,12 +105,55 @@ def serve(
             dtype=s.dtype,
             quantize=s.quantize,
             softcap=softcap,
-            on_ready=lambda i: typer.echo(
-                f"Serving {i['model']} on {', '.join(i['devices'])} at {i['url']} "
-                "(chat page at /, API at /v1)"
-            ),
+        )
+        if ray is None:
+            run_server(s.model, workers=count[0] if count else None, on_ready=_say_ready, **options)
+            return
+        try:
+            from chatcli.serve.ray_cluster import ReplicaCount, serve_on_ray
+        except ImportError:
+            raise fail(RAY_EXTRA) from None
+        serve_on_ray(
+            ray,
+            s.model,
+            workers=ReplicaCount(*count) if count else None,
+            replica_cpus=replica_cpus,
+            on_ready=_say_ready,
+            **options,
         )
     except ChatcliError as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+def replica_count(text: str | None, ray: bool) -> tuple[int, int] | None:
+    """--workers as (low, high): "3" is (3, 3), "1-4" (1, 4) (with --ray only)."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if match is None:
+        raise ConfigError(
+            f"--workers takes a count (2) or, with --ray, a range (1-4); got {text!r}."
+        )
+    low = int(match[1])
+    high = int(match[2]) if match[2] else low
+    if low < 1 or high < low:
+        raise ConfigError(f"--workers {text}: counts start at 1, and a range goes up (1-4).")
+    if high != low and not ray:
+        raise ConfigError(
+            f"--workers {text}: a range autoscales, which needs a Ray cluster: add --ray local "
+            "(or auto), or give one count."
+        )
+    return low, high
+
+
+def _say_ready(info: dict[str, Any]) -> None:
+    where = ", ".join(info["devices"])
+    ray = info.get("ray")
+    if ray:
+        cluster = "a local Ray cluster" if ray["local"] else f"Ray at {ray['address']}"
+        where = f"{ray['replicas']} {info['devices'][0]} replica(s) on {cluster}"
+        started = ray["connect_s"] + ray["deploy_s"]
+        where += f" (up in {started:.1f} s)"
+    typer.echo(f"Serving {info['model']} on {where} at {info['url']} (chat page at /, API at /v1)")
