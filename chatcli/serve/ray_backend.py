@@ -173,20 +173,25 @@ class RayBackend:
         }
 
     def _refresh_soon(self) -> None:
-        """Look for the live replicas in a thread when the last look is old: the rows come
-        from the last one, so /health never waits on the cluster."""
-        stale = time.monotonic() - self._refreshed_at > self._refresh_every
-        if not stale or (self._refreshing is not None and not self._refreshing.done()):
+        """Look for the live replicas when the last look is old, in a thread from the event
+        loop: /health then answers from the last look rather than wait on the cluster."""
+        if time.monotonic() - self._refreshed_at < self._refresh_every:
             return
+        if self._refreshing is not None and not self._refreshing.done():
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # called from outside the app (a script, a test): just look
+            self._look()
+            return
+        self._refreshing = asyncio.ensure_future(asyncio.to_thread(self._look))
 
-        async def refresh() -> None:
-            try:
-                self._live = await asyncio.to_thread(self._list_replicas)
-            except Exception as e:  # the cluster is unreachable: keep the last rows
-                log.warning("cannot list the replicas: %s", e)
-            self._refreshed_at = time.monotonic()
-
-        self._refreshing = asyncio.ensure_future(refresh())
+    def _look(self) -> None:
+        try:
+            self._live = self._list_replicas()
+        except Exception as e:  # the cluster is unreachable: keep the last rows
+            log.warning("cannot list the replicas: %s", e)
+        self._refreshed_at = time.monotonic()
 
 
 class _Stream:

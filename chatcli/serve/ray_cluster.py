@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 APP = "chatcli"  # the Serve application's name on the cluster
 DEPLOYMENT = "ChatReplica"
+ROUTER = "chatcli.serve.ray_router.ConversationRouter"
 # A local cluster's shared-memory object store: replicas send only token ids and text.
 LOCAL_OBJECT_STORE_BYTES = 100 * 1024 * 1024
 # Serve checks each replica this often; a dead one is replaced on the next check.
@@ -59,13 +60,15 @@ def deployment_options(
     count: ReplicaCount, gpus: bool, replica_cpus: float = 1.0
 ) -> dict[str, Any]:
     """Serve's options for the replicas: one request at a time each (a Worker runs one), a
-    GPU each on a GPU cluster, and autoscaling on the requests in the system (running and
-    queued in the front's router), one per replica, for a range."""
+    GPU each on a GPU cluster, conversations routed home, and autoscaling on the requests in
+    the system (running and queued in the front's router), one per replica, for a range."""
     actor: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": replica_cpus}
     options: dict[str, Any] = {
         "name": DEPLOYMENT,
         "ray_actor_options": actor,
         "max_ongoing_requests": 1,
+        # A conversation's turns go back to the replica that holds its cache (ray_router.py).
+        "request_router_config": {"request_router_class": ROUTER},
         "health_check_period_s": HEALTH_CHECK_S,
         "graceful_shutdown_wait_loop_s": 0.5,
         "graceful_shutdown_timeout_s": REPLICA_GRACE_S,

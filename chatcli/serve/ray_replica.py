@@ -109,7 +109,7 @@ class ChatReplica:
         model, tokenizer = spec.load()
         # On a CPU replica Ray sets OMP_NUM_THREADS to the CPUs it reserved for this actor,
         # and the plan takes at most that many (cpu_plan.available_cores).
-        plan = apply_cpu_plan(model) if hasattr(model, "parameters") else None
+        plan = apply_cpu_plan(model)
         self.name = ray.get_runtime_context().get_actor_name() or "replica"
         self.worker = Worker(model, tokenizer, name=self.name, cache_slots=spec.cache_slots)
         self.pool = WorkerPool([self.worker])
