@@ -26,7 +26,7 @@ from chatcli.cli.options import (
     OneLineErrors,
     print_version,
 )
-from chatcli.cli.serve_command import serve
+from chatcli.cli.serve_command import SERVE_HELP, serve
 
 app = typer.Typer(
     name="chatcli",
@@ -80,5 +80,5 @@ def main() -> None:
 app.command(cls=Command)(chat)
 app.command(cls=Command)(once)
 app.command(cls=Command)(models)
-app.command(cls=Command)(serve)
+app.command(cls=Command, help=SERVE_HELP)(serve)
 app.command(cls=Command, help=BENCH_HELP)(bench)

@@ -22,6 +22,24 @@ from chatcli.cli.session_setup import settings_from
 from chatcli.errors import ChatcliError, ConfigError
 
 RAY_EXTRA = "chatcli serve --ray needs the ray extra: pip install 'chatcli[ray]'"
+# One line a paragraph: Typer shows a help's single line breaks as they are.
+SERVE_HELP = (
+    "Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/).\n\n"
+    "Three ways to serve it. On one machine (the default): a replica of the model per GPU, or --workers N of them on "
+    "the CPU, in this process. Pick it while one machine keeps up with the load.\n\n"
+    # \\[ is Rich's escape: the help is Rich markup.
+    "On a Ray cluster (--ray ADDRESS; pip install 'chatcli\\[ray]'): the same server, its "
+    "replicas on the cluster's machines under Ray Serve, which replaces a replica that dies "
+    "and, with --workers MIN-MAX, adds replicas while requests queue; a conversation's turns "
+    "go back to the replica that holds its cache. Start the cluster with `ray start --head` "
+    "on one machine and `ray start --address HEAD:6379` on the others, then serve from one "
+    "of them with --ray auto; --ray ray://HEAD:10001 serves from the head node, started "
+    "from anywhere; --ray local tries it on this machine alone. Pick it past one machine, "
+    "for any nanochat era.\n\n"
+    "As a transformers export under vLLM (`chatcli export`, then `vllm serve`; see "
+    "docs/huggingface.md): vLLM's batched GPU engine, for the eras transformers can load. "
+    "Pick it for the most throughput on GPUs where it applies."
+)
 
 
 def serve(
@@ -63,7 +81,8 @@ def serve(
             "--ray",
             metavar="ADDRESS",
             help="Run the replicas on a Ray cluster: local (one started here), auto (the "
-            "cluster this machine joined, or RAY_ADDRESS) or HOST:PORT of its head.",
+            "cluster this machine joined, or RAY_ADDRESS) or ray://HEAD:10001 (Ray Client: "
+            "the server then runs on the head node, listening on --host and --port there).",
         ),
     ] = None,
     replica_cpus: Annotated[
@@ -71,19 +90,7 @@ def serve(
         typer.Option(help="With --ray: CPUs each CPU replica reserves and runs torch on."),
     ] = 1.0,
 ) -> None:
-    """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/).
-
-    Three ways to serve the same API. On one machine (the default): one replica of the
-    model per GPU, or --workers of them on the CPU, in this process; enough while one
-    machine keeps up. On a Ray cluster (--ray auto, after `ray start --head` here and
-    `ray start --address HEAD:6379` on the others; --ray local to try it on this machine):
-    the same server here, its replicas across the cluster under Ray Serve, which restarts
-    a replica that dies and, with --workers MIN-MAX, follows the load; a conversation's
-    turns go back to the replica that holds its cache. Any nanochat era serves either way.
-    As a transformers export under vLLM (`chatcli export`, then `vllm serve`): vLLM's
-    batched GPU engine, for the eras transformers reads (docs/huggingface.md); the most
-    throughput on GPUs where the era allows it.
-    """
+    """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/)."""
     try:
         from chatcli.serve.app import Limits
         from chatcli.serve.app import serve as run_server
@@ -156,4 +163,6 @@ def _say_ready(info: dict[str, Any]) -> None:
         where = f"{ray['replicas']} {info['devices'][0]} replica(s) on {cluster}"
         started = ray["connect_s"] + ray["deploy_s"]
         where += f" (up in {started:.1f} s)"
+        if ray["front"] == "head":
+            where += ", from the head node"
     typer.echo(f"Serving {info['model']} on {where} at {info['url']} (chat page at /, API at /v1)")

@@ -25,6 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ray
+from ray import serve
+
 from chatcli.errors import ChatcliError, ConfigError
 from chatcli.serve.requests import Limits
 
@@ -39,6 +42,8 @@ LOCAL_OBJECT_STORE_BYTES = 100 * 1024 * 1024
 HEALTH_CHECK_S = 2.0
 # A replica being removed waits this long for its requests (the front cancelled them).
 REPLICA_GRACE_S = 5.0
+# How often the process that started a ray:// front checks it is still there.
+WATCH_FRONT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -94,8 +99,6 @@ def deployment_options(
 
 def connect(address: str, local_cpus: int) -> bool:
     """ray.init for ADDRESS; True when it started a local cluster (which closing stops)."""
-    import ray
-
     quiet = {"logging_level": logging.WARNING}
     if address == "local":
         # A cluster for this machine only: bounded CPUs (the replicas' reservations), no
@@ -108,16 +111,10 @@ def connect(address: str, local_cpus: int) -> bool:
             **quiet,
         )
         return True
-    if address.startswith("ray://"):
-        raise ConfigError(
-            "Ray Client addresses (ray://) cannot stream from Serve deployments. Run "
-            "`chatcli serve --ray auto` on a machine of the cluster (one that ran `ray start`) "
-            "instead."
-        )
     if address != "auto" and ":" not in address:
         raise ConfigError(
-            f"--ray takes local, auto or the address of a cluster's head (HOST:PORT); got "
-            f"{address!r}."
+            f"--ray takes local, auto, ray://HOST:PORT (Ray Client) or the HOST:PORT of the "
+            f"cluster's head; got {address!r}."
         )
     try:
         ray.init(address=address, **quiet)
@@ -131,8 +128,6 @@ def connect(address: str, local_cpus: int) -> bool:
 
 
 def cluster_gpus() -> int:
-    import ray
-
     return int(ray.cluster_resources().get("GPU", 0))
 
 
@@ -154,8 +149,6 @@ def replica_device(device: str, gpus: int) -> str:
 
 def deploy(spec: Any, count: ReplicaCount, gpus: bool, replica_cpus: float, app: str = APP):
     """Deploy the replicas and wait until every one has loaded the model: (handle, card)."""
-    from ray import serve
-
     from chatcli.serve.ray_replica import ChatReplica
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # no INFO line for each step
@@ -183,8 +176,6 @@ def deploy(spec: Any, count: ReplicaCount, gpus: bool, replica_cpus: float, app:
 def live_replicas(app: str = APP) -> list[str]:
     """The actor names of the deployment's live replicas. Serve names a replica's actor
     SERVE_REPLICA::APP#DEPLOYMENT#ID in the "serve" namespace (it offers no public list)."""
-    import ray
-
     prefix = f"SERVE_REPLICA::{app}#{DEPLOYMENT}#"
     named = ray.util.list_named_actors(all_namespaces=True)
     return sorted(
@@ -194,9 +185,6 @@ def live_replicas(app: str = APP) -> list[str]:
 
 def disconnect(local: bool, app: str = APP) -> None:
     """Remove the deployment (a local cluster: stop Serve and the cluster), then leave."""
-    import ray
-    from ray import serve
-
     try:
         # A local cluster goes as a whole, Serve with it: its graceful shutdown only waits
         # on replicas whose requests the front has already ended.
@@ -238,15 +226,16 @@ def serve_on_ray(
     """`chatcli serve --ray ADDRESS`: serve.app.serve's counterpart, its replicas on Ray.
 
     on_ready gets {"url", "model", "devices", "cpu_threads", "ray"}, "ray" holding the
-    address, the replica count, and the start-up's seconds (cluster, deploy)."""
-    from chatcli.serve.app import _listen, create_app, run_app
-    from chatcli.serve.guards import hosts_to_check
-    from chatcli.serve.ray_backend import RayBackend
+    address, the replica count, where the front runs ("here", or "head" for a ray://
+    address), and the start-up's seconds (cluster, deploy)."""
+    from chatcli.serve.app import _listen
     from chatcli.serve.ray_replica import ReplicaSpec
 
     if replica_cpus <= 0:
         raise ConfigError(f"--replica-cpus must be above 0 (got {replica_cpus:g}).")
-    sock = _listen(host, port)  # fail on a taken port before the cluster starts
+    remote = address.startswith("ray://")
+    # Fail on a taken port before the cluster starts (a ray:// front listens on the head).
+    sock = None if remote else _listen(host, port)
     local = None
     terminated = False
 
@@ -266,34 +255,25 @@ def serve_on_ray(
         count = (workers or ReplicaCount(gpus, gpus)) if dev == "cuda" else wanted
         spec = ReplicaSpec(model, source, step, dtype, quantize, softcap, cache_slots, dev)
         handle, card = deploy(spec, count, dev == "cuda", replica_cpus)
-        deployed = time.perf_counter()
-        backend = RayBackend(handle, card, live_replicas)
-        name = model_name or card.name
-        app = create_app(backend, limits, name, allowed_hosts=hosts_to_check(host))
-        if on_ready is not None:
-            replicas = len(backend.describe()["workers"])
-            shown = f"[{host}]" if ":" in host else host
-            on_ready(
-                {
-                    "url": f"http://{shown}:{sock.getsockname()[1]}",
-                    "model": name,
-                    "devices": [card.device] * replicas,
-                    "cpu_threads": card.threads,
-                    "ray": {
-                        "address": address,
-                        "local": local,
-                        "replicas": str(count),
-                        "connect_s": round(connected - started, 2),
-                        "deploy_s": round(deployed - connected, 2),
-                    },
-                }
-            )
-        run_app(app, sock, log_level)
+        about = {
+            "address": address,
+            "local": local,
+            "replicas": str(count),
+            "front": "head" if remote else "here",
+            "connect_s": round(connected - started, 2),
+            "deploy_s": round(time.perf_counter() - connected, 2),
+        }
+        ready = _announcer(on_ready, card, about)
+        if sock is None:
+            _serve_from_the_head(host, port, limits, model_name, ready)
+        else:
+            _serve_here(sock, handle, card, host, limits, model_name, log_level, ready)
     except _Terminated:
         terminated = True
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one clean exit, not two
-        sock.close()
+        if sock is not None:
+            sock.close()
         if local is not None:
             disconnect(local)
         signal.signal(signal.SIGTERM, before)
@@ -301,3 +281,75 @@ def serve_on_ray(
         # Exit as a SIGTERM'd process does, as `chatcli serve` does after its shutdown.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.raise_signal(signal.SIGTERM)
+
+
+Announce = Callable[[str, str, int], None]
+
+
+def _announcer(
+    on_ready: Callable[[dict[str, Any]], None] | None, card: Any, about: dict[str, Any]
+) -> Announce:
+    """A call that gives on_ready the url, the model's name and the replicas' count."""
+
+    def announce(url: str, name: str, replicas: int) -> None:
+        if on_ready is not None:
+            devices = [card.device] * replicas
+            info = {"url": url, "model": name, "devices": devices, "cpu_threads": card.threads}
+            on_ready({**info, "ray": about})
+
+    return announce
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def _serve_here(
+    sock: Any,
+    handle: Any,
+    card: Any,
+    host: str,
+    limits: Limits,
+    model_name: str | None,
+    log_level: str,
+    ready: Announce,
+) -> None:
+    """The app in this process, over the deployment's handle, until Ctrl-C or SIGTERM."""
+    from chatcli.serve.app import create_app, run_app
+    from chatcli.serve.guards import hosts_to_check
+    from chatcli.serve.ray_backend import RayBackend
+
+    backend = RayBackend(handle, card, live_replicas)
+    name = model_name or card.name
+    app = create_app(backend, limits, name, allowed_hosts=hosts_to_check(host))
+    ready(_url(host, sock.getsockname()[1]), name, len(backend.describe()["workers"]))
+    run_app(app, sock, log_level)
+
+
+def _serve_from_the_head(
+    host: str, port: int, limits: Limits, model_name: str | None, ready: Announce
+) -> None:
+    """The app on the cluster's head node (a ray:// address), watched from here until
+    Ctrl-C or SIGTERM; then stopped."""
+    from chatcli.serve.ray_front import start_front
+
+    try:
+        front, where = start_front(APP, host, port, limits, model_name)
+    except ray.exceptions.RayActorError as e:
+        raise ChatcliError(f"The server could not start on the cluster's head node: {e}") from e
+    try:
+        # On every address (0.0.0.0) the head's own address reaches it; else --host does.
+        shown = where["node_ip"] if host in ("0.0.0.0", "::") else host
+        ready(_url(shown, where["port"]), where["model"], len(live_replicas()))
+        while True:
+            time.sleep(WATCH_FRONT_S)
+            try:
+                ray.get(front.where.remote(), timeout=WATCH_FRONT_S)
+            except (ray.exceptions.RayError, TimeoutError) as e:
+                raise ChatcliError(f"The server on the cluster's head node stopped: {e}") from e
+    finally:
+        try:
+            ray.get(front.stop.remote(), timeout=REPLICA_GRACE_S)
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            log.warning("the server on the head node did not stop cleanly: %s", e)
+        ray.kill(front)
