@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -66,6 +68,13 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _first_line(proc: subprocess.Popen, timeout: float = 120) -> str:
+    """The server's first line (where it listens), or a failure after `timeout` seconds."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"the server said nothing for {timeout} s"
+    return proc.stdout.readline()
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -84,7 +93,7 @@ def test_sigterm_stops_the_app_and_the_local_cluster_and_leaves_no_ray_process(t
         text=True,
     )
     try:
-        line = proc.stdout.readline()
+        line = _first_line(proc)
         assert line.startswith("Serving chatcli-default on 1 cpu replica(s) on a local Ray cluster")
         url = line.split(" at ")[1].split()[0]
         assert url.startswith("http://127.0.0.1:")
@@ -118,9 +127,9 @@ def cluster():
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), str(ROOT), before]))
     try:
-        # 2 embedded replicas and 2 slow ones, a CPU each in Ray's books (the 2 cores are
-        # shared: the scripted ones mostly sleep).
-        connect("local", local_cpus=4)
+        # 2 embedded replicas, 2 slow ones and the ray:// test's one, a CPU each in Ray's
+        # books (the 2 cores are shared: the scripted ones mostly sleep).
+        connect("local", local_cpus=5)
         yield
     finally:
         disconnect(local=True)
@@ -131,17 +140,18 @@ def cluster():
 
 
 def _front(app: str, spec: ReplicaSpec, limits: Limits, **kwargs):
-    handle, card = deploy(spec, ReplicaCount(2, 2), gpus=False, replica_cpus=1, app=app)
+    handle = deploy(spec, ReplicaCount(2, 2), gpus=False, replica_cpus=1, app=app)
+    card = handle.card.remote().result()
     backend = RayBackend(handle, card, lambda: live_replicas(app), refresh_every=0.2)
     return BackgroundServer(create_app(backend, limits, card.name, **kwargs)).start(), backend
 
 
 @pytest.fixture(scope="module")
 def embedded(cluster):
-    server, backend = _front("chatcli", ReplicaSpec(device="cpu"), Limits())
+    server, backend = _front("embedded", ReplicaSpec(device="cpu"), Limits())
     yield server, backend
     server.stop()
-    serve.delete("chatcli")
+    serve.delete("embedded")
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +187,7 @@ def reference():
 
 
 def _client(server: BackgroundServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return _client_at(server.url)
 
 
 # ---- replies ------------------------------------------------------------------------------------
@@ -266,7 +276,7 @@ def test_health_stats_and_models_describe_the_replicas(embedded):
     assert health == {"status": "ok", "model": "chatcli-default", "workers": 2, "idle": 2}
     stats = httpx.get(f"{server.url}/stats", timeout=10).json()
     assert stats["backend"] == "ray" and stats["queue_length"] == 0
-    actors = live_replicas("chatcli")
+    actors = live_replicas("embedded")
     assert [w["actor"] for w in stats["workers"]] == actors
     assert [w["name"] for w in stats["workers"]] == [short_name(a) for a in actors]
     models = httpx.get(f"{server.url}/v1/models", timeout=10).json()
@@ -393,3 +403,55 @@ def test_a_killed_replica_loses_only_its_own_stream_and_ray_replaces_it(slow):
         return len(actors) == 2 and victim not in actors
 
     assert wait_until(replaced, timeout=60, interval=0.5)
+
+
+# ---- Ray Client (ray://): the front on the head node --------------------------------------------
+
+
+def test_a_ray_client_address_serves_from_the_head_node_and_removes_it_all_on_sigterm(cluster):
+    # A Ray Client server on this module's cluster, as `ray start --head` runs one (port 10001).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}  # the local cluster's token is in ~/.ray
+    gcs = ray.get_runtime_context().gcs_address
+    server = ["-m", "ray.util.client.server", "--host=127.0.0.1", f"--port={port}"]
+    gateway = subprocess.Popen(
+        [sys.executable, *server, f"--address={gcs}", "--mode=legacy"], env=env
+    )
+    proc = None
+    try:
+        address = f"ray://127.0.0.1:{port}"
+        one_cpu_replica = ["--port", "0", "--workers", "1", "--device", "cpu"]
+        proc = subprocess.Popen(
+            [*CHATCLI, "serve", "--ray", address, *one_cpu_replica],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = _first_line(proc)
+        assert line.startswith(f"Serving chatcli-default on 1 cpu replica(s) on Ray at {address}")
+        assert ", from the head node at http://127.0.0.1:" in line
+        url = line.split(" head node at ")[1].split()[0]
+        assert httpx.get(f"{url}/health", timeout=10).json()["workers"] == 1
+        reply = _client_at(url).chat.completions.create(
+            model="chatcli-default", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert reply.usage.completion_tokens <= 4
+        assert "chatcli" in serve.status().applications
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+        # The app and the front are gone; the cluster is not the server's to stop.
+        assert "chatcli" not in serve.status().applications
+        assert not [a for a in ray.util.list_named_actors(True) if "chatcli-front" in a["name"]]
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        for p in (proc, gateway):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def _client_at(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)

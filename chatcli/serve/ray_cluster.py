@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ HEALTH_CHECK_S = 2.0
 REPLICA_GRACE_S = 5.0
 # How often the process that started a ray:// front checks it is still there.
 WATCH_FRONT_S = 5.0
+# The most each step of leaving the cluster may take.
+TEARDOWN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ def replica_device(device: str, gpus: int) -> str:
 
 
 def deploy(spec: Any, count: ReplicaCount, gpus: bool, replica_cpus: float, app: str = APP):
-    """Deploy the replicas and wait until every one has loaded the model: (handle, card)."""
+    """Deploy the replicas and wait until every one has loaded the model: its handle."""
     from chatcli.serve.ray_replica import ChatReplica
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # no INFO line for each step
@@ -170,7 +173,7 @@ def deploy(spec: Any, count: ReplicaCount, gpus: bool, replica_cpus: float, app:
         route_prefix=None,
         logging_config=quiet,
     )
-    return handle, handle.card.remote().result()
+    return handle
 
 
 def live_replicas(app: str = APP) -> list[str]:
@@ -185,15 +188,38 @@ def live_replicas(app: str = APP) -> list[str]:
 
 def disconnect(local: bool, app: str = APP) -> None:
     """Remove the deployment (a local cluster: stop Serve and the cluster), then leave."""
-    try:
+
+    def remove() -> None:
         # A local cluster goes as a whole, Serve with it: its graceful shutdown only waits
-        # on replicas whose requests the front has already ended.
-        if not local:
+        # on replicas whose requests the front has already ended. Not when the connection
+        # is gone: Serve would look for the cluster afresh.
+        if not local and ray.is_initialized():
             serve.delete(app)
-    except Exception as e:  # a cluster already gone: nothing left to remove
-        log.warning("could not remove the Serve application %r: %s", app, e)
-    finally:
-        ray.shutdown()
+
+    bounded(remove, TEARDOWN_S, f"removing the Serve application {app!r}")
+    bounded(ray.shutdown, TEARDOWN_S, "leaving the Ray cluster")
+
+
+def bounded(work: Callable[[], Any], seconds: float, what: str) -> None:
+    """Run `work`, waiting for it `seconds` at most: a cluster that stopped answering must
+    not keep the process from exiting (Ray Client can wait for ever on a lost connection).
+    Its failure is logged, not raised: this is the way out."""
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except Exception as e:
+            failed.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="chatcli-ray-teardown", daemon=True).start()
+    if not done.wait(seconds):
+        log.warning("%s: the cluster did not answer within %g s", what, seconds)
+    elif failed:
+        log.warning("%s failed: %s", what, failed[0])
 
 
 # ---- serving ------------------------------------------------------------------------------------
@@ -254,7 +280,7 @@ def serve_on_ray(
         dev = replica_device(device, gpus)
         count = (workers or ReplicaCount(gpus, gpus)) if dev == "cuda" else wanted
         spec = ReplicaSpec(model, source, step, dtype, quantize, softcap, cache_slots, dev)
-        handle, card = deploy(spec, count, dev == "cuda", replica_cpus)
+        handle = deploy(spec, count, dev == "cuda", replica_cpus)
         about = {
             "address": address,
             "local": local,
@@ -263,11 +289,11 @@ def serve_on_ray(
             "connect_s": round(connected - started, 2),
             "deploy_s": round(time.perf_counter() - connected, 2),
         }
-        ready = _announcer(on_ready, card, about)
+        ready = _announcer(on_ready, about)
         if sock is None:
             _serve_from_the_head(host, port, limits, model_name, ready)
         else:
-            _serve_here(sock, handle, card, host, limits, model_name, log_level, ready)
+            _serve_here(sock, handle, host, limits, model_name, log_level, ready)
     except _Terminated:
         terminated = True
     finally:
@@ -283,18 +309,17 @@ def serve_on_ray(
         signal.raise_signal(signal.SIGTERM)
 
 
-Announce = Callable[[str, str, int], None]
+# on_ready's call: (url, the model's name, the replicas' count, their device, CPU threads)
+Announce = Callable[[str, str, int, str, int | None], None]
 
 
 def _announcer(
-    on_ready: Callable[[dict[str, Any]], None] | None, card: Any, about: dict[str, Any]
+    on_ready: Callable[[dict[str, Any]], None] | None, about: dict[str, Any]
 ) -> Announce:
-    """A call that gives on_ready the url, the model's name and the replicas' count."""
-
-    def announce(url: str, name: str, replicas: int) -> None:
+    def announce(url: str, name: str, replicas: int, device: str, threads: int | None) -> None:
         if on_ready is not None:
-            devices = [card.device] * replicas
-            info = {"url": url, "model": name, "devices": devices, "cpu_threads": card.threads}
+            devices = [device] * replicas
+            info = {"url": url, "model": name, "devices": devices, "cpu_threads": threads}
             on_ready({**info, "ray": about})
 
     return announce
@@ -307,7 +332,6 @@ def _url(host: str, port: int) -> str:
 def _serve_here(
     sock: Any,
     handle: Any,
-    card: Any,
     host: str,
     limits: Limits,
     model_name: str | None,
@@ -319,10 +343,12 @@ def _serve_here(
     from chatcli.serve.guards import hosts_to_check
     from chatcli.serve.ray_backend import RayBackend
 
+    card = handle.card.remote().result()  # a replica's: the tokenizer, the context
     backend = RayBackend(handle, card, live_replicas)
     name = model_name or card.name
     app = create_app(backend, limits, name, allowed_hosts=hosts_to_check(host))
-    ready(_url(host, sock.getsockname()[1]), name, len(backend.describe()["workers"]))
+    url = _url(host, sock.getsockname()[1])
+    ready(url, name, len(backend.describe()["workers"]), card.device, card.threads)
     run_app(app, sock, log_level)
 
 
@@ -340,7 +366,8 @@ def _serve_from_the_head(
     try:
         # On every address (0.0.0.0) the head's own address reaches it; else --host does.
         shown = where["node_ip"] if host in ("0.0.0.0", "::") else host
-        ready(_url(shown, where["port"]), where["model"], len(live_replicas()))
+        url = _url(shown, where["port"])
+        ready(url, where["model"], len(live_replicas()), where["device"], where["threads"])
         while True:
             time.sleep(WATCH_FRONT_S)
             try:
@@ -348,8 +375,9 @@ def _serve_from_the_head(
             except (ray.exceptions.RayError, TimeoutError) as e:
                 raise ChatcliError(f"The server on the cluster's head node stopped: {e}") from e
     finally:
-        try:
+
+        def stop() -> None:
             ray.get(front.stop.remote(), timeout=REPLICA_GRACE_S)
-        except (ray.exceptions.RayError, TimeoutError) as e:
-            log.warning("the server on the head node did not stop cleanly: %s", e)
-        ray.kill(front)
+            ray.kill(front)
+
+        bounded(stop, TEARDOWN_S, "stopping the server on the head node")
