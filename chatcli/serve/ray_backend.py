@@ -1,8 +1,8 @@
 """The Backend over a Ray Serve deployment of ChatReplica: the front's side of `--ray`.
 
 Owns: sending each request to the deployment through a streaming DeploymentHandle, named by
-its conversation (Serve's multiplexed model id, so its turns go back to the replica that
-holds its cache); reading the replica's stream back as the app's items (Waiting while Serve
+its conversation (carried as Serve's multiplexed model id, which the deployment's router
+reads to send a conversation's turns back to the replica holding its cache); reading the replica's stream back as the app's items (Waiting while Serve
 still queues it); what the front counts (requests waiting for a replica, replicas busy, the
 totals), and the replicas' own rows for /stats; and the faults: a replica that dies ends its
 requests with ReplicaLost (a request it had not yet started is sent again, to a live
@@ -109,9 +109,10 @@ class RayBackend:
     ) -> AsyncIterator[Item]:
         """Send the request to a replica, then yield what it streams back (see Backend).
 
-        A request goes to the replica holding its conversation where that one is free soon
-        enough, else to another (Serve's multiplexed routing). Until a replica accepts it,
-        it is queued in Serve's router, and Waiting comes every `waiting_every` seconds."""
+        A request goes back to the replica that served its conversation's last turn where
+        that one comes free soon enough, else to another (ray_router.py). Until a replica
+        accepts it, it is queued in Serve's router, and Waiting comes every `waiting_every`
+        seconds."""
         if self.closed:
             raise ShuttingDown()
         conversation = conversation_key(prompt, self._card.first_turn_end)
@@ -153,6 +154,9 @@ class RayBackend:
 
     def describe(self) -> dict[str, Any]:
         self._refresh_soon()
+        # Forget the replicas that are gone (on the loop, where the counts change).
+        self._rows = {r: row for r, row in self._rows.items() if r in self._live}
+        self._busy = {r: n for r, n in self._busy.items() if n or r in self._live}
         rows = []
         for actor in self._live:
             row = {

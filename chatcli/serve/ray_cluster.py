@@ -122,16 +122,30 @@ def connect(address: str, local_cpus: int) -> bool:
     try:
         ray.init(address=address, **quiet)
     except ConnectionError as e:
+        token = (
+            " A cluster that asks for a token also needs RAY_AUTH_MODE=token here, and its "
+            "token in ~/.ray/auth_token."
+            if address.startswith("ray://")
+            else ""
+        )
         raise ChatcliError(
             f"No Ray cluster found at {address} ({e}). Start one with `ray start --head` "
             "(and `ray start --address HEAD:6379` on the other machines), set RAY_ADDRESS, "
-            "or serve on a cluster of this machine alone with --ray local."
+            f"or serve on a cluster of this machine alone with --ray local.{token}"
         ) from None
     return False
 
 
 def cluster_gpus() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
+
+
+def _gpus_here(device: str) -> int:
+    if device == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def replica_device(device: str, gpus: int) -> str:
@@ -150,7 +164,7 @@ def replica_device(device: str, gpus: int) -> str:
     raise ConfigError(f"--device {device} cannot be used with --ray: use auto, cuda or cpu.")
 
 
-def deploy(spec: Any, count: ReplicaCount, gpus: bool, replica_cpus: float, app: str = APP):
+def deploy(spec: Any, count: ReplicaCount, gpus: bool, replica_cpus: float, app: str = APP) -> Any:
     """Deploy the replicas and wait until every one has loaded the model: its handle."""
     from chatcli.serve.ray_replica import ChatReplica
 
@@ -272,7 +286,9 @@ def serve_on_ray(
     try:
         started = time.perf_counter()
         wanted = workers or ReplicaCount(1, 1)
-        local = connect(address, local_cpus=max(1, round(wanted.high * replica_cpus)))
+        # A local cluster's CPUs: what its replicas reserve (a GPU replica reserves one).
+        cpus = max(1, round(wanted.high * replica_cpus), wanted.high, _gpus_here(device))
+        local = connect(address, local_cpus=cpus)
         # ray.init put its own SIGTERM handler in (it exits without removing anything).
         signal.signal(signal.SIGTERM, on_term)
         connected = time.perf_counter()

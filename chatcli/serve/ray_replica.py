@@ -7,14 +7,15 @@ Report of its counters before Finished). A replica is our Worker unchanged: the 
 path, warm caches and stop handling as `chatcli serve` on one machine; Serve only carries
 the calls and the streams.
 
-Conversations: the front names each request's conversation as Serve's multiplexed model id
-(backend.conversation_key). A replica "loads" that id, a no-op that tells Serve's router
-which replica holds the conversation's K/V, so its next turn is routed back here while this
-replica lives and is not busy; the router forgets the least recently used ids beyond the
-replica's cache slots, as the Worker's warm caches do.
+Conversations: each request carries its conversation's key as Serve's multiplexed model id
+(backend.conversation_key). The front's router sends a conversation back to the replica it
+last sent it to (ray_router.py); a replica also "loads" the key, a no-op through Serve's
+model multiplexing that tells every router which conversations it holds, which a router
+that has not seen the conversation (a restarted front) goes by. It forgets the least
+recently used beyond its cache slots, as the Worker's warm caches do.
 
-Knows nothing of HTTP or of the front: ray_backend.py deploys this class and reads its
-streams. Imported only where Ray is installed (the `[ray]` extra).
+Knows nothing of HTTP or of the front: ray_cluster.py deploys this class, ray_backend.py
+reads its streams. Imported only where Ray is installed (the `[ray]` extra).
 """
 
 from __future__ import annotations
