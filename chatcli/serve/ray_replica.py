@@ -20,6 +20,7 @@ reads its streams. Imported only where Ray is installed (the `[ray]` extra).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,9 @@ from ray import serve
 
 from chatcli.model.special_tokens import USER_END
 from chatcli.serve.worker_pool import Finished, GenerationParams, Waiting, Worker, WorkerPool
+
+# The least time between two batches of a reply's tokens sent to the front.
+STREAM_EVERY_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,11 @@ class ChatReplica:
             if isinstance(item, Finished):
                 yield Report(self.name, self.describe())
             yield item
+            if not isinstance(item, Finished):
+                # Each item is a Ray object on its way to the front, with a cost of its own;
+                # a pause lets the next one carry every token made meanwhile (the WorkerPool
+                # batches them) rather than one. The first token is not held back.
+                await asyncio.sleep(STREAM_EVERY_S)
 
     def describe(self) -> dict[str, Any]:
         return {**self.worker.describe(), "threads": self.threads, "node": self.node}
