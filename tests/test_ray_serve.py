@@ -127,9 +127,9 @@ def cluster():
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), str(ROOT), before]))
     try:
-        # 2 embedded replicas, 2 slow ones and the ray:// test's one, a CPU each in Ray's
-        # books (the 2 cores are shared: the scripted ones mostly sleep).
-        connect("local", local_cpus=5)
+        # 2 embedded replicas, 2 slow ones, 2 autoscaled and the ray:// test's one, a CPU
+        # each in Ray's books (the 2 cores are shared: the scripted ones mostly sleep).
+        connect("local", local_cpus=7)
         yield
     finally:
         disconnect(local=True)
@@ -360,6 +360,31 @@ def test_a_client_that_leaves_stops_its_generation_on_the_replica(slow):
 
     assert wait_until(interrupted_there, timeout=15, interval=0.2)
     assert time.monotonic() - left < 15
+
+
+def test_a_range_of_replicas_grows_while_requests_queue(cluster):
+    from ray_replicas import SlowScriptedSpec
+
+    deploy(SlowScriptedSpec(device="cpu"), ReplicaCount(1, 2), False, 1, app="scaling")
+    try:
+        handle = serve.get_app_handle("scaling")
+        card = handle.card.remote().result()
+        backend = RayBackend(handle, card, lambda: live_replicas("scaling"), refresh_every=0.2)
+        assert len(backend.describe()["workers"]) == 1
+        with BackgroundServer(create_app(backend, Limits(), card.name)) as server:
+            url = f"{server.url}/v1/chat/completions"
+            body = {**LONG, "max_tokens": 2000}  # 40 s each: they queue until stopped
+            with (
+                httpx.stream("POST", url, json={**body, "seed": 1}, timeout=60),
+                httpx.stream("POST", url, json={**body, "seed": 2}, timeout=60),
+                httpx.stream("POST", url, json={**body, "seed": 3}, timeout=60),
+            ):
+                # Serve adds a replica once requests have queued for upscale_delay_s (5 s).
+                grown = wait_until(lambda: len(backend.describe()["workers"]) == 2, 45, 0.5)
+                assert grown
+                assert wait_until(lambda: backend.describe()["busy"] == 2, timeout=30)
+    finally:
+        serve.delete("scaling")
 
 
 def test_a_killed_replica_loses_only_its_own_stream_and_ray_replaces_it(slow):

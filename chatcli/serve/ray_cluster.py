@@ -122,16 +122,12 @@ def connect(address: str, local_cpus: int) -> bool:
     try:
         ray.init(address=address, **quiet)
     except ConnectionError as e:
-        token = (
-            " A cluster that asks for a token also needs RAY_AUTH_MODE=token here, and its "
-            "token in ~/.ray/auth_token."
-            if address.startswith("ray://")
-            else ""
-        )
         raise ChatcliError(
             f"No Ray cluster found at {address} ({e}). Start one with `ray start --head` "
             "(and `ray start --address HEAD:6379` on the other machines), set RAY_ADDRESS, "
-            f"or serve on a cluster of this machine alone with --ray local.{token}"
+            "or serve on a cluster of this machine alone with --ray local. A cluster that "
+            "asks for a token (Ray's default) also needs RAY_AUTH_MODE=token here, with its "
+            "token in ~/.ray/auth_token or RAY_AUTH_TOKEN."
         ) from None
     return False
 
