@@ -31,7 +31,7 @@ from chatcli.cli.options import (
     print_version,
 )
 from chatcli.cli.pull_command import pull
-from chatcli.cli.serve_command import serve
+from chatcli.cli.serve_command import SERVE_HELP, serve
 
 app = typer.Typer(
     name="chatcli",
@@ -87,6 +87,6 @@ app.command(cls=Command)(chat)
 app.command(cls=Command)(once)
 app.command(cls=Command)(models)
 app.command(cls=Command)(pull)
-app.command(cls=Command)(serve)
+app.command(cls=Command, help=SERVE_HELP)(serve)
 app.command(cls=Command, help=BENCH_HELP)(bench)
 app.command(cls=Command, help=EXPORT_HELP)(export)

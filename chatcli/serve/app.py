@@ -1,4 +1,4 @@
-"""`chatcli serve`: an OpenAI-compatible HTTP API (and a chat page) over a pool of workers.
+"""`chatcli serve`: an OpenAI-compatible HTTP API (and a chat page) over a back end.
 
 Owns: the HTTP surface: POST /v1/chat/completions (streamed as server-sent events or whole),
 GET (and HEAD) /v1/models, /health, /stats and the chat page at /; turning conversations into
@@ -20,8 +20,9 @@ carrying `chatcli_tool` has exactly the marker as its content, so a client that 
 from the field can skip that content. Assistant messages sent back are read for markers,
 so a multi-turn conversation replays its calculator calls exactly.
 
-Knows nothing of devices or generation threads beyond asking the WorkerPool, and nothing of
-the terminal.
+Knows nothing of devices, generation threads or clusters: it asks a Backend (backend.py),
+the WorkerPool of this process's replicas or a Ray Serve deployment's (ray_backend.py), and
+nothing of the terminal.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from chatcli.chat.stream import StreamEvent, TextDelta, ToolResult
 from chatcli.chat.turns import SamplingOptions, random_seed
 from chatcli.errors import ChatcliError, ConfigError, TokenizerError
 from chatcli.serve.auth import ApiKeyCheck
+from chatcli.serve.backend import Backend
 from chatcli.serve.guards import HostCheck, hosts_to_check, media_type, read_body
 from chatcli.serve.requests import (
     ChatMessage,
@@ -188,7 +190,7 @@ def _prompt_of(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:
 
 
 def create_app(
-    workers: Sequence[Worker] | WorkerPool,
+    workers: Sequence[Worker] | Backend,
     limits: Limits = Limits(),
     model_name: str = "chatcli",
     *,
@@ -197,7 +199,7 @@ def create_app(
     api_keys: Sequence[str] = (),
     demo: bool = False,
 ) -> FastAPI:
-    """The HTTP app over `workers` (all replicas of one model).
+    """The HTTP app over `workers` (all replicas of one model) or any other Backend.
 
     allowed_hosts: the Host names (any port) it answers, others get a 400; None for any.
     serve() fills it from --host (hosts_to_check). waiting_every: seconds between the
@@ -206,7 +208,7 @@ def create_app(
     is chatcli's embedded demo, as its model entry says (`chatcli_demo`), so the chat page
     says what it can do.
     """
-    pool = workers if isinstance(workers, WorkerPool) else WorkerPool(workers)
+    pool: Backend = WorkerPool(workers) if isinstance(workers, Sequence) else workers
     defaults = SamplingOptions()
     started = int(time.time())
     # No /docs, /redoc or /openapi.json: public pages the API does not need, and /docs pulls
@@ -239,8 +241,13 @@ def create_app(
 
     @get("/health")
     async def health() -> dict[str, Any]:
-        idle = sum(not w.busy for w in pool.workers)
-        return {"status": "ok", "model": model_name, "workers": len(pool.workers), "idle": idle}
+        state = pool.describe()
+        return {
+            "status": "ok",
+            "model": model_name,
+            "workers": len(state["workers"]),
+            "idle": state["idle"],
+        }
 
     @get("/stats")
     async def stats() -> dict[str, Any]:
@@ -359,7 +366,7 @@ def _shutting_down() -> JSONResponse:
     return JSONResponse(_shutting_down_body(), status_code=503)
 
 
-async def _stream(pool: WorkerPool, turn: _Turn, waiting_every: float) -> AsyncIterator[str]:
+async def _stream(pool: Backend, turn: _Turn, waiting_every: float) -> AsyncIterator[str]:
     """The SSE body. When the client disconnects, Starlette cancels this generator at its
     current await; leaving `pool.generate` then stops the generation and frees the worker."""
     yield sse(turn.chunk({"role": "assistant", "content": ""}))
@@ -381,7 +388,7 @@ async def _stream(pool: WorkerPool, turn: _Turn, waiting_every: float) -> AsyncI
     yield sse("[DONE]")
 
 
-async def _complete(pool: WorkerPool, turn: _Turn, request: Request) -> Response:
+async def _complete(pool: Backend, turn: _Turn, request: Request) -> Response:
     """A whole reply as one chat.completion; a client that leaves meanwhile stops it."""
 
     async def collect() -> tuple[list[StreamEvent], Finished]:
@@ -497,7 +504,7 @@ class _Server(uvicorn.Server):
     queued and non-streamed requests with a 503, instead of running on through the grace
     period and being cut off mid-body, a CancelledError logged for each."""
 
-    def __init__(self, config: uvicorn.Config, pool: WorkerPool | None) -> None:
+    def __init__(self, config: uvicorn.Config, pool: Backend | None) -> None:
         super().__init__(config)
         self.pool = pool
 
