@@ -19,12 +19,18 @@ Knows nothing of HTTP beyond handing chatcli.serve.app a RayBackend.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+# Before Ray loads: nothing but connect() may join a cluster. Ray would otherwise join one
+# for any call made unconnected, such as a thread of Serve's still running once the
+# cluster was left, and find whichever cluster `ray start` last ran on this machine.
+os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 
 import ray
 from ray import serve
