@@ -11,7 +11,7 @@ from reference import REFERENCE, needs_reference
 from typer.testing import CliRunner
 
 from chatcli.chat.conversation_index import latest_conversation
-from chatcli.chat.conversation_store import read_conversation
+from chatcli.chat.conversation_reader import read_conversation
 from chatcli.chat.settings import conversations_dir
 from chatcli.cli.app import app
 

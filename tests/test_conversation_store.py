@@ -10,18 +10,14 @@ from pathlib import Path
 import pytest
 
 from chatcli.chat.conversation_export import export_json, export_markdown
+from chatcli.chat.conversation_format import SUFFIX
 from chatcli.chat.conversation_index import (
     latest_conversation,
     list_conversations,
     resolve_conversation,
 )
-from chatcli.chat.conversation_store import (
-    SUFFIX,
-    ConversationFile,
-    NewConversation,
-    read_conversation,
-    sanitize_name,
-)
+from chatcli.chat.conversation_reader import read_conversation
+from chatcli.chat.conversation_store import ConversationFile, NewConversation, sanitize_name
 from chatcli.errors import ConversationFileError
 
 MODEL = {"path": "/ckpt/d20", "step": 650}

@@ -17,7 +17,8 @@ from chatcli.chat.conversation_index import (
     list_conversations,
     resolve_conversation,
 )
-from chatcli.chat.conversation_store import ConversationFile, NewConversation, read_conversation
+from chatcli.chat.conversation_reader import read_conversation
+from chatcli.chat.conversation_store import ConversationFile, NewConversation
 from chatcli.chat.user_dirs import (
     config_path,
     conversations_dir,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chatcli.chat.conversation_store import read_conversation
+from chatcli.chat.conversation_reader import read_conversation
 from chatcli.model.checkpoint import EMBEDDED_DIR, SOURCES
 from chatcli.terminal.render import HELP_LINE
 

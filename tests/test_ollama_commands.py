@@ -15,7 +15,7 @@ from chatcli.chat.command_parsing import (
     parse_command,
 )
 from chatcli.chat.conversation_index import list_conversations
-from chatcli.chat.conversation_store import read_conversation
+from chatcli.chat.conversation_reader import read_conversation
 from chatcli.cli.app import app
 from chatcli.terminal.repl import CommandCompleter
 

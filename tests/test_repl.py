@@ -21,7 +21,8 @@ from prompt_toolkit.input import PipeInput, create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-from chatcli.chat.conversation_store import ConversationFile, NewConversation, read_conversation
+from chatcli.chat.conversation_reader import read_conversation
+from chatcli.chat.conversation_store import ConversationFile, NewConversation
 from chatcli.chat.settings import Settings
 from chatcli.chat.stream import (
     SpecialToken,

@@ -14,7 +14,8 @@ import pytest
 from fakes import SPECIAL_IDS, ByteTokenizer, ScriptedModel
 from fakes import reply as scripted
 
-from chatcli.chat.conversation_store import ConversationFile, read_conversation
+from chatcli.chat.conversation_reader import read_conversation
+from chatcli.chat.conversation_store import ConversationFile
 from chatcli.chat.session import ChatSession
 from chatcli.chat.settings import Settings
 from chatcli.chat.stream import StreamEvent, TextDelta

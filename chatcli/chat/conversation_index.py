@@ -15,13 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from chatcli.chat.conversation_store import (
-    LATEST,
-    SUFFIX,
-    read_conversation,
-    sanitize_name,
-    snippet,
-)
+from chatcli.chat.conversation_format import LATEST, SUFFIX, snippet
+from chatcli.chat.conversation_reader import read_conversation
+from chatcli.chat.conversation_store import sanitize_name
 from chatcli.errors import ConversationFileError
 from chatcli.model.data_files import UnreadableFileError, described, list_folder
 

@@ -82,12 +82,8 @@ def chat(
     url = server_url(url)
     local_flags = local_model_flags(locals())
     from chatcli.chat.conversation_index import latest_conversation, resolve_conversation
-    from chatcli.chat.conversation_store import (
-        ConversationFile,
-        ConversationSink,
-        NewConversation,
-        read_conversation,
-    )
+    from chatcli.chat.conversation_reader import read_conversation
+    from chatcli.chat.conversation_store import ConversationFile, ConversationSink, NewConversation
     from chatcli.terminal.render import make_console, render_notice
     from chatcli.terminal.render_panels import render_banner, render_recap
     from chatcli.terminal.repl import run_repl

@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from chatcli.chat.conversation_store import LATEST
+from chatcli.chat.conversation_format import LATEST
 from chatcli.chat.settings import conversations_dir
 from chatcli.cli.options import Command, OneLineErrors, fail_with
 from chatcli.cli.session_setup import move_old_files_saying
@@ -91,7 +91,7 @@ def conversations(ctx: typer.Context) -> None:
 def show(conversation: IdArg) -> None:
     """Print a conversation as the chat showed it."""
     from chatcli.chat.conversation_index import summarize
-    from chatcli.chat.conversation_store import read_conversation
+    from chatcli.chat.conversation_reader import read_conversation
     from chatcli.terminal.render import make_console, render_notice
     from chatcli.terminal.render_panels import render_transcript
 
@@ -148,7 +148,7 @@ def export(
 ) -> None:
     """Write a conversation out as Markdown or JSON."""
     from chatcli.chat.conversation_export import export_json, export_markdown
-    from chatcli.chat.conversation_store import read_conversation
+    from chatcli.chat.conversation_reader import read_conversation
     from chatcli.errors import UsageError
     from chatcli.terminal.render import make_console, render_notice
 

@@ -39,7 +39,8 @@ from chatcli.chat.command_parsing import (
     CommandError,
     find_command,
 )
-from chatcli.chat.conversation_store import SUFFIX, ConversationSink
+from chatcli.chat.conversation_format import SUFFIX
+from chatcli.chat.conversation_store import ConversationSink
 from chatcli.chat.settings import Settings, history_path
 from chatcli.chat.turns import readable_text
 from chatcli.model.data_files import UnreadableFileError, check_readable

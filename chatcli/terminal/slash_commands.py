@@ -34,12 +34,12 @@ from chatcli.chat.conversation_index import (
     list_conversations,
     resolve_conversation,
 )
+from chatcli.chat.conversation_reader import read_conversation
 from chatcli.chat.conversation_store import (
     ConversationFile,
     ConversationSink,
     NewConversation,
     clean_name,
-    read_conversation,
 )
 from chatcli.chat.settings import Settings, format_setting
 from chatcli.chat.turns import SEED_RANGE, random_seed
