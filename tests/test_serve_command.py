@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from chatcli.cli.app import app
 from chatcli.cli.serve_command import replica_count
-from chatcli.errors import ConfigError
+from chatcli.errors import UsageError
 
 
 def test_workers_is_a_count_or_with_ray_a_range():
@@ -35,7 +35,7 @@ def test_workers_is_a_count_or_with_ray_a_range():
     ],
 )
 def test_a_bad_workers_value_says_what_it_takes(text, ray, message):
-    with pytest.raises(ConfigError, match="--workers") as caught:
+    with pytest.raises(UsageError, match="--workers") as caught:
         replica_count(text, ray)
     assert message in str(caught.value)
 
@@ -43,7 +43,7 @@ def test_a_bad_workers_value_says_what_it_takes(text, ray, message):
 def test_a_range_without_ray_is_one_error_line_before_anything_loads(tmp_path, monkeypatch):
     monkeypatch.setenv("CHATCLI_HOME", str(tmp_path))
     result = CliRunner().invoke(app, ["serve", "--model", "/no/such/model", "--workers", "1-2"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage error, as every command-line mistake
     assert result.output.startswith("Error: --workers 1-2: a range autoscales")
     assert "No model" not in result.output and "Traceback" not in result.output
 
