@@ -28,6 +28,8 @@ and CUDA graph forms are static_step.py's; step_choice.py picks one for a model.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,7 @@ from chatcli.engine.step_matrices import StepLayer, StepMatrix, kernel_model, ru
 from chatcli.kernels.rows_step import RowsModel, rows_step
 from chatcli.model.gpt import GPT, SMEAR_CHANNELS, is_embedding_table
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model.slot_cache import SlotRows
 
 
 class DecodeStep:
@@ -204,15 +207,13 @@ class DecodeStep:
             if not is_embedding_table(name)
         )
 
-    def _embed(
-        self, idx: torch.Tensor, cache: KVCache | SharedPrefixCache, smear: bool, fold: bool
-    ) -> torch.Tensor:
+    def _embed(self, idx: torch.Tensor, prev: torch.Tensor | None, fold: bool) -> torch.Tensor:
         """The rows (N, C) the layers start from, through torch's ops: the tokens'
-        normalised embeddings, plus the smear of the previous tokens' where `smear`."""
+        normalised embeddings, plus the smear of the previous tokens `prev` where given."""
         x = self._look_up(idx, self.wte)
         x = x.mul_(self._row_scales(x)) if fold else F.rms_norm(x, (x.size(1),))
-        if smear:
-            prev = F.rms_norm(self._look_up(cache.prev_token, self.wte), (x.size(1),))
+        if prev is not None:
+            prev = F.rms_norm(self._look_up(prev, self.wte), (x.size(1),))
             gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
             x = torch.addcmul(x, prev, gate.mul_(self.smear_lambda).unsqueeze(1))
         return x
@@ -304,6 +305,18 @@ class DecodeStep:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         """ids (N, 1), one token per cache row -> float32 logits (N, vocab_size)."""
+        return self._on_threads(ids.size(0), self._step, ids, cache)
+
+    @torch.inference_mode()
+    def step_rows(self, ids: torch.Tensor, rows: SlotRows) -> torch.Tensor:
+        """ids (N, 1), one token for each of the rows' slots, each at its own position ->
+        float32 logits (N, vocab_size); every slot advanced by one (slot_step.py)."""
+        from chatcli.engine.slot_step import step_slots  # it builds on this module
+
+        return self._on_threads(ids.size(0), step_slots, self, ids, rows)
+
+    def _on_threads(self, rows: int, step: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+        """step(*args), a step of `rows` rows, on the threads chosen for that many rows."""
         caller = torch.get_num_threads()  # the caller's count may change between calls
         # The products' count: a big model's is the caller's, or one while a second thread
         # does not pay (another process busy on the cores; openmp_wait.py); a small model's
@@ -312,20 +325,20 @@ class DecodeStep:
         wide = caller if self.split_threads else available_cores()
         if wide == 1:
             self._set_wide_threads(1)
-            return self._step(ids, cache)
-        choice = self._thread_choices.get((ids.size(0), wide))
+            return step(*args)
+        choice = self._thread_choices.get((rows, wide))
         if choice is None:
             # Our whole-step kernel shares each product among the cores (a small model's
             # step on two: 0.11 against 0.2 ms for one row, 0.35 against 0.63 for 8); torch's
             # ops paid a fork/join each.
             many = self.split_threads or self._rows_model is not None
             preferred, other = (wide, 1) if many else (1, wide)
-            choice = self._thread_choices[(ids.size(0), wide)] = ThreadChoice(preferred, other)
+            choice = self._thread_choices[(rows, wide)] = ThreadChoice(preferred, other)
         self._set_wide_threads(choice.threads())
         torch.set_num_threads(1)
         try:
             t0 = time.perf_counter()
-            logits = self._step(ids, cache)
+            logits = step(*args)
             choice.record(time.perf_counter() - t0)
             return logits
         finally:
@@ -357,7 +370,7 @@ class DecodeStep:
                 prev = cache.prev_token if smear else None  # no smear: gate, lambda unread
                 x = kernel.embed(self.wte, idx, self._eps, prev, self.smear_gate, self.smear_lambda)
             else:
-                x = self._embed(idx, cache, smear, fold)
+                x = self._embed(idx, cache.prev_token if smear else None, fold)
             _, prefix_len, suffix = self._rows_caches(cache)
             logits = kernel.run(
                 self._rows_model, x, idx, cos, sin, self._rows_prefix, prefix_len, suffix,
@@ -366,7 +379,7 @@ class DecodeStep:
             cache.prev_token = idx
             cache.advance(1)
             return logits[:, : self.vocab_size]  # the softcap taken in the kernel
-        x = self._embed(idx, cache, smear, fold)
+        x = self._embed(idx, cache.prev_token if smear else None, fold)
         x0 = x
         saved = None
         shared = isinstance(cache, SharedPrefixCache)

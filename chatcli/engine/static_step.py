@@ -2,7 +2,7 @@
 
 Owns: StaticDecodeStep (the fused step's arithmetic with every shape fixed by the cache, so
 that nothing depends on a host value), CudaGraphStep (that step captured once a cache and
-replayed every token), ModuleStep (the model's own forward as a step) and StepWithFallback
+replayed every token; a server's slot rows through static_slots.SlotGraphs), ModuleStep (the model's own forward as a step) and StepWithFallback
 (the graph, or the module's forward for good once the graph fails). Every form equals
 model.forward to float rounding. Knows nothing about sampling or the generation loop.
 """
@@ -17,8 +17,11 @@ import torch.nn.functional as F
 
 from chatcli.engine.decode_step import DecodeStep, has_decode_copies
 from chatcli.engine.fallback import Fallback
+from chatcli.engine.slot_step import forward_slots
+from chatcli.engine.static_slots import SlotGraphs, forward_slots_static
 from chatcli.model.gpt import GPT, SMEAR_CHANNELS
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model.slot_cache import SlotRows
 
 
 class StaticDecodeStep(DecodeStep):
@@ -103,6 +106,19 @@ class StaticDecodeStep(DecodeStep):
         return torch.tanh(logits.float() / cap) * cap
 
     @torch.inference_mode()
+    def step_rows(self, ids: torch.Tensor, rows: SlotRows) -> torch.Tensor:
+        """The static step over slot rows (static_slots.py), eagerly."""
+        positions = rows.room_for_one(self.model.max_positions)
+        device = ids.device
+        idx = ids.view(-1)
+        logits = forward_slots_static(
+            self, idx, torch.tensor(positions, device=device), rows.previous(),
+            torch.tensor(rows.slots, device=device), rows.cache.k_cache, rows.cache.v_cache,
+        )  # fmt: skip
+        rows.advance(idx)
+        return logits
+
+    @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         if not isinstance(cache, KVCache):
             return super().__call__(ids, cache)
@@ -138,6 +154,17 @@ class CudaGraphStep:
         # The cache the graph was captured on, held so its memory cannot be reused by
         # another tensor while the graph still points at it.
         self._captured_on: torch.Tensor | None = None
+        # A server's batch: one SlotCache for the worker's life, its graphs by batch size.
+        self._slot_graphs: SlotGraphs | None = None
+
+    @torch.inference_mode()
+    def step_rows(self, ids: torch.Tensor, rows: SlotRows) -> torch.Tensor:
+        """Slot rows through SlotGraphs: a graph per bucket of rows, captured for the
+        SlotCache at first use (a new SlotCache captures afresh)."""
+        graphs = self._slot_graphs
+        if graphs is None or graphs.cache is not rows.cache:
+            graphs = self._slot_graphs = SlotGraphs(self.step, rows.cache)
+        return graphs(ids, rows)
 
     def _capture(self, cache: KVCache, idx: torch.Tensor) -> None:
         self._ids = idx.clone()
@@ -208,6 +235,11 @@ class StepWithFallback(Fallback[torch.Tensor]):
     ) -> None:
         super().__init__(fast, plain, what, passes=(ValueError,))
 
+    def step_rows(self, ids: torch.Tensor, rows: SlotRows) -> torch.Tensor:
+        """Slot rows through the fast step's step_rows until it fails, then the plain one's
+        (the same for good: a failed graph fails both ways)."""
+        return self.run(lambda step: step.step_rows(ids, rows))
+
     @property
     def wants_full_cache(self) -> bool:
         return self.current.wants_full_cache  # type: ignore[attr-defined]
@@ -231,6 +263,10 @@ class ModuleStep:
 
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         return self.model(ids, kv_cache=cache, last_only=True)[:, -1, :]
+
+    def step_rows(self, ids: torch.Tensor, rows: SlotRows) -> torch.Tensor:
+        """A row at a time, each over its own slot's cache (slot_step.forward_slots)."""
+        return forward_slots(self, ids, rows)
 
 
 def _previous(cache: KVCache, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.fallback import compiled_or_eager
 from chatcli.engine.static_step import CudaGraphStep, ModuleStep, StaticDecodeStep, StepWithFallback
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model.slot_cache import SlotRows
 
 
 def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
@@ -34,6 +35,11 @@ class Step(Protocol):
     reads_whole_cache: bool  # it reads past the written positions (under a mask): zeroed
 
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor: ...
+
+    def step_rows(self, ids: torch.Tensor, rows: SlotRows) -> torch.Tensor:
+        """ids (N, 1), one token for each of the rows' slots, each at its own position ->
+        logits (N, V), every slot advanced by one (a server's conversations together)."""
+        ...
 
 
 def pick_decode_step(model: Any, compile: bool = False) -> Step | None:

@@ -1,6 +1,8 @@
 /* rows_step: a model's whole decode step of one or more rows in one call: every layer
  * (lambdas, norms as per-row scales, q/k/v, value embeddings, rotary, qk-norm, the K/V
  * written at `pos`, attention over a shared prompt plus each row's own keys, the MLP),
+ * or of independent sequences each at its own position and in its own slot of the cache
+ * (rows_step_slots: a server's conversations decoding together),
  * then the vocabulary's products. fp32 matrices (a small model's), or fp16 ones (a big
  * model's compact copies) where the CPU widens fp16 (F16C).
  *
@@ -838,6 +840,22 @@ struct rows_cache {
     long s_layer, s_row, pos;
 };
 
+/* Where each row of a step is in the rows' own caches, beyond struct rows_cache: its slot
+ * (the row of the cache tensors it reads and writes) and its position, and the stride of
+ * the rotary tables between rows. rows_step's rows are slot n at c->pos, one table for all
+ * (NULL, NULL, 0); rows_step_slots' are independent sequences (a server's conversations),
+ * each in its own slot at its own position, with its own tables (D floats apart). */
+struct rows_at {
+    const long *slot; /* NULL: row n is slot n */
+    const long *pos;  /* NULL: every row at c->pos */
+    long cs_stride;   /* floats from one row's cos/sin to the next's: 0 or D */
+};
+
+static inline long slot_of(const struct rows_at *at, long n) { return at->slot ? at->slot[n] : n; }
+static inline long pos_of(const struct rows_at *at, const struct rows_cache *c, long n) {
+    return at->pos ? at->pos[n] : c->pos;
+}
+
 static long whole_blocks(long n) { return (n + BLOCK - 1) / BLOCK * BLOCK; }
 
 /* A shared prefix's first `length` positions of keys k and values v (layer 0 of
@@ -893,14 +911,14 @@ struct window {
     long n_suffix; /* the rows' own positions attended, this step's included */
 };
 
-static struct window window_of(const struct rows_cache *c, long window) {
-    long start = c->pos - window > 0 ? c->pos - window : 0;
+static struct window window_of(const struct rows_cache *c, long pos, long window) {
+    long start = pos - window > 0 ? pos - window : 0;
     long p_from = start < c->prefix ? start : c->prefix, n_prefix = c->prefix - p_from;
     /* The prefix's scores start at a panel's first column: the `skip` before the window's
      * start are computed, then left out of the softmax (zeros, which the values' product
      * then adds). */
     long p_at = n_prefix > 0 ? p_from - p_from % BLOCK : c->prefix;
-    long s_at = c->pos - c->prefix, s_from = start > c->prefix ? start - c->prefix : 0;
+    long s_at = pos - c->prefix, s_from = start > c->prefix ? start - c->prefix : 0;
     return (struct window){p_at, p_from - p_at, c->prefix - p_at, s_at, s_from, s_at - s_from + 1};
 }
 
@@ -909,11 +927,12 @@ static struct window window_of(const struct rows_cache *c, long window) {
  * step's position, the group's queries rotated and normalised into q. */
 static void head_inputs(const struct rows_model *m, const struct rows_layer *w, const float *x,
                         long N, long n, long g, long id, const float *cos_, const float *sin_,
-                        float *sk, float *sv, const struct rows_cache *c, long s_at,
+                        float *sk, float *sv, const struct rows_cache *c, long slot, long s_at,
                         const struct scratch *t) {
     long H = m->H, Hkv = m->Hkv, D = m->D, C = m->C, kv = Hkv * D, group = H / Hkv;
     const float *r = t->qkv + n * (H + 2 * Hkv) * D;
-    float *k_at = sk + n * c->s_row + s_at * kv + g * D, *v_at = sv + n * c->s_row + s_at * kv + g * D;
+    float *k_at = sk + slot * c->s_row + s_at * kv + g * D;
+    float *v_at = sv + slot * c->s_row + s_at * kv + g * D;
     memcpy(v_at, r + (H + Hkv + g) * D, sizeof(float) * D);
     if (w->ve_table) { /* v += ve_scale * sigmoid(s * ve_gate @ x[:ve_channels]) * ve */
         float z = t->s[n] * dot(w->ve_gate + g * m->ve_channels, x + n * C, m->ve_channels);
@@ -932,11 +951,11 @@ static void head_inputs(const struct rows_model *m, const struct rows_layer *w, 
 /* Query head h of row n: its scores over the row's own keys (after the prefix's, which
  * are in place), then the softmax over both, its 1 / total kept for the values. */
 static void own_scores(const struct rows_model *m, long N, long n, long h, const float *sk,
-                       const struct rows_cache *c, const struct window *a, long span,
+                       const struct rows_cache *c, long slot, const struct window *a, long span,
                        const struct scratch *t) {
     long D = m->D, kv = m->Hkv * D, group = m->H / m->Hkv, n_cols = a->n_cols;
     const float *qh = t->q + (h * N + n) * D;
-    const float *keys = sk + n * c->s_row + a->s_from * kv + (h / group) * D;
+    const float *keys = sk + slot * c->s_row + a->s_from * kv + (h / group) * D;
     float *p = t->scores + (h * N + n) * span;
     long i = 0;
     if (FOUR_AT_ONCE && D % VW == 0) {
@@ -972,18 +991,26 @@ static void own_scores(const struct rows_model *m, long N, long n, long h, const
 static void attend(const struct rows_model *m, const struct rows_layer *w, const float *x,
                    long N, long r0, long nr, long g, const long *ids, const float *cos_,
                    const float *sin_, const float *pk, const float *pv, float *sk, float *sv,
-                   const struct rows_cache *c, const struct window *a, long span,
+                   const struct rows_cache *c, const struct rows_at *at, long span,
                    const struct scratch *t) {
-    long H = m->H, D = m->D, group = H / m->Hkv, Dp = whole_blocks(D), n_cols = a->n_cols;
-    for (long n = r0; n < r0 + nr; n++)
-        head_inputs(m, w, x, N, n, g, ids[n], cos_, sin_, sk, sv, c, a->s_at, t);
+    long H = m->H, D = m->D, group = H / m->Hkv, Dp = whole_blocks(D);
+    /* The prefix's part is the same for every row (rows at their own positions have none),
+     * each row's own part its own. */
+    struct window rows_window[MAX_ROWS], *a = rows_window; /* nr <= MAX_ROWS: unit_rows */
+    for (long n = r0; n < r0 + nr; n++) {
+        rows_window[n - r0] = window_of(c, pos_of(at, c, n), w->window);
+        head_inputs(m, w, x, N, n, g, ids[n], cos_ + n * at->cs_stride, sin_ + n * at->cs_stride,
+                    sk, sv, c, slot_of(at, n), rows_window[n - r0].s_at, t);
+    }
+    long n_cols = a->n_cols;
     for (long h = g * group; h < (g + 1) * group; h++) {
         float *p = t->scores + (h * N + r0) * span, *inv_total = t->inv_total + h * N + r0;
         if (n_cols > 0)
             panel_rows((struct view){t->q + (h * N + r0) * D, D}, nr, D,
                        pk + g * whole_blocks(c->prefix) * D + a->p_at / BLOCK * D * BLOCK,
                        D * BLOCK, n_cols, p, span, t->att_scale, STORE_SCALED);
-        for (long n = r0; n < r0 + nr; n++) own_scores(m, N, n, h, sk, c, a, span, t);
+        for (long n = r0; n < r0 + nr; n++)
+            own_scores(m, N, n, h, sk, c, slot_of(at, n), rows_window + (n - r0), span, t);
         if (n_cols > 0)
             panel_rows((struct view){p, span}, nr, n_cols, pv + g * Dp * c->prefix + a->p_at * BLOCK,
                        c->prefix * BLOCK, D, t->y + r0 * H * D + h * D, H * D, inv_total,
@@ -991,9 +1018,10 @@ static void attend(const struct rows_model *m, const struct rows_layer *w, const
         for (long n = r0; n < r0 + nr; n++) {
             float *out = t->y + n * H * D + h * D;
             if (n_cols == 0) memset(out, 0, sizeof(float) * D);
-            add_values(t->scores + (h * N + n) * span + n_cols, a->n_suffix,
-                       sv + n * c->s_row + a->s_from * m->Hkv * D + g * D, m->Hkv * D, D,
-                       t->inv_total[h * N + n], out);
+            const struct window *an = rows_window + (n - r0);
+            add_values(t->scores + (h * N + n) * span + n_cols, an->n_suffix,
+                       sv + slot_of(at, n) * c->s_row + an->s_from * m->Hkv * D + g * D,
+                       m->Hkv * D, D, t->inv_total[h * N + n], out);
         }
     }
 }
@@ -1038,10 +1066,9 @@ static long unit_rows(long N, long Hkv, long threads) {
 static void layer(const struct rows_model *m, const struct rows_layer *w, float *x, long rows,
                   const long *ids, const float *cos_, const float *sin_, const float *pk,
                   const float *pv, float *sk, float *sv, const struct rows_cache *c,
-                  const struct scratch *t, long span, long unit) {
+                  const struct rows_at *at, const struct scratch *t, long span, long unit) {
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D, N = rows;
     long width = (H + 2 * Hkv) * D, blocks = (N + unit - 1) / unit;
-    struct window a = window_of(c, w->window);
 #pragma omp for schedule(static)
     for (long n = 0; n < N; n++) {
         for (long j = 0; j < C; j++)
@@ -1055,7 +1082,7 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
     for (long u = 0; u < Hkv * blocks; u++) {
         long r0 = u % blocks * unit;
         attend(m, w, x, N, r0, N - r0 < unit ? N - r0 : unit, u / blocks, ids, cos_, sin_, pk, pv,
-               sk, sv, c, &a, span, t);
+               sk, sv, c, at, span, t);
     }
     PHASE(2);
     matrix(m, t->y, N, H * D, w->proj, C, x, NULL, ADD);
@@ -1068,25 +1095,23 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
     PHASE(6);
 }
 
-/* Every layer of one decode step of `rows` rows, then the vocabulary's products.
- * x (rows, C): the normalised embeddings of the rows' tokens (after the smear), the
- * residual stream, in place. ids (rows,): the tokens (for the value embeddings).
- * cos_, sin_: (D,) this position's rotary tables. logits (rows, V): the model's logits,
- * softcap * tanh(the last norm's x @ lm_head / softcap).
- * threads: the OpenMP team's size. Returns 0, or -1 (nothing written) for shapes it does
- * not take or without memory. */
-int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
-              const float *cos_, const float *sin_, const struct rows_cache *c, float *logits,
-              int threads) {
+/* The step of rows_step and rows_step_slots: `at` says where each row is (struct rows_at),
+ * span is the most positions a row attends, its own included (the widest score row). */
+static int step(const struct rows_model *m, float *x, long rows, const long *ids,
+                const float *cos_, const float *sin_, const struct rows_cache *c,
+                const struct rows_at *at, long span, float *logits, int threads) {
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D;
-    long width = (H + 2 * Hkv) * D, span = c->pos + 1;
+    long width = (H + 2 * Hkv) * D;
     long unit = unit_rows(rows, Hkv, planned_threads());
     /* fp16 widths in whole panels (VW a power of two: one test for all four) */
     if (m->half && (!HALF_WEIGHTS || (width | C | F | m->V) % VW)) return -1;
     if (m->half != 0 && m->half != 1 && (m->half != 2 || !INT8_WEIGHTS)) return -1;
-    if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 || c->pos < c->prefix ||
+    if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 ||
         (c->prefix > 0 && (!c->pk || !c->pv)))
         return -1;
+    for (long n = 0; n < rows; n++)
+        if (pos_of(at, c, n) < c->prefix || pos_of(at, c, n) >= span || slot_of(at, n) < 0)
+            return -1;
     struct scratch t;
     long size = rows * (2 * C + 1 + width + 2 * H * D + H * span + F + 2 * H);
     t.x0 = malloc(sizeof(float) * size);
@@ -1104,7 +1129,7 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
             layer(m, m->layers + i, x, rows, ids, cos_, sin_,
                   c->pk ? c->pk + i * Hkv * whole_blocks(c->prefix) * D : NULL,
                   c->pv ? c->pv + i * Hkv * whole_blocks(D) * c->prefix : NULL,
-                  c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, &t, span, unit);
+                  c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, at, &t, span, unit);
             if (i == m->backout_layer) {
 #pragma omp for schedule(static)
                 for (long j = 0; j < rows * C; j++) t.saved[j] = x[j];
@@ -1131,6 +1156,37 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
     }
     free(t.x0);
     return 0;
+}
+
+/* Every layer of one decode step of `rows` rows, then the vocabulary's products.
+ * x (rows, C): the normalised embeddings of the rows' tokens (after the smear), the
+ * residual stream, in place. ids (rows,): the tokens (for the value embeddings).
+ * cos_, sin_: (D,) this position's rotary tables. logits (rows, V): the model's logits,
+ * softcap * tanh(the last norm's x @ lm_head / softcap).
+ * threads: the OpenMP team's size. Returns 0, or -1 (nothing written) for shapes it does
+ * not take or without memory. */
+int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
+              const float *cos_, const float *sin_, const struct rows_cache *c, float *logits,
+              int threads) {
+    struct rows_at at = {NULL, NULL, 0};
+    return step(m, x, rows, ids, cos_, sin_, c, &at, c->pos + 1, logits, threads);
+}
+
+/* rows_step for rows that are independent sequences: row n in slot slot[n] of the rows' own
+ * caches (c->sk, c->sv: layer 0 of a (layers, slots, T, Hkv, D) cache; no shared prefix,
+ * c->prefix 0), at position pos[n], where its k and v are written and up to which it
+ * attends (within each layer's window); cos_, sin_ (rows, D) each row's rotary tables.
+ * Rows must be in different slots (the caller's to see to: the kernel writes each row's K/V
+ * where it says), which it does not check, nor that a slot is inside the cache. Why: a
+ * server's conversations decode together, one step for all, each where its own reply is. */
+int rows_step_slots(const struct rows_model *m, float *x, long rows, const long *ids,
+                    const float *cos_, const float *sin_, const long *slot, const long *pos,
+                    const struct rows_cache *c, float *logits, int threads) {
+    if (c->prefix != 0 || rows < 1) return -1;
+    long span = 0;
+    for (long n = 0; n < rows; n++) span = pos[n] + 1 > span ? pos[n] + 1 : span;
+    struct rows_at at = {slot, pos, m->D};
+    return step(m, x, rows, ids, cos_, sin_, c, &at, span, logits, threads);
 }
 
 /* The residual streams a step starts from, x (rows, C): each row's token's embedding (a

@@ -1,0 +1,94 @@
+"""A cache of independent sequences side by side: a server's conversations decoding together.
+
+Owns: SlotCache (one (layers, slots, T, Hkv, D) key/value store whose slots are each a
+whole KVCache of their own: a position, a previous token, prefilled and rewound alone) and
+SlotRows (the slots one decode step advances, one token each, every slot at its own
+position). Knows nothing about which conversation a slot holds or when it is free (the
+engine's batch.py decides), nor about attention (the decode steps read a slot's own keys
+only, up to its own position).
+
+Why one store rather than a cache a slot: a decode step of many rows reads every row's
+keys and values through one pair of tensors (our kernel's pointers, a CUDA graph's fixed
+buffers), and a slot's own cache is a view of its row, so a prefill or a rewind of one
+conversation is the plain batch-1 path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from chatcli.model.kv_cache import KVCache
+
+
+class SlotCache:
+    def __init__(
+        self,
+        slots: int,
+        num_heads: int,
+        seq_len: int,
+        head_dim: int,
+        num_layers: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        zeroed: bool = True,
+    ) -> None:
+        """zeroed as KVCache's: False leaves the memory as allocated (untouched pages cost
+        nothing on the CPU, so slots that hold short conversations stay small)."""
+        if slots < 1:
+            raise ValueError("a SlotCache needs at least one slot")
+        shape = (num_layers, slots, seq_len, num_heads, head_dim)
+        alloc = torch.zeros if zeroed else torch.empty
+        self.k_cache = alloc(shape, device=device, dtype=dtype)
+        self.v_cache = alloc(shape, device=device, dtype=dtype)
+        self.max_seq_len = seq_len
+        # Slot i: a batch-1 cache over row i of the shared tensors.
+        self.slots = [
+            KVCache.over(self.k_cache[:, i : i + 1], self.v_cache[:, i : i + 1])
+            for i in range(slots)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+
+class SlotRows:
+    """The rows of one decode step: slot `slots[i]` of `cache` takes token i of the step at
+    its own position (what the slot holds), and advances by one."""
+
+    def __init__(self, cache: SlotCache, slots: list[int]) -> None:
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot decodes one token a step; got slots {slots}")
+        self.cache, self.slots = cache, slots
+        self.views = [cache.slots[s] for s in slots]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.slots)
+
+    def positions(self) -> list[int]:
+        """Where each row's token goes: its slot's length."""
+        return [v.get_pos() for v in self.views]
+
+    def previous(self) -> torch.Tensor:
+        """(rows,) each slot's last token (era E's smear): every row continues a prompt."""
+        tokens = [v.prev_token for v in self.views]
+        if any(t is None for t in tokens):
+            raise ValueError("a decode step's slots must each hold a prompt already")
+        return torch.cat(tokens)
+
+    def room_for_one(self, max_positions: int) -> list[int]:
+        """The positions the step writes; a ValueError where a slot or the model is full
+        (said before anything is written, as KVCache.advance would say it after)."""
+        positions = self.positions()
+        for pos in positions:
+            if pos + 1 > max_positions:
+                raise ValueError(f"position {pos + 1} exceeds the model's {max_positions}")
+            if pos + 1 > self.cache.max_seq_len:
+                raise ValueError(f"KV cache overflow: {pos + 1} > {self.cache.max_seq_len}")
+        return positions
+
+    def advance(self, ids: torch.Tensor) -> None:
+        """After a step wrote ids (rows,): each slot one longer, its last token ids[i]."""
+        for i, view in enumerate(self.views):
+            view.prev_token = ids[i : i + 1]
+            view.advance(1)
