@@ -27,9 +27,25 @@ from chatcli.engine.warm_cache import WarmCache, choose
 from chatcli.model.sampling import GREEDY_BELOW, draws, sample_with_draws
 from chatcli.model.slot_cache import SlotRows
 
-# The prompt tokens a step prefills (across waiting rows, oldest first) before its decode
+# The prompt tokens a step prefills (across waiting rows, oldest first) after its decode
 # step: the decoding rows wait that long for their next token. See docs/batching.md.
 PREFILL_CHUNK = 64
+# A GPU prefills a chunk of this many in about the time of a decode step's launch.
+GPU_PREFILL_CHUNK = 512
+
+
+# A server worker's rows where --batch is not given (docs/batching.md has the measurements).
+CPU_ROWS = 8
+GPU_ROWS = 16
+
+
+def default_prefill_chunk(device: torch.device | str) -> int:
+    return GPU_PREFILL_CHUNK if torch.device(device).type == "cuda" else PREFILL_CHUNK
+
+
+def default_rows(device: torch.device | str) -> int:
+    """The rows a server's worker on `device` batches by default."""
+    return GPU_ROWS if torch.device(device).type == "cuda" else CPU_ROWS
 
 
 @dataclass(frozen=True)

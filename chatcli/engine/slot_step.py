@@ -80,6 +80,7 @@ def _torch_step(
     # Every head of a row turns by the row's angle: (N * (H + Hkv), D), as _qk_v lays them.
     cos, sin = cos.repeat_interleave(H + Hkv, 0), sin.repeat_interleave(H + Hkv, 0)
     slots = torch.tensor(rows.slots, dtype=torch.long, device=idx.device)
+    rows.cache.make_finite(rows.slots, max(positions) + 1)  # the keys the masks hide
     masks: dict[int, tuple[int, torch.Tensor]] = {}  # window -> (first key, mask)
     x = step._embed(idx, prev, fold)
     x0 = x

@@ -149,8 +149,9 @@ class SlotGraphs:
                 buffer[n:].copy_(values[-1:].expand(pad))
         if fresh:
             self._prepare(bucket)
-        assert bucket.replay is not None and bucket.logits is not None
+        assert bucket.replay is not None
         bucket.replay()
+        assert bucket.logits is not None
         rows.advance(idx.clone())
         return bucket.logits[:n].clone()
 

@@ -41,6 +41,9 @@ class SlotCache:
         self.k_cache = alloc(shape, device=device, dtype=dtype)
         self.v_cache = alloc(shape, device=device, dtype=dtype)
         self.max_seq_len = seq_len
+        # Each slot's positions [0, finite[i]) hold finite numbers: written, or zeroed by
+        # make_finite (memory left as allocated may hold NaN, which a mask does not hide).
+        self.finite = [seq_len if zeroed else 0] * slots
         # Slot i: a batch-1 cache over row i of the shared tensors.
         self.slots = [
             KVCache.over(self.k_cache[:, i : i + 1], self.v_cache[:, i : i + 1])
@@ -49,6 +52,18 @@ class SlotCache:
 
     def __len__(self) -> int:
         return len(self.slots)
+
+    def make_finite(self, slots: list[int], end: int) -> None:
+        """Zero what the `slots` never wrote below position `end`, where a step reads every
+        row's keys up to the longest row's position under a mask: -inf added to a NaN left
+        in memory is still NaN, and so is its weight of 0 times a NaN value. Each position
+        of a slot is zeroed at most once."""
+        for s in slots:
+            start = max(self.finite[s], self.slots[s].get_pos())
+            if start < end:
+                self.k_cache[:, s, start:end] = 0
+                self.v_cache[:, s, start:end] = 0
+            self.finite[s] = max(start, end)
 
 
 class SlotRows:
