@@ -174,35 +174,83 @@ class Batch:
 
     @torch.inference_mode()
     def step(self) -> Stepped:
-        """One decode step of every decoding row, then up to prefill_chunk tokens of the
-        waiting prompts (oldest first; a prompt that completes gives its row's first token).
-        Rows that end (a stop token, the budget) leave at once."""
+        """One decode step of every decoding row and up to prefill_chunk tokens of the
+        waiting prompts (oldest first; a prompt that completes gives its row's first token):
+        in one forward where the engine's step takes a prompt's chunk as rows of its slot
+        (our CPU step), else the chunks through the model's forward after the step. Rows
+        that end (a stop token, the budget) leave at once."""
         out = Stepped()
         decoding = [row for row in self.running if row.decoding]
+        chunks = self._chunks()
+        if self.engine.takes_prompt_rows:
+            self._step_together(decoding, chunks, out)
+            return out
         if decoding:
-            ids = torch.tensor(
-                [[row.pending] for row in decoding],
-                dtype=torch.long,
-                device=self.engine.model.get_device(),
-            )
-            logits = self.engine.forward_rows(ids, SlotRows(self.cache, [r.slot for r in decoding]))
+            slots = SlotRows(self.cache, [row.slot for row in decoding])
+            logits = self.engine.forward_rows(self._ids([[r.pending] for r in decoding]), slots)
             self._produce(decoding, logits, out)
-        budget = self.prefill_chunk
-        for row in [r for r in self.running if r.pending is None]:
+        for row, tokens in chunks:
+            self._prefilled(row, tokens, row.warm.extend(tokens), out)
+        return out
+
+    def _chunks(self) -> list[tuple[BatchRow, list[int]]]:
+        """The prompt tokens this step runs: up to prefill_chunk, the oldest prompt first."""
+        chunks, budget = [], self.prefill_chunk
+        for row in self.running:
             if budget <= 0:
                 break
-            prompt = row.request.tokens
-            take = min(budget, len(prompt) - row.prefilled)
-            logits = row.warm.extend(prompt[row.prefilled : row.prefilled + take])
-            row.prefilled += take
-            budget -= take
-            if row.prefilled == len(prompt):
-                row.stats.prefill_s = time.perf_counter() - row.t_join
-                if row.budget <= 0:  # max_tokens 0: the prompt is in, nothing is generated
-                    self._finish(row, row.cut, out)
-                else:
-                    self._produce([row], logits, out)
-        return out
+            if row.pending is None:
+                prompt = row.request.tokens
+                take = min(budget, len(prompt) - row.prefilled)
+                chunks.append((row, prompt[row.prefilled : row.prefilled + take]))
+                budget -= take
+        return chunks
+
+    def _step_together(
+        self, decoding: list[BatchRow], chunks: list[tuple[BatchRow, list[int]]], out: Stepped
+    ) -> None:
+        """The decoding rows and the prompts' chunks as the rows of one forward: logits for
+        the decoding rows and for the last token of each prompt that completes."""
+        slots = [row.slot for row in decoding]
+        ids = [row.pending for row in decoding]
+        wanted = list(range(len(decoding)))
+        for row, tokens in chunks:
+            slots += [row.slot] * len(tokens)
+            ids += tokens
+            if row.prefilled + len(tokens) == len(row.request.tokens):
+                wanted.append(len(ids) - 1)
+        if not ids:
+            return
+        tensor = self._ids([[token] for token in ids])
+        logits = self.engine.forward_rows(tensor, SlotRows(self.cache, slots), wanted)
+        if decoding:
+            self._produce(decoding, logits[: len(decoding)], out)
+        done = len(decoding)
+        for row, tokens in chunks:
+            row.warm.tokens.extend(tokens)
+            last = None
+            if row.prefilled + len(tokens) == len(row.request.tokens):
+                last = logits[done : done + 1]
+                done += 1
+            self._prefilled(row, tokens, last, out)
+
+    def _prefilled(
+        self, row: BatchRow, tokens: list[int], logits: torch.Tensor | None, out: Stepped
+    ) -> None:
+        """`tokens` of the row's prompt ran; logits (1, V): its last token's, once it is all
+        in (its first token is drawn from them)."""
+        row.prefilled += len(tokens)
+        if row.prefilled < len(row.request.tokens):
+            return
+        assert logits is not None
+        row.stats.prefill_s = time.perf_counter() - row.t_join
+        if row.budget <= 0:  # max_tokens 0: the prompt is in, nothing is generated
+            self._finish(row, row.cut, out)
+        else:
+            self._produce([row], logits, out)
+
+    def _ids(self, ids: list[list[int]]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.long, device=self.engine.model.get_device())
 
     def _produce(self, rows: list[BatchRow], logits: torch.Tensor, out: Stepped) -> None:
         """Each row's next token from its logits (N, V): drawn with its own settings and

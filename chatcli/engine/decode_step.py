@@ -51,6 +51,7 @@ class DecodeStep:
 
     wants_full_cache = False  # any cache shape: it reads what was written, nothing more
     reads_whole_cache = False
+    takes_prompt_rows = True  # step_rows takes a prompt's chunk as rows of one slot
 
     def __init__(self, model: GPT) -> None:
         cfg, arch = model.config, model.arch
@@ -308,12 +309,15 @@ class DecodeStep:
         return self._on_threads(ids.size(0), self._step, ids, cache)
 
     @torch.inference_mode()
-    def step_rows(self, ids: torch.Tensor, rows: SlotRows) -> torch.Tensor:
-        """ids (N, 1), one token for each of the rows' slots, each at its own position ->
-        float32 logits (N, vocab_size); every slot advanced by one (slot_step.py)."""
+    def step_rows(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor:
+        """ids (N, 1), row i's token for slot rows.slots[i], each row at its own position
+        (a slot's several rows: a prompt's chunk) -> float32 logits (len(out), vocab_size)
+        of the rows `out` names (None: all); every slot advanced by its rows (slot_step)."""
         from chatcli.engine.slot_step import step_slots  # it builds on this module
 
-        return self._on_threads(ids.size(0), step_slots, self, ids, rows)
+        return self._on_threads(ids.size(0), step_slots, self, ids, rows, out)
 
     def _on_threads(self, rows: int, step: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
         """step(*args), a step of `rows` rows, on the threads chosen for that many rows."""
@@ -326,6 +330,7 @@ class DecodeStep:
         if wide == 1:
             self._set_wide_threads(1)
             return step(*args)
+        rows = 1 << (rows - 1).bit_length()  # by powers of two: a batch's rows vary a lot
         choice = self._thread_choices.get((rows, wide))
         if choice is None:
             # Our whole-step kernel shares each product among the cores (a small model's

@@ -408,13 +408,23 @@ class Engine:
             return self._prefill(ids, cache)
         return self.forward_last(ids, cache)
 
-    def forward_rows(self, ids: torch.Tensor, rows: SlotRows) -> torch.Tensor:
-        """ids (N, 1), one token for each of the rows' slots, each at its own position ->
-        logits (N, V), every slot advanced by one: the decode step's step_rows, or the
-        model's forward a row at a time where no step is kept (slot_step.forward_slots)."""
+    def forward_rows(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor:
+        """ids (N, 1), row i's token for slot rows.slots[i], each at its own position ->
+        the logits (len(out), V) of the rows `out` names (None: all), every slot advanced
+        by its rows: the decode step's step_rows, or the model's forward a row at a time
+        where no step is kept (slot_step.forward_slots)."""
         if self.decode_step is not None:
-            return self.decode_step.step_rows(ids, rows)
-        return forward_slots(self.forward_last, ids, rows)
+            return self.decode_step.step_rows(ids, rows, out)
+        return forward_slots(self.forward_last, ids, rows, out)
+
+    @property
+    def takes_prompt_rows(self) -> bool:
+        """Whether forward_rows takes a prompt's chunk as rows of its slot, beside the
+        other slots' decode rows: our CPU step, where a chunk of rows costs a few reads of
+        the weights, and a small model's forward costs its hundreds of ops."""
+        return self.decode_step is not None and self.decode_step.takes_prompt_rows
 
     def _prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         if self._last_only:

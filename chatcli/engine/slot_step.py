@@ -29,19 +29,23 @@ from chatcli.model.kv_cache import KVCache
 from chatcli.model.slot_cache import SlotRows
 
 
-def step_slots(step: DecodeStep, ids: torch.Tensor, rows: SlotRows) -> torch.Tensor:
-    """ids (N, 1), row i's token for slot rows.slots[i] -> logits (N, vocab_size), each slot
-    advanced by one: DecodeStep's arithmetic (its _step), every row at its own position."""
+def step_slots(
+    step: DecodeStep, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+) -> torch.Tensor:
+    """ids (N, 1), row i's token for slot rows.slots[i] -> the logits (len(out), V) of the
+    rows `out` names (None: all), each slot advanced by its rows: DecodeStep's arithmetic
+    (its _step), every row at its own position; a slot's several rows (a prompt's chunk)
+    each attend the ones before it."""
     N = ids.size(0)
     if rows.batch_size != N:
-        raise ValueError(f"{N} tokens for {rows.batch_size} slots")
-    positions = rows.room_for_one(step.model.max_positions)
+        raise ValueError(f"{N} tokens for {rows.batch_size} rows")
+    positions = rows.room(step.model.max_positions)
     device = ids.device
     pos = torch.tensor(positions, dtype=torch.long, device=device)
     cos_table, sin_table = step._rope_tables()
     cos, sin = cos_table[pos], sin_table[pos]  # (N, D): each row's own angles
     idx = ids.view(N)
-    prev = rows.previous() if step.smear else None  # every row continues a prompt
+    prev = rows.previous(idx) if step.smear else None  # -1: a sequence's first token
     cache = rows.cache
     kernel = rows_step() if step._rows_model is not None and device.type == "cpu" else None
     if (
@@ -52,15 +56,27 @@ def step_slots(step: DecodeStep, ids: torch.Tensor, rows: SlotRows) -> torch.Ten
         if step._embed_native:
             x = kernel.embed(step.wte, idx, step._eps, prev, step.smear_gate, step.smear_lambda)
         else:
-            x = step._embed(idx, prev, step.fold_norms)
+            x = _embed(step, idx, prev)
         slots = torch.tensor(rows.slots, dtype=torch.long)
         logits = kernel.run_slots(
             step._rows_model, x, idx, cos, sin, slots, pos, (cache.k_cache, cache.v_cache),
-            step.wide_threads,
+            step.wide_threads, out,
         )  # fmt: skip
         rows.advance(idx)
         return logits[:, : step.vocab_size]  # the softcap taken in the kernel
-    return _torch_step(step, idx, prev, cos, sin, positions, pos, rows)
+    return _torch_step(step, idx, prev, cos, sin, positions, pos, rows, out)
+
+
+def _embed(step: DecodeStep, idx: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
+    """DecodeStep._embed for rows whose previous tokens may be -1 (a sequence's first
+    token: no smear, as the model's forward leaves its first position)."""
+    if prev is None or bool((prev >= 0).all()):
+        return step._embed(idx, prev, step.fold_norms)
+    x = step._embed(idx, None, step.fold_norms)
+    has = prev >= 0
+    smeared = step._embed(idx[has], prev[has], step.fold_norms)
+    x[has] = smeared
+    return x
 
 
 def _torch_step(
@@ -72,6 +88,7 @@ def _torch_step(
     positions: list[int],
     pos: torch.Tensor,
     rows: SlotRows,
+    out: list[int] | None,
 ) -> torch.Tensor:
     """step_slots through torch's ops: _step's layers with each row's angles and window."""
     N, H, Hkv, D = idx.size(0), step.n_head, step.n_kv_head, step.head_dim
@@ -82,7 +99,7 @@ def _torch_step(
     slots = torch.tensor(rows.slots, dtype=torch.long, device=idx.device)
     rows.cache.make_finite(rows.slots, max(positions) + 1)  # the keys the masks hide
     masks: dict[int, tuple[int, torch.Tensor]] = {}  # window -> (first key, mask)
-    x = step._embed(idx, prev, fold)
+    x = _embed(step, idx, prev)
     x0 = x
     saved = None
     for i, layer in enumerate(step.layers):
@@ -106,6 +123,8 @@ def _torch_step(
     if saved is not None:
         x = torch.add(x, saved, alpha=-step.backout_lambda)
     rows.advance(idx)
+    if out is not None:  # only these rows' logits: a prompt's tokens but its last need none
+        x = x[out]
     cap = step.softcap
     if fold:  # the last norm joins the softcap's division
         logits = step.lm_head.mm(x)[:, : step.vocab_size]
@@ -135,8 +154,11 @@ def forward_slots(
     forward_last: Callable[[torch.Tensor, KVCache], torch.Tensor],
     ids: torch.Tensor,
     rows: SlotRows,
+    out: list[int] | None = None,
 ) -> torch.Tensor:
     """Any model's step for slot rows: forward_last(ids (1, 1), slot's cache) a row at a
-    time (the Engine's forward_last, whatever model and step it runs), the logits stacked
-    (N, V). Exact by construction, as slow as N batch-1 steps."""
-    return torch.cat([forward_last(ids[i : i + 1], view) for i, view in enumerate(rows.views)])
+    time, in order (the Engine's forward_last, whatever model and step it runs), the logits
+    of the rows `out` names (None: all) stacked (len(out), V). Exact by construction, as
+    slow as N batch-1 steps."""
+    logits = [forward_last(ids[i : i + 1], view) for i, view in enumerate(rows.views)]
+    return torch.cat(logits if out is None else [logits[i] for i in out])

@@ -129,7 +129,9 @@ class SlotGraphs:
 
     def _step(self, ids: torch.Tensor, rows: SlotRows) -> torch.Tensor:
         n = ids.size(0)
-        positions = rows.room_for_one(self.step.model.max_positions)
+        if rows.chained:
+            raise ValueError("the static slot step takes one row a slot")
+        positions = rows.room(self.step.model.max_positions)
         size = self.bucket_for(n)
         bucket = self.buckets.get(size)
         fresh = bucket is None
@@ -140,7 +142,7 @@ class SlotGraphs:
         fill = [
             (bucket.ids, idx),
             (bucket.pos, torch.tensor(positions, device=self.device)),
-            (bucket.prev, rows.previous()),
+            (bucket.prev, rows.previous(idx)),
             (bucket.slots, torch.tensor(rows.slots, device=self.device)),
         ]
         for buffer, values in fill:

@@ -849,6 +849,8 @@ struct rows_at {
     const long *slot; /* NULL: row n is slot n */
     const long *pos;  /* NULL: every row at c->pos */
     long cs_stride;   /* floats from one row's cos/sin to the next's: 0 or D */
+    long chained;     /* rows may share a slot (a prompt's tokens): every row's K/V is
+                       * written before any row attends (attend's two phases) */
 };
 
 static inline long slot_of(const struct rows_at *at, long n) { return at->slot ? at->slot[n] : n; }
@@ -889,7 +891,7 @@ void rows_pack_prefix(const float *k, const float *v, long layers, long k_layer,
  * its stack. q and the scores are head-major, (H, rows, ...): a K/V head's queries are then
  * one block of rows for the products over the prefix. */
 struct scratch {
-    float *x0, *s, *qkv, *y, *q, *scores, *u, *saved, *inv_total, *att_scale;
+    float *x0, *s, *qkv, *y, *q, *scores, *u, *saved, *xo, *inv_total, *att_scale;
 };
 
 /* Element i of a table of fp32, or of bf16 (its bits the top half of an fp32's). */
@@ -948,6 +950,10 @@ static void head_inputs(const struct rows_model *m, const struct rows_layer *w, 
     rope_norm(r + (H + g) * D, k_at, cos_, sin_, D, m->norm_scale, m->norm_eps);
 }
 
+/* What a call of attend does: all of a unit's attention, or (rows sharing a slot) only
+ * its inputs, or only the rest, once every row's inputs are written. */
+enum attend_part { ATTEND_ALL, ATTEND_INPUTS, ATTEND_SCORES };
+
 /* Query head h of row n: its scores over the row's own keys (after the prefix's, which
  * are in place), then the softmax over both, its 1 / total kept for the values. */
 static void own_scores(const struct rows_model *m, long N, long n, long h, const float *sk,
@@ -992,16 +998,19 @@ static void attend(const struct rows_model *m, const struct rows_layer *w, const
                    long N, long r0, long nr, long g, const long *ids, const float *cos_,
                    const float *sin_, const float *pk, const float *pv, float *sk, float *sv,
                    const struct rows_cache *c, const struct rows_at *at, long span,
-                   const struct scratch *t) {
+                   const struct scratch *t, enum attend_part part) {
     long H = m->H, D = m->D, group = H / m->Hkv, Dp = whole_blocks(D);
     /* The prefix's part is the same for every row (rows at their own positions have none),
      * each row's own part its own. */
     struct window rows_window[MAX_ROWS], *a = rows_window; /* nr <= MAX_ROWS: unit_rows */
     for (long n = r0; n < r0 + nr; n++) {
         rows_window[n - r0] = window_of(c, pos_of(at, c, n), w->window);
-        head_inputs(m, w, x, N, n, g, ids[n], cos_ + n * at->cs_stride, sin_ + n * at->cs_stride,
-                    sk, sv, c, slot_of(at, n), rows_window[n - r0].s_at, t);
+        if (part != ATTEND_SCORES)
+            head_inputs(m, w, x, N, n, g, ids[n], cos_ + n * at->cs_stride,
+                        sin_ + n * at->cs_stride, sk, sv, c, slot_of(at, n),
+                        rows_window[n - r0].s_at, t);
     }
+    if (part == ATTEND_INPUTS) return;
     long n_cols = a->n_cols;
     for (long h = g * group; h < (g + 1) * group; h++) {
         float *p = t->scores + (h * N + r0) * span, *inv_total = t->inv_total + h * N + r0;
@@ -1078,11 +1087,16 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
     PHASE(0);
     matrix(m, x, N, C, w->qkv, width, t->qkv, t->s, STORE_SCALED);
     PHASE(1);
+    /* Rows that share a slot read one another's keys: all written (the for's barrier), then
+     * read. Else one thread takes a unit from its keys written to its scores' last use. */
+    for (int part = at->chained ? ATTEND_INPUTS : ATTEND_ALL;
+         part <= (at->chained ? ATTEND_SCORES : ATTEND_ALL); part++) {
 #pragma omp for schedule(static)
-    for (long u = 0; u < Hkv * blocks; u++) {
-        long r0 = u % blocks * unit;
-        attend(m, w, x, N, r0, N - r0 < unit ? N - r0 : unit, u / blocks, ids, cos_, sin_, pk, pv,
-               sk, sv, c, at, span, t);
+        for (long u = 0; u < Hkv * blocks; u++) {
+            long r0 = u % blocks * unit;
+            attend(m, w, x, N, r0, N - r0 < unit ? N - r0 : unit, u / blocks, ids, cos_, sin_, pk,
+                   pv, sk, sv, c, at, span, t, (enum attend_part)part);
+        }
     }
     PHASE(2);
     matrix(m, t->y, N, H * D, w->proj, C, x, NULL, ADD);
@@ -1099,7 +1113,8 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
  * span is the most positions a row attends, its own included (the widest score row). */
 static int step(const struct rows_model *m, float *x, long rows, const long *ids,
                 const float *cos_, const float *sin_, const struct rows_cache *c,
-                const struct rows_at *at, long span, float *logits, int threads) {
+                const struct rows_at *at, long span, const long *out, long n_out, float *logits,
+                int threads) {
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D;
     long width = (H + 2 * Hkv) * D;
     long unit = unit_rows(rows, Hkv, planned_threads());
@@ -1112,11 +1127,15 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
     for (long n = 0; n < rows; n++)
         if (pos_of(at, c, n) < c->prefix || pos_of(at, c, n) >= span || slot_of(at, n) < 0)
             return -1;
+    if (n_out < 1 || n_out > rows) return -1;
+    for (long i = 0; out && i < n_out; i++)
+        if (out[i] < 0 || out[i] >= rows) return -1;
     struct scratch t;
-    long size = rows * (2 * C + 1 + width + 2 * H * D + H * span + F + 2 * H);
+    long size = rows * (3 * C + 1 + width + 2 * H * D + H * span + F + 2 * H);
     t.x0 = malloc(sizeof(float) * size);
     if (!t.x0) return -1;
-    t.saved = t.x0 + rows * C, t.s = t.saved + rows * C, t.qkv = t.s + rows;
+    t.saved = t.x0 + rows * C, t.xo = t.saved + rows * C, t.s = t.xo + rows * C;
+    t.qkv = t.s + rows;
     t.y = t.qkv + rows * width, t.q = t.y + rows * H * D, t.scores = t.q + rows * H * D;
     t.u = t.scores + rows * H * span, t.inv_total = t.u + rows * F;
     t.att_scale = t.inv_total + rows * H;
@@ -1135,17 +1154,24 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
                 for (long j = 0; j < rows * C; j++) t.saved[j] = x[j];
             }
         }
+        /* The rows whose logits are asked for (all, or those `out` names, gathered into
+         * xo: a prompt's tokens but its last need none, and d20's vocabulary is ~40% of a
+         * row's products). */
+        float *xo = out ? t.xo : x;
 #pragma omp for schedule(static)
-        for (long n = 0; n < rows; n++) {
+        for (long i = 0; i < n_out; i++) {
+            long n = out ? out[i] : i;
+            float *xi = xo + i * C;
+            if (out) memcpy(xi, x + n * C, sizeof(float) * C);
             if (m->backout_layer >= 0)
-                for (long j = 0; j < C; j++) x[n * C + j] -= m->backout_lambda * t.saved[n * C + j];
+                for (long j = 0; j < C; j++) xi[j] -= m->backout_lambda * t.saved[n * C + j];
             /* the last norm and the softcap's division: one scale a row */
-            t.s[n] = 1.0f / (m->softcap * sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps));
+            t.s[i] = 1.0f / (m->softcap * sqrtf(dot(xi, xi, C) / C + m->eps));
         }
         PHASE(7);
-        matrix(m, x, rows, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
+        matrix(m, xo, n_out, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
         /* the softcap on both cores, in chunks: a row of a 65536 vocabulary is ~65 us */
-        long total = rows * m->V, chunks = (total + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK;
+        long total = n_out * m->V, chunks = (total + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK;
 #pragma omp for schedule(static)
         for (long i = 0; i < chunks; i++) {
             long from = i * SOFTCAP_CHUNK;
@@ -1168,44 +1194,49 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
 int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
               const float *cos_, const float *sin_, const struct rows_cache *c, float *logits,
               int threads) {
-    struct rows_at at = {NULL, NULL, 0};
-    return step(m, x, rows, ids, cos_, sin_, c, &at, c->pos + 1, logits, threads);
+    struct rows_at at = {NULL, NULL, 0, 0};
+    return step(m, x, rows, ids, cos_, sin_, c, &at, c->pos + 1, NULL, rows, logits, threads);
 }
 
 /* rows_step for rows that are independent sequences: row n in slot slot[n] of the rows' own
  * caches (c->sk, c->sv: layer 0 of a (layers, slots, T, Hkv, D) cache; no shared prefix,
  * c->prefix 0), at position pos[n], where its k and v are written and up to which it
  * attends (within each layer's window); cos_, sin_ (rows, D) each row's rotary tables.
- * Rows must be in different slots (the caller's to see to: the kernel writes each row's K/V
- * where it says), which it does not check, nor that a slot is inside the cache. Why: a
- * server's conversations decode together, one step for all, each where its own reply is. */
+ * Several rows may share a slot (chained 1): a prompt's next tokens, at consecutive
+ * positions, each attending the ones before it. No two rows at one slot and position,
+ * slots inside the cache: the caller's to see to (RowsStep.run_slots), as the kernel writes
+ * where it is told. logits (n_out, V): the rows out[0..n_out) (NULL: every row, n_out
+ * rows). Why: a server's conversations decode together, one step for all, each where its
+ * own reply is, and a new prompt runs in the same step as a chunk of rows. */
 int rows_step_slots(const struct rows_model *m, float *x, long rows, const long *ids,
                     const float *cos_, const float *sin_, const long *slot, const long *pos,
-                    const struct rows_cache *c, float *logits, int threads) {
+                    long chained, const struct rows_cache *c, const long *out, long n_out,
+                    float *logits, int threads) {
     if (c->prefix != 0 || rows < 1) return -1;
     long span = 0;
     for (long n = 0; n < rows; n++) span = pos[n] + 1 > span ? pos[n] + 1 : span;
-    struct rows_at at = {slot, pos, m->D};
-    return step(m, x, rows, ids, cos_, sin_, c, &at, span, logits, threads);
+    struct rows_at at = {slot, pos, m->D, chained != 0};
+    return step(m, x, rows, ids, cos_, sin_, c, &at, span, out, n_out, logits, threads);
 }
 
 /* The residual streams a step starts from, x (rows, C): each row's token's embedding (a
  * table of V fp32 or bf16 rows of C) times its RMSNorm scale; where prev is given (era E's
- * smear: the previous token of each row), plus lambda * sigmoid(gate . x[:channels]) times
- * the previous token's normalised embedding. Returns 1, x unfinished, where an id is not
- * in [0, V): torch's look-up raised there, and a read past the table must not happen.
+ * smear: the previous token of each row, -1 for a row that starts its sequence), plus
+ * lambda * sigmoid(gate . x[:channels]) times the previous token's normalised embedding.
+ * Returns 1, x unfinished, where an id is not in [0, V) (nor a previous -1): torch's
+ * look-up raised there, and a read past the table must not happen.
  * Why here: as torch's ~10 ops (the look-ups, norms, a product, sigmoid, addcmul) it took
  * ~150 us of the embedded model's ~600 us token on a Zen 3, for ~2 us of arithmetic. */
 int rows_embed(const void *table, long bf16, long V, long C, const long *ids, const long *prev,
                long rows, const float *gate, long channels, float lambda, float eps, float *x) {
     for (long n = 0; n < rows; n++)
-        if (ids[n] < 0 || ids[n] >= V || (prev && (prev[n] < 0 || prev[n] >= V))) return 1;
+        if (ids[n] < 0 || ids[n] >= V || (prev && (prev[n] < -1 || prev[n] >= V))) return 1;
     for (long n = 0; n < rows; n++) {
         float *xn = x + n * C, s;
         for (long j = 0; j < C; j++) xn[j] = table_at(table, ids[n] * C + j, bf16);
         row_scales(xn, 1, C, eps, &s);
         for (long j = 0; j < C; j++) xn[j] *= s;
-        if (!prev) continue;
+        if (!prev || prev[n] < 0) continue; /* -1: a sequence's first token, no smear */
         float g = lambda / (1.0f + expf(-dot(gate, xn, channels))), squares = 0.0f;
         for (long j = 0; j < C; j++) {
             float v = table_at(table, prev[n] * C + j, bf16);

@@ -119,7 +119,9 @@ class RowsStep:
         if self._slots is not None:
             self._slots.restype = ctypes.c_int
             self._slots.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long]
-            self._slots.argtypes += [ctypes.c_void_p] * 7 + [ctypes.c_int]
+            self._slots.argtypes += [ctypes.c_void_p] * 5 + [ctypes.c_long]
+            self._slots.argtypes += [ctypes.c_void_p] * 2 + [ctypes.c_long, ctypes.c_void_p]
+            self._slots.argtypes += [ctypes.c_int]
         self.block = int(library.rows_block())  # the columns of a panel (pack_panels)
         # fp16 matrices' panel width (HalfPanels), two a block; 0 where the CPU cannot
         # widen fp16 (no F16C) and the kernel reads fp32 only. int8's (Int8Panels) the
@@ -174,7 +176,8 @@ class RowsStep:
     ) -> torch.Tensor:
         """The rows a step starts from (rows, C) fp32: rms_norm(table[ids]), plus, where
         prev (the previous tokens) is given, smear_lambda * sigmoid(x[:, :len(gate)] @ gate)
-        * rms_norm(table[prev]) (era E's smear). ids, prev: (rows,) int64; gate fp32.
+        * rms_norm(table[prev]) (era E's smear; -1: a sequence's first token, none). ids,
+        prev: (rows,) int64; gate fp32.
         The table as `embeds` takes it (checked once by the caller, not here)."""
         rows = ids.size(0)
         if ids.dtype != torch.long or ids.dim() != 1:
@@ -450,13 +453,16 @@ class RowsStep:
         positions: torch.Tensor,
         cache: tuple[torch.Tensor, torch.Tensor],
         threads: int = 1,
+        out: list[int] | None = None,
     ) -> torch.Tensor:
         """One step of rows that are independent sequences: row n in slot slots[n] of the
         (layers, slots, T, Hkv, D) keys and values `cache` (`takes_slots`), at position
         positions[n], where its key and value are written and up to which it attends.
-        x (rows, C) as for __call__, overwritten; cos/sin (rows, D) each row's tables;
-        slots, positions (rows,) int64, the slots all different. Returns the logits
-        (rows, V), the softcap applied."""
+        Rows may share a slot (a prompt's tokens, at consecutive positions: each attends
+        those before it), never a slot and a position. x (rows, C) as for __call__ (a
+        sequence's first token unsmeared: embed's -1), overwritten; cos/sin (rows, D) each
+        row's tables; slots, positions (rows,) int64. Returns the logits (len(out), V) of
+        the rows `out` names (None: every row), the softcap applied."""
         if self._slots is None:
             raise ValueError("this rows_step library steps no rows in slots")
         rows = x.size(0)
@@ -473,21 +479,29 @@ class RowsStep:
             raise ValueError("rows_step reads contiguous fp32 caches of the model's shape")
         # The kernel trusts these: a slot or position outside the cache would be written.
         slot_list, pos_list = slots.tolist(), positions.tolist()
-        if len(set(slot_list)) != rows or not all(0 <= s < k.size(1) for s in slot_list):
+        if not all(0 <= s < k.size(1) for s in slot_list):
             raise ValueError(f"rows_step_slots: slots {slot_list} of a cache of {k.size(1)}")
         if not all(0 <= p < k.size(2) for p in pos_list):
             raise ValueError(f"rows_step_slots: positions {pos_list} of a cache of {k.size(2)}")
+        if len(set(zip(slot_list, pos_list, strict=True))) != rows:
+            raise ValueError("rows_step_slots: two rows at one slot and position")
+        if out is not None and (not out or not all(0 <= i < rows for i in out)):
+            raise ValueError(f"rows_step_slots: logits of rows {out} of {rows}")
+        chained = len(set(slot_list)) != rows
         m = model.struct
         cache_struct = _Cache(
             None, None, 0, k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), 0
         )
-        logits = torch.empty(rows, m.V)
+        n_out = rows if out is None else len(out)
+        out_rows = None if out is None else torch.tensor(out, dtype=torch.long)
+        logits = torch.empty(n_out, m.V)
         ids, slots, positions = ids.contiguous(), slots.contiguous(), positions.contiguous()
         cos, sin = cos.contiguous(), sin.contiguous()
         failed = self._slots(
             ctypes.addressof(m), x.data_ptr(), rows, ids.data_ptr(), cos.data_ptr(),
-            sin.data_ptr(), slots.data_ptr(), positions.data_ptr(),
-            ctypes.addressof(cache_struct), logits.data_ptr(), threads,
+            sin.data_ptr(), slots.data_ptr(), positions.data_ptr(), int(chained),
+            ctypes.addressof(cache_struct), None if out_rows is None else out_rows.data_ptr(),
+            n_out, logits.data_ptr(), threads,
         )  # fmt: skip
         if failed:
             raise ValueError(f"rows_step_slots does not take {rows} rows at {pos_list}")

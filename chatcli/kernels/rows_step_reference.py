@@ -127,16 +127,18 @@ def rows_step_errors(
 def slots_errors(
     kernel: RowsStep,
     *,
-    slots: tuple[int, ...] = (3, 0, 2),
-    positions: tuple[int, ...] = (9, 1, 5),
+    slots: tuple[int, ...] = (3, 0, 2, 1, 1, 1),
+    positions: tuple[int, ...] = (9, 1, 5, 0, 1, 2),
+    out: tuple[int, ...] | None = (0, 1, 2, 5),
     windows: tuple[int, ...] = (100, 3),
     threads: int = 2,
     seed: int = 0,
 ) -> list[float]:
     """The largest differences between rows_step_slots over rows of independent sequences
-    (each in its slot of one cache, at its own position, with its own rotary tables) and
-    rows_step of each row alone: the logits, then the keys and values written (every slot,
-    the untouched ones included). The load check, and the tests'."""
+    (each in its slot of one cache, at its own position, with its own rotary tables; rows
+    of one slot a prompt's tokens, in order) and rows_step of each row alone, one after the
+    other: the logits of the rows `out` names (None: all), then the keys and values written
+    (every slot, the untouched ones included). The load check, and the tests'."""
     g = torch.Generator().manual_seed(seed)
     heads, D, widths = (4, 2), 16, (64, 128, 100)
     model = _random_model(kernel, g, heads, D, widths, windows, False, False, False)
@@ -155,9 +157,10 @@ def slots_errors(
             whole[:, slot : slot + 1] = part
     got = kernel.run_slots(
         model, x.clone(), ids, cos, sin, torch.tensor(slots), torch.tensor(positions), cache,
-        threads,
+        threads, None if out is None else list(out),
     )  # fmt: skip
-    pairs = ((got, torch.cat(want)), (cache[0], alone[0]), (cache[1], alone[1]))
+    want_out = torch.cat(want) if out is None else torch.cat([want[i] for i in out])
+    pairs = ((got, want_out), (cache[0], alone[0]), (cache[1], alone[1]))
     return [(a - b).abs().max().item() for a, b in pairs]
 
 

@@ -67,33 +67,49 @@ class SlotCache:
 
 
 class SlotRows:
-    """The rows of one decode step: slot `slots[i]` of `cache` takes token i of the step at
-    its own position (what the slot holds), and advances by one."""
+    """The rows of one step: row i is a token for slot `slots[i]`, at the slot's length
+    plus the rows of that slot before it. A slot's rows are its next tokens in order: one
+    a step for a reply, several for a chunk of a prompt (each attends the ones before)."""
 
     def __init__(self, cache: SlotCache, slots: list[int]) -> None:
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"a slot decodes one token a step; got slots {slots}")
         self.cache, self.slots = cache, slots
         self.views = [cache.slots[s] for s in slots]
+        self.counts: dict[int, int] = {}  # rows a slot
+        self._before: list[int] = []  # each row's earlier rows of its slot
+        for s in slots:
+            self._before.append(self.counts.get(s, 0))
+            self.counts[s] = self._before[-1] + 1
 
     @property
     def batch_size(self) -> int:
         return len(self.slots)
 
+    @property
+    def chained(self) -> bool:
+        """Whether some slot has several rows (they read one another's keys)."""
+        return len(self.counts) != len(self.slots)
+
     def positions(self) -> list[int]:
-        """Where each row's token goes: its slot's length."""
-        return [v.get_pos() for v in self.views]
+        """Where each row's token goes."""
+        return [v.get_pos() + k for v, k in zip(self.views, self._before, strict=True)]
 
-    def previous(self) -> torch.Tensor:
-        """(rows,) each slot's last token (era E's smear): every row continues a prompt."""
-        tokens = [v.prev_token for v in self.views]
-        if any(t is None for t in tokens):
-            raise ValueError("a decode step's slots must each hold a prompt already")
-        return torch.cat(tokens)
+    def previous(self, ids: torch.Tensor) -> torch.Tensor:
+        """(rows,) the token before each row's (era E's smear), given the rows' ids (rows,):
+        the slot's last one, the slot's previous row's, or -1 at a sequence's start."""
+        prev, last = [], {}
+        for i, (view, s) in enumerate(zip(self.views, self.slots, strict=True)):
+            if s in last:
+                prev.append(ids[last[s] : last[s] + 1])
+            elif view.get_pos() == 0 or view.prev_token is None:
+                prev.append(torch.full((1,), -1, dtype=torch.long, device=ids.device))
+            else:
+                prev.append(view.prev_token.view(1))
+            last[s] = i
+        return torch.cat(prev)
 
-    def room_for_one(self, max_positions: int) -> list[int]:
-        """The positions the step writes; a ValueError where a slot or the model is full
-        (said before anything is written, as KVCache.advance would say it after)."""
+    def room(self, max_positions: int) -> list[int]:
+        """The positions the step writes; a ValueError where a slot or the model would
+        overflow (said before anything is written, as KVCache.advance would say it after)."""
         positions = self.positions()
         for pos in positions:
             if pos + 1 > max_positions:
@@ -103,7 +119,10 @@ class SlotRows:
         return positions
 
     def advance(self, ids: torch.Tensor) -> None:
-        """After a step wrote ids (rows,): each slot one longer, its last token ids[i]."""
-        for i, view in enumerate(self.views):
+        """After a step wrote ids (rows,): each slot longer by its rows, its last token the
+        last of them."""
+        last = {s: i for i, s in enumerate(self.slots)}
+        for s, i in last.items():
+            view = self.cache.slots[s]
             view.prev_token = ids[i : i + 1]
-            view.advance(1)
+            view.advance(self.counts[s])

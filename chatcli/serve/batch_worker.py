@@ -17,16 +17,25 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatcli.chat.stream import StreamEvent
 from chatcli.engine.batch import Batch, BatchRow, RowRequest, default_prefill_chunk
 from chatcli.engine.engine import Engine
 from chatcli.engine.warm_cache import WarmCache
-from chatcli.serve.worker_pool import Emit, Finished, GenerationParams, ReplyText
+from chatcli.serve.worker_pool import Emit, Finished, GenerationParams, ReplyText, emit_all
 
 log = logging.getLogger(__name__)
+
+# A step's events go to the event loop at most this often (a row's first token and its end
+# at once): each hand-over wakes the loop's thread, which then writes every stream's chunk
+# and holds the GIL while it does. 8 streams of the embedded model handed over every step
+# spent a fifth to a third of the batch's thread waiting for the GIL; 20 ms is a frame and
+# a bit, below what a reader sees as text arriving in bursts.
+HAND_OVER_EVERY_S = 0.02
 
 
 @dataclass(eq=False)
@@ -36,8 +45,11 @@ class _Job:
     prompt: list[int]
     params: GenerationParams
     stop: threading.Event
+    emit: Emit
     reply: ReplyText
+    pending: list[StreamEvent]  # events not yet handed over (emit_all)
     done: threading.Event = field(default_factory=threading.Event)
+    started: bool = False  # some event was handed over already
     row: BatchRow | None = None
     result: Finished | None = None
     error: Exception | None = None
@@ -61,6 +73,7 @@ class BatchWorker:
         self._incoming: deque[_Job] = deque()
         self._jobs: dict[BatchRow, _Job] = {}  # the loop's own: rows running now
         self._loop: threading.Thread | None = None
+        self._handed_at = 0.0  # when the last step's events went over
 
     @property
     def slots(self) -> list[WarmCache]:
@@ -71,7 +84,9 @@ class BatchWorker:
     ) -> Finished:
         """Worker.generate for one row of the batch: joins at the next step where a row is
         free, returns when the row is over (raises what its generation raised)."""
-        job = _Job(prompt, params, stop, ReplyText(self.tokenizer, params.stop, emit))
+        pending: list[StreamEvent] = []
+        reply = ReplyText(self.tokenizer, params.stop, pending.extend)
+        job = _Job(prompt, params, stop, emit, reply, pending)
         with self._lock:
             self._incoming.append(job)
             if self._loop is None:
@@ -114,6 +129,13 @@ class BatchWorker:
                 if self._jobs[row].reply.feed(token, mask) and not row.done:
                     self.batch.leave(row, "stop")  # a stop sequence: the row ends here
                     stepped.finished.append(row)
+            jobs = list(self._jobs.values())
+            now = time.perf_counter()
+            if now - self._handed_at >= HAND_OVER_EVERY_S or any(
+                job.pending and not job.started for job in jobs
+            ):
+                self._hand_over(jobs)
+                self._handed_at = now
             for row in stepped.finished:
                 if row in self._jobs:
                     self._end(self._jobs[row])
@@ -149,4 +171,15 @@ class BatchWorker:
             job.result = Finished(
                 reason, len(job.prompt), job.reply.generated, cached, stats.decode_s
             )
+            self._hand_over([job])  # the text held back, before the result
         job.done.set()
+
+    @staticmethod
+    def _hand_over(jobs: list[_Job]) -> None:
+        """The jobs' events so far to their consumers, in one call where they share a loop."""
+        pending = [(job.emit, list(job.pending)) for job in jobs if job.pending]
+        for job in jobs:
+            job.started = job.started or bool(job.pending)
+            job.pending.clear()
+        if pending:
+            emit_all(pending)
