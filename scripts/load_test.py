@@ -263,17 +263,24 @@ class _PrintableTokens:
 def serve_synthetic(depth: str, port: int, batch: int) -> None:
     """The --synthetic server: a random-weight model of that depth, with the 16-bit decode
     copies `chatcli serve` gives a large model."""
+    import torch
+
     from chatcli.bench.bench import (
         LARGE_MODEL_MATRIX_PARAMS,
         synthetic_model,
         weight_bytes_per_token,
     )
     from chatcli.engine.cpu_plan import apply_cpu_plan
+    from chatcli.model.gpt import is_embedding_table
     from chatcli.model.quantize import default_half_kind
     from chatcli.serve.app import Limits, Worker, _listen, create_app, run_app
 
     sock = _listen("127.0.0.1", port)
     model, _ = synthetic_model(depth)
+    with torch.no_grad():  # embedding tables in bf16, as a checkpoint's stay on the CPU
+        for name, p in model.named_parameters():
+            if is_embedding_table(name):
+                p.data = p.data.bfloat16()
     if weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS:
         model.add_decode_weights(default_half_kind())
     apply_cpu_plan(model)

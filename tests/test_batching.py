@@ -5,6 +5,7 @@ on every decode path; rows join, leave and prefill in chunks between steps; a se
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,6 +29,7 @@ from chatcli.model.gpt import ERAS
 from chatcli.model.slot_cache import SlotRows
 from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START
 from chatcli.serve.app import BackgroundServer, Limits, Worker, create_app
+from chatcli.serve.worker_pool import GenerationParams
 
 BYTES = ByteTokenizer()
 
@@ -147,6 +149,37 @@ def test_the_kernels_slot_rows_equal_each_row_stepped_alone():
         kernel, slots=(5, 0, 7, 2, 1, 6, 3, 4), positions=(9, 1, 4, 12, 3, 7, 2, 10)
     )
     assert max(errors) < 1e-5
+
+
+def test_the_kernels_prompt_rows_read_the_keys_the_rows_before_them_wrote():
+    kernel = rows_step()
+    if kernel is None:
+        pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
+    # A prompt's ten tokens in slot 0 from its start, one continuing in slot 2 and a reply's
+    # token in slot 1; logits for the reply and each prompt's last token only.
+    slots = (1, *[0] * 10, 2, 2, 2)
+    positions = (6, *range(10), 4, 5, 6)
+    for threads in (1, 2):
+        errors = slots_errors(
+            kernel, slots=slots, positions=positions, out=(0, 10, 13), threads=threads
+        )
+        assert max(errors) < 1e-5
+
+
+def test_the_kernels_embedding_leaves_a_sequences_first_token_unsmeared():
+    kernel = rows_step()
+    if kernel is None or not kernel.embeds(torch.empty(1, 1)):
+        pytest.skip("no native embedding")
+    g = torch.Generator().manual_seed(1)
+    table, gate = torch.randn(50, 40, generator=g), torch.randn(24, generator=g) * 0.3
+    ids, prev = torch.tensor([3, 7, 9]), torch.tensor([-1, 4, -1])
+    got = kernel.embed(table, ids, 1e-6, prev, gate, 0.7)
+    plain = kernel.embed(table, ids, 1e-6)
+    smeared = kernel.embed(table, ids[1:2], 1e-6, prev[1:2], gate, 0.7)
+    assert torch.equal(got[0], plain[0]) and torch.equal(got[2], plain[2])
+    assert torch.equal(got[1], smeared[0]) and not torch.equal(got[1], plain[1])
+    with pytest.raises(IndexError):
+        kernel.embed(table, ids, 1e-6, torch.tensor([-2, 4, 4]), gate, 0.7)
 
 
 def test_slot_graphs_pad_to_a_bucket_and_give_the_models_logits():
@@ -392,13 +425,32 @@ def test_a_batched_server_answers_n_streams_at_once_as_one_at_a_time_does():
         with _serving([worker]) as server:
             answers[batch], most = _at_once(server.url, bodies, worker)
             stats = httpx.get(f"{server.url}/stats").json()
-        assert most == batch  # a batch of 4 took all four at once; one at a time, one
+        assert 1 <= most <= batch
         assert stats["rows"] == batch and stats["workers"][0]["rows"] == batch
         assert stats["rows_in_use"] == 0 and stats["requests_served"] == 4
     assert [text for text, _ in answers[4]] == [text for text, _ in answers[1]]
     assert [u["completion_tokens"] for _, u in answers[4]] == [
         u["completion_tokens"] for _, u in answers[1]
     ]
+
+
+def test_a_batched_worker_decodes_its_streams_together():
+    worker = Worker(SlotScriptedModel(uniform_bytes, delay=0.005), byte_tokenizer(), batch=4)
+    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 40}
+    steps = []
+    step = worker._batch.batch.step
+
+    def counted():
+        steps.append(len(worker._batch.batch.running))
+        return step()
+
+    worker._batch.batch.step = counted
+    with _serving([worker]) as server:
+        results, most = _at_once(server.url, [body] * 4, worker)
+    assert most == 4 and max(steps) == 4
+    assert [usage["completion_tokens"] for _, usage in results] == [40] * 4
+    # Four replies of 40 tokens in about 40 steps of four rows, not 160 of one.
+    assert len(steps) < 80
 
 
 def test_a_disconnect_mid_batch_frees_its_row_and_the_others_finish():
@@ -419,6 +471,30 @@ def test_a_disconnect_mid_batch_frees_its_row_and_the_others_finish():
         assert [f.result(30)[1]["completion_tokens"] for f in others] == [40, 40]
         assert wait_until(lambda: worker.rows_in_use == 0)
         assert worker.requests_served == 2
+
+
+def test_a_failed_step_fails_the_rows_in_it_and_the_worker_goes_on():
+    calls = {"n": 0}
+
+    def breaks_once(generated: list[int]) -> int:
+        calls["n"] += 1
+        if calls["n"] == 12:
+            raise RuntimeError("the model broke")
+        return ord("a")
+
+    worker = Worker(SlotScriptedModel(breaks_once), byte_tokenizer(), batch=2)
+    params = GenerationParams(max_tokens=10, temperature=0.0, top_k=None, top_p=None, seed=0)
+    prompt = byte_tokenizer().encode("go")
+
+    def generate():
+        return worker.generate(prompt, params, lambda events: None, threading.Event())
+
+    with ThreadPoolExecutor(2) as pool:
+        first = [pool.submit(generate) for _ in range(2)]
+        errors = [e for e in (f.exception(30) for f in first) if e is not None]
+    # Every row in the broken step failed with its error (a row done before it did not).
+    assert errors and all(str(e) == "the model broke" for e in errors)
+    assert generate().completion_tokens == 10  # the next request runs as usual
 
 
 def test_the_queue_and_its_429_count_rows():

@@ -1,9 +1,9 @@
 """The model layer: nanochat's GPT for every checkpoint era, and everything needed to load one.
 
-Owns the GPT module (`gpt`), its attention cache layout (`kv_cache`), next-token sampling from
-logits (`sampling`), finding checkpoints on disk (`checkpoint_paths`), loading them safely
-(`checkpoint`), the tokenizer and its special tokens, and quantized decode copies of the
-weights (`quantize`). May import `chatcli.errors` and `chatcli.kernels`; nothing above. Knows
+Owns the GPT module (`gpt`), its attention cache layout (`kv_cache`, and `slot_cache` for
+independent sequences side by side), next-token sampling from logits (`sampling`), finding
+checkpoints on disk (`checkpoint_paths`), loading them safely (`checkpoint`), the tokenizer
+and its special tokens, and quantized decode copies of the weights (`quantize`). May import `chatcli.errors` and `chatcli.kernels`; nothing above. Knows
 nothing about conversations, terminals or HTTP.
 
 `load_model` is re-exported lazily, so importing this package does not import torch.

@@ -99,46 +99,66 @@ class BatchWorker:
         return job.result
 
     def _run(self) -> None:
-        """The loop: take requests in, step, hand tokens out, end rows; until no work is left."""
-        while True:
+        """The loop: take requests in, step, hand tokens out, end rows; until no work is left.
+        Should it break, every request it holds or that waits for it fails with the error
+        (none is left waiting), and the next request starts a new loop."""
+        try:
+            while self._turn():
+                pass
+        except Exception as e:
+            log.exception("the batch loop failed")
             with self._lock:
-                if not self._incoming and not self._jobs:
-                    self._loop = None  # a request after this starts a new loop
-                    return
-                joining = []
-                while self._incoming and len(joining) < self.batch.free_rows:
-                    joining.append(self._incoming.popleft())
-            for job in joining:
-                self._join(job)
-            for job in [j for j in self._jobs.values() if j.stop.is_set()]:
+                jobs = [*self._jobs.values(), *self._incoming]
+                self._incoming.clear()
+                self._jobs.clear()
+                self._loop = None
+            for job in jobs:
+                if job.row is not None:
+                    self.batch.leave(job.row)
+                job.error = e
+                job.done.set()
+
+    def _turn(self) -> bool:
+        """One turn of the loop; False when no work is left (the loop then ends)."""
+        with self._lock:
+            if not self._incoming and not self._jobs:
+                self._loop = None  # a request after this starts a new loop
+                return False
+            joining = []
+            while self._incoming and len(joining) < self.batch.free_rows:
+                joining.append(self._incoming.popleft())
+        for job in joining:
+            self._join(job)
+        for job in [j for j in self._jobs.values() if j.stop.is_set()]:
+            assert job.row is not None
+            self.batch.leave(job.row)
+            self._end(job)
+        if not self._jobs:
+            return True
+        try:
+            stepped = self.batch.step()
+        except Exception as e:  # the rows shared the step: each one's request fails
+            log.exception("a batched decode step failed")
+            for job in list(self._jobs.values()):
                 assert job.row is not None
                 self.batch.leave(job.row)
-                self._end(job)
-            if not self._jobs:
-                continue
-            try:
-                stepped = self.batch.step()
-            except Exception as e:  # the rows shared the step: each one's request fails
-                log.exception("a batched decode step failed")
-                for job in list(self._jobs.values()):
-                    assert job.row is not None
-                    self.batch.leave(job.row)
-                    self._end(job, e)
-                continue
-            for row, token, mask in stepped.tokens:  # one token a row at most
-                if self._jobs[row].reply.feed(token, mask) and not row.done:
-                    self.batch.leave(row, "stop")  # a stop sequence: the row ends here
-                    stepped.finished.append(row)
-            jobs = list(self._jobs.values())
-            now = time.perf_counter()
-            if now - self._handed_at >= HAND_OVER_EVERY_S or any(
-                job.pending and not job.started for job in jobs
-            ):
-                self._hand_over(jobs)
-                self._handed_at = now
-            for row in stepped.finished:
-                if row in self._jobs:
-                    self._end(self._jobs[row])
+                self._end(job, e)
+            return True
+        for row, token, mask in stepped.tokens:  # one token a row at most
+            if self._jobs[row].reply.feed(token, mask) and not row.done:
+                self.batch.leave(row, "stop")  # a stop sequence: the row ends here
+                stepped.finished.append(row)
+        jobs = list(self._jobs.values())
+        now = time.perf_counter()
+        if now - self._handed_at >= HAND_OVER_EVERY_S or any(
+            job.pending and not job.started for job in jobs
+        ):
+            self._hand_over(jobs)
+            self._handed_at = now
+        for row in stepped.finished:
+            if row in self._jobs:
+                self._end(self._jobs[row])
+        return True
 
     def _join(self, job: _Job) -> None:
         if job.stop.is_set():  # stopped while it waited for a row
