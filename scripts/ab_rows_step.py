@@ -29,7 +29,8 @@ os.environ.setdefault("GOMP_SPINCOUNT", "100000")  # as the CLI runs (openmp_wai
 import torch
 from ab_rounds import ROOT, comparison_parser, rounds, source_at
 
-from chatcli.bench.bench import _prompt, synthetic_model
+from chatcli.bench.bench import _prompt
+from chatcli.bench.models import synthetic_model
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine
 from chatcli.kernels.build import FLAGS

@@ -44,8 +44,8 @@ import torch
 from chatcli.engine.engine import Engine
 from chatcli.engine.static_step import StaticDecodeStep
 from chatcli.model.checkpoint import load_model
-from chatcli.model.gpt import linear
 from chatcli.model.kv_cache import KVCache
+from chatcli.model.linear import linear
 from chatcli.model.quantize import QUANTIZE_KINDS, DecodeWeight, Int8Weight, make_decode_weight
 
 TOKENS = 48

@@ -14,7 +14,7 @@ import resource
 
 import torch
 
-from chatcli.bench.bench import _cast_copy, synthetic_model
+from chatcli.bench.models import cast_copy, synthetic_model
 
 
 def peak_mb() -> float:
@@ -32,7 +32,7 @@ def main() -> None:
         cast = copy.deepcopy(model).to(torch.bfloat16)
         cast.init_rotary()
     else:
-        cast = _cast_copy(model, torch.bfloat16)
+        cast = cast_copy(model, torch.bfloat16)
     grew = peak_mb() - before
     bf16_mb = sum(p.numel() * p.element_size() for p in cast.parameters()) / 2**20
     print(

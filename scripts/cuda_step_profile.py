@@ -16,7 +16,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from chatcli.bench.bench import _cast_copy, synthetic_model
+from chatcli.bench.models import cast_copy, synthetic_model
 from chatcli.engine.fallback import compiled_or_eager
 from chatcli.engine.static_step import CudaGraphStep, StaticDecodeStep
 from chatcli.model.checkpoint import load_model
@@ -88,7 +88,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.synthetic:
         model, _ = synthetic_model(args.synthetic, "cuda")
-        model = _cast_copy(model, torch.bfloat16)
+        model = cast_copy(model, torch.bfloat16)
     else:
         model, _, _ = load_model(None, device="cuda")
     label = args.synthetic or "embedded"

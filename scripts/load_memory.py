@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from chatcli.bench.bench import SyntheticTokenizer, synthetic_config, synthetic_model
+from chatcli.bench.models import SyntheticTokenizer, synthetic_config, synthetic_model
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine
 from chatcli.model import checkpoint
@@ -34,7 +34,7 @@ from chatcli.model.checkpoint import (
     read_state_dict,
     saved_matrix_params,
 )
-from chatcli.model.gpt import is_embedding_table
+from chatcli.model.linear import is_embedding_table
 
 FIELDS = ("VmHWM", "RssAnon", "RssFile")
 

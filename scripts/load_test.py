@@ -271,7 +271,7 @@ def serve_synthetic(depth: str, port: int, batch: int) -> None:
         weight_bytes_per_token,
     )
     from chatcli.engine.cpu_plan import apply_cpu_plan
-    from chatcli.model.gpt import is_embedding_table
+    from chatcli.model.linear import is_embedding_table
     from chatcli.model.quantize import default_half_kind
     from chatcli.serve.app import Limits, Worker, _listen, create_app, run_app
 

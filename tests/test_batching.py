@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
+from builders import random_gpt
 from fakes import DONE, SPECIAL_IDS, ByteTokenizer, SlotScriptedModel, tool_call, uniform_bytes
 from serving import REFERENCE_E, byte_tokenizer, wait_until
-from test_model import _NoStopTokenizer, _random_model
 
 from chatcli.engine.batch import Batch, RowRequest, default_rows
 from chatcli.engine.engine import Engine, GenerationStats
@@ -27,11 +27,27 @@ from chatcli.kernels.rows_step_reference import slots_errors
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import ERAS
 from chatcli.model.slot_cache import SlotRows
-from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START
+from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START, SPECIAL_TOKENS
 from chatcli.serve.app import BackgroundServer, Limits, Worker, create_app
 from chatcli.serve.worker_pool import GenerationParams
 
 BYTES = ByteTokenizer()
+
+
+class _NoStops:
+    """Special ids outside the random models' 200-token vocabulary: no row stops early."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i % 256 for i in ids).decode(errors="replace")
+
+    def encode_special(self, name: str) -> int:
+        return 1000 + SPECIAL_TOKENS.index(name)
+
+    def get_bos_token_id(self) -> int:
+        return 999
 
 
 def _alone(engine: Engine, request: RowRequest) -> tuple[list[int], list[int], str]:
@@ -94,7 +110,7 @@ def _prompts(lengths: list[int], seed: int = 5) -> list[list[int]]:
 def _engine(model, path: str) -> Engine:
     """An engine whose decode step takes `path`: our kernel, torch's ops, the model's own
     forward (a row at a time), or the static step a GPU graphs (run eagerly here)."""
-    engine = Engine(model, _NoStopTokenizer())
+    engine = Engine(model, _NoStops())
     if path == "kernel":
         if rows_step() is None:
             pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
@@ -118,9 +134,9 @@ def _engine(model, path: str) -> Engine:
 def test_each_row_of_a_batch_is_what_its_request_gives_alone(era, path):
     # Prompts of 5 to 150 tokens: the long one crosses the 128-token short windows while it
     # decodes; rows join at different steps, so no two are at one position.
-    model = _random_model(era)
+    model = random_gpt(era)
     requests = _requests(_prompts([5, 40, 150, 17, 90]), max_tokens=40)
-    want = [_alone(Engine(model, _NoStopTokenizer()), r)[:2] for r in requests]
+    want = [_alone(Engine(model, _NoStops()), r)[:2] for r in requests]
     batch = Batch(_engine(model, path), rows=5, prefill_chunk=32)
     got, rows = _run(batch, requests, join_at=[0, 0, 3, 7, 8])
     assert got == [tuple(w) for w in want]
@@ -130,9 +146,9 @@ def test_each_row_of_a_batch_is_what_its_request_gives_alone(era, path):
 @pytest.mark.parametrize("path", ["forward", "module", "static"])
 @pytest.mark.parametrize("era", ["A", "E"])
 def test_the_other_decode_paths_give_each_row_its_own_tokens(era, path):
-    model = _random_model(era)
+    model = random_gpt(era)
     requests = _requests(_prompts([12, 140, 30]), max_tokens=24)
-    want = [_alone(Engine(model, _NoStopTokenizer()), r)[:2] for r in requests]
+    want = [_alone(Engine(model, _NoStops()), r)[:2] for r in requests]
     got, _ = _run(Batch(_engine(model, path), rows=3, prefill_chunk=50), requests, [0, 2, 5])
     assert got == [tuple(w) for w in want]
 
@@ -188,7 +204,7 @@ def test_slot_graphs_pad_to_a_bucket_and_give_the_models_logits():
     assert buckets_for(1) == [1]
     assert buckets_for(6) == [1, 2, 4, 6]
     assert buckets_for(16) == [1, 2, 4, 8, 16]
-    model = _random_model("E")
+    model = random_gpt("E")
     engine = _engine(model, "static")
     cache = engine.new_slot_cache(6)
     graphs = SlotGraphs(engine.decode_step, cache, capture=False)
@@ -214,7 +230,7 @@ def test_slot_graphs_pad_to_a_bucket_and_give_the_models_logits():
 
 
 def test_a_finished_row_frees_its_slot_at_once_for_the_next_request():
-    model = _random_model("E")
+    model = random_gpt("E")
     engine = _engine(model, "kernel" if rows_step() else "torch")
     batch = Batch(engine, rows=2, prefill_chunk=64)
     short, long_, late = _requests(_prompts([10, 20, 15]), max_tokens=30)
@@ -235,12 +251,12 @@ def test_a_finished_row_frees_its_slot_at_once_for_the_next_request():
     while batch.running:
         batch.step()
     for row, request in [(first, short), (second, long_), (third, late)]:
-        assert row.tokens == _alone(Engine(model, _NoStopTokenizer()), request)[0]
+        assert row.tokens == _alone(Engine(model, _NoStops()), request)[0]
 
 
 def test_a_row_that_leaves_mid_decode_stops_there_and_the_others_go_on():
     # A client that disconnects: its row leaves between steps, its slot holds what it wrote.
-    model = _random_model("D")
+    model = random_gpt("D")
     engine = _engine(model, "kernel" if rows_step() else "torch")
     requests = _requests(_prompts([25, 8, 60]), max_tokens=20)
     batch = Batch(engine, rows=3)
@@ -256,13 +272,13 @@ def test_a_row_that_leaves_mid_decode_stops_there_and_the_others_go_on():
     while batch.running:
         batch.step()
     for i in (0, 2):
-        assert rows[i].tokens == _alone(Engine(model, _NoStopTokenizer()), requests[i])[0]
-    alone = _alone(Engine(model, _NoStopTokenizer()), requests[1])[0]
+        assert rows[i].tokens == _alone(Engine(model, _NoStops()), requests[i])[0]
+    alone = _alone(Engine(model, _NoStops()), requests[1])[0]
     assert len(gone.tokens) == 6 and gone.tokens == alone[:6]  # its first came at step one
 
 
 def test_a_long_prompt_prefills_in_chunks_while_the_running_rows_keep_decoding():
-    model = _random_model("E", sequence_len=512)
+    model = random_gpt("E", sequence_len=512)
     engine = _engine(model, "kernel" if rows_step() else "torch")
     running, long_ = _requests(_prompts([12, 300]), max_tokens=60)
     long_ = RowRequest(long_.tokens, max_tokens=10, temperature=0.0)
@@ -281,12 +297,12 @@ def test_a_long_prompt_prefills_in_chunks_while_the_running_rows_keep_decoding()
     assert joined.stats.prefill_tokens == 300
     while batch.running:
         batch.step()
-    assert first.tokens == _alone(Engine(model, _NoStopTokenizer()), running)[0]
-    assert joined.tokens == _alone(Engine(model, _NoStopTokenizer()), long_)[0]
+    assert first.tokens == _alone(Engine(model, _NoStops()), running)[0]
+    assert joined.tokens == _alone(Engine(model, _NoStops()), long_)[0]
 
 
 def test_a_slot_keeps_its_conversation_warm_for_the_next_turn():
-    model = _random_model("E")
+    model = random_gpt("E")
     engine = _engine(model, "kernel" if rows_step() else "torch")
     batch = Batch(engine, rows=2, slots=3)
     one, other = _prompts([40, 30])
@@ -298,7 +314,7 @@ def test_a_slot_keeps_its_conversation_warm_for_the_next_turn():
     got, rows = _run(batch, [request])
     # Every token the first turn ran is reused: its prompt and all but its reply's last.
     assert rows[0].stats.prefill_tokens == len(turn_two) - (len(one) + 7)
-    assert got[0][0] == _alone(Engine(model, _NoStopTokenizer()), request)[0]
+    assert got[0][0] == _alone(Engine(model, _NoStops()), request)[0]
 
 
 def test_a_calculator_call_forces_its_result_in_that_row_only():
@@ -332,7 +348,7 @@ def test_a_result_queued_at_the_budget_is_written_whole_as_alone():
 
 
 def test_max_tokens_zero_prefills_and_yields_nothing_and_a_full_context_is_refused():
-    model = _random_model("E")
+    model = random_gpt("E")
     batch = Batch(_engine(model, "torch"), rows=2)
     got, rows = _run(batch, [RowRequest(_prompts([9])[0], max_tokens=0)])
     assert got == [([], [])] and rows[0].finish_reason == "length"

@@ -6,15 +6,17 @@ from dataclasses import replace
 
 import pytest
 import torch
+from builders import random_gpt
 from reference import REFERENCE, needs_reference
 
-from chatcli.bench import bench
-from chatcli.bench.bench import matrix_params, run_bench, synthetic_model, weight_bytes_per_token
+from chatcli.bench import bench, models, roofline
+from chatcli.bench.bench import run_bench
+from chatcli.bench.models import synthetic_model
+from chatcli.bench.roofline import matrix_params, weight_bytes_per_token
 from chatcli.engine.cpu_plan import available_cores
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.kernels.rows_step import rows_step
 from chatcli.model.checkpoint import load_model
-from tests.test_model import _random_model
 
 FIXTURE = REFERENCE / "E"
 
@@ -63,9 +65,9 @@ def test_roofline_fractions_take_the_decode_against_the_faster_probe_beside_it(m
         order.append("decode")
         return 10.0  # tok/s
 
-    monkeypatch.setattr(bench, "bandwidth_of", bandwidth_of)
+    monkeypatch.setattr(roofline, "bandwidth_of", bandwidth_of)
     caller = torch.get_num_threads()
-    got = bench.roofline_fractions(decode, torch.ones(4), 1, int(2e9), int(1e9))
+    got = roofline.roofline_fractions(decode, torch.ones(4), 1, int(2e9), int(1e9))
     assert order == ["probe", "decode", "probe"]
     assert threads == [1, 1] and torch.get_num_threads() == caller
     # 10 tok/s of 2 GB is 20 GB/s: half the 40 GB/s roofline (not two thirds of 30)
@@ -74,8 +76,8 @@ def test_roofline_fractions_take_the_decode_against_the_faster_probe_beside_it(m
 
 def test_bandwidth_of_a_buffer_is_its_bytes_over_the_fastest_sum(monkeypatch):
     times = iter([0.5, 0.25, 1.0])
-    monkeypatch.setattr(bench, "_timed", lambda fn: next(times))
-    assert bench.bandwidth_of(torch.ones(1000), repeats=3) == pytest.approx(4000 / 0.25 / 1e9)
+    monkeypatch.setattr(roofline, "timed", lambda fn: next(times))
+    assert roofline.bandwidth_of(torch.ones(1000), repeats=3) == pytest.approx(4000 / 0.25 / 1e9)
 
 
 def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():
@@ -94,7 +96,7 @@ def test_synthetic_d4_has_nanochat_shapes_and_weight_bytes():
 def test_rounds_alternate_the_modes_and_keep_each_measures_best(monkeypatch):
     monkeypatch.setattr(bench, "REPEATS", 3)
     monkeypatch.setattr(bench, "MEASURE_SECONDS", 0.0)  # one run of each measure a round
-    model = _random_model("E")
+    model = random_gpt("E")
     order: list[str] = []
     values = {"base": iter([5.0, 9.0, 7.0]), "ours": iter([20.0, 10.0, 30.0])}
     ttfts = iter([0.5, 0.2, 0.4])
@@ -122,7 +124,7 @@ def test_rounds_alternate_the_modes_and_keep_each_measures_best(monkeypatch):
 
 
 def test_the_baseline_mode_sets_the_decode_copies_aside_and_puts_everything_back():
-    model = _random_model("E")
+    model = random_gpt("E")
     model.add_decode_weights("int8")
     copies = model.decode_weights()
     assert copies
@@ -166,7 +168,7 @@ def test_a_quick_measure_repeats_within_its_round_and_a_slow_one_runs_once(monke
         clock.now += 2.0
         return float(runs["slow"])
 
-    model = _random_model("E")
+    model = random_gpt("E")
     (kept,) = bench._rounds([(bench._Mode(model, 1, copies=True), {"q": quick, "s": slow})])
     assert runs == {"quick": 8, "slow": 2}
     assert kept == {"q": 8.0, "s": 2.0}
@@ -252,14 +254,14 @@ def test_a_chat_that_outgrows_a_short_context_is_flagged_not_passed_off(monkeypa
 def test_the_bench_device_is_the_gpu_where_there_is_one(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert bench.bench_device("auto") == torch.device("cuda")
-    assert bench.bench_device("cuda:1") == torch.device("cuda:1")
+    assert models.bench_device("auto") == torch.device("cuda")
+    assert models.bench_device("cuda:1") == torch.device("cuda:1")
     with pytest.raises(ValueError, match=r"has 2 CUDA devices \(cuda:0 to cuda:1\)"):
-        bench.bench_device("cuda:2")
+        models.bench_device("cuda:2")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert bench.bench_device("auto") == torch.device("cpu")
+    assert models.bench_device("auto") == torch.device("cpu")
     with pytest.raises(ValueError, match="sees no CUDA device"):
-        bench.bench_device("cuda")
+        models.bench_device("cuda")
 
 
 @pytest.mark.parametrize(
@@ -273,18 +275,18 @@ def test_the_bench_device_is_the_gpu_where_there_is_one(monkeypatch):
 )
 def test_ours_on_a_gpu_runs_the_weights_chatcli_would(monkeypatch, precision, capability, want):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert bench.gpu_weights(precision, torch.device("cuda")) == want
+    assert models.gpu_weights(precision, torch.device("cuda")) == want
 
 
 @pytest.mark.parametrize("kind", ["float16", "int8", "int4"])
 def test_a_cpu_decode_copy_on_a_gpu_is_refused(kind):
     with pytest.raises(ValueError, match=f"--quantize {kind} is a CPU decode copy"):
-        bench.gpu_weights(kind, torch.device("cuda"))
+        models.gpu_weights(kind, torch.device("cuda"))
 
 
 def test_a_cast_copy_is_the_model_in_that_dtype_and_leaves_it_alone():
-    model = _random_model("E")
-    cast = bench._cast_copy(model, torch.bfloat16)
+    model = random_gpt("E")
+    cast = bench.cast_copy(model, torch.bfloat16)
     assert next(model.parameters()).dtype == torch.float32
     assert all(p.dtype == torch.bfloat16 for p in cast.parameters())
     for (name, p), q in zip(model.named_parameters(), cast.parameters(), strict=True):

@@ -433,7 +433,7 @@ def test_embedding_tables_do_not_count_toward_a_large_model():
     """The plan's size is the matrices a decode step reads whole: d4's shapes hold 20M of
     them beside 50M of embedding tables, and get the 16-bit copies (measured 2x faster at
     batch 1 there); the embedded model's 2.7M keep fp32."""
-    from chatcli.bench.bench import synthetic_model
+    from chatcli.bench.models import synthetic_model
     from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS, saved_matrix_params
 
     model, _ = synthetic_model("d4")

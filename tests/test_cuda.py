@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from builders import random_gpt
 from reference import REFERENCE, needs_reference
 
 from chatcli.bench import bench
@@ -21,7 +22,6 @@ from chatcli.engine.static_step import CudaGraphStep, StaticDecodeStep, StepWith
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.model.checkpoint import load_model
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
-from tests.test_model import _random_model
 
 pytestmark = [
     pytest.mark.cuda,
@@ -185,7 +185,7 @@ def test_a_chat_on_the_gpu_reuses_its_cache_and_answers_as_a_fresh_one():
 
 @pytest.mark.parametrize("era", ["D", "E"])
 def test_sample_rows_over_a_shared_prefix_match_copied_rows_on_the_gpu(era):
-    model = _random_model(era).cuda()
+    model = random_gpt(era).cuda()
     c = model.config
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 190, (1, 60), generator=g).cuda()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import random_gpt
 
 from chatcli.engine import decode_step, step_attention
 from chatcli.engine.cpu_plan import ThreadChoice
@@ -15,7 +16,6 @@ from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import ERAS
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from tests.fakes import ScriptedModel, reply
-from tests.test_model import _random_model
 
 
 def _cache(model, seq_len: int = 256) -> KVCache:
@@ -29,7 +29,7 @@ def _step(model, kernel: str) -> DecodeStep:
     if kernel == "native":
         if rows_step() is None:
             pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
-        assert step._rows_model is not None
+        assert step.kernel is not None
     else:
         step._rows_model = None
     return step
@@ -38,7 +38,7 @@ def _step(model, kernel: str) -> DecodeStep:
 @pytest.mark.parametrize("kernel", ["native", "torch"])
 @pytest.mark.parametrize("era", list(ERAS))
 def test_steps_equal_the_module_forward_across_the_windows(era, kernel):
-    model = _random_model(era)
+    model = random_gpt(era)
     step = _step(model, kernel)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 190, (1, 200), generator=g)
@@ -62,7 +62,7 @@ def test_steps_equal_the_module_forward_across_the_windows(era, kernel):
 )
 def test_sample_rows_over_a_shared_prompt_equal_the_module_forward(era, prompt_len, steps, kernel):
     # 100 + 60: the short window (128) cuts into the prompt; 20 + 150: it leaves the prompt.
-    model = _random_model(era)
+    model = random_gpt(era)
     step = _step(model, kernel)
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, 190, (1, prompt_len), generator=g)
@@ -82,7 +82,7 @@ def test_sample_rows_over_a_shared_prompt_equal_the_module_forward(era, prompt_l
 
 @pytest.mark.parametrize("table", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_kernel_embeds_fp32_and_bf16_tables_and_leaves_fp16_to_torch(table):
-    model = _random_model("E")  # the smear reads the previous token's embedding too
+    model = random_gpt("E")  # the smear reads the previous token's embedding too
     wte = model.transformer.wte
     wte.weight.data = wte.weight.data.to(table)
     step = _step(model, "native")
@@ -105,7 +105,7 @@ def test_the_kernel_embeds_fp32_and_bf16_tables_and_leaves_fp16_to_torch(table):
 @pytest.mark.parametrize("kernel", ["native", "torch"])
 @pytest.mark.parametrize("era", ["A", "E"])  # E smears the token before the rewind point
 def test_a_step_after_a_rewind_equals_a_fresh_forward_of_the_kept_history(era, kernel):
-    model = _random_model(era)
+    model = random_gpt(era)
     step = _step(model, kernel)
     g = torch.Generator().manual_seed(8)
     ids = torch.randint(0, 190, (1, 60), generator=g)
@@ -126,7 +126,7 @@ def test_a_step_after_a_rewind_equals_a_fresh_forward_of_the_kept_history(era, k
 
 @pytest.mark.parametrize("kernel", ["native", "torch"])
 def test_rows_of_a_plain_cache_equal_the_module_forward(kernel):
-    model = _random_model("E")
+    model = random_gpt("E")
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 190, (3, 40), generator=g)
     ours, theirs = KVCache(3, 2, 64, 16, 4), KVCache(3, 2, 64, 16, 4)
@@ -142,7 +142,7 @@ def test_rows_of_a_plain_cache_equal_the_module_forward(kernel):
 @pytest.mark.parametrize("kernel", ["native", "torch"])
 @pytest.mark.parametrize("era", ["A", "E"])
 def test_the_first_position_of_an_empty_cache(era, kernel):
-    model = _random_model(era)
+    model = random_gpt(era)
     ours, theirs = _cache(model), _cache(model)
     ids = torch.tensor([[7]])
     torch.testing.assert_close(
@@ -153,17 +153,17 @@ def test_the_first_position_of_an_empty_cache(era, kernel):
 def test_a_small_models_kernel_starts_on_every_core(monkeypatch):
     # Our kernel shares each product among the cores; torch's ops paid a fork/join each.
     monkeypatch.setattr("chatcli.engine.decode_step.available_cores", lambda: 2)
-    model = _random_model("E")
+    model = random_gpt("E")
     for kernel, first in (("native", 2), ("torch", 1)):
         step = _step(model, kernel)
         cache = _cache(model)
         model(torch.tensor([[3, 9, 27]]), kv_cache=cache)
         step(torch.tensor([[5]]), cache)
-        assert step._thread_choices[(1, 2)].current == first
+        assert step.threads_by_rows() == {1: first}
 
 
 def test_a_cache_the_kernel_does_not_read_takes_torchs_ops(monkeypatch):
-    model = _random_model("E")
+    model = random_gpt("E")
     step = _step(model, "native")
     ran = []
     monkeypatch.setattr(type(rows_step()), "run", lambda *a, **k: ran.append(1))
@@ -200,11 +200,11 @@ def test_engine_greedy_output_is_the_module_forwards():
 
 
 def test_only_our_fp32_cpu_gpt_is_supported():
-    model = _random_model("E")
+    model = random_gpt("E")
     assert DecodeStep.supports(model)
     model.add_decode_weights("bfloat16")  # a big model's compact copies: read by the step
     assert DecodeStep.supports(model) and not StaticDecodeStep.supports(model)
-    assert not DecodeStep.supports(_random_model("E").to(torch.bfloat16))
+    assert not DecodeStep.supports(random_gpt("E").to(torch.bfloat16))
     assert not DecodeStep.supports(ScriptedModel(reply([1, 2])))
 
 
@@ -213,7 +213,7 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
     # A big CPU model's step reads the copies its modules keep (c_q, c_k, c_v stacked).
     # Same products as the module forward, up to where the rms-norm scale is applied: the
     # step scales after the product, which a rounding of the activations can see.
-    model = _random_model("E")
+    model = random_gpt("E")
     model.add_decode_weights(kind)
     step = DecodeStep(model)
     step._rows_model = None  # torch's ops over the copies (fp16 through our kernel: below)
@@ -270,10 +270,9 @@ def test_narrow_copies_run_through_the_kernel_from_their_own_panels(era, kind):
         pytest.skip(f"no {kind} kernel here: {unavailable_reason('rows_step') or 'no F16C/AVX2'}")
     # Widths of whole panels, and a vocabulary of an odd count of them, which ends in a block
     # of one panel: 200 with AVX2's 8 columns, 208 with AVX-512's 16.
-    model = _random_model(era, vocab_size=(-(-190 // panel) | 1) * panel)
+    model = random_gpt(era, vocab_size=(-(-190 // panel) | 1) * panel)
     model.add_decode_weights(kind)
     step = DecodeStep(model)
-    assert step._rows_model is not None
     assert step.kernel == ("rows_step fp16" if kind == "float16" else "rows_step int8")
     if kind == "float16":
         copies = {c._panels.data_ptr() for c in model.decode_weights()}
@@ -301,7 +300,7 @@ def test_narrow_copies_run_through_the_kernel_from_their_own_panels(era, kind):
 def test_int8_copies_of_a_vocabulary_not_in_whole_panels_keep_torchs_ops():
     # An int8 copy our kernels cannot read (the lm_head of 190 rows) goes through fbgemm or
     # torch's weight-only kernel, and the step with it through torch's ops.
-    model = _random_model("E", vocab_size=190)
+    model = random_gpt("E", vocab_size=190)
     model.add_decode_weights("int8")
     assert DecodeStep(model).kernel is None
     assert model.lm_head.decode_weight.int8_panels is None
@@ -309,7 +308,7 @@ def test_int8_copies_of_a_vocabulary_not_in_whole_panels_keep_torchs_ops():
 
 @pytest.mark.parametrize("kind", ["bfloat16", "int4"])
 def test_other_copies_keep_torchs_ops(kind):
-    model = _random_model("E")
+    model = random_gpt("E")
     model.add_decode_weights(kind)
     assert DecodeStep(model).kernel is None
 
@@ -323,7 +322,7 @@ def test_sample_rows_fold_their_norms_unless_a_kernel_quantizes_the_rows(kind, f
     # a call to integers on one scale, so it must see them normalised.
     from chatcli.model.quantize import fbgemm_available
 
-    model = _random_model("E")
+    model = random_gpt("E")
     if kind is not None:
         model.add_decode_weights(kind)
     if folds is None:
@@ -335,7 +334,7 @@ def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest
     monkeypatch,
 ):
     monkeypatch.setattr("chatcli.engine.decode_step.SMALL_MODEL_PARAMS", 0)  # pretend it is big
-    model = _random_model("E")
+    model = random_gpt("E")
     model.add_decode_weights("int8")
     step = DecodeStep(model)
     seen: dict[str, set[int]] = {"product": set(), "attention": set(), "norm": set()}
@@ -387,7 +386,7 @@ def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest
 
 
 def test_refuses_positions_past_the_rotary_tables():
-    model = _random_model("E")
+    model = random_gpt("E")
     cache = KVCache(1, 2, model.max_positions + 1, 16, 4)
     cache.advance(model.max_positions)
     with pytest.raises(ValueError, match="exceeds"):
@@ -397,7 +396,7 @@ def test_refuses_positions_past_the_rotary_tables():
 @pytest.mark.parametrize("era", list(ERAS))
 def test_static_step_equals_the_module_forward(era):
     # Fixed shapes: keys over the whole cache under a mask, the position a tensor.
-    model = _random_model(era)
+    model = random_gpt(era)
     step = StaticDecodeStep(model)
     g = torch.Generator().manual_seed(6)
     ids = torch.randint(0, 190, (1, 200), generator=g)
@@ -416,7 +415,7 @@ def test_static_step_equals_the_module_forward(era):
 
 
 def test_a_failing_fast_step_hands_over_to_the_plain_one():
-    model = _random_model("E")
+    model = random_gpt("E")
     plain = DecodeStep(model)
 
     def broken(ids, cache):
@@ -433,7 +432,7 @@ def test_a_failing_fast_step_hands_over_to_the_plain_one():
 def test_a_failed_graph_hands_over_to_the_modules_own_forward():
     # The CUDA path's fallback (step_choice.pick_decode_step) is the module's forward, not the
     # static step it captured, which reads the whole context under a mask every token.
-    model = _random_model("E")
+    model = random_gpt("E")
 
     def broken(ids, cache):
         raise RuntimeError("operation not permitted when stream is capturing")
@@ -456,7 +455,7 @@ def test_a_failed_graph_hands_over_to_the_modules_own_forward():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_step_equals_the_module_forward():
-    model = _random_model("E").cuda()
+    model = random_gpt("E").cuda()
     step = CudaGraphStep(StaticDecodeStep(model))
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, 190, (1, 160), generator=g).cuda()
@@ -472,7 +471,7 @@ def test_cuda_graph_step_equals_the_module_forward():
 
 
 def test_a_full_context_passes_through_the_fallback():
-    model = _random_model("E")
+    model = random_gpt("E")
     step = StepWithFallback(DecodeStep(model), DecodeStep(model), "torch.compile")
     cache = KVCache(1, 2, 4, 16, 4)
     cache.advance(4)
@@ -484,7 +483,7 @@ def test_a_full_context_passes_through_the_fallback():
 @pytest.mark.parametrize("era", ["D", "E"])
 def test_bf16_steps_scale_qk_exactly_and_return_fp32(era):
     # On a GPU the weights are bf16: the qk scale (1.15, 1.2) must not be rounded with them.
-    model = _random_model(era).to(torch.bfloat16)
+    model = random_gpt(era).to(torch.bfloat16)
     step = StaticDecodeStep(model)
     qk = torch.randn(6, 16, dtype=torch.bfloat16)
     want = torch.nn.functional.rms_norm(qk, (16,)) * model.arch.qk_scale
@@ -508,7 +507,7 @@ def test_bf16_steps_scale_qk_exactly_and_return_fp32(era):
 
 @pytest.mark.parametrize("era", ["A", "E"])  # qk scale 1 (rms_norm alone) and 1.2
 def test_the_lean_norms_equal_rms_norm(era):
-    model = _random_model(era)
+    model = random_gpt(era)
     step = DecodeStep(model)
     g = torch.Generator().manual_seed(11)
     x = torch.randn(5, 64, generator=g) * torch.tensor([[0.01], [0.3], [1.0], [7.0], [90.0]])
@@ -528,7 +527,7 @@ def test_the_lean_norms_equal_rms_norm(era):
 
 
 def test_small_matrices_read_a_transposed_copy_with_the_same_products():
-    model = _random_model("E")  # c_q, c_k, c_v stack to (128, 64); c_fc (256, 64)
+    model = random_gpt("E")  # c_q, c_k, c_v stack to (128, 64); c_fc (256, 64)
     step = DecodeStep(model)
     layer = step.layers[0]
     g = torch.Generator().manual_seed(12)
@@ -565,7 +564,7 @@ def test_small_matrices_read_a_transposed_copy_with_the_same_products():
 
 def test_a_big_matrix_keeps_no_transposed_copy(monkeypatch):
     monkeypatch.setattr("chatcli.engine.step_matrices.STACK_AT_MOST", 1000)  # every matrix is "big"
-    step = DecodeStep(_random_model("E"))
+    step = DecodeStep(random_gpt("E"))
     for m in step.matrices:
         assert m.weight_t is None and not m.vector_from_t
     assert step.layers[0].qkv.weight is None  # nor a stacked copy: one product per module
@@ -573,10 +572,10 @@ def test_a_big_matrix_keeps_no_transposed_copy(monkeypatch):
 
 def test_a_big_models_products_follow_the_measured_thread_choice(monkeypatch):
     monkeypatch.setattr("chatcli.engine.decode_step.SMALL_MODEL_PARAMS", 0)  # pretend it is big
-    model = _random_model("E")
+    model = random_gpt("E")
     model.add_decode_weights("int8")
     step = DecodeStep(model)
-    assert step._rows_model is None  # a big model streams its weights through torch's kernels
+    assert step.kernel is None  # a big model streams its weights through torch's kernels
     copy = step.layers[0].fc.copies[0]
     matvec, seen = copy.matvec, []
 
@@ -606,7 +605,7 @@ def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measu
     monkeypatch,
 ):
     monkeypatch.setattr("chatcli.engine.decode_step.available_cores", lambda: 2)
-    model = _random_model("E")
+    model = random_gpt("E")
     step = DecodeStep(model)
     assert not step.split_threads  # a small model: the rest of its step stays on one thread
     step._rows_model = None  # torch's ops, whose attention runs on the products' threads
@@ -641,11 +640,11 @@ def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measu
         torch.set_num_threads(before)
     n_layer = model.config.n_layer
     assert first == [1] * n_layer and probe == [2] * n_layer
-    assert set(step._thread_choices) == {(1, 2)}  # one choice, for one row over two cores
+    assert set(step.threads_by_rows()) == {1}  # one choice, for one row (over two cores)
 
 
 def test_a_big_fp32_matrix_takes_sample_rows_weight_major_on_the_products_threads(monkeypatch):
-    from chatcli.model.gpt import Linear
+    from chatcli.model.linear import Linear
 
     torch.manual_seed(0)
     layer = Linear(1024, 1040, bias=False)  # 4 MB: no transposed copy, read where it is

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from builders import random_gpt
 from fakes import (
     DONE,
     SPECIAL_IDS,
@@ -23,7 +24,6 @@ from fakes import (
     uniform,
     uniform_bytes,
 )
-from test_model import _random_model
 
 from chatcli.bench.baseline import baseline_generate
 from chatcli.engine.engine import Engine, GenerationStats
@@ -531,7 +531,7 @@ def test_decode_time_leaves_out_the_callers_time_between_tokens():
 def _static_step_engine() -> tuple[GPT, Engine]:
     """An engine over a random era-E model whose decode step is a CUDA graph's static step
     (run eagerly here on the CPU), behind the fallback the GPU path wraps it in."""
-    model = _random_model("E")
+    model = random_gpt("E")
     engine = Engine(model, ByteTokenizer())
     engine.decode_step = StepWithFallback(StaticDecodeStep(model), ModuleStep(model), "test")
     return model, engine
@@ -632,28 +632,38 @@ def test_a_static_step_s_kept_cache_that_could_not_be_made_is_made_at_the_next_r
     assert made == [(1, model.config.sequence_len)]  # once: not lent out by the failed one
 
 
-def test_a_static_step_s_sample_rows_get_the_prompt_copied_and_answer_as_shared_rows():
-    # On a GPU the rows then decode in one graph replay a step; the answers stay the same.
+def _prompt_prefilled(engine: Engine, prompt: list[int]) -> KVCache:
+    prefix = engine.new_cache(1, len(prompt))
+    with torch.inference_mode():
+        engine.forward_last(torch.tensor([prompt]), prefix)
+    return prefix
+
+
+def test_a_static_step_s_sample_rows_get_the_prompt_copied_into_rows_sized_to_the_budget():
+    # On a GPU the rows then decode in one graph replay a step.
+    model, static = _static_step_engine()
+    prompt = _prompts(30)[0]
+    rows = static.fork(_prompt_prefilled(static, prompt), 4, 20)
+    assert type(rows) is KVCache and rows.batch_size == 4
+    assert rows.get_pos() == 30 and rows.max_seq_len == 30 + 20 + RESULT_RESERVE
+    shared = Engine(model, ByteTokenizer())
+    assert isinstance(shared.fork(_prompt_prefilled(shared, prompt), 4, 20), SharedPrefixCache)
+
+
+@pytest.mark.parametrize("how", [{"temperature": 0.0}, {"temperature": 1.0, "seed": 3}])
+def test_a_static_step_s_sample_rows_answer_as_shared_prefix_rows(how):
     model, static = _static_step_engine()
     shared = Engine(model, ByteTokenizer())
-    prompt = torch.randint(0, 190, (30,), generator=torch.Generator().manual_seed(6)).tolist()
-    prefix = static.new_cache(1, 30)
-    with torch.inference_mode():
-        static.forward_last(torch.tensor([prompt]), prefix)
-    rows = static.fork(prefix, 4, 20)
-    assert type(rows) is KVCache and rows.batch_size == 4
-    assert rows.get_pos() == 30 and rows.max_seq_len <= 30 + 20 + 64  # not the whole context
-    assert isinstance(shared.fork(prefix, 4, 20), SharedPrefixCache)
-    for how in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 3}):
-        got = static.generate_batch(prompt, 4, max_tokens=16, use_tools=False, **how)
-        assert got == shared.generate_batch(prompt, 4, max_tokens=16, use_tools=False, **how)
-    greedy = static.generate_batch(prompt, 4, max_tokens=16, temperature=0.0, use_tools=False)
-    assert len({tuple(r) for r in greedy[0]}) == 1
+    prompt = _prompts(30)[0]
+    got = static.generate_batch(prompt, 4, max_tokens=16, use_tools=False, **how)
+    assert got == shared.generate_batch(prompt, 4, max_tokens=16, use_tools=False, **how)
+    if how["temperature"] == 0.0:
+        assert len({tuple(r) for r in got[0]}) == 1  # greedy rows are one reply
 
 
 def test_compile_on_a_gpu_keeps_the_eager_graph_step(monkeypatch):
     # Compiled, the captured step replayed slower on an H200 (step_choice.pick_decode_step).
-    model = _random_model("E")
+    model = random_gpt("E")
     monkeypatch.setattr(model, "get_device", lambda: torch.device("cuda"))
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled on a GPU"))
     engine = Engine(model, ByteTokenizer(), compile=True)
@@ -690,7 +700,7 @@ class BrokenGraph:
 
 
 def _failing_graph_engine() -> tuple[GPT, Engine, StepWithFallback]:
-    model = _random_model("E")
+    model = random_gpt("E")
     engine = Engine(model, ByteTokenizer())
     step = StepWithFallback(BrokenGraph(), ModuleStep(model), "graph")
     engine.decode_step = step

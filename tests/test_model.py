@@ -6,20 +6,14 @@ import json
 
 import pytest
 import torch
+from builders import random_gpt
 from reference import REFERENCE, needs_reference
 
 from chatcli.engine.engine import Engine
 from chatcli.kernels.rows_step import rows_step
+from chatcli.model.attention import _visible_cached, attend
 from chatcli.model.checkpoint import load_model
-from chatcli.model.gpt import (
-    ERAS,
-    GPT,
-    GPTConfig,
-    _visible_cached,
-    attend,
-    infer_era,
-    window_sizes,
-)
+from chatcli.model.gpt import ERAS, GPT, GPTConfig, infer_era, window_sizes
 from chatcli.model.kv_cache import KVCache
 from chatcli.model.special_tokens import ASSISTANT_END
 
@@ -69,40 +63,15 @@ def test_reference_greedy_continuations_identical(era):
         assert results[0][len(case["prompt"]) :] == want
 
 
-def _random_model(
-    era: str, seed: int = 0, sequence_len: int = 256, n_embd: int = 64, vocab_size: int = 200
-) -> GPT:
-    # Every parameter randomised (lambdas and gates included) so every component matters.
-    config = GPTConfig(
-        sequence_len=sequence_len,
-        vocab_size=vocab_size,
-        n_layer=4,
-        n_head=4,
-        n_kv_head=2,
-        n_embd=n_embd,
-        window_pattern="SSSL",
-    )
-    torch.manual_seed(seed)
-    model = GPT(config, ERAS[era])
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            std = 0.3 if p.ndim < 2 or "lambda" in name else 0.5 / p.shape[-1] ** 0.5
-            p.normal_(0.0, std)
-            if "lambdas" in name or "lambda" in name:
-                p.add_(0.5)
-    model.init_rotary()
-    return model.eval()
-
-
 @pytest.mark.parametrize("era", list(ERAS))
 def test_era_is_inferred_from_weights_alone(era):
-    model = _random_model(era)
+    model = random_gpt(era)
     assert infer_era(model.state_dict(), model.config) == era
 
 
 @pytest.mark.parametrize("era", list(ERAS))
 def test_cached_greedy_equals_uncached_reference_past_the_short_window(era):
-    model = _random_model(era)
+    model = random_gpt(era)
     short = min(window_sizes(model.config, model.arch))
     if era != "A":
         assert short < model.config.sequence_len  # windows are really exercised
@@ -117,7 +86,7 @@ def test_cached_greedy_equals_uncached_reference_past_the_short_window(era):
 
 @pytest.mark.parametrize("era", list(ERAS))
 def test_chunks_appended_to_a_nonempty_cache_equal_the_full_forward(era):
-    model = _random_model(era)
+    model = random_gpt(era)
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, 190, (1, 200), generator=g)
     full = model(ids)
@@ -130,7 +99,7 @@ def test_chunks_appended_to_a_nonempty_cache_equal_the_full_forward(era):
 
 
 def test_batched_rows_decode_like_single_rows():
-    model = _random_model("E")
+    model = random_gpt("E")
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 190, (3, 40), generator=g)
     cache = KVCache(3, 2, 64, 16, 4)
@@ -168,7 +137,7 @@ def test_rotary_tables_are_the_references_bit_for_bit(era):
 
 
 def test_forward_refuses_positions_past_the_rotary_tables():
-    model = _random_model("E", sequence_len=16)
+    model = random_gpt("E", sequence_len=16)
     cache = KVCache(1, 2, 200, 16, 4)
     model(torch.zeros(1, 150, dtype=torch.long), kv_cache=cache)
     with pytest.raises(ValueError, match="exceeds"):
@@ -195,7 +164,7 @@ class _NoStopTokenizer:
 def test_shared_prefix_decode_equals_per_row_copies(era):
     from chatcli.model.kv_cache import SharedPrefixCache
 
-    model = _random_model(era)
+    model = random_gpt(era)
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, 190, (1, 150), generator=g)  # longer than the short window
     rows = torch.randint(0, 190, (3, 6), generator=g)
@@ -217,7 +186,7 @@ def test_shared_prefix_decode_equals_per_row_copies(era):
 def test_shared_prefix_decode_after_the_window_leaves_the_prompt():
     from chatcli.model.kv_cache import SharedPrefixCache
 
-    model = _random_model("E")  # short windows of 128 positions
+    model = random_gpt("E")  # short windows of 128 positions
     g = torch.Generator().manual_seed(8)
     prompt = torch.randint(0, 190, (1, 10), generator=g)
     rows = torch.randint(0, 190, (2, 150), generator=g)
@@ -232,7 +201,7 @@ def test_shared_prefix_decode_after_the_window_leaves_the_prompt():
 
 
 def test_engine_samples_match_with_and_without_a_shared_prefix():
-    model = _random_model("E")
+    model = random_gpt("E")
     engine = Engine(model, _NoStopTokenizer())
     prompt = list(range(1, 140))
     shared = engine.generate_batch(prompt, num_samples=4, max_tokens=12, temperature=1.0, seed=3)
@@ -301,7 +270,7 @@ def test_decode_weights_serve_rows_up_to_their_max(kind, atol, monkeypatch):
     if kind == "float16-torch-mv":  # where fbgemm is missing: one row, through torch.mv
         monkeypatch.setattr(quantize, "fbgemm_fp16_available", lambda: False)
         kind = "float16"
-    model = _random_model("E")
+    model = random_gpt("E")
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 190, (2, 40), generator=g)
     cache = KVCache(1, 2, 64, 16, 4)
@@ -335,7 +304,7 @@ def test_stacked_qkv_copy_equals_the_three_copies_apart(kind, monkeypatch):
     if kind == "float16-torch-mv":
         monkeypatch.setattr(quantize, "fbgemm_fp16_available", lambda: False)
         kind = "float16"
-    model = _random_model("E", n_embd=128)  # int4 takes whole groups of 128 inputs
+    model = random_gpt("E", n_embd=128)  # int4 takes whole groups of 128 inputs
     ids = torch.randint(0, 190, (3, 1), generator=torch.Generator().manual_seed(2))
     model.add_decode_weights(kind)
     attn = model.transformer.h[0].attn
@@ -401,7 +370,7 @@ def test_a_chunk_attends_through_one_cached_mask_per_window():
 def test_a_streamed_weight_takes_a_few_rows_weight_major_and_equals_f_linear(
     monkeypatch, rows, threads, weight_major
 ):
-    from chatcli.model.gpt import STREAMED_WEIGHT_NUMEL, Linear
+    from chatcli.model.linear import STREAMED_WEIGHT_NUMEL, Linear
 
     torch.manual_seed(0)
     layer = Linear(512, STREAMED_WEIGHT_NUMEL // 512, bias=False)
@@ -423,7 +392,7 @@ def test_a_streamed_weight_takes_a_few_rows_weight_major_and_equals_f_linear(
 
 
 def test_a_cache_sized_weight_keeps_f_linear(monkeypatch):
-    from chatcli.model.gpt import STREAMED_WEIGHT_NUMEL, Linear
+    from chatcli.model.linear import STREAMED_WEIGHT_NUMEL, Linear
 
     layer = Linear(256, STREAMED_WEIGHT_NUMEL // 256 - 1, bias=False)
     monkeypatch.setattr(torch, "mm", lambda *a, **k: pytest.fail("a small weight took mm"))

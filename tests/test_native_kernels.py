@@ -713,11 +713,12 @@ def test_rows_step_refuses_matrices_it_does_not_read():
 
 
 def test_a_decode_step_keeps_torchs_ops_when_the_kernels_are_off(fresh, monkeypatch):
+    from builders import random_gpt
+
     from chatcli.engine.decode_step import DecodeStep
-    from tests.test_model import _random_model
 
     monkeypatch.setenv("CHATCLI_NATIVE_KERNELS", "0")
-    assert DecodeStep(_random_model("E"))._rows_model is None
+    assert DecodeStep(random_gpt("E"))._rows_model is None
     assert "CHATCLI_NATIVE_KERNELS=0" in kernel_build.unavailable_reason("rows_step")
 
 

@@ -160,7 +160,7 @@ _INT8_KERNELS = [
 def test_int8_serves_its_kernels_rows_and_fp32_the_rest(kernel):
     # Ours serves prompts too (its rows are independent and it beats fp32 there); fbgemm's
     # rows share one activation scale, so it serves a few sample rows and fp32 the rest.
-    from chatcli.model.gpt import Linear
+    from chatcli.model.linear import Linear
 
     layer = Linear(256, 384, bias=False).requires_grad_(False)
     with torch.no_grad():
@@ -277,7 +277,7 @@ def test_the_default_half_copy_is_bf16_on_x86_without_fbgemms_fp16_kernel(monkey
 def test_int4_serves_the_rows_its_kernel_wins_at_on_this_cpu(monkeypatch, capability, rows):
     # torch's int4 products beat fp32 up to 64 rows with AVX-512, but past ~8 with AVX2
     # they lose: more rows keep fp32's exact products.
-    from chatcli.model.gpt import Linear
+    from chatcli.model.linear import Linear
 
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     layer = Linear(256, 384, bias=False).requires_grad_(False)

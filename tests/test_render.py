@@ -26,17 +26,19 @@ from chatcli.terminal.render import (
     ReplyRenderer,
     format_badge,
     make_console,
-    panels_per_row,
-    render_banner,
     render_error,
     render_notice,
-    render_recap,
-    render_replies,
     render_status,
-    render_table,
-    reply_text,
     use_markdown,
     visible,
+)
+from chatcli.terminal.render_panels import (
+    panels_per_row,
+    render_banner,
+    render_recap,
+    render_replies,
+    render_table,
+    reply_text,
 )
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import random_chat_gpt
 from fakes import DONE, SPECIAL_IDS, ByteTokenizer, ScriptedModel, reply, tool_call
-from reference import REFERENCE
 
 from chatcli.chat.session import ChatSession, SamplingOptions
 from chatcli.chat.stream import TextDelta, ToolResult
 from chatcli.errors import ChatcliError, ContextOverflowError
-from chatcli.model.gpt import ERAS, GPT, GPTConfig
+from chatcli.model.gpt import ERAS
 from chatcli.model.special_tokens import (
     ASSISTANT_END,
     ASSISTANT_START,
@@ -19,31 +19,6 @@ from chatcli.model.special_tokens import (
     PYTHON_END,
     PYTHON_START,
 )
-from chatcli.model.tokenizer import Tokenizer
-
-FIXTURES = REFERENCE
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    # Only the tests on a real tokenizer need the shared fixtures; the scripted ones run anyway.
-    if not FIXTURES.is_dir():
-        pytest.skip("shared fixtures not present")
-    return Tokenizer.from_file(FIXTURES / "E" / "tokenizer" / "tokenizer.pkl")
-
-
-def random_model(era: str, sequence_len: int = 256, seed: int = 0) -> GPT:
-    """A vocab-512 model of the given era with every parameter randomised."""
-    config = GPTConfig(sequence_len, 512, 4, 4, 2, 64, window_pattern="SSSL")
-    torch.manual_seed(seed)
-    model = GPT(config, ERAS[era])
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0.0, 0.3 if p.ndim < 2 else 0.5 / p.shape[-1] ** 0.5)
-            if "lambda" in name:
-                p.add_(0.5)
-    model.init_rotary()
-    return model.eval()
 
 
 def greedy(max_tokens: int = 12) -> SamplingOptions:
@@ -55,9 +30,9 @@ def run(events) -> str:
 
 
 @pytest.mark.parametrize("era", list(ERAS))
-def test_reused_cache_gives_the_logits_of_a_fresh_prefill(era, tokenizer):
-    model = random_model(era)
-    session = ChatSession(model, tokenizer, greedy(), system="Be brief.")
+def test_reused_cache_gives_the_logits_of_a_fresh_prefill(era, reference_tokenizer):
+    model = random_chat_gpt(era)
+    session = ChatSession(model, reference_tokenizer, greedy(), system="Be brief.")
     run(session.send("What is 12*7?"))
     run(session.send("and times three? " * 8))  # the second prompt outgrows the short window
     prompt = session.prompt_tokens()
@@ -73,12 +48,12 @@ def test_reused_cache_gives_the_logits_of_a_fresh_prefill(era, tokenizer):
 
 
 @pytest.mark.parametrize("era", ["A", "E"])
-def test_multi_turn_greedy_equals_a_fresh_session_over_the_same_tokens(era, tokenizer):
-    model = random_model(era)
-    warm = ChatSession(model, tokenizer, greedy())
+def test_multi_turn_greedy_equals_a_fresh_session_over_the_same_tokens(era, reference_tokenizer):
+    model = random_chat_gpt(era)
+    warm = ChatSession(model, reference_tokenizer, greedy())
     for text in ("hello", "What is 3+4?", "and the letter r in strawberry?"):
         run(warm.send(text))
-    cold = ChatSession(model, tokenizer, greedy())
+    cold = ChatSession(model, reference_tokenizer, greedy())
     cold.entries = list(warm.entries[:-1])  # same tokens, empty cache
     assert list(cold.regenerate()) == list(warm_regenerate(warm))
 
@@ -88,8 +63,8 @@ def warm_regenerate(session: ChatSession):
     return session.regenerate()
 
 
-def test_undo_rewinds_the_cache_instead_of_recomputing(tokenizer):
-    session = ChatSession(random_model("E"), tokenizer, greedy())
+def test_undo_rewinds_the_cache_instead_of_recomputing(reference_tokenizer):
+    session = ChatSession(random_chat_gpt("E"), reference_tokenizer, greedy())
     run(session.send("first question"))
     run(session.send("second question"))
     assert session.undo()
@@ -98,26 +73,26 @@ def test_undo_rewinds_the_cache_instead_of_recomputing(tokenizer):
     stats = session.history_stats[-1]
     # <|user_start|> is still cached from the undone exchange: only the new text,
     # <|user_end|> and <|assistant_start|> are prefilled.
-    assert stats.prefill_tokens == len(tokenizer.encode("another")) + 2
+    assert stats.prefill_tokens == len(reference_tokenizer.encode("another")) + 2
 
 
-def test_interrupt_keeps_the_partial_reply_and_closes_the_turn(tokenizer):
-    session = ChatSession(random_model("E"), tokenizer, greedy(max_tokens=30))
+def test_interrupt_keeps_the_partial_reply_and_closes_the_turn(reference_tokenizer):
+    session = ChatSession(random_chat_gpt("E"), reference_tokenizer, greedy(max_tokens=30))
     events = session.send("tell me something long")
     for _ in range(3):
         next(events)
     events.close()  # what the REPL does on Ctrl-C
     assert session.last_reply.stats.finish_reason == "interrupted"
     assert session.messages[-1]["role"] == "assistant"
-    end = tokenizer.encode_special("<|assistant_end|>")
+    end = reference_tokenizer.encode_special("<|assistant_end|>")
     assert session.entries[-1].tokens[-1] == end
     run(session.send("next"))  # the session goes on, its prompt well-formed
     prompt = session.prompt_tokens()
     assert prompt.count(end) == 2
 
 
-def test_continue_extends_a_reply_cut_at_max_tokens(tokenizer):
-    session = ChatSession(random_model("E"), tokenizer, greedy(max_tokens=5))
+def test_continue_extends_a_reply_cut_at_max_tokens(reference_tokenizer):
+    session = ChatSession(random_chat_gpt("E"), reference_tokenizer, greedy(max_tokens=5))
     run(session.send("go on and on"))
     first = session.last_reply
     if first.stats.finish_reason != "length":
@@ -129,8 +104,10 @@ def test_continue_extends_a_reply_cut_at_max_tokens(tokenizer):
     assert len([m for m in session.messages if m["role"] == "assistant"]) == 1
 
 
-def test_context_guard_drops_oldest_exchanges_and_keeps_the_system_prompt(tokenizer):
-    session = ChatSession(random_model("E", sequence_len=96), tokenizer, greedy(8), system="S")
+def test_context_guard_drops_oldest_exchanges_and_keeps_the_system_prompt(reference_tokenizer):
+    session = ChatSession(
+        random_chat_gpt("E", sequence_len=96), reference_tokenizer, greedy(8), system="S"
+    )
     for i in range(12):
         run(session.send(f"question number {i} with some words"))
         assert session.history_stats[-1].context_used <= 96
@@ -140,9 +117,9 @@ def test_context_guard_drops_oldest_exchanges_and_keeps_the_system_prompt(tokeni
     assert session.messages[1]["content"] != "question number 0 with some words"
 
 
-def test_samples_come_from_one_prefill_and_one_can_be_kept(tokenizer):
+def test_samples_come_from_one_prefill_and_one_can_be_kept(reference_tokenizer):
     opts = SamplingOptions(temperature=1.0, top_k=None, max_tokens=6, seed=3)
-    session = ChatSession(random_model("E"), tokenizer, opts)
+    session = ChatSession(random_chat_gpt("E"), reference_tokenizer, opts)
     replies = session.sample_replies("pick one", 3)
     assert len(replies) == 3
     assert len({tuple(r.tokens) for r in replies}) > 1
@@ -153,12 +130,12 @@ def test_samples_come_from_one_prefill_and_one_can_be_kept(tokenizer):
 
 
 @pytest.mark.parametrize("era", ["A", "E"])
-def test_samples_fork_the_warm_cache_and_leave_it_holding_the_prompt(era, tokenizer):
+def test_samples_fork_the_warm_cache_and_leave_it_holding_the_prompt(era, reference_tokenizer):
     # /samples prefills only the new turn and its rows decode over the conversation's K/V
     # (shared, not copied); greedy rows are the reply a plain send gives, and the chosen
     # row's K/V stay, so the turn after prefills only itself.
-    model = random_model(era)
-    forked, plain = (ChatSession(model, tokenizer, greedy()) for _ in range(2))
+    model = random_chat_gpt(era)
+    forked, plain = (ChatSession(model, reference_tokenizer, greedy()) for _ in range(2))
     for session in (forked, plain):
         run(session.send("What is 12*7?"))
     replies = forked.sample_replies("and times three?", 2)
@@ -179,7 +156,7 @@ def test_samples_fork_the_warm_cache_and_leave_it_holding_the_prompt(era, tokeni
     assert forked.last_reply.tokens == plain.last_reply.tokens
 
 
-# ---- /continue inside a calculator call (scripted model, byte tokenizer) ---------------------
+# ---- /continue inside a calculator call (scripted model, byte reference_tokenizer) ---------------------
 
 
 def scripted_session(expression: str, max_tokens: int) -> ChatSession:

@@ -7,13 +7,12 @@ import threading
 
 import pytest
 import torch
+from builders import random_chat_gpt
 from fakes import ByteTokenizer
-from test_session import FIXTURES, random_model
 
 from chatcli.engine.engine import Engine
 from chatcli.engine.warm_cache import WarmCache, choose
 from chatcli.model.kv_cache import SharedPrefixCache
-from chatcli.model.tokenizer import Tokenizer
 from chatcli.serve.worker_pool import GenerationParams, Worker
 
 
@@ -28,7 +27,7 @@ def fresh_logits(model, prompt: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("era", ["A", "E"])  # E remembers each position's previous token
 def test_a_prompt_runs_past_the_longest_prefix_the_cache_holds(era):
-    model = random_model(era)
+    model = random_chat_gpt(era)
     warm = WarmCache(Engine(model, ByteTokenizer()))
     g = torch.Generator().manual_seed(2)
     first, more, other = (torch.randint(0, 256, (n,), generator=g).tolist() for n in (20, 7, 9))
@@ -47,7 +46,7 @@ def test_a_prompt_runs_past_the_longest_prefix_the_cache_holds(era):
 
 
 def test_a_failed_prefill_keeps_only_what_the_cache_still_holds(monkeypatch):
-    model = random_model("E")
+    model = random_chat_gpt("E")
     engine = Engine(model, ByteTokenizer())
     warm = WarmCache(engine)
     prompt = list(range(30, 50))
@@ -67,7 +66,7 @@ def test_a_failed_prefill_keeps_only_what_the_cache_still_holds(monkeypatch):
 
 
 def test_a_generation_leaves_the_tokens_it_wrote_in_the_cache():
-    engine = Engine(random_model("E"), ByteTokenizer())
+    engine = Engine(random_chat_gpt("E"), ByteTokenizer())
     warm = WarmCache(engine)
     prompt = list(range(40, 60))
     steps = engine.generate(prompt, max_tokens=5, temperature=0.0, use_tools=False, warm=warm)
@@ -78,7 +77,7 @@ def test_a_generation_leaves_the_tokens_it_wrote_in_the_cache():
 
 
 def test_a_generation_closed_early_leaves_what_it_wrote():
-    engine = Engine(random_model("E"), ByteTokenizer())
+    engine = Engine(random_chat_gpt("E"), ByteTokenizer())
     warm = WarmCache(engine)
     prompt = list(range(40, 60))
     steps = engine.generate(prompt, max_tokens=20, temperature=0.0, warm=warm)
@@ -96,7 +95,7 @@ def _sample_rows(engine: Engine, warm: WarmCache, prompt: list[int], n: int, max
 
 @pytest.mark.parametrize("shared", [True, False])  # rows over the cache, or copies of it
 def test_a_sample_rows_tokens_are_adopted_as_if_decoded_here(shared):
-    model = random_model("E")  # E: the adopted row's last token is the one remembered
+    model = random_chat_gpt("E")  # E: the adopted row's last token is the one remembered
     engine = Engine(model, ByteTokenizer())
     engine.shared_prefix = shared
     warm = WarmCache(engine)
@@ -113,7 +112,7 @@ def test_a_sample_rows_tokens_are_adopted_as_if_decoded_here(shared):
 
 
 def test_a_row_the_fork_does_not_have_is_refused():
-    engine = Engine(random_model("E"), ByteTokenizer())
+    engine = Engine(random_chat_gpt("E"), ByteTokenizer())
     warm = WarmCache(engine)
     prompt = list(range(40, 60))
     reply = _sample_rows(engine, warm, prompt, 2, 4)[0]
@@ -123,7 +122,7 @@ def test_a_row_the_fork_does_not_have_is_refused():
 
 
 def test_rows_are_refused_once_the_cache_moved_on():
-    engine = Engine(random_model("E"), ByteTokenizer())
+    engine = Engine(random_chat_gpt("E"), ByteTokenizer())
     warm = WarmCache(engine)
     reply = _sample_rows(engine, warm, list(range(40, 60)), 2, 4)[0]
     warm.prefill(list(range(40, 70)))  # the cache moved on past the rows' prompt
@@ -133,7 +132,7 @@ def test_rows_are_refused_once_the_cache_moved_on():
 
 
 def test_a_prompt_goes_to_the_slot_it_carries_on_else_the_least_recently_used():
-    engine = Engine(random_model("A"), ByteTokenizer())
+    engine = Engine(random_chat_gpt("A"), ByteTokenizer())
     a, b, c = slots = [WarmCache(engine) for _ in range(3)]
     assert choose(slots, [1, 2, 3]) is a and slots == [b, c, a]  # all empty: the oldest
     a.tokens = [1, 2, 3, 4, 5, 6]  # conversation A and its reply
@@ -149,14 +148,6 @@ def test_a_prompt_goes_to_the_slot_it_carries_on_else_the_least_recently_used():
 
 
 # ---- a server worker's requests ------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    """A real tokenizer, which decodes every id of random_model's vocabulary."""
-    if not FIXTURES.is_dir():
-        pytest.skip("shared fixtures not present")
-    return Tokenizer.from_file(FIXTURES / "E" / "tokenizer" / "tokenizer.pkl")
 
 
 def greedy(max_tokens: int) -> GenerationParams:
@@ -177,13 +168,29 @@ def reply_of(worker: Worker, prompt: list[int], max_tokens: int = 8, stop_after:
     return finished, worker.warm.tokens[len(prompt) :]
 
 
-def test_a_worker_prefills_only_a_request_past_the_last_and_answers_as_a_fresh_one(tokenizer):
-    model = random_model("E")
-    warm = Worker(model, tokenizer)
+def test_a_worker_prefills_only_a_request_past_the_last_and_answers_as_a_fresh_one(
+    reference_tokenizer,
+):
+    model = random_chat_gpt("E")
+    warm = Worker(model, reference_tokenizer)
     first = list(range(60, 80))
     one, said = reply_of(warm, first)
     assert one.cached_tokens == 0 and one.completion_tokens == 8
     assert len(said) == 7  # the last token generated was never run
+    nxt = first + said + [5, 6, 7]
+    two, _ = reply_of(warm, nxt, max_tokens=12)
+    assert two.cached_tokens == len(first) + len(said)
+    cold = Worker(model, reference_tokenizer)
+    fresh, _ = reply_of(cold, nxt, max_tokens=12)
+    assert fresh.cached_tokens == 0
+    assert warm.warm.tokens == cold.warm.tokens  # the same reply, token by token
+
+
+def test_a_worker_s_interrupted_request_leaves_its_cache_as_far_as_it_ran(reference_tokenizer):
+    model = random_chat_gpt("E")
+    warm = Worker(model, reference_tokenizer)
+    first = list(range(60, 80))
+    _, said = reply_of(warm, first)
     interrupted, _ = reply_of(warm, first + said + [5, 6], max_tokens=30, stop_after=3)
     assert interrupted.finish_reason == "interrupted"
     assert interrupted.cached_tokens == len(first) + len(said)
@@ -191,15 +198,16 @@ def test_a_worker_prefills_only_a_request_past_the_last_and_answers_as_a_fresh_o
     nxt = first + said + [5, 6, 7]
     two, _ = reply_of(warm, nxt, max_tokens=12)
     assert two.cached_tokens == len(first) + len(said) + 2  # up to the new 7
-    cold = Worker(model, tokenizer)
-    fresh, _ = reply_of(cold, nxt, max_tokens=12)
-    assert fresh.cached_tokens == 0
-    assert warm.warm.tokens == cold.warm.tokens  # the same reply, token by token
+    cold = Worker(model, reference_tokenizer)
+    reply_of(cold, nxt, max_tokens=12)
+    assert warm.warm.tokens == cold.warm.tokens
 
 
 @pytest.mark.parametrize("slots", [1, 2])
-def test_two_conversations_on_one_worker_keep_their_caches_with_two_slots(tokenizer, slots):
-    worker = Worker(random_model("E"), tokenizer, cache_slots=slots)
+def test_two_conversations_on_one_worker_keep_their_caches_with_two_slots(
+    reference_tokenizer, slots
+):
+    worker = Worker(random_chat_gpt("E"), reference_tokenizer, cache_slots=slots)
     chats = {name: list(range(start, start + 20)) for name, start in (("a", 60), ("b", 120))}
     cached: dict[str, list[int]] = {"a": [], "b": []}
     for _ in range(2):

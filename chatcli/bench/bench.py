@@ -1,8 +1,8 @@
 """`chatcli bench`: our engine against the plain baseline, side by side, in one run.
 
-Owns: building the model to measure (a checkpoint, or a synthetic nanochat of depth d4, d12
-or d20 with random weights), the measurements, and the result as a dict (the CLI prints a
-table or JSON). Measured for both modes: prefill tok/s, batch-1 decode tok/s, aggregate decode
+Owns: the measurements and the result as a dict (the CLI prints a table or JSON); the
+models it runs are models.py's (a checkpoint, or a synthetic nanochat of depth d4, d12 or
+d20), the bandwidth and rooflines roofline.py's. Measured for both modes: prefill tok/s, batch-1 decode tok/s, aggregate decode
 tok/s with 8 samples (and for ours, against one sample of the same prompt and sampling),
 time to first token at turns 1, 5 and 10 of a scripted chat; plus peak
 memory, the machine's memory bandwidth and the decode roofline it implies for the weights.
@@ -15,7 +15,6 @@ replayed as a CUDA graph, sampling on the device). Every timing waits for the de
 
 from __future__ import annotations
 
-import math
 import resource
 import time
 from collections.abc import Callable, Iterator
@@ -25,17 +24,24 @@ from typing import Any
 import torch
 
 from chatcli.bench.baseline import baseline_generate
+from chatcli.bench.models import cast_copy, gpu_weights
+from chatcli.bench.roofline import (
+    bandwidth_of,
+    bandwidth_probe,
+    matrix_params,
+    roofline_fractions,
+    timed,
+    weight_bytes_per_token,
+)
 from chatcli.chat.session import ChatSession, SamplingOptions
 from chatcli.engine.cpu_plan import apply_cpu_plan, torch_threads
 from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.static_step import StepWithFallback
-from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS, native_bf16
-from chatcli.model.gpt import ERAS, GPT, GPTConfig, Linear
+from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS
+from chatcli.model.gpt import GPT
 from chatcli.model.quantize import QUANTIZE_KINDS, default_half_kind
-from chatcli.model.special_tokens import SPECIAL_TOKENS
 
-SYNTHETIC_DEPTHS = {"d4": 4, "d12": 12, "d20": 20}
 DECODE_TOKENS = 48
 SAMPLES = 8
 TURNS = (1, 5, 10)
@@ -54,193 +60,6 @@ CHAT_SECONDS = 1.0  # each round's scripted chats, per mode (see _chat_ttft)
 TTFT_SAMPLES = 3  # each measured turn of a chat, sent again from the same state
 
 
-class SyntheticTokenizer:
-    """Enough of a tokenizer for a random-weight model: bytes, specials at the top."""
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-        self.special = {
-            name: vocab_size - len(SPECIAL_TOKENS) + i for i, name in enumerate(SPECIAL_TOKENS)
-        }
-
-    def encode(self, text: str, prepend: int | str | None = None) -> list[int]:
-        ids = list(text.encode())
-        if prepend is not None:
-            ids.insert(0, prepend if isinstance(prepend, int) else self.special[prepend])
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.decode_bytes(ids).decode(errors="replace")
-
-    def decode_bytes(self, ids: list[int]) -> bytes:
-        return bytes(i for i in ids if i < 256)
-
-    def encode_special(self, name: str) -> int:
-        return self.special[name]
-
-    def get_bos_token_id(self) -> int:
-        return self.special["<|bos|>"]
-
-    def get_vocab_size(self) -> int:
-        return self.vocab_size
-
-    def render_conversation(self, messages: list[dict], max_tokens: int | None = None):
-        raise NotImplementedError  # ChatSession only needs it for saved assistant messages
-
-
-def synthetic_config(name: str) -> GPTConfig:
-    """nanochat's shapes for a depth: 64 wide per layer, 128-wide heads, vocab 65536."""
-    depth = SYNTHETIC_DEPTHS[name]
-    n_embd = 64 * depth
-    n_head = max(1, math.ceil(n_embd / 128))
-    return GPTConfig(2048, 65536, depth, n_head, n_head, n_embd, window_pattern="SSSL")
-
-
-def synthetic_model(
-    name: str, device: torch.device | str = "cpu"
-) -> tuple[GPT, SyntheticTokenizer]:
-    """A random era-E model with nanochat's shapes for that depth (synthetic_config), in
-    fp32 on `device`. The same seed gives the same weights on every device (drawn on the
-    CPU)."""
-    config = synthetic_config(name)
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        model = GPT(config, ERAS["E"])
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02 if p.ndim == 2 else 0.1)
-    model.to(device)
-    model.init_rotary()
-    model.eval().requires_grad_(False)
-    return model, SyntheticTokenizer(config.vocab_size)
-
-
-def bench_device(device: str = "auto") -> torch.device:
-    """The device a bench runs on: auto is the first CUDA device where there is one, else
-    the CPU. Raises ValueError with the fix for anything else (MPS: not measured)."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        picked = torch.device(device)
-    except RuntimeError:
-        picked = None
-    if picked is None or picked.type not in ("cpu", "cuda"):
-        raise ValueError(f"The bench runs on auto, cpu, cuda or cuda:N; not {device!r}.")
-    if picked.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"--device {device}: this torch sees no CUDA device "
-            f"(torch {torch.__version__}). Use --device cpu."
-        )
-    if picked.type == "cuda" and (picked.index or 0) >= torch.cuda.device_count():
-        count = torch.cuda.device_count()
-        raise ValueError(
-            f"--device {device}: this machine has {count} CUDA device{'s' if count > 1 else ''} "
-            f"(cuda:0 to cuda:{count - 1})."
-        )
-    return picked
-
-
-def gpu_weights(precision: str, device: torch.device) -> torch.dtype:
-    """The weights ours runs on a CUDA device: auto as chatcli loads them there (bf16 where
-    the card computes in it, checkpoint.native_bf16), float32 or bfloat16 as asked. The CPU's
-    decode copies (float16, int8, int4) do not exist on a GPU: a ValueError says so."""
-    if precision == "auto":
-        return torch.bfloat16 if native_bf16(device) else torch.float32
-    if precision in ("float32", "bfloat16"):
-        return getattr(torch, precision)
-    raise ValueError(
-        f"--quantize {precision} is a CPU decode copy; on a GPU the bench takes auto, "
-        "float32 or bfloat16."
-    )
-
-
-def _cast_copy(model: GPT, dtype: torch.dtype) -> GPT:
-    """A copy of model with its weights in dtype, as checkpoint.load_model would give them
-    (the rotary tables made again in the era's own dtype), on the model's device.
-
-    Each weight is cast straight from the model's: a deepcopy first held a second fp32 copy
-    of every weight, and its peak was what an H200 reported for d20 (11425 MiB of device
-    memory, 5340 MiB of it that duplicate)."""
-    with torch.device("meta"):
-        cast = GPT(model.config, model.arch)
-    state = {k: v.to(dtype) for k, v in model.state_dict().items()}
-    cast.load_state_dict(state, assign=True)
-    cast.cos, cast.sin = (torch.empty(0, device=model.get_device()) for _ in range(2))
-    cast.init_rotary()
-    return cast.eval().requires_grad_(False)
-
-
-def _sync() -> None:
-    """Wait for the current CUDA device's queued work, where CUDA is in use: a timing
-    without this measures how fast kernels are queued, not run."""
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def bandwidth_probe(megabytes: int = 512, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A buffer much larger than the caches, for bandwidth_of."""
-    return torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
-
-
-def bandwidth_of(buffer: torch.Tensor, repeats: int = 5) -> float:
-    """Streaming read bandwidth in GB/s: the fastest of `repeats` sums over buffer (after
-    one that is not timed)."""
-    buffer.sum()
-    best = min(_timed(lambda: buffer.sum()) for _ in range(repeats))
-    return buffer.numel() * buffer.element_size() / best / 1e9
-
-
-def roofline_fractions(
-    decode: Callable[[], float],
-    probe: torch.Tensor,
-    threads: int,
-    weight_bytes: int,
-    bf16_bytes: int,
-) -> dict[str, float]:
-    """One batch-1 decode run (its tok/s) between two bandwidth probes over `probe` on
-    `threads` threads, as fractions of the rooflines the faster probe implies for
-    weight_bytes and bf16_bytes a token. Why beside the run: this host's memory read 31-36
-    GB/s in most spells and 45-65 in others, which can start and end within one bench run,
-    so the rounds' best decode and best probe could come from different spells (d20: 0.50
-    of a 64.7 GB/s roofline while the decode read its weights at 32). The faster probe
-    keeps it conservative where a spell turns during the run."""
-    with torch_threads(threads):
-        before = bandwidth_of(probe, repeats=3)
-    tps = decode()
-    with torch_threads(threads):
-        gbs = max(before, bandwidth_of(probe, repeats=3)) * 1e9
-    return {
-        "roofline_paired": tps * weight_bytes / gbs,
-        "bf16_roofline_paired": tps * bf16_bytes / gbs,
-    }
-
-
-def _timed(fn) -> float:
-    _sync()
-    t0 = time.perf_counter()
-    fn()
-    _sync()
-    return time.perf_counter() - t0
-
-
-def weight_bytes_per_token(model: GPT) -> int:
-    """Bytes of weights a batch-1 decode step reads: every matrix but the embedding tables,
-    in the precision decode reads it (its compact decode copy when there is one)."""
-    stacked = model.stacked_linears()  # counted in their attention's stacked copy
-    total = sum(w.nbytes for w in model.decode_weights())
-    for module in model.modules():
-        fp32 = isinstance(module, Linear) and module.decode_weight is None
-        if fp32 and id(module) not in stacked:
-            total += module.weight.numel() * module.weight.element_size()
-    return total
-
-
-def matrix_params(model: GPT) -> int:
-    """Weights of every matrix a decode step reads (the embedding tables are looked up)."""
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, Linear))
-
-
 def _prompt(tokenizer, n: int) -> list[int]:
     text = ("The quick brown fox jumps over the lazy dog. " * (n // 10 + 1))[: max(n - 1, 1)]
     return tokenizer.encode(text, prepend=tokenizer.get_bos_token_id())[:n]
@@ -250,7 +69,7 @@ def _prefill_tps(model, tokens: list[int]) -> float:
     """The baseline's prefill: the module forward, logits at every position."""
     ids = torch.tensor([tokens], device=model.get_device())
     with torch.inference_mode():
-        return len(tokens) / _timed(lambda: model(ids))
+        return len(tokens) / timed(lambda: model(ids))
 
 
 def _ours_prefill_tps(engine: Engine, tokens: list[int]) -> float:
@@ -259,7 +78,7 @@ def _ours_prefill_tps(engine: Engine, tokens: list[int]) -> float:
     ids = torch.tensor([tokens], device=engine.model.get_device())
     with torch.inference_mode():
         cache = engine.new_cache(1, len(tokens))
-        return len(tokens) / _timed(lambda: engine.forward_last(ids, cache))
+        return len(tokens) / timed(lambda: engine.forward_last(ids, cache))
 
 
 def _ours_decode(
@@ -489,7 +308,7 @@ def _run_bench(
     if isinstance(precision, torch.dtype):  # a GPU: ours runs its own copy in that dtype
         decode_kind = None if precision == torch.float32 else str(precision).split(".")[-1]
         if decode_kind is not None:
-            ours_model = _cast_copy(model, precision)
+            ours_model = cast_copy(model, precision)
             engine = Engine(ours_model, tokenizer, compile=compile)
     else:
         decode_kind = precision if precision in QUANTIZE_KINDS else None

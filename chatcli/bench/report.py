@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from chatcli.terminal.render import render_table
+from chatcli.terminal.render_panels import render_table
 
 if TYPE_CHECKING:
     from rich.console import Console

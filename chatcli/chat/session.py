@@ -5,6 +5,9 @@ assistant's as it generated them, so nothing is re-tokenized), the context guard
 the Engine for a turn. The cache is kept across turns: a new turn prefills only the tokens
 past the longest prefix the cache already holds, and /undo, /retry and interrupts just rewind
 it. Knows nothing about the terminal: it yields typed stream events and returns statistics.
+
+One concept past ~500 lines: the messages, their tokens, the context guard and the turns all
+read and rewrite the same entries, so they stay one class.
 """
 
 from __future__ import annotations

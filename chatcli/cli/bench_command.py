@@ -50,13 +50,8 @@ def bench(
     compile_model: CompileOpt = False,
 ) -> None:
     """Measure our engine against the plain baseline, side by side, in one run."""
-    from chatcli.bench.bench import (
-        SYNTHETIC_DEPTHS,
-        bench_device,
-        gpu_weights,
-        run_bench,
-        synthetic_model,
-    )
+    from chatcli.bench.bench import run_bench
+    from chatcli.bench.models import SYNTHETIC_DEPTHS, bench_device, gpu_weights, synthetic_model
     from chatcli.bench.report import render_bench
     from chatcli.model.checkpoint import load_model
     from chatcli.model.quantize import QUANTIZE_KINDS

@@ -82,7 +82,8 @@ def chat(
         NewConversation,
         read_conversation,
     )
-    from chatcli.terminal.render import make_console, render_banner, render_notice, render_recap
+    from chatcli.terminal.render import make_console, render_notice
+    from chatcli.terminal.render_panels import render_banner, render_recap
     from chatcli.terminal.repl import run_repl
 
     # Piped stdin (`echo hi | chatcli chat`): messages line by line, no prompt. Piped either

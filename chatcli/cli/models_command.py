@@ -25,7 +25,8 @@ def models(
 ) -> None:
     """List the checkpoints chatcli can find."""
     from chatcli.model.checkpoint import default_base_dir, list_checkpoints
-    from chatcli.terminal.render import make_console, render_notice, render_table
+    from chatcli.terminal.render import make_console, render_notice
+    from chatcli.terminal.render_panels import render_table
 
     if base_dir is not None and not base_dir.is_dir():
         raise fail(

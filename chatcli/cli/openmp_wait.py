@@ -4,17 +4,16 @@ Owns: the environment libgomp reads once, when torch is imported (libgomp is the
 runtime of PyTorch's Linux wheels, and MKL's threads run on it too). Knows nothing about
 torch, which it must not import: it runs first.
 
-Measured on this project's 2-vCPU machine, d20's int8 decode step (products on both cores):
 - A worker that sleeps as soon as a parallel region ends (OMP_WAIT_POLICY=PASSIVE) must be
-  woken for the next one, and ~80 products a token pay that wake: 47-51 ms a token, no
+  woken for the next one, and the ~80 products of a big model's token pay that wake: no
   faster than one thread.
 - A worker that spins a bounded while (GOMP_SPINCOUNT) is still awake when the next product
-  starts: 30-36 ms a token.
-- Spinning costs dearly while another process is busy on the same cores (121-127 ms against
-  45-50 passive; docs/performance.md's trap, with libgomp's default of ~3 ms of spin). The
-  decode step therefore measures whether its second thread pays and drops to one thread
-  when it does not (cpu_plan.ThreadChoice); a small model's step starts on one thread and
-  forks only where its products measure faster on two.
+  starts, so it spins.
+- Spinning costs dearly while another process is busy on the same cores (libgomp's default
+  spins ~3 ms). The decode step therefore measures whether its second thread pays and drops
+  to one thread when it does not (cpu_plan.ThreadChoice); a small model's step starts on one
+  thread and forks only where its products measure faster on two. The figures:
+  docs/performance-notes.md, "OpenMP's wait".
 """
 
 from __future__ import annotations

@@ -26,10 +26,8 @@ import torch
 
 # Below this many parameters a decode step is a few hundred microsecond-sized ops.
 SMALL_MODEL_PARAMS = 50_000_000
-# A prefill chunk of at least this many tokens runs on every core, whatever the model's size.
-# The embedded model's prefill on one thread against two (with openmp_wait's spin, best of
-# 5, six rounds): 128 tokens 15.1 against 13.3 ms, 256 28.8 against 20.5, 500 60.0 against
-# 37.5; but 64 tokens 9.2 against 9.1 and 32 6.7 against 7.4, as a chat turn's chunk is.
+# A prefill chunk of at least this many tokens runs on every core, whatever the model's size:
+# below it a second thread gained nothing (docs/performance-notes.md, "Wide prefill").
 WIDE_PREFILL_TOKENS = 128
 
 
@@ -141,10 +139,9 @@ class ThreadChoice:
             return
         # The best of the probe (its first run may pay for waking the other count's threads)
         # against the lower quartile of the current count's runs, not their median: a shared
-        # host's noise only adds time, and in a slow spell the median of the embedded model's
-        # one-row steps on two threads (~400 us) rose past a lucky single probe on one
-        # (~335), which then held 11-20% of a generation's steps on a count whose median step
-        # was 2-2.4x slower. A count that another process really slows is slow in every run.
+        # host's noise only adds time, so a median let one lucky probe win (docs/
+        # performance-notes.md, "Thread choice"). A count another process really slows is
+        # slow in every run.
         if min(self._probe) < _lower_quartile(self._recent) * (1.0 - self.margin):
             self.current, self.other = self.other, self.current
             self._recent.clear()

@@ -38,8 +38,9 @@ from chatcli.engine.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice, available_
 from chatcli.engine.step_attention import attend_over_prefix, attend_rows
 from chatcli.engine.step_matrices import StepLayer, StepMatrix, kernel_model, run_on_threads
 from chatcli.kernels.rows_step import RowsModel, rows_step
-from chatcli.model.gpt import GPT, SMEAR_CHANNELS, is_embedding_table
+from chatcli.model.gpt import GPT, SMEAR_CHANNELS
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model.linear import is_embedding_table
 from chatcli.model.slot_cache import SlotRows
 
 
@@ -111,17 +112,12 @@ class DecodeStep:
             m for layer in self.layers for m in (layer.qkv, layer.proj, layer.fc, layer.fc_proj)
         ]
         # A big CPU model's step is a few big products, which stream weights faster on every
-        # core, among hundreds of small ops, which on two threads pay a fork/join each (d20's
-        # int8 step went from 45 to 90 ms with every op on two, under a passive wait). So
-        # its products run on the caller's threads, and so does its attention, which
-        # streams the cache (d20 over 512 positions: 14.1 against 9.7 ms a token on one
-        # thread and two, with openmp_wait's spin); everything else runs on one.
-        # A small model's step through torch's ops runs on the caller's one thread
-        # (cpu_plan), but its products and attention read ~11 MB of weights and cache a
-        # token, more than a core's L2 holds: on a Xeon with AVX-512 the embedded model's
-        # step took 0.98-1.0 ms with them on both cores (openmp_wait's spin) against
-        # 1.17-1.20 on one, 8 rows 1.94-2.02 against 2.13-2.18; on an AMD EPYC with AVX2
-        # one thread was the faster. Our kernel (rows_step) starts on every core (__call__).
+        # core, among hundreds of small ops, which on two threads pay a fork/join each: its
+        # products and its attention (which streams the cache) run on the caller's threads,
+        # everything else on one. A small model's products and attention read more than a
+        # core's L2 holds, so they may gain from a second core too; which count is faster is
+        # measured as it runs (ThreadChoice). Our kernel starts on every core (__call__).
+        # The figures: docs/performance-notes.md, "Threads of the fused step".
         self.split_threads = model.num_params() >= SMALL_MODEL_PARAMS
         self._thread_choices: dict[tuple[int, int], ThreadChoice] = {}
         self.wide_threads = 1  # the products' and attention's count (__call__ sets it)
@@ -133,13 +129,11 @@ class DecodeStep:
         self.lean = self.dtype == torch.float32 and self.wte.device.type == "cpu"
         self.fold_norms = self.lean and all(c.float_activations for c in model.decode_weights())
         # The whole step, one row or many, in one call of our own kernel
-        # (kernels/rows_step.py) where it compiles here: a small fp32 model's ~150 ops
-        # of ~2-5 us each become one; a big model's fp16 copies are read from their own
-        # panels, and the ~300 ops and thread hand-offs between its products go (d20 on a
-        # 2-core Zen 3: 52 ms a token through fbgemm and torch's ops, see _native_rows).
+        # (kernels/rows_step.py) where it compiles here: a small fp32 model's ~150 small ops
+        # become one; a big model's fp16 copies are read from their own panels, and the ~300
+        # ops and thread hand-offs between its products go.
         self._rows_model = self._native_rows()
-        # ... and the rows it starts from (look-ups, norms, the smear) in one more call,
-        # where they were ~10 torch ops (~150 us of the embedded model's ~600 us token).
+        # ... and the rows it starts from (look-ups, norms, the smear) in one more call.
         self._embed_native = self._rows_model is not None and rows_step().embeds(self.wte)
         self._rows_cache: object | None = None  # the last cache checked for the kernel
         self._rows_takes = False  # and whether the kernel reads it
@@ -333,9 +327,8 @@ class DecodeStep:
         rows = 1 << (rows - 1).bit_length()  # by powers of two: a batch's rows vary a lot
         choice = self._thread_choices.get((rows, wide))
         if choice is None:
-            # Our whole-step kernel shares each product among the cores (a small model's
-            # step on two: 0.11 against 0.2 ms for one row, 0.35 against 0.63 for 8); torch's
-            # ops paid a fork/join each.
+            # Our whole-step kernel shares each product among the cores; torch's ops pay a
+            # fork/join each.
             many = self.split_threads or self._rows_model is not None
             preferred, other = (wide, 1) if many else (1, wide)
             choice = self._thread_choices[(rows, wide)] = ThreadChoice(preferred, other)
@@ -455,8 +448,7 @@ class DecodeStep:
             qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
             k_all[i, 0, pos] = qk[H:]
             v_all[i, 0, pos] = v
-            # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path
-            # (~6 ops: 290 against 190 us at d20's shapes over 300 positions).
+            # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path.
             y = run_on_threads(
                 self.wide_threads,
                 F.scaled_dot_product_attention,
@@ -489,8 +481,8 @@ def _soft_cap(
     logits: torch.Tensor, cap: float, scale: torch.Tensor | float | None = None
 ) -> torch.Tensor:
     """cap * tanh(logits * scale), or of logits / cap without a scale, in place. Over a big
-    vocabulary tanh is the step's costliest elementwise op (8 rows of 65536: 1.95 ms on one
-    thread, 0.96 on two), so a big model runs it on the products' threads."""
+    vocabulary tanh is the step's costliest elementwise op, so a big model runs it on the
+    products' threads."""
     scaled = logits.div_(cap) if scale is None else logits.mul_(scale)
     return scaled.tanh_().mul_(cap)
 

@@ -477,8 +477,7 @@ class Engine:
         suffix_len = self._room_after(prefix.get_pos(), budget)
         # A static decode step (a CUDA graph's) gets plain rows, the prompt copied into each:
         # the rows then decode in one graph replay a step, where over a shared prefix they
-        # take the dynamic step's hundreds of kernel launches (on an H200, 8 rows of d20 ran
-        # at 697 tok/s that way, slower than the baseline's copies). A GPU's memory copies
+        # would take the dynamic step's hundreds of kernel launches. A GPU's memory copies
         # the prompt in microseconds.
         static = self._static_step()
         if num_samples > 1 and self.shared_prefix and not static:

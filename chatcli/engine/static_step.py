@@ -31,9 +31,8 @@ class StaticDecodeStep(DecodeStep):
     and the K/V writes are index_copy_ at that position. Nothing depends on a host value, so
     the step can be captured once as a CUDA graph and replayed (CudaGraphStep). Plain
     KVCache rows only, one or many (Engine.fork copies the prompt into each sample row for
-    it); rows over a shared prompt, should any come, take the dynamic step. (Through
-    torch.compile on the CPU it was 3x slower than the fused eager step, so it is not
-    compiled there.)
+    it); rows over a shared prompt, should any come, take the dynamic step. It is not
+    compiled on the CPU, where the fused eager step is faster.
     """
 
     reads_whole_cache = True  # under a mask: the Engine zeroes the caches it makes for it

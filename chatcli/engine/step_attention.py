@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from chatcli.engine.step_matrices import run_on_threads
-from chatcli.model.gpt import attend_shared
+from chatcli.model.attention import attend_shared
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model.slot_cache import SlotCache
 

@@ -53,19 +53,15 @@ def pick_decode_step(model: Any, compile: bool = False) -> Step | None:
       hundreds), falling back to the module's forward if capture fails. --compile does not
       change it (compiled, the step replayed slower).
     - CPU, fp32 activations: the fused step (decode_step.py), reading a big model's compact
-      decode copies. A small model keeps it with --compile too: in a chat session (a
-      512-position cache) it decodes the embedded model in 1.75 ms per token, where its
-      static twin through torch.compile took 5.5 ms (scripts/bench_decode_paths.py; the
-      compiled module forward took 4.3 ms against an older step's 2.0). A big model with
-      --compile compiles its forward instead, as asked, unless its step runs through our
-      kernel (its fp16 copies read in one call per token, at the memory's speed: d20 at
-      26-33 tok/s on a 2-core Zen 3), which a compiled fp32 forward cannot approach.
+      decode copies. A small model keeps it with --compile too: it decodes faster than a
+      compiled forward or static step. A big model with --compile compiles its forward
+      instead, as asked, unless its step runs through our kernel (its fp16 copies read in one
+      call a token, at the memory's speed), which a compiled fp32 forward cannot approach.
+      The figures: docs/performance-notes.md, "Choosing the step".
     """
     device = model.get_device().type
     if device == "cuda" and StaticDecodeStep.supports(model):
-        # --compile is not taken here: compiled, the captured step replayed slower (d20 in
-        # bf16 on an H200: 2.56 against 1.82 ms, 380 against 519 tok/s in `chatcli bench`;
-        # scripts/cuda_step_profile.py).
+        # --compile is not taken here: compiled, the captured step replayed slower.
         return StepWithFallback(
             CudaGraphStep(StaticDecodeStep(model)), ModuleStep(model), "CUDA graph capture"
         )

@@ -18,7 +18,8 @@ import torch
 
 from chatcli.kernels.panels import Matrix
 from chatcli.kernels.rows_step import RowsLayer, RowsModel, RowsStep
-from chatcli.model.gpt import Attention, linear, through_copy, weight_major
+from chatcli.model.gpt import Attention
+from chatcli.model.linear import linear, through_copy, weight_major
 from chatcli.model.quantize import DecodeWeight
 
 if TYPE_CHECKING:
@@ -67,11 +68,8 @@ class StepMatrix:
     wider side; `mv` keeps the (out, in) weight where the input is the wider side (the
     MLP's c_proj).
     BLAS's gemv over (out, in) rows takes one short dot product per output, where over
-    (in, out) it accumulates whole output rows at full vector width. One run of
-    `python scripts/bench_decode_paths.py layouts` (embedded model, weights from memory, us
-    per matrix, (out, in) against (in, out)): one row 56/40 (qkv), 78/52 (c_fc), 118/75
-    (lm_head), 47/75 (MLP c_proj); 8 rows 99/71, 143/103, 227/180, 113/91 and 43/24 (c_proj
-    of attention).
+    (in, out) it accumulates whole output rows at full vector width
+    (`python scripts/bench_decode_paths.py layouts` measures both).
 
     threads: how many threads the products run on (DecodeStep sets it each step).
     """

@@ -30,7 +30,8 @@ from chatcli.model.checkpoint_paths import (
     step_file,
     steps_in,
 )
-from chatcli.model.gpt import GPT, GPTConfig, infer_architecture, is_embedding_table
+from chatcli.model.gpt import GPT, GPTConfig, infer_architecture
+from chatcli.model.linear import is_embedding_table
 from chatcli.model.quantize import default_half_kind
 from chatcli.model.tokenizer import Tokenizer
 
@@ -89,10 +90,8 @@ def pick_device(device: str = "auto") -> torch.device:
 
 # Above this many matrix weights (the embedding tables, looked up a row at a time, not
 # counted), CPU decode streams the matrices from memory, and a 16-bit copy halves the bytes
-# read per token. Greedy batch-1 ms a token, fp32 against fbgemm fp16 copies, four
-# alternating rounds (random era-E models, one-off): 5.2M matrix weights 3.3-4.0 against
-# 3.2-4.2, 13.8M 5.0-5.7 against 4.8-6.1, 20M (d4's shapes) 11.9-13.1 against 5.6-6.4,
-# 23M 10.1-11.5 against 6.1-7.9; d20 (477M) 2.5-3x.
+# read per token; below it the copies measured no faster (docs/performance-notes.md,
+# "Large models").
 LARGE_MODEL_MATRIX_PARAMS = 16_000_000
 # Entries of narrow embedding tables from which they stay narrow (_narrow_tables): 64 MB
 # widened to fp32. The embedded model's four bf16 tables hold 0.8M, d4's 50M, d20's 922M.
@@ -299,9 +298,9 @@ def _narrow_tables(
     saved narrower (nanochat's CUDA runs save wte and the value embeddings in bf16), for
     fp32 compute on the CPU, where they are big enough to matter (NARROW_TABLES_AT). They
     stay mapped from the file (read_state_dict's mmap), and each looked-up row widens
-    (model.look_up, exact). Widened at load, d20's tables took 3.7 GB of process memory and
-    d32's 9.1 GB, where a decode step reads a row of each; a small model's step, made of
-    dispatched ops, would only pay one op more per lookup."""
+    (model.look_up, exact). Widened at load, a big model's tables take gigabytes where a
+    decode step reads a row of each; a small model's step, made of dispatched ops, would
+    only pay one op more per lookup."""
     if device.type != "cpu" or precision.compute != torch.float32:
         return set()
     narrow = {
@@ -314,11 +313,9 @@ def _narrow_tables(
 
 def _read_through(table: torch.Tensor) -> None:
     """Read every page of a table mapped from the file once, so that the first lookup of
-    each token does not wait on the disk: a row per table, each a random read (d20's 11
-    tables, page cache dropped: 16 tokens at 3.5 tok/s against 10.6 once cached). Reading
-    them through took 2.5 s from a cold cache and 0.08 s from a warm one; the pages stay the
-    file's, which the OS may drop again under pressure (kernels that honour madvise would
-    read ahead by themselves; this sandbox's ignored MADV_WILLNEED and fadvise)."""
+    each token does not wait on the disk: a row per table, each a random read. The pages
+    stay the file's, which the OS may drop again under pressure (kernels that honour madvise
+    would read ahead by themselves; some ignore MADV_WILLNEED and fadvise)."""
     table.view(torch.uint8).amax()
 
 

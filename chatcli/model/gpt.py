@@ -2,7 +2,8 @@
 
 Owns: the network, its era-dependent variants, the full-sequence forward (the ground truth),
 the cached forward that the engine drives, and a slow uncached `generate` kept as the reference
-the fast path is tested against. Knows nothing about files (see checkpoint.py) or text.
+the fast path is tested against; its attention is attention.py's, its matrices linear.py's.
+Knows nothing about files (see checkpoint.py) or text.
 
 The eras differ only in which weights exist and a few constants; `Architecture` holds those
 constants and `infer_architecture` derives them from the weights and meta, never from names.
@@ -15,7 +16,6 @@ C n_embd, V vocab (padded to a multiple of 64 in recent checkpoints; logits are 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -25,17 +25,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from chatcli.model import quantize
+from chatcli.model.attention import attend, attend_shared
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model.linear import Linear, embedding, through_copy
 from chatcli.model.quantize import DecodeWeight
 from chatcli.model.sampling import sample_next_token
 
 SOFTCAP = 15.0
 SMEAR_CHANNELS = 24
-# An fp32 weight of at least this many elements (1 MB) is read from memory by every product
-# on the CPU, rather than from the caches; up to WEIGHT_MAJOR_ROWS rows then go through it
-# as W @ x.T (Linear._weight_major).
-STREAMED_WEIGHT_NUMEL = 1 << 18
-WEIGHT_MAJOR_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -115,83 +112,6 @@ def infer_architecture(
     return replace(arch, softcap=softcap or SOFTCAP, padded_vocab_size=padded)
 
 
-class Linear(nn.Linear):
-    """A bias-free linear layer that can also keep a compact copy of its weight for decode.
-
-    Decode of a big model on CPU is bandwidth-bound: rows go through the copy (fp16, bf16,
-    int8 or int4: quantize.py), which reads a half to an eighth of the bytes, up to the
-    copy's max_rows: fbgemm's fp16 kernel serves sample rows, chat chunks and prompts of up
-    to 1024 tokens, and so does our int8 kernel (fbgemm's int8 16 rows), int4 up to 64,
-    bf16 one (its matrix-matrix kernel measured 6.6x slower than fp32). More rows use the
-    fp32 weight. Activations stay fp32 between products
-    (inside one, the copy's kernel may round them: quantize.py).
-    """
-
-    decode_weight: DecodeWeight | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.decode_weight is not None:
-            y = through_copy(self.decode_weight, x)
-            if y is not None:
-                return y
-        return linear(x, self.weight)
-
-
-def through_copy(w: DecodeWeight, x: torch.Tensor) -> torch.Tensor | None:
-    """x (..., in) @ the compact copy w, or None where x has more rows than w serves."""
-    rows = x.numel() // x.size(-1)
-    if rows == 1:
-        return w.matvec(x.reshape(-1)).view(*x.shape[:-1], -1)
-    if rows <= w.max_rows:  # a few sample rows, where int8 still wins
-        return w.matmul(x.reshape(rows, -1)).view(*x.shape[:-1], -1)
-    return None
-
-
-def weight_major(weight: torch.Tensor, rows: int) -> bool:
-    """Whether `rows` rows go through `weight` as W @ x.T (the weight as MKL's left operand)
-    rather than x @ W.T (F.linear): faster for a few to a hundred rows through a weight
-    that streams from memory, as in sample rows and a chat turn's chunk.
-
-    Measured on d20's shapes (5120x1280 and the like), two threads, best of 6 in ABBA
-    rounds: a decode step of 8 sample rows 245 against 320 ms, a chunk of 8 tokens over
-    a 512-token cache 216 against 284, of 48 tokens 447 against 677, of 128 997 against
-    1046, but of 512 3463 against 3180 (the products alone: 700 against 786 ms, so the
-    transposed result's copy decides it). On one thread 2 rows took 51 against 65 ms but
-    8 rows 107 against 96. The embedded model's small matrices, which stay in the caches,
-    show no difference either way (0.8-1.1x), so they keep F.linear."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return False
-    if weight.numel() < STREAMED_WEIGHT_NUMEL or not 2 <= rows <= WEIGHT_MAJOR_ROWS:
-        return False
-    return rows <= 4 or torch.get_num_threads() > 1
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (..., in) @ weight.T, weight-major where that is the faster way (weight_major)."""
-    rows = x.numel() // x.size(-1)
-    if weight_major(weight, rows):
-        y = torch.mm(weight, x.reshape(rows, -1).t()).t().contiguous()
-        return y.view(*x.shape[:-1], -1)
-    return F.linear(x, weight)
-
-
-def embedding(num: int, dim: int) -> nn.Embedding:
-    """An embedding table left uninitialised: every weight is loaded or set by the trainer.
-
-    Skipping nn.Embedding's own normal_() matters on the meta device, where the first call
-    lazily imports torch's compiler stack (~2 s of a cold `chatcli once`).
-    """
-    return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
-
-
-def is_embedding_table(key: str) -> bool:
-    """Whether a state-dict key names an embedding table (looked up a row per token, never
-    read whole): the token embedding and era C+'s value embeddings."""
-    return key == "transformer.wte.weight" or (
-        key.startswith("value_embeds.") and key.endswith(".weight")
-    )
-
-
 def norm(x: torch.Tensor) -> torch.Tensor:
     # RMSNorm without a weight; eps is torch's default for the dtype, as in the reference.
     return F.rms_norm(x, (x.size(-1),))
@@ -231,7 +151,7 @@ class Attention(nn.Module):
         self.c_v = Linear(C, self.n_kv_head * self.head_dim, bias=False)
         self.c_proj = Linear(C, C, bias=False)
         # The compact decode copy of c_q, c_k and c_v stacked (GPT.add_decode_weights): one
-        # product instead of three, which saved ~0.3 ms a layer of d20's int8 step.
+        # product instead of three.
         self.qkv_decode_weight: DecodeWeight | None = None
         self.qkv_sizes = [self.n_head * self.head_dim] + [self.n_kv_head * self.head_dim] * 2
         self.ve_channels = arch.ve_gate_channels if has_value_embed(layer, config.n_layer) else 0
@@ -308,91 +228,6 @@ class Attention(nn.Module):
             sk[:, max(0, start - P) : s + 1],
             sv[:, max(0, start - P) : s + 1],
         )
-
-
-def attend_shared(
-    q: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, sk: torch.Tensor, sv: torch.Tensor
-) -> torch.Tensor:
-    """One decode step of N rows over a shared prefix and per-row suffixes, exactly.
-
-    q (N, 1, H, D); pk/pv (1, Lp, Hkv, D), shared; sk/sv (N, Ls, Hkv, D), per row.
-    Scores over both key sets go through one softmax (a common max, one denominator), so the
-    result equals attention over the concatenated keys. The prefix is read once for all rows:
-    its matmuls take the N rows' queries as extra query positions.
-    """
-    N, _, H, D = q.shape
-    Hkv = sk.shape[2]
-    r = H // Hkv
-    if pk.size(1) == 0:  # a short window that no longer reaches the prompt
-        y = F.scaled_dot_product_attention(
-            q.transpose(1, 2), sk.transpose(1, 2), sv.transpose(1, 2), enable_gqa=r > 1
-        )
-        return y.transpose(1, 2)
-    qg = q.view(N, Hkv, r, D) * D**-0.5  # query head j*r+i uses kv head j
-    # prefix: (Hkv, N*r, D) @ (Hkv, D, Lp) -> (N, Hkv, r, Lp)
-    qp = qg.permute(1, 0, 2, 3).reshape(Hkv, N * r, D)
-    sp = torch.bmm(qp, pk[0].permute(1, 2, 0)).view(Hkv, N, r, -1).permute(1, 0, 2, 3)
-    ss = torch.matmul(qg, sk.permute(0, 2, 3, 1))  # (N, Hkv, r, Ls)
-    m = torch.maximum(sp.amax(-1, keepdim=True), ss.amax(-1, keepdim=True))
-    ep, es = (sp - m).exp_(), (ss - m).exp_()
-    denom = ep.sum(-1, keepdim=True) + es.sum(-1, keepdim=True)
-    op = torch.bmm(ep.permute(1, 0, 2, 3).reshape(Hkv, N * r, -1), pv[0].permute(1, 0, 2))
-    y = op.view(Hkv, N, r, D).permute(1, 0, 2, 3) + torch.matmul(es, sv.permute(0, 2, 1, 3))
-    return (y / denom).reshape(N, 1, H, D)
-
-
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: int, k_pos: int, window: int
-) -> torch.Tensor:
-    """Causal (optionally windowed) attention. q (B,Tq,H,D), k/v (B,Tk,Hkv,D) -> (B,Tq,H,D).
-
-    q_pos, k_pos: absolute positions of q[:, 0] and k[:, 0]. Query at position i sees keys j
-    with i - window <= j <= i.
-    """
-    Tq, Tk = q.shape[1], k.shape[1]
-    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    gqa = qh.shape[1] != kh.shape[1]
-    if Tq == 1 and q_pos - k_pos < window + 1 and k_pos + Tk - 1 == q_pos:
-        # Decode step: every key present is visible, no mask needed.
-        y = F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=gqa)
-    elif q_pos == k_pos and Tq == Tk and window >= Tq - 1:
-        # A fresh sequence no longer than the window: plain causal, the fast fused kernel.
-        y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=gqa)
-    else:
-        args = (q_pos, Tq, k_pos, Tk, window, q.dtype, q.device)
-        if torch.compiler.is_compiling():  # traced into the graph, not looked up
-            mask = _visible(*args, inference=False)
-        else:
-            mask = _visible_cached(*args, inference=torch.is_inference_mode_enabled())
-        y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=gqa)
-    return y.transpose(1, 2)
-
-
-def _visible(
-    q_pos: int,
-    Tq: int,
-    k_pos: int,
-    Tk: int,
-    window: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    inference: bool,
-) -> torch.Tensor:
-    """(Tq, Tk) additive mask: 0 where query i sees key j (i - window <= j <= i), -inf
-    elsewhere. A float mask spares the attention kernel converting a boolean one.
-    `inference` only keys the cache (a tensor made under inference_mode cannot take part
-    in autograd)."""
-    i = torch.arange(q_pos, q_pos + Tq, device=device).unsqueeze(1)
-    j = torch.arange(k_pos, k_pos + Tk, device=device).unsqueeze(0)
-    hidden = (j > i) | (j < i - window)
-    return torch.zeros(Tq, Tk, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))
-
-
-# Every layer of one forward asks for the same mask (one per window size), which costs ~7
-# small ops to build: a chat turn's chunk over 200 cached positions took 90 us per layer
-# with a boolean mask built each time, 57 with this one. At most 4 stay alive (a 2048-token
-# forward without a cache, through short windows, keeps a 16 MB fp32 one).
-_visible_cached = functools.lru_cache(maxsize=4)(_visible)
 
 
 class MLP(nn.Module):

@@ -7,8 +7,8 @@ Knows nothing about sampling, tools or text.
 Layout (num_layers, B, T, H, D), as nanochat's flash-attention cache: one layer's slice is a
 (B, T, H, D) view that the model writes in place. The position is kept on the host so reading
 it never syncs with a GPU; `cache_seqlens` gives it as a tensor for kernels that want one,
-made when asked: kept in step, its in-place add was a tensor op (~10-30 us on a 2-core
-host) in every decode step, which read nothing of it.
+made when asked: kept in step, its in-place add was a tensor op in every decode step,
+which read nothing of it.
 """
 
 from __future__ import annotations

@@ -8,10 +8,9 @@ that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
 
 - float16: half the bytes, rounded 8x closer than bf16 (11 bits of mantissa against 8). On
   x86 the product is fbgemm's fp16 GEMM: weights packed once, widened to fp32 in registers
-  (F16C), fp32 activations and sums. Over d20's matrices, two threads (`python
-  scripts/bench_decode_paths.py kernels`, rounds alternating the formats): one row in less
-  time than bf16's torch.mv, and 8 rows 2.5x faster than fp32 (1.3 against 3.3 ms a
-  5120x1280 matrix), still 0.88 of fp32's time at 1024 rows (FBGEMM_FP16_MAX_ROWS). Where
+  (F16C), fp32 activations and sums: one row faster than bf16's torch.mv, and a few to
+  1024 rows (FBGEMM_FP16_MAX_ROWS) faster than fp32 (`python
+  scripts/bench_decode_paths.py kernels` measures them). Where
   fbgemm is missing, torch.mv over fp16, one row, its input scaled into fp16's range. On
   AVX-512 one row goes through our own kernel instead (kernels/f16_matvec.py).
 - bfloat16: half the bytes; exact products of rounded weights (torch.mv).
@@ -21,9 +20,8 @@ that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
   the copy's panels itself, and its products serve chat turns and prompts too
   (NATIVE_INT8_MAX_ROWS). Else, on x86, fbgemm's dynamic int8 linear: each call also
   rounds its activations to 7-bit integers (one scale and offset per call), and multiplies
-  in integers: d20's matrices in 36 ms per token (one row runs on one thread;
-  scripts/bench_decode_paths.py kernels) against 40 for torch's weight-only kernel and 62
-  for bf16 torch.mv on two threads. Where fbgemm is missing (ARM) it is weight-only:
+  in integers, faster than torch's weight-only kernel or bf16's torch.mv. Where fbgemm is
+  missing (ARM) it is weight-only:
   torch._weight_int8pack_mm, activations in bf16.
 - int4: an eighth; asymmetric, a scale and offset per group of GROUP_SIZE inputs
   (torch._weight_int4pack_mm_for_cpu, activations in bf16).
@@ -50,22 +48,14 @@ INT4_GROUP_SIZE = 128
 _INT4_INNER_K_TILES = 8
 _INT4_OUTPUT_TILE = 16
 _TINY = torch.finfo(torch.float32).tiny
-# fbgemm's fp16 GEMM beat fp32 (model.linear) at every row count measured over d20's
-# matrices, two threads: 0.31-0.37 of its time for 2-4 rows, 0.50 for 16, 0.74 for 64-128,
-# 0.81 for 512 and 0.88 for 1024 (one-off, twelve to eighteen matrices a count).
+# fbgemm's fp16 GEMM beat fp32 (linear.linear) at every row count measured, up to this.
 FBGEMM_FP16_MAX_ROWS = 1024
 # Our int8 product (weight-only, fp32 activations) beat the fp32 weight at every row count
-# measured over d20's layers, two threads, a chunk after a 200-token cache, 2-vCPU Zen 4
-# (one-off script; best of 4, ms): 25 rows 172 against 398, 48 283 against 397, 128 739
-# against 901, 512 2882 against 3221, 1024 6840 against 7049. So a chat turn and a prompt
-# read the same int8 weights as decode, as fp16 copies do through fbgemm.
+# measured, up to this: a chat turn and a prompt read the same int8 weights as decode, as
+# fp16 copies do through fbgemm.
 NATIVE_INT8_MAX_ROWS = 1024
-# torch's int4 kernel against the fp32 weight, the same chunks (best of 2, ms), on the Zen
-# 4 with AVX-512: 8 rows 67 against 226 (sample rows), 25 193 against 358, 128 831 against
-# 924, 512 3554 against 3809, 1024 7614 against 7229. Its products alone over d20's four
-# shapes (best of 5): 0.21 of fp32's time at 8 rows, 0.67 at 32, 0.91 at 64, 0.96-0.98
-# beyond; with torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, same CPU) 0.42 at 8 rows but
-# 1.22 at 32. Past where it clearly wins, the rows keep fp32's exact products.
+# torch's int4 kernel wins clearly over fp32 only for a few rows, more with AVX-512 than
+# with AVX2; past that the rows keep fp32's exact products.
 INT4_MAX_ROWS = {"AVX512": 64}
 INT4_MAX_ROWS_ELSEWHERE = 8
 
@@ -74,8 +64,7 @@ class DecodeWeight(Protocol):
     nbytes: int  # bytes one product reads
     # The most rows (tokens) a product over this copy beats the fp32 weight at: bf16
     # matrix-matrix kernels are compute-bound on this CPU, while int8's stays ahead up to
-    # a few sample rows (8 rows of d20's MLP: 1.2 ms against fp32's 3.2), and fbgemm's fp16
-    # one up to long prompts (FBGEMM_FP16_MAX_ROWS).
+    # a few sample rows, and fbgemm's fp16 one up to long prompts (FBGEMM_FP16_MAX_ROWS).
     max_rows: int
     # Whether the product takes its rows as floats, so that a row scaled after the product
     # equals the row scaled before it, up to rounding: not so for fbgemm's int8 kernel, which
@@ -95,15 +84,14 @@ class Fp16Weight:
     """fp16: on x86, fbgemm's fp16 GEMM over weights packed once, which widens them to fp32
     in registers and takes and accumulates fp32 activations, so any number of rows and no
     range to mind. Elsewhere torch.mv, one row, its input scaled into fp16's range. One row
-    goes through our own kernel where it runs (kernels/f16_matvec.py: AVX-512), which also widens
-    the weights in registers and sums in fp32: it streams d20's matrices at 27-30 GB/s on a
-    2-core Xeon where fbgemm's packed ones read at 21. It reads a plain fp16 copy beside
+    goes through our own kernel where it runs (kernels/f16_matvec.py: AVX-512), which also
+    widens the weights in registers and sums in fp32, and streams them faster than fbgemm's
+    packing. It reads a plain fp16 copy beside
     fbgemm's packing (which serves several rows), unpacked from the panels below at its
     first use where they are kept.
     2 to 8 rows (a big model's sample rows) go through our f16_rows where it runs (AVX2
-    with F16C, or AVX-512), over the copy packed in its panels: d20's matrices for 8 rows
-    in 52-54 ms on a 2-core Zen 3 where fbgemm's took 75-82 (two threads, ABBA rounds,
-    one-off script), as its loop widens each weight once for all the rows. Another fp16
+    with F16C, or AVX-512), over the copy packed in its panels, faster than fbgemm's as its
+    loop widens each weight once for all the rows. Another fp16
     copy, kept beside fbgemm's, which still serves 9 rows and more (chat chunks, prompts).
     A decode step through our whole-step kernel (kernels/rows_step.py) reads those
     panels itself (half_panels) and calls none of these products."""
@@ -126,7 +114,7 @@ class Fp16Weight:
         # The plain fp16 copy serves one row outside a whole-step kernel, which reads the
         # panels. Beside panels it is unpacked from them at the first such product, not
         # made at load, so a model that decodes through rows_step keeps two copies, not
-        # three (d20: 0.95 GB less). Without panels it is made now: nothing else keeps the
+        # three. Without panels it is made now: nothing else keeps the
         # halves (the weight may be a stack made for this copy and freed after).
         self._plain: torch.Tensor | None = None
         if self._panels is None and (self._native is not None or not self.use_fbgemm):
@@ -289,7 +277,7 @@ class Int8Weight:
             # reduce_range: 7-bit activations, so AVX2's u8 x s8 pair sums cannot saturate.
             y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self._packed, True)
             return y.to(x.dtype)
-        # bf16 activations: the kernel's fp32-activation path measured 6x slower here.
+        # bf16 activations: the kernel's fp32-activation path measured far slower.
         y = torch._weight_int8pack_mm(x.to(torch.bfloat16), self.codes, self.scales)
         return y.to(x.dtype)
 
@@ -350,11 +338,9 @@ def make_decode_weight(weight: torch.Tensor, kind: str) -> DecodeWeight:
 def default_half_kind() -> str:
     """The 16-bit copy a big model keeps by default on this CPU for its decode (and, through
     fbgemm's fp16 GEMM, for its products of up to FBGEMM_FP16_MAX_ROWS rows): fp16 on x86
-    where fbgemm runs, else bf16. Over d20's matrices, one row on two threads (`python
-    scripts/bench_decode_paths.py kernels`): an AMD EPYC with AVX2, fp16 in 0.45-0.5 of
-    bf16's time; a Xeon with AVX-512 and AVX512-BF16, 49.9 against 107.9 ms a token (bf16's
-    torch.mv does not use the native bf16 dot products there). fp16 was not measured on
-    other CPUs (ARM), where its product would be a plain torch.mv."""
+    where fbgemm runs, else bf16: fp16 measured about twice as fast on the x86 CPUs tried
+    (`python scripts/bench_decode_paths.py kernels`), and was not measured on other CPUs
+    (ARM), where its product would be a plain torch.mv."""
     x86 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
     return "float16" if x86 and fbgemm_fp16_available() else "bfloat16"
 

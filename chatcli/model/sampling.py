@@ -7,8 +7,7 @@ Sampling draws one uniform number per row and inverts the cumulative distributio
 (cumsum + searchsorted): over a 65k vocabulary that is ~30x cheaper on CPU than
 torch.multinomial. Top-p only sorts what it must: inside top-k when top-k is set.
 On the CPU, where our sample_rows kernel compiled (kernels/sample_rows.py), the same draw is
-inverted there in one call instead of ~10 torch ops: 84-114 against 27-28 us a token with
-chat's defaults over the embedded model's 1024 words.
+inverted there in one call instead of ~10 torch ops.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ def sample_with_draws(
     vals = logits
     if top_k is not None and 0 < top_k < logits.size(-1):
         vals, idx = torch.topk(logits, top_k, dim=-1)  # sorted, descending
-    # x / 1.0 is x: over (8, 65536) logits the division is ~0.3 ms a step to skip.
+    # x / 1.0 is x: over a big vocabulary the division is worth skipping.
     scaled = vals.float() if temperature == 1.0 else vals.float() / temperature
     probs = F.softmax(scaled, dim=-1)
     if top_p is not None and 0.0 < top_p < 1.0:
@@ -86,9 +85,9 @@ def _invert_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     # past the end or on a zero tail: clamp, and fall back to the likeliest token then.
     choice = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.size(-1) - 1)
     ok = probs.gather(1, choice) > 0
-    # The fallback's argmax reads the whole distribution (~0.3-0.6 ms for 8 rows of 65536
-    # on the CPU) for a case that almost never happens: on the CPU a host read (~3 us) says
-    # whether it is needed; on a GPU that read would be a sync, so the choice stays there.
+    # The fallback's argmax reads the whole distribution for a case that almost never
+    # happens: on the CPU a (cheap) host read says whether it is needed; on a GPU that read
+    # would be a sync, so the choice stays there.
     if probs.device.type == "cpu" and bool(ok.all()):
         return choice
     return torch.where(ok, choice, probs.argmax(dim=-1, keepdim=True))

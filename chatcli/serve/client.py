@@ -2,10 +2,9 @@
 ollama, ...): the same interface as ChatSession, so the REPL and `chatcli once` need not care.
 
 Owns: the conversation (kept in chatcli's message format, assistant replies as nanochat parts),
-the chat completions request, reading its server-sent events back into chatcli.chat.stream events
-(calculator calls from chatcli's `chatcli_tool` field, whose status tells a call the length
-limit cut from a failed one, or, from other servers, from the inline `[calc ...]` markers), and
-turn statistics from the server's usage numbers and our own clock.
+the chat completions request (its server-sent events read back into chatcli.chat.stream events
+by completion_events.py), and turn statistics from the server's usage numbers and our own
+clock.
 Closing the event iterator closes the HTTP stream, which makes the server stop generating.
 
 Knows nothing of torch, tokens or the terminal. The server holds no state between requests:
@@ -23,8 +22,8 @@ from typing import Any, ClassVar
 
 import httpx
 
-from chatcli.chat.calc_markers import MarkerScanner, events_of_marker, text_from_parts
-from chatcli.chat.stream import StreamEvent, TextDelta, ToolResult, parts_from_events
+from chatcli.chat.calc_markers import text_from_parts
+from chatcli.chat.stream import StreamEvent, TextDelta, ToolResult
 from chatcli.chat.turns import (
     CONTEXT_WARN_FRACTION,
     Message,
@@ -35,11 +34,10 @@ from chatcli.chat.turns import (
     split_system,
 )
 from chatcli.errors import ChatcliError
+from chatcli.serve.completion_events import StreamedReply, sse_payloads
 
 # Waiting for a busy server's queue can take a while; a dead connection is found much sooner.
 TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=10.0)
-# OpenAI's finish reasons in chatcli's words ("content_filter" and the like pass through).
-FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
 
 
 def _base_url(url: str) -> str:
@@ -268,7 +266,7 @@ class RemoteSession:
 
     def _stream(self, added_user: bool) -> Iterator[StreamEvent]:
         seed = self.options.turn_seed()
-        turn = _Turn()
+        turn = StreamedReply()
         answered = False  # the server took the request: from here on a reply is recorded
         earlier = len(self._earlier)  # exchanges dropped before this turn
         interrupted = False
@@ -288,7 +286,7 @@ class RemoteSession:
                         answered = True
                         if dropped:
                             self._notice_dropped(dropped)
-                        for payload in _sse_payloads(response.iter_lines()):
+                        for payload in sse_payloads(response.iter_lines()):
                             for event in turn.read(payload):
                                 if turn.first_at is None and isinstance(
                                     event, TextDelta | ToolResult
@@ -365,7 +363,7 @@ class RemoteSession:
             )
         )
 
-    def _close_turn(self, turn: _Turn, stats: TurnStats, t0: float) -> None:
+    def _close_turn(self, turn: StreamedReply, stats: TurnStats, t0: float) -> None:
         now = time.perf_counter()
         usage = turn.usage or {}
         stats.tokens_in = int(usage.get("prompt_tokens") or 0)
@@ -401,94 +399,6 @@ class RemoteSession:
                     "oldest exchanges out of what the server sees (/clear starts afresh)."
                 )
             )
-
-
-def _sse_payloads(lines: Iterator[str]) -> Iterator[str]:
-    """The data of each server-sent event (multi-line data joined); comments are skipped."""
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-    if data:
-        yield "\n".join(data)
-
-
-class _Turn:
-    """One streamed reply as it arrives: events out, text and calls kept for the message."""
-
-    def __init__(self) -> None:
-        self.scanner = MarkerScanner()
-        self.events: list[StreamEvent] = []
-        self.finish: str | None = None
-        self.usage: dict[str, Any] | None = None
-        self.first_at: float | None = None
-        self.deltas = 0
-        self.done = False
-
-    def read(self, payload: str) -> list[StreamEvent]:
-        if payload == "[DONE]":
-            self.done = True
-            return []
-        try:
-            chunk = json.loads(payload)
-        except json.JSONDecodeError as e:
-            raise ChatcliError(f"The server sent an event that is not JSON: {payload[:200]}") from e
-        if not isinstance(chunk, dict):
-            return []
-        if chunk.get("error"):
-            error = chunk["error"]
-            message = error.get("message") if isinstance(error, dict) else error
-            raise ChatcliError(f"The server failed mid-reply: {message}")
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        events: list[StreamEvent] = []
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            tool = delta.get("chatcli_tool")
-            if isinstance(tool, dict):
-                # chatcli's own server: the content is just the marker; the field says it all.
-                events += self.scanner.flush()
-                events += _events_of_tool(tool)
-                self.deltas += 1
-            elif delta.get("content"):
-                events += self.scanner.feed(delta["content"])
-                self.deltas += 1
-            if choice.get("finish_reason"):
-                reason = choice["finish_reason"]
-                self.finish = FINISH_REASONS.get(reason, reason)
-        self.events += events
-        return events
-
-    def end(self) -> list[StreamEvent]:
-        events = self.scanner.flush()
-        self.events += events
-        return events
-
-    def parts(self) -> list[dict[str, str]]:
-        """The reply as nanochat parts, as ChatSession records its own replies."""
-        return parts_from_events(self.events)
-
-
-def _events_of_tool(tool: dict[str, Any]) -> list[StreamEvent]:
-    """A `chatcli_tool` field as the events a local TokenDecoder would have emitted.
-
-    Only the status tells a call the length limit or the context cut ("cut", as a local
-    session says) from one the calculator refused: both have output null. A server from
-    before the status field sends none, and then output null reads as failed, as it did.
-    """
-    expression = str(tool.get("expression", ""))
-    output = tool.get("output")
-    output = None if output is None else str(output)
-    events = events_of_marker(expression, output)
-    if tool.get("status") == "cut":
-        events[-1] = ToolResult(expression, output, cut=True)
-    return events
 
 
 class _ContextFull(ChatcliError):

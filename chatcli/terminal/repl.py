@@ -41,13 +41,11 @@ from chatcli.terminal.render import (
     render_hint,
     render_interrupted,
     render_notice,
-    render_recap,
-    render_replies,
     render_status,
-    render_table,
     render_text,
     use_markdown,
 )
+from chatcli.terminal.render_panels import render_recap, render_replies, render_table
 from chatcli.terminal.session_protocols import Session
 from chatcli.terminal.slash_commands import ChatCommands
 

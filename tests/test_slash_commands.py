@@ -1,5 +1,6 @@
-"""ChatCommands on its own: no prompt, no Rich. A fake screen records what would be drawn and
-answers /samples' question from a script; a small fake session stands in for ChatSession.
+"""ChatCommands (terminal/slash_commands.py) on its own: no prompt, no Rich. A fake screen
+records what would be drawn and answers /samples' question from a script; a small fake
+session stands in for ChatSession.
 
 The full REPL, keys and drawing included, is driven end to end in test_repl.py.
 """
