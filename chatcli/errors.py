@@ -2,7 +2,7 @@
 
 Everything a user can get wrong (a path, a file, a setting, a request) raises a ChatcliError
 whose message says what was wrong and how to fix it. Only the CLI turns these into a red line
-and an exit code; nothing below the UI prints.
+and an exit code (2 for a UsageError, 1 for the rest); nothing below the UI prints.
 """
 
 from __future__ import annotations
@@ -30,3 +30,9 @@ class ConversationFileError(ChatcliError):
 
 class ContextOverflowError(ChatcliError):
     """A prompt does not fit in the model's context window."""
+
+
+class UsageError(ChatcliError):
+    """The command line itself is wrong: an option's value, options that do not go together,
+    a missing argument. The CLI exits 2 for it, as for click's own usage errors; 1 is for a
+    command that was well asked but failed (a missing file, a server that refuses)."""

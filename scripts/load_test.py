@@ -4,6 +4,7 @@ latency (a request's decode time over its tokens) and the gaps between a stream'
 
     python scripts/load_test.py                       # starts a server on the embedded model
     python scripts/load_test.py --model PATH --workers 2 --batch 8
+    python scripts/load_test.py --ray local --workers 2   # its replicas on a local Ray cluster
     python scripts/load_test.py --url http://127.0.0.1:8000 --json
     python scripts/load_test.py --compare 8           # --batch 1 against --batch 8, at 1, 4,
                                                       # 8 and 16 streams, in one run
@@ -14,6 +15,10 @@ turns each, every stream sending --rounds requests a turn), so a shared machine'
 fall on both alike; the ratios are the result. --synthetic
 serves a random-weight model of nanochat's shapes for that depth (its tokens shown as
 printable characters), as `chatcli bench --synthetic` measures it.
+
+A server it starts (`chatcli serve`, with --ray when asked) is timed from launch to its first
+healthy answer, and its memory is the RSS of its whole process tree (for Ray: the cluster's
+processes too), the most seen while the load ran.
 
 Only loopback servers are accepted, and clients and requests are capped: this is a benchmark for
 your own machine, not a traffic generator. Needs the serve extra (httpx).
@@ -29,8 +34,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
@@ -198,20 +205,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: argparse.Namespace, batch: int | None) -> tuple[subprocess.Popen, str]:
+def start_server(
+    args: argparse.Namespace, batch: int | None
+) -> tuple[subprocess.Popen, str, float]:
+    """A server on a free loopback port: (process, url, seconds until healthy). `chatcli
+    serve` (with --batch where given), or --synthetic's own."""
     port = free_port()
     if args.synthetic:
         command = [sys.executable, __file__, "--serve-synthetic", args.synthetic]
         command += ["--port", str(port), "--batch", str(batch or 1)]
     else:
-        call = (
-            "from chatcli.serve.app import serve; "
-            f"serve({args.model!r}, host='127.0.0.1', port={port}, workers={args.workers!r}, "
-            f"device={args.device!r}, batch={batch!r}, log_level='warning')"
-        )
-        command = [sys.executable, "-c", call]
+        command = [sys.executable, "-m", "chatcli", "serve", "--port", str(port)]
+        command += ["--device", args.device, "--max-queue", str(MAX_REQUESTS)]
+        if args.model:
+            command += ["--model", args.model]
+        if args.workers:
+            command += ["--workers", args.workers]
+        if args.ray:
+            command += ["--ray", args.ray]
+        if batch is not None:
+            command += ["--batch", str(batch)]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    proc = subprocess.Popen(command, env=env)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -219,12 +235,61 @@ def start_server(args: argparse.Namespace, batch: int | None) -> tuple[subproces
             raise SystemExit(f"the server exited with code {proc.returncode} before it was ready")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
+                return proc, url, time.perf_counter() - t0
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
     proc.terminate()
     raise SystemExit("the server did not come up within 600 s")
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (Linux's /proc; [] elsewhere)."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            found += process_tree(int(child))
+    return found
+
+
+def tree_rss_mib(pid: int) -> tuple[int, float]:
+    """(processes, their summed resident memory in MiB) for `pid`'s tree."""
+    pids, kib = process_tree(pid), 0
+    for p in pids:
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        kib += next(
+            (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0
+        )
+    return len(pids), kib / 1024
+
+
+class MemoryWatch:
+    """The most memory a process tree held, sampled every `every` seconds in a thread."""
+
+    def __init__(self, pid: int, every: float = 0.5) -> None:
+        self.pid, self.every = pid, every
+        self.processes, self.peak_mib = tree_rss_mib(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            processes, mib = tree_rss_mib(self.pid)
+            if mib > self.peak_mib:
+                self.processes, self.peak_mib = processes, mib
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        return {"processes": self.processes, "peak_rss_mib": round(self.peak_mib, 1)}
 
 
 class _PrintableTokens:
@@ -302,7 +367,7 @@ def compare(args: argparse.Namespace) -> list[dict]:
     """Both servers up; at each number of streams, --batch 1 and --batch N in turns, each
     `repeat` times (the order alternating), every request of a server's turns pooled: its
     throughput is their tokens over their time, its latencies their percentiles."""
-    servers = {b: start_server(args, b) for b in (1, args.compare)}
+    servers = {b: start_server(args, b)[:2] for b in (1, args.compare)}
     rows = []
     try:
         for streams in args.streams:
@@ -369,7 +434,10 @@ def main() -> None:
     parser.add_argument("--url", help="target a running loopback server instead of starting one")
     parser.add_argument("--model", help="checkpoint for the started server (default: embedded)")
     parser.add_argument("--synthetic", choices=["d4", "d12", "d20"], help="a random model")
-    parser.add_argument("--workers", type=int, default=None, help="workers of the started server")
+    parser.add_argument(
+        "--workers", help="replicas of the started server: N, or MIN-MAX with --ray"
+    )
+    parser.add_argument("--ray", metavar="ADDRESS", help="start the server with --ray ADDRESS")
     parser.add_argument("--device", default="auto", help="device of the started server")
     parser.add_argument("--batch", type=int, default=None, help="the started server's --batch")
     parser.add_argument("--compare", type=int, metavar="N", help="--batch 1 against --batch N")
@@ -398,8 +466,8 @@ def main() -> None:
     if args.url and urlparse(args.url).hostname not in LOOPBACK:
         parser.error("--url must be a loopback address (127.0.0.1, localhost or ::1)")
     if args.compare is not None:
-        if args.url:
-            parser.error("--compare starts its own two servers: leave out --url")
+        if args.url or args.ray:
+            parser.error("--compare starts its own two servers on this machine: no --url, --ray")
         if (
             not all(1 <= s <= MAX_CLIENTS for s in args.streams)
             or min(args.rounds, args.repeat) < 1
@@ -412,30 +480,42 @@ def main() -> None:
             print_table(rows, args.compare)
         return
 
-    proc = None
+    proc = watch = None
+    started: dict | None = None
     if args.url:
         url = args.url.rstrip("/").removesuffix("/v1")
     else:
-        proc, url = start_server(args, args.batch)
+        proc, url, startup_s = start_server(args, args.batch)
+        watch = MemoryWatch(proc.pid)
+        started = {"startup_s": round(startup_s, 2), "ray": args.ray, "workers": args.workers}
     try:
         summary = measure(url, args.clients, args.requests, args.max_tokens)
     finally:
+        if watch is not None and started is not None:
+            started.update(watch.stop())
         if proc is not None:
             proc.terminate()
-            proc.wait(timeout=30)
+            proc.wait(timeout=60)
+    summary["started"] = started
     if args.json:
         print(json.dumps(summary))
         return
     print(f"server          {url}")
+    if started:
+        print(
+            f"started         in {started['startup_s']} s; {started['processes']} processes, "
+            f"{started['peak_rss_mib']} MiB RSS at most"
+        )
     print(
         f"requests        {summary['succeeded']}/{summary['requests']} ok, {args.clients} clients"
     )
-    print(f"wall            {summary['wall_s']} s")
+    print(f"wall            {summary['wall_s']} s ({summary['requests_per_s']} requests/s)")
     print(f"TTFT p50 / p99  {summary['ttft_p50_s']} s / {summary['ttft_p99_s']} s")
     print(f"ITL p50 / p99   {summary['itl_p50_s']} s / {summary['itl_p99_s']} s")
     print(f"gaps p50 / p99  {summary['gap_p50_s']} s / {summary['gap_p99_s']} s")
     print(f"latency p50     {summary['latency_p50_s']} s")
     print(f"tokens          {summary['completion_tokens']} ({summary['tokens_per_s']} tok/s total)")
+    print(f"failures        {summary['failed']}")
     for failure in summary["failures"]:
         print(f"failure         {failure}")
     if summary["failed"]:

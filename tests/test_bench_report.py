@@ -20,7 +20,7 @@ def test_a_gpu_bench_names_the_card_and_its_peak_memory():
 
     from chatcli.bench.report import render_bench
 
-    # What `chatcli bench --device cuda --json` printed on an H200 (README, "On a GPU").
+    # What `chatcli bench --device cuda --json` printed on an H200 (docs/performance.md, "Measured on a GPU").
     result = json.loads((Path(__file__).parent / "data" / "bench_h200_embedded.json").read_text())
     out = io.StringIO()
     render_bench(Console(file=out, width=200, color_system=None), result)

@@ -18,13 +18,13 @@ from chatcli.kernels.rows_step import rows_step
 from chatcli.model.checkpoint import (
     Precision,
     build_model,
-    list_checkpoints,
     load_model,
     pick_device,
     pick_precision,
     read_state_dict,
     resolve_checkpoint,
 )
+from chatcli.model.checkpoint_listing import list_checkpoints
 
 FIXTURES = REFERENCE
 PROMPT = torch.tensor([[503, 504, 87, 459, 349, 32, 49, 505, 506]])
@@ -307,8 +307,18 @@ def test_shapes_contradicting_meta(tmp_path):
     meta["model_config"]["n_embd"] = 128
     meta["model_config"]["n_head"] = 8
     meta["model_config"]["n_kv_head"] = 4
-    with pytest.raises(CheckpointError, match=r"has shape \(\d+, 64\) but the meta's model_config"):
+    with pytest.raises(
+        CheckpointError, match=r"says n_embd=128, but the token embedding is 64 wide"
+    ):
         load_model(_flat(tmp_path, meta=meta))
+    sd, _, _ = _files()
+    sd["transformer.h.1.mlp.c_fc.weight"] = torch.zeros(128, 64)
+    with pytest.raises(
+        CheckpointError,
+        match=r"transformer\.h\.1\.mlp\.c_fc\.weight has shape \(128, 64\) but the meta's "
+        r"model_config \(n_layer=4, n_embd=64, .*\) implies \(256, 64\)",
+    ):
+        load_model(_flat(tmp_path / "b", sd=sd))
 
 
 @needs_reference

@@ -328,7 +328,7 @@ def test_missing_file_is_an_error_with_a_fix(tmp_path: Path) -> None:
     [
         (b"", "it is empty"),
         (b"\n\n", "it is empty"),
-        (b'{"type": "message", "message": {"role": "user", "content": "x"}}\n', "not a header"),
+        (b'{"type": "teleport"}\n{"type": "message", "message": "x"}\n', "not a header"),
         (b'{"type": "head', "line 1 is not JSON"),
         (b"hello world\n", "line 1 is not JSON"),
     ],
@@ -593,3 +593,111 @@ def test_a_message_holding_bytes_that_were_not_utf8_is_saved_readable(tmp_path: 
     conv = ConversationFile.create(tmp_path, model="m")
     conv.append_message({"role": "user", "content": "hi\udcff"})
     assert read_conversation(conv.path).messages == [{"role": "user", "content": "hi\ufffd"}]
+
+
+# ---- damage beyond a line or two -------------------------------------------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def long_conversation(tmp_path: Path, turns: int) -> ConversationFile:
+    conv = new_file(tmp_path, "long")
+    for i in range(turns):
+        conv.append_message(user(f"q{i}"))
+        conv.append_message(assistant(f"a{i}"))
+    return conv
+
+
+@pytest.mark.parametrize(
+    ("header", "warning"),
+    [
+        ('{"type": "header", "vers', "line 1: the header is damaged (Unterminated string"),
+        (DEEP, "line 1: the header is damaged (nested too deeply to read"),
+        ("\udcff garbage", "line 1: the header is damaged (not UTF-8 text"),
+        ("[1, 2]", "line 1: the header is damaged (not a JSON object)"),
+        ('{"type": "x"}', "line 1: the header is damaged (not a header: unknown record type"),
+        ('{"type": "system", "text": "sys"}', "line 1: a record where the header belongs"),
+    ],
+    ids=["cut", "deep", "not-utf8", "array", "unknown", "a-record"],
+)
+def test_a_damaged_header_loses_only_its_own_line(tmp_path: Path, header: str, warning: str):
+    conv = long_conversation(tmp_path, 75)
+    lines = conv.path.read_bytes().split(b"\n")
+    lines[0] = header.encode("utf-8", "surrogateescape")
+    conv.path.write_bytes(b"\n".join(lines))
+    result = read_conversation(conv.path)
+    expected = [m for i in range(75) for m in (user(f"q{i}"), assistant(f"a{i}"))]
+    if "sys" in header:  # the first line was a record: it is read
+        expected = [{"role": "system", "content": "sys"}, *expected]
+    assert result.messages == expected
+    assert [w[: len(warning)] for w in result.warnings] == [warning]
+    assert result.header["version"] == 1
+    ConversationFile.open(conv.path).append_message(user("more"))  # and it goes on
+    assert read_conversation(conv.path).messages[-1] == user("more")
+
+
+def test_a_line_nested_too_deep_is_skipped_like_any_bad_line(tmp_path: Path) -> None:
+    conv = long_conversation(tmp_path, 1)
+    with conv.path.open("a") as f:
+        f.write(DEEP + "\n" + '{"a":' * 100_000 + "\n")
+    conv.append_message(user("after"))
+    result = read_conversation(conv.path)
+    assert result.messages == [user("q0"), assistant("a0"), user("after")]
+    assert [w.split(" (")[0] for w in result.warnings] == [
+        "line 4: unreadable record skipped",
+        "line 5: unreadable record skipped",
+    ]
+    assert "nested too deeply to read" in result.warnings[0]
+
+
+@pytest.mark.parametrize("count", [6, 400])
+def test_many_stray_records_are_one_warning(tmp_path: Path, count: int) -> None:
+    conv = long_conversation(tmp_path, 2)
+    with conv.path.open("a") as f:
+        for i in range(count):
+            f.write(json.dumps({"type": "stray", "n": i}) + "\n")
+    conv.append_message(user("q2"))
+    result = read_conversation(conv.path)
+    assert result.messages[-1] == user("q2") and len(result.messages) == 5
+    assert result.warnings == [
+        f"{count} lines skipped, damaged or not a conversation's records; the first: "
+        "line 6: unknown record type 'stray'; skipped"
+    ]
+
+
+def test_many_dropped_messages_are_one_warning_too(tmp_path: Path) -> None:
+    conv = new_file(tmp_path)
+    for i in range(8):  # questions without replies: each but the last is dropped
+        conv.append_message(user(f"q{i}"))
+    result = read_conversation(conv.path)
+    assert result.messages == [user("q7")]
+    assert result.warnings == [
+        "7 messages dropped to keep questions and replies in turn; the first: a question "
+        "without its reply dropped: 'q0'"
+    ]
+    assert result.repaired
+
+
+def test_a_conversation_that_is_a_folder_or_a_link_loop_is_named(tmp_path: Path) -> None:
+    (tmp_path / "box.jsonl").mkdir()
+    (tmp_path / "loop.jsonl").symlink_to("loop.jsonl")
+    with pytest.raises(ConversationFileError, match=r"box\.jsonl is not a readable .*is a folder"):
+        read_conversation(tmp_path / "box.jsonl")
+    with pytest.raises(ConversationFileError, match="leads back to itself"):
+        read_conversation(tmp_path / "loop.jsonl")
+
+
+def test_a_conversations_folder_without_permission_is_said_not_empty(tmp_path, monkeypatch):
+    # As root a mode does not stop a listing: the refusal is made where the folder is listed.
+    from chatcli.model import data_files
+
+    new_file(tmp_path).append_message(user("q"))
+
+    def refuse(path="."):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(data_files.os, "scandir", refuse)
+    with pytest.raises(ConversationFileError, match="cannot be read: permission denied"):
+        list_conversations(tmp_path)
+    with pytest.raises(ConversationFileError, match="cannot be read: permission denied"):
+        latest_conversation(tmp_path)

@@ -36,7 +36,7 @@ def test_held_out_smoke_evaluation():
     assert summary["items"] == 40
     # Floors just under what the shipped model scores on these 40 prompts (greedy, so a
     # drop means the model or the engine changed): 1.0 on every measure, exact calls
-    # included. The full held-out numbers are in the README.
+    # included. The full held-out numbers are in docs/models.md.
     assert summary["arithmetic_accuracy"] >= 0.95
     assert summary["counting_accuracy"] >= 0.95
     assert summary["followup_accuracy"] >= 0.95

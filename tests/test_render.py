@@ -128,8 +128,8 @@ def test_a_call_made_with_the_tools_off_says_not_run_in_every_mode():
     assert render(events) == "[calc 2+2 not run (tools off)]\n"
     assert markdown_lines(events) == ["[calc 2+2 not run (tools off)]"]
     parts = [{"type": "python", "text": "2+2"}, {"type": "text", "text": "4"}]
-    assert reply_text(parts, tools=False).plain == "[calc 2+2 not run (tools off)]4"
-    assert reply_text(parts).plain == "[calc 2+2 failed]4"
+    assert reply_text(parts, tools=False).plain == "[calc 2+2 not run (tools off)] 4"
+    assert reply_text(parts).plain == "[calc 2+2 failed] 4"
 
 
 def test_badge_text_is_one_line():
@@ -299,7 +299,7 @@ def test_markdown_badge_is_bracketed_like_the_plain_one_and_read_literally():
     con, out = console()
     render_markdown_badges(con)
     assert lines_of(out.getvalue()) == [
-        "The product is [calc 6*7*2 = 84]84, and [calc x[0](1) failed] is not defined."
+        "The product is [calc 6*7*2 = 84] 84, and [calc x[0](1) failed] is not defined."
     ]
 
 
@@ -307,7 +307,7 @@ def test_markdown_badge_is_dim_on_a_colour_terminal():
     out = StringIO()
     con = Console(file=out, width=100, color_system="standard", theme=CHAT_THEME)
     render_markdown_badges(con)
-    assert "\x1b[2m[calc 6*7*2 = 84]\x1b[0m84" in out.getvalue()
+    assert "\x1b[2m[calc 6*7*2 = 84]\x1b[0m 84" in out.getvalue()
     assert "\x1b[2m[calc x[0](1) failed]\x1b[0m " in out.getvalue()
 
 
@@ -340,17 +340,18 @@ def test_status_line_format():
         con,
         {
             "ttft_s": 0.1234,
+            "prefill_tokens": 100,  # of 135: the rest came from the warm cache
             "prefill_tps": 850.4,
             "decode_tps": 120.0,
-            "tokens_in": 35,
+            "tokens_in": 135,
             "tokens_out": 20,
-            "context_used": 55,
+            "context_used": 155,
             "context_len": 512,
             "finish_reason": "stop",
         },
     )
     assert out.getvalue() == (
-        "ttft 0.12s · prefill 850 tok/s · decode 120 tok/s · 35 in / 20 out · ctx 55/512 · stop\n"
+        "ttft 0.12s · prefill 850 tok/s · decode 120 tok/s · 135 in / 20 out · ctx 155/512 · stop\n"
     )
 
 

@@ -53,7 +53,8 @@ ENTER = "\r"
 ALT_ENTER = "\x1b\r"
 CTRL_C = "\x03"
 CTRL_D = "\x04"
-STATUS = "ttft 0.10s · prefill 100 tok/s · decode 50 tok/s · 10 in / {out} out · ctx {ctx}/256 · {reason}"
+# Speeds are left out: a few tokens measure nothing (render.MIN_RATE_TOKENS).
+STATUS = "ttft 0.10s · 10 in / {out} out · ctx {ctx}/256 · {reason}"
 
 
 def status(out: int, reason: str = "stop") -> str:
@@ -747,13 +748,20 @@ def test_notices_come_before_the_reply(tmp_path):
 def test_save_and_load_a_named_conversation(tmp_path):
     session = FakeSession("Hi!")
     run = chat(session, tmp_path, "hello", "/save notes")
-    path = run.folder / "notes.jsonl"
-    assert run.lines[2] == f"Saved 2 messages to {path}; new turns are saved there too."
+    path = run.conversation.path  # named, not copied: one file, one entry in the list
+    assert run.lines[2] == (
+        f'Named this conversation "notes" ({run.conversation.id}); chatcli chat --resume "notes".'
+    )
+    assert [p.name for p in run.folder.iterdir()] == [path.name]
     assert read_conversation(path).messages == session.entries
+    assert read_conversation(path).name == "notes"
+    assert run.all_lines[-1] == (
+        f'Saved as {run.conversation.id} ("notes"); chatcli chat --resume "notes" picks it up.'
+    )
 
     loaded = FakeSession("Bye.")
     run = chat(loaded, tmp_path, "/load notes", "bye")
-    assert run.lines[0] == "Loaded 2 messages from notes."
+    assert run.lines[0] == f"Loaded 2 messages from {path.stem}."
     assert loaded.entries[:2] == session.entries
     assert [m["content"] for m in read_conversation(path).messages[2:]] == [
         "bye",
@@ -764,7 +772,7 @@ def test_save_and_load_a_named_conversation(tmp_path):
 def test_history_lists_the_saved_conversations(tmp_path):
     run = chat(FakeSession("Hi!"), tmp_path, "hello there", "/history")
     header = next(line for line in run.lines if line.startswith("id"))
-    assert header.split() == ["id", "modified", "messages", "preview"]
+    assert header.split() == ["id", "name", "modified", "messages", "preview"]
     row = next(line for line in run.lines if line.startswith("* "))
     assert run.conversation.id in row
     assert row.split()[-3:] == ["2", "hello", "there"]
@@ -856,6 +864,21 @@ def test_input_history_is_written_to_the_history_file(tmp_path, monkeypatch):
     monkeypatch.setenv("CHATCLI_HOME", str(tmp_path / "home"))
     chat(FakeSession(), tmp_path, "/temperature 0.3", settings=Settings(history=True))
     assert "/temperature 0.3" in (tmp_path / "home" / "input_history").read_text()
+
+
+@pytest.mark.parametrize("kind", ["folder", "loop"])
+def test_a_history_file_that_is_no_file_turns_history_off_and_says_why(tmp_path, monkeypatch, kind):
+    monkeypatch.setenv("CHATCLI_HOME", str(tmp_path / "home"))
+    path = tmp_path / "home" / "input_history"
+    path.parent.mkdir()
+    if kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to(path.name)
+    run = chat(FakeSession("Hi!"), tmp_path, "hello", settings=Settings(history=True))
+    assert run.code == 0 and "Hi!" in run.out
+    why = "is a folder, not a file" if kind == "folder" else "is a symbolic link that leads back"
+    assert f"Input history is off: {path} {why}" in run.out
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,17 @@ import pytest
 
 from chatcli.chat.settings import (
     DEFAULTS,
+    OTHER_ENV_VARS,
     SETTING_NAMES,
     Settings,
     config_path,
     conversations_dir,
+    env_name,
     format_setting,
     history_path,
     load_settings,
+    read_config_file,
+    unknown_env_warnings,
     user_dir,
     validate_setting,
 )
@@ -372,3 +376,82 @@ def test_user_dir_reads_os_environ_by_default(
 )
 def test_format_setting(name: str, value: object, text: str) -> None:
     assert format_setting(name, value) == text
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ('max_tokens = "512"', "max_tokens"),
+        ('temperature = "0.7"', "temperature"),
+        ('top_p = "1e-1"', "top_p"),
+        ('seed = "42"', "seed"),
+        ('step = "650"', "step"),
+        ('top_k = "50"', "top_k"),
+    ],
+)
+def test_a_quoted_number_in_the_config_file_is_an_error(tmp_path: Path, line: str, key: str):
+    path = tmp_path / "config.toml"
+    path.write_text(line + "\n")
+    value = line.split('"')[1]
+    with pytest.raises(ConfigError) as info:
+        read_config_file(path)
+    assert str(info.value) == (
+        f"config file {path}: {key} is the string {value!r}, not a number: write it without "
+        f"quotes, {key} = {value}"
+    )
+
+
+def test_quoted_words_and_unquoted_numbers_stay_valid(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('seed = "random"\nstep = "latest"\ntop_k = "off"\ntop_p = "off"\n')
+    assert read_config_file(path) == {"seed": None, "step": None, "top_k": 0, "top_p": 1.0}
+    path.write_text('max_tokens = 512\ntemperature = 0.7\nsystem = "512"\nmodel = "1"\n')
+    assert read_config_file(path)["system"] == "512"  # a text setting's digits are text
+
+
+def test_a_config_value_too_deep_or_too_long_is_reported_short(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("temperature = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match=r"is not valid TOML \(nested too deeply to read"):
+        read_config_file(path)
+    path.write_text("system = " + "[" * 50 + "]" * 50 + '\nmodel = "' + "m" * 100_000 + '"\n')
+    with pytest.raises(ConfigError) as info:
+        read_config_file(path)
+    assert len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize(
+    ("variable", "meant"),
+    [
+        ("CHATCLI_TEMPRATURE", "CHATCLI_TEMPERATURE"),
+        ("CHATCLI_TEMP", "CHATCLI_TEMPERATURE"),
+        ("CHATCLI_MAX_TOKEN", "CHATCLI_MAX_TOKENS"),
+        ("CHATCLI_NOHISTORY", "CHATCLI_NO_HISTORY"),
+        ("CHATCLI_CONFG", "CHATCLI_CONFIG"),
+        ("CHATCLI_APIKEY", "CHATCLI_API_KEY"),
+    ],
+)
+def test_a_misspelt_variable_names_the_closest_real_one(variable: str, meant: str) -> None:
+    assert unknown_env_warnings({variable: "1", "CHATCLI_TEMPERATURE": "0.3", "HOME": "/"}) == [
+        f"{variable} is not a chatcli variable, so it changes nothing; did you mean {meant}?"
+    ]
+
+
+def test_a_variable_like_no_other_is_still_said_and_known_ones_are_not() -> None:
+    assert unknown_env_warnings({"CHATCLI_XYZZY": "1"}) == [
+        "CHATCLI_XYZZY is not a chatcli variable, so it changes nothing."
+    ]
+    known = {env_name(name): "1" for name in SETTING_NAMES} | dict.fromkeys(OTHER_ENV_VARS, "1")
+    assert unknown_env_warnings({**known, "CHATCLIX": "1", "MY_CHATCLI_TEMP": "1"}) == []
+
+
+def test_every_chatcli_variable_the_code_reads_is_known() -> None:
+    # A variable read somewhere but missing from OTHER_ENV_VARS would be warned about as a
+    # misspelling: the list is held to the code.
+    package = Path(__file__).resolve().parent.parent / "chatcli"
+    found = set()
+    for source in package.rglob("*.py"):
+        found |= set(re.findall(r"\bCHATCLI_[A-Z][A-Z0-9_]*[A-Z0-9]\b", source.read_text()))
+    settings_vars = {env_name(name) for name in SETTING_NAMES}
+    assert found - settings_vars - set(OTHER_ENV_VARS) == set()
+    assert "CHATCLI_URL" in found and "CHATCLI_HOME" in found

@@ -265,10 +265,17 @@ def test_save_and_export_write_the_exchanges_the_context_dropped_too(tmp_path):
     assert len(session.messages) < 12  # some were dropped from the model's view
     runner.handle(f"/export json {tmp_path / 'all.json'}")
     assert screen.drawn[-1] == ("notice", f"Wrote 12 messages to {tmp_path / 'all.json'} as JSON.")
+    # /save NAME names the file that has held every exchange as it happened.
     runner.handle("/save copy")
-    copy = read_conversation(tmp_path / "copy.jsonl")
-    assert copy.messages == read_conversation(conversation.path).messages
-    assert len(copy.messages) == 12
+    named = read_conversation(conversation.path)
+    assert named.name == "copy" and len(named.messages) == 12
+    # Where saving had stopped (a write failed), /save writes it all anew.
+    runner.conversation = None
+    runner.handle("/save again")
+    (again,) = [p for p in tmp_path.glob("*.jsonl") if p != conversation.path]
+    copy = read_conversation(again)
+    assert copy.name == "again"
+    assert copy.messages == named.messages
     assert copy.finishes[1::2] == ["stop"] * 6  # /continue knows each reply was finished
 
 
@@ -280,7 +287,7 @@ def test_save_alone_says_where_and_last_is_not_a_name(tmp_path):
     assert screen.drawn[-1][1].startswith(
         f"This conversation is saved already, as {conversation.id} ({conversation.path})"
     )
-    for name in ("last", "Last.jsonl"):
+    for name in ("last", "LAST"):
         runner.handle(f"/save {name}")
         assert screen.drawn[-1] == (
             "error",

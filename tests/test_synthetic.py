@@ -67,8 +67,8 @@ def test_the_same_seed_gives_the_same_conversations():
 
 
 def test_the_readme_eval_set_is_pinned():
-    # The README's scores are over generate_eval_set(100, seed=1234), and runs are compared on
-    # it: a change to the training data must leave it byte for byte as it was. Change this
+    # docs/models.md's scores are over generate_eval_set(100, seed=1234), and runs are compared
+    # on it: a change to the training data must leave it byte for byte as it was. Change this
     # digest only with a change meant to alter the eval set, and re-score every model then.
     items = [dataclasses.astuple(item) for item in generate_eval_set(100, seed=1234)]
     digest = hashlib.sha256(json.dumps(items).encode()).hexdigest()

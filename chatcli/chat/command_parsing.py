@@ -5,6 +5,10 @@ completion) and the parsing of each command's argument into a typed value. It do
 anything: the REPL decides what `Command("temperature", 0.3)` does. Setting-valued commands
 are checked with settings.validate_setting, so every range lives in one place.
 
+ollama's `/set NAME VALUE` and `/show [WHAT]` parse to the command of ours that does the
+same (`/set temperature 0.7` is `/temperature 0.7`, `/show info` is `/model`): the REPL runs
+one thing either way.
+
 A line is a command when it starts with "/" followed by a letter or "?". Anything else,
 including "/ x" and "//x", is a message; a REPL sends "//x" as "/x" (see unescape_message),
 which is how a person sends a message that starts with a slash.
@@ -135,6 +139,67 @@ def _help(spec: CommandSpec, rest: str) -> str | None:
     return find_command(rest).name
 
 
+# What /set changes: each the command of the same name. ollama's parameter names too.
+SET_NAMES = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "max_tokens",
+    "seed",
+    "system",
+    "tools",
+    "raw",
+    "markdown",
+)
+_SET_ALIASES = {"num_predict": "max_tokens", "temp": "temperature"}
+# /show WHAT: the command that shows it. Alone, /show shows the settings and the model.
+SHOW_WHAT = {
+    "settings": "settings",
+    "parameters": "settings",
+    "info": "model",
+    "model": "model",
+    "system": "system",
+}
+
+
+def _set(spec: CommandSpec, rest: str) -> Command:
+    """`/set NAME VALUE` as the command NAME (`/set parameter NAME VALUE`, ollama's longer
+    form, too); `/set` alone is /help set."""
+    words = rest.split(maxsplit=1)
+    if words and words[0].lower() == "parameter":
+        words = words[1].split(maxsplit=1) if len(words) > 1 else []
+    if not words:
+        return Command("help", "set")
+    key = words[0].lower().replace("-", "_")
+    name = _SET_ALIASES.get(key, key)
+    if name not in SET_NAMES:
+        close = difflib.get_close_matches(name, SET_NAMES, n=1, cutoff=0.6)
+        hint = f" Did you mean /set {close[0]}?" if close else ""
+        raise CommandError(
+            f"/set changes {', '.join(SET_NAMES)}; not {words[0]!r}.{hint} "
+            "E.g. /set temperature 0.7"
+        )
+    target = COMMANDS[name]
+    value = words[1].strip() if len(words) > 1 else ""
+    try:
+        return Command(name, target.parse(target, value))
+    except CommandError as e:  # its message, in the words typed: /set temperature needs...
+        raise CommandError(str(e).replace(f"/{name} ", f"/set {name} ")) from None
+
+
+def _show(spec: CommandSpec, rest: str) -> Command:
+    """`/show WHAT` as the command that shows it; `/show` alone stays /show (all of it)."""
+    if not rest:
+        return Command("show")
+    what = SHOW_WHAT.get(rest.lower())
+    if what is None:
+        raise CommandError(
+            f"/show takes {', '.join(SHOW_WHAT)}, or nothing for the settings and the "
+            f"model; not {rest!r}."
+        )
+    return Command(what)
+
+
 def _setting_details(name: str) -> str:
     rule = SETTING_RULES[name]
     return f"Takes {rule.expected}, e.g. /{name} {rule.example}; alone, shows the value."
@@ -191,6 +256,27 @@ _SPECS = (
         details="Without text it shows the system prompt; /system clear removes it.",
     ),
     CommandSpec("settings", "/settings", "Show the current settings", _no_argument),
+    CommandSpec(
+        "set",
+        "/set SETTING VALUE",
+        "Change a setting, as ollama's /set does (/set temperature 0.7)",
+        _set,
+        details=(
+            f"SETTING is one of {', '.join(SET_NAMES)}; /set SETTING VALUE does what "
+            "/SETTING VALUE does, and /set SETTING alone shows it. ollama's /set parameter "
+            "SETTING VALUE and num_predict (max_tokens) work too."
+        ),
+    ),
+    CommandSpec(
+        "show",
+        "/show [WHAT]",
+        "Show the settings and the model, as ollama's /show does",
+        _show,
+        details=(
+            "Alone, the settings and the model; /show settings (or parameters), /show info "
+            "(or model) and /show system show one of them."
+        ),
+    ),
     CommandSpec("clear", "/clear", "Start a new conversation", _no_argument),
     CommandSpec(
         "undo", "/undo", "Drop the last exchange (your message and the reply)", _no_argument
@@ -200,9 +286,12 @@ _SPECS = (
     CommandSpec(
         "save",
         "/save [NAME]",
-        "Save a copy of the conversation under NAME (alone: where it is saved)",
+        "Name the conversation (alone: where it is saved)",
         _optional_text,
-        details="Every turn is saved as it happens; a copy goes on from there under its name.",
+        details=(
+            "Every turn is saved as it happens; /save NAME names the conversation, so "
+            "--resume NAME and /load NAME find it."
+        ),
     ),
     CommandSpec(
         "load",
@@ -306,7 +395,9 @@ def parse_command(line: str) -> Command:
         raise CommandError(f"{line!r} is not a command: commands start with / and a letter.")
     spec = find_command(match["word"])
     rest = (match["rest"] or "").strip()
-    return Command(spec.name, spec.parse(spec, rest))
+    arg = spec.parse(spec, rest)
+    # /set and /show stand for another command: that one is what runs.
+    return arg if isinstance(arg, Command) else Command(spec.name, arg)
 
 
 def help_text(name: str | None = None) -> str:

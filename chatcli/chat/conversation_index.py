@@ -1,9 +1,11 @@
-"""The saved conversations in a folder: listing them (/history) and finding one by name.
+"""The saved conversations of a folder: listing them, finding one by id, name or id prefix,
+and checking that a name is free.
 
-Owns: ConversationSummary (one line of /history), list_conversations (newest first, an
-unreadable file listed with its problem), latest_conversation (what --resume last picks) and
-resolve_conversation (an id, a file name or a unique id prefix). The file format is
-conversation_store.py's.
+Each conversation is one file (chatcli.chat.conversation_store); its id is the file's name
+without .jsonl, and its name, where /save gave it one, a record inside the file. A listing
+reads every file: fine for the hundreds a person keeps.
+
+Knows nothing about tokens, models or terminals.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from chatcli.chat.conversation_store import (
     LATEST,
@@ -22,11 +23,13 @@ from chatcli.chat.conversation_store import (
     snippet,
 )
 from chatcli.errors import ConversationFileError
+from chatcli.model.data_files import UnreadableFileError, described, list_folder
 
 
 @dataclass(frozen=True)
 class ConversationSummary:
-    """One line of /history. `problem` is set (and messages is 0) for a file that cannot be read."""
+    """One line of a listing. `problem` is set (and messages is 0) for a file that cannot be
+    read. turns: the questions asked; created: the header's time, None where it has none."""
 
     id: str
     path: Path
@@ -34,36 +37,58 @@ class ConversationSummary:
     messages: int
     preview: str
     problem: str | None = None
-
-
-def _preview(messages: list[dict[str, Any]]) -> str:
-    """The first question, shortened: what /history shows of a conversation."""
-    return next((snippet(m) for m in messages if m["role"] == "user"), "")
+    name: str | None = None
+    turns: int = 0
+    created: datetime | None = None
 
 
 def _conversation_files(directory: Path) -> list[Path]:
     """The *.jsonl files in `directory`, newest first (ties: by name, descending)."""
-    if not directory.is_dir():
-        return []
-    files = [p for p in directory.glob("*" + SUFFIX) if p.is_file()]
-    return sorted(files, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+    try:
+        if not directory.is_dir():
+            return []
+        files = [
+            p
+            for p in list_folder(directory)
+            if p.suffix == SUFFIX and not p.name.startswith(".") and p.is_file()
+        ]
+        return sorted(files, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+    except UnreadableFileError as e:  # glob would make a folder without permission look empty
+        raise ConversationFileError(f"The conversations folder {e}.") from None
+    except OSError as e:
+        raise ConversationFileError(f"The conversations folder: {described(e)}.") from None
+
+
+def _created(value: object) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def summarize(path: Path) -> ConversationSummary:
+    """One conversation file as a listing shows it; never raises for a bad file."""
+    modified = datetime.fromtimestamp(path.stat().st_mtime).astimezone()
+    try:
+        result = read_conversation(path)
+    except ConversationFileError as e:
+        return ConversationSummary(path.stem, path, modified, 0, "", str(e))
+    rest = [m for m in result.messages if m["role"] != "system"]
+    return ConversationSummary(
+        path.stem,
+        path,
+        modified,
+        len(rest),
+        next((snippet(m) for m in rest if m["role"] == "user"), ""),
+        name=result.name,
+        turns=sum(1 for m in rest if m["role"] == "user"),
+        created=_created(result.header.get("created")),
+    )
 
 
 def list_conversations(directory: Path) -> list[ConversationSummary]:
     """Every saved conversation, newest first. Unreadable files are listed with `problem` set."""
-    summaries = []
-    for path in _conversation_files(directory):
-        modified = datetime.fromtimestamp(path.stat().st_mtime).astimezone()
-        try:
-            result = read_conversation(path)
-        except ConversationFileError as e:
-            summaries.append(ConversationSummary(path.stem, path, modified, 0, "", str(e)))
-            continue
-        count = sum(1 for m in result.messages if m["role"] != "system")
-        summaries.append(
-            ConversationSummary(path.stem, path, modified, count, _preview(result.messages))
-        )
-    return summaries
+    return [summarize(path) for path in _conversation_files(directory)]
 
 
 def latest_conversation(directory: Path) -> Path | None:
@@ -78,18 +103,52 @@ def latest_conversation(directory: Path) -> Path | None:
     return None
 
 
+def _same_name(a: str, b: str) -> bool:
+    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+
+
+def named(directory: Path, name: str) -> list[ConversationSummary]:
+    """The conversations whose name is `name` (in any case, spaces as one)."""
+    return [
+        s for s in list_conversations(directory) if s.name is not None and _same_name(s.name, name)
+    ]
+
+
+def check_name_free(directory: Path, name: str, mine: Path | None = None) -> None:
+    """Raise ConversationFileError when another conversation than `mine` already answers to
+    `name`, by its name or its id: --resume NAME must find one."""
+    stem = sanitize_name(name)
+    for s in list_conversations(directory):
+        if s.path == mine:
+            continue
+        if (s.name is not None and _same_name(s.name, name)) or s.id in (name, stem):
+            raise ConversationFileError(
+                f"A conversation is called {name!r} already ({s.id}); pick another name, "
+                "or /load it."
+            )
+
+
 def resolve_conversation(directory: Path, name_or_id: str) -> Path:
-    """Find a saved conversation by exact id, file name, or unique id prefix."""
+    """Find a saved conversation by its path, its id (the file's name), its name, or a
+    unique prefix of its id, in that order."""
     wanted = name_or_id.strip()
     as_path = Path(wanted).expanduser()
     if (os.sep in wanted or wanted.endswith(SUFFIX)) and as_path.is_file():
         return as_path
     stems = {p.stem: p for p in _conversation_files(directory)}
-    # /save sanitised the name it was given, so "my chat" finds "my-chat".
+    if wanted.removesuffix(SUFFIX) in stems:
+        return stems[wanted.removesuffix(SUFFIX)]
+    by_name = named(directory, wanted) if wanted else []
+    if len(by_name) == 1:
+        return by_name[0].path
+    if by_name:
+        ids = ", ".join(s.id for s in by_name)
+        raise ConversationFileError(
+            f"{len(by_name)} conversations are called {wanted!r} ({ids}); give the id."
+        )
+    # An earlier /save NAME wrote NAME's file, its name made safe: "my chat" finds "my-chat".
     candidates = [wanted, sanitize_name(wanted)]
-    for stem in candidates:
-        if stem.endswith(SUFFIX):
-            stem = stem[: -len(SUFFIX)]
+    for stem in candidates[1:]:
         if stem in stems:
             return stems[stem]
     matches = sorted({s for s in stems for c in candidates if c and s.startswith(c)})
@@ -101,6 +160,6 @@ def resolve_conversation(directory: Path, name_or_id: str) -> Path:
             f"{name_or_id!r} matches {len(matches)} conversations ({shown}); type more of the id."
         )
     raise ConversationFileError(
-        f"No conversation {name_or_id!r} in {directory}. /history (in a chat) lists the "
-        f"saved ones; {LATEST!r} names the newest."
+        f"No conversation {name_or_id!r} in {directory}. /history in a chat, or chatcli "
+        f"conversations, lists the saved ones; {LATEST!r} names the newest."
     )

@@ -9,10 +9,12 @@ A file is a header line followed by events; replaying the events gives the messa
                                           by earlier versions' /clear, which now starts a file)
     {"type": "system", "text": str|null}  set (or remove) the system prompt
     {"type": "replace_last", "message": {...}, "meta": {...}}   /retry and /continue
+    {"type": "name", "name": str}         /save NAME: what the conversation is called (the
+                                          last one given counts; its id stays)
 
 Every record is one line, flushed and fsync'd before the call returns, so a killed process
-loses at most the record it was writing. Reading never fails on a damaged line: it is skipped
-and reported in LoadResult.warnings. Messages use nanochat's format: content is a string, or
+loses at most the record it was writing. Reading never fails on a damaged line, the header
+included: it is skipped and reported in LoadResult.warnings. Messages use nanochat's format: content is a string, or
 for the assistant a list of parts {"type": "text"|"python"|"python_output", "text": str}.
 
 This module knows nothing about tokens, models or terminals; finding saved conversations is
@@ -33,6 +35,12 @@ from typing import Any, Protocol
 
 from chatcli.chat.turns import readable_text
 from chatcli.errors import ConversationFileError
+from chatcli.model.data_files import (
+    UnreadableFileError,
+    parse_json,
+    read_bytes,
+    shown,
+)
 
 FORMAT_VERSION = 1
 SUFFIX = ".jsonl"
@@ -41,6 +49,7 @@ ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "python", "python_output")
 PREVIEW_CHARS = 60  # of a message, in /history and in warnings
 _NAME_MAX = 80
+MAX_WARNINGS = 5  # warnings of one kind listed one by one; more are summed up in one
 
 
 @dataclass
@@ -51,7 +60,8 @@ class LoadResult:
     skipped instead has one entry in warnings, naming its line number. A message dropped to
     keep questions and replies in turn (after a damaged line) has one too, and sets repaired:
     the file's records no longer replay to these messages, so whoever appends to it should
-    first write them out again (ConversationFile.append_snapshot).
+    first write them out again (ConversationFile.append_snapshot). Past MAX_WARNINGS lines
+    (or messages), one entry counts them and names the first.
     """
 
     messages: list[dict[str, Any]]
@@ -62,6 +72,7 @@ class LoadResult:
     # Each message's finish_reason as its record's meta gave it (a reply's: stop, length,
     # interrupted...), else None: whether a resumed reply can be continued.
     finishes: list[str | None] = field(default_factory=list)
+    name: str | None = None  # what /save NAME called it
 
 
 def message_problem(message: object) -> str | None:
@@ -103,6 +114,26 @@ def sanitize_name(name: str) -> str:
     if stem.lower().endswith(SUFFIX):
         stem = stem[: -len(SUFFIX)]
     return stem
+
+
+def clean_name(name: str) -> str:
+    """A name for /save NAME as it is kept: one line, its spaces as one; ConversationFileError
+    for one that is empty, too long, or `last` (which --resume reads as the newest)."""
+    clean = " ".join(readable_text(name).split())
+    if not clean or any(not c.isprintable() for c in clean):
+        raise ConversationFileError(
+            f"{name!r} cannot name a conversation: give it letters, digits or punctuation."
+        )
+    if len(clean) > _NAME_MAX:
+        raise ConversationFileError(
+            f"A conversation's name is at most {_NAME_MAX} characters; this one has {len(clean)}."
+        )
+    if clean.lower() == LATEST:
+        raise ConversationFileError(
+            f"{name!r} is taken: --resume {LATEST} opens the newest conversation. Pick another "
+            "name."
+        )
+    return clean
 
 
 def _timestamp_id(now: datetime) -> str:
@@ -221,6 +252,10 @@ class ConversationFile:
         """Record /undo: the last user message and the reply after it are dropped."""
         self._append({"type": "undo"})
 
+    def append_name(self, name: str) -> None:
+        """Record what the conversation is called (/save NAME): clean_name's."""
+        self._append({"type": "name", "name": clean_name(name)})
+
     def append_snapshot(
         self, messages: list[dict[str, Any]], finishes: list[str | None] | None = None
     ) -> None:
@@ -295,6 +330,8 @@ class ConversationSink(Protocol):
 
     def append_undo(self) -> None: ...
 
+    def append_name(self, name: str) -> None: ...
+
     def replace_last(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None: ...
 
 
@@ -308,6 +345,7 @@ class NewConversation:
         self.directory = directory
         self.model = model
         self.system = system
+        self.name: str | None = None  # /save NAME before the first message: written with it
         self.file: ConversationFile | None = None
 
     @property
@@ -322,6 +360,8 @@ class NewConversation:
         if self.file is None:
             _require_valid(message)  # a bad message leaves no file either
             created = ConversationFile.create(self.directory, model=self.model)
+            if self.name:
+                created.append_name(self.name)
             if self.system:
                 created.append_system(self.system)
             self.file = created
@@ -336,6 +376,12 @@ class NewConversation:
     def append_undo(self) -> None:
         if self.file is not None:  # before the file, nothing was saved to undo
             self.file.append_undo()
+
+    def append_name(self, name: str) -> None:
+        if self.file is None:
+            self.name = clean_name(name)
+        else:
+            self.file.append_name(name)
 
     def replace_last(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
         if self.file is None:
@@ -406,16 +452,19 @@ def _not_a_conversation(path: Path, why: str) -> ConversationFileError:
 
 
 def read_conversation(path: Path) -> LoadResult:
-    """Replay a conversation file. Damaged lines are skipped and reported, never raised;
-    only a missing file or one without a readable header raises ConversationFileError."""
+    """Replay a conversation file. Damaged lines are skipped and reported, never raised, the
+    header line included (the messages after it are kept); only a missing file, one that
+    cannot be opened, or one in which no line is a conversation's record raises
+    ConversationFileError."""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConversationFileError(
-            f"No conversation file at {path}. /history (in a chat) lists the saved conversations."
-        ) from None
-    except OSError as e:
-        raise _not_a_conversation(path, str(e)) from None
+        data = read_bytes(path)
+    except UnreadableFileError as e:
+        if e.missing:
+            raise ConversationFileError(
+                f"No conversation file at {path}. /history (in a chat) lists the saved "
+                "conversations."
+            ) from None
+        raise _not_a_conversation(path, e.why) from None
 
     lines = data.split(b"\n")
     # A file that ends in "\n" splits into a last empty piece; anything else is a last line
@@ -425,8 +474,11 @@ def read_conversation(path: Path) -> LoadResult:
         lines.pop()
 
     header: dict[str, Any] | None = None
+    name: str | None = None
+    first = next((n for n, line in enumerate(lines, start=1) if line.strip()), 0)
+    no_header: str | None = None  # why, when the first line is no header
     messages: list[dict[str, Any]] = []
-    warnings: list[str] = []
+    skipped: list[str] = []  # "line N: why", one per line not applied
     # (message, finish_reason) of every record that had one; the list keeps the messages
     # alive, so their ids stay theirs until the end.
     finished: list[tuple[dict[str, Any], str]] = []
@@ -435,31 +487,38 @@ def read_conversation(path: Path) -> LoadResult:
         if not raw.strip():
             continue
         try:
-            record = json.loads(raw.decode("utf-8"))
+            record = parse_json(raw)  # not UTF-8, or too deep, is a ValueError there
             if not isinstance(record, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            if header is None:
-                raise _not_a_conversation(path, f"line {number} is not JSON") from None
-            if last_is_cut and number == len(lines):
-                warnings.append(
+        except ValueError as e:
+            if number == first:
+                no_header = f"line {number} is not JSON"
+                skipped.append(f"line {number}: the header is damaged ({e}); skipped")
+            elif last_is_cut and number == len(lines):
+                skipped.append(
                     f"line {number}: incomplete last record skipped "
                     "(chatcli was probably stopped while saving)"
                 )
             else:
-                warnings.append(f"line {number}: unreadable record skipped ({e})")
+                skipped.append(f"line {number}: unreadable record skipped ({e})")
             continue
-        if header is None:
-            if record.get("type") != "header":
-                raise _not_a_conversation(path, "the first line is not a header")
-            version = record.get("version")
-            if not isinstance(version, int) or version > FORMAT_VERSION:
-                raise ConversationFileError(
-                    f"{path} has format version {version!r}; this chatcli reads version "
-                    f"{FORMAT_VERSION}. Upgrade chatcli to open it."
-                )
-            header = record
-            recovered += 1
+        if number == first:
+            if record.get("type") == "header":
+                version = record.get("version")
+                if not isinstance(version, int) or version > FORMAT_VERSION:
+                    raise ConversationFileError(
+                        f"{path} has format version {shown(version)}; this chatcli reads "
+                        f"version {FORMAT_VERSION}. Upgrade chatcli to open it."
+                    )
+                header = record
+                recovered += 1
+                continue
+            no_header = "the first line is not a header"
+        if record.get("type") == "name":  # what the conversation is called: the last one
+            if isinstance(record.get("name"), str) and record["name"].strip():
+                name, recovered = " ".join(record["name"].split()), recovered + 1
+            else:
+                skipped.append(f"line {number}: a name must be a text; skipped")
             continue
         problem = _apply(record, messages)
         if problem is None:
@@ -467,21 +526,39 @@ def read_conversation(path: Path) -> LoadResult:
             meta, message = record.get("meta"), record.get("message")
             if isinstance(meta, dict) and isinstance(meta.get("finish_reason"), str):
                 finished.append((message, meta["finish_reason"]))
+            if number == first:
+                skipped.append(f"line {number}: a record where the header belongs; read on")
+        elif number == first:
+            skipped.append(f"line {number}: the header is damaged (not a header: {problem})")
         else:
-            warnings.append(f"line {number}: {problem}; skipped")
+            skipped.append(f"line {number}: {problem}; skipped")
     if header is None:
-        raise _not_a_conversation(path, "it is empty")
-    before = len(warnings)
-    kept = _alternating(messages, warnings)
+        if no_header is None:
+            raise _not_a_conversation(path, "it is empty")
+        if recovered == 0:  # not one record: some other file that ends in .jsonl
+            raise _not_a_conversation(path, f"{no_header}, and no line is a record")
+        header = {"type": "header", "version": FORMAT_VERSION, "id": path.stem}
+    dropped: list[str] = []
+    kept = _alternating(messages, dropped)
     finish_of = {id(message): reason for message, reason in finished}
     return LoadResult(
         kept,
         header,
-        warnings,
+        _summarized(skipped, "lines skipped, damaged or not a conversation's records")
+        + _summarized(dropped, "messages dropped to keep questions and replies in turn"),
         recovered,
-        repaired=len(warnings) > before,
+        repaired=bool(dropped),
         finishes=[finish_of.get(id(m)) for m in kept],
+        name=name,
     )
+
+
+def _summarized(warnings: list[str], what: str) -> list[str]:
+    """The warnings, or past MAX_WARNINGS of them one line that counts them and gives the
+    first: 400 stray records are one thing to tell, not 400."""
+    if len(warnings) <= MAX_WARNINGS:
+        return warnings
+    return [f"{len(warnings)} {what}; the first: {warnings[0]}"]
 
 
 def _alternating(messages: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:

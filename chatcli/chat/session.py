@@ -46,6 +46,13 @@ SYSTEM_MIN_ROOM = 16
 CONTEXT_REFILL_FRACTION = 0.75  # after dropping old exchanges, the prompt + reply budget use this
 
 
+def _dropped_notice(dropped: int, system: str | None) -> str:
+    """What a chat says when old exchanges leave the model's view; the system prompt, never
+    dropped, is named only where there is one."""
+    kept = " (the system prompt is kept)" if system else ""
+    return f"Context full: dropped the {dropped} oldest exchange{'s' if dropped > 1 else ''}{kept}."
+
+
 @dataclass
 class _Entry:
     message: Message
@@ -111,15 +118,33 @@ class ChatSession:
         self, messages: list[Message], finishes: Sequence[str | None] | None = None
     ) -> None:
         """Replace the conversation (e.g. a resumed file); the cache refills on the next turn.
-        finishes: each message's finish_reason where the file kept it (LoadResult's)."""
+        finishes: each message's finish_reason where the file kept it (LoadResult's).
+
+        The oldest exchanges leave the model's view as they did in the chat that wrote them:
+        each question makes room for itself as it did when it was asked (at today's
+        max_tokens), so the next turn sees what it would have seen had the chat gone on.
+        One notice says how many are out."""
         self.system, _ = split_system(messages)
-        self.earlier, self._popped = [], None
-        self.entries = [
-            _Entry(m, [], f, rendered=True)
-            for m, f in zip(messages, finishes or [None] * len(messages), strict=True)
-            if m["role"] != "system"
-        ]
+        self.earlier, self._popped, self.entries = [], None, []
+        notices = len(self.notices)
+        reserve = self._reply_reserve()
+        for m, f in zip(messages, finishes or [None] * len(messages), strict=True):
+            if m["role"] == "system":
+                continue
+            if m["role"] == "user" and self.entries:
+                self._fit_context(m["content"], reserve)
+            first = not self.entries
+            entry = _Entry(m, [], f, rendered=True)
+            user = m["role"] == "user"
+            entry.tokens = (
+                self._user_tokens(m["content"], first) if user else self._assistant_tokens(m)
+            )
+            self.entries.append(entry)
         self._retokenize()
+        del self.notices[notices:]  # the drops of turns gone by: said once, below
+        dropped = sum(1 for e in self.earlier if e.message["role"] == "user")
+        if dropped:
+            self.notices.append(TurnNotice(_dropped_notice(dropped, self.system)))
 
     def set_system(self, text: str | None) -> None:
         """Set (or with None remove) the system prompt. One that leaves no room in the
@@ -226,12 +251,12 @@ class ChatSession:
                 first.tokens = self._user_tokens(first.message["content"], first=True)
             dropped += 1
         if dropped:
-            self.notices.append(
-                TurnNotice(
-                    f"Context full: dropped the {dropped} oldest exchange"
-                    f"{'s' if dropped > 1 else ''} (the system prompt is kept)."
-                )
-            )
+            self.notices.append(TurnNotice(_dropped_notice(dropped, self.system)))
+
+    def _reply_reserve(self) -> int:
+        """The room a reply gets when old exchanges are dropped for a new message: a quarter
+        of the context, at most max_tokens."""
+        return min(self.options.max_tokens, max(self.context_len // 4, 16))
 
     def _drop_oldest(self) -> bool:
         """Move the oldest exchange (a user message and the reply after it) out of the
@@ -266,8 +291,7 @@ class ChatSession:
         # What to put back if the message still does not fit after the drops.
         before, notices = [(e, e.tokens) for e in self.entries], len(self.notices)
         earlier = len(self.earlier)
-        reserve = min(self.options.max_tokens, max(self.context_len // 4, 16))
-        self._fit_context(text, reserve + reply_so_far)
+        self._fit_context(text, self._reply_reserve() + reply_so_far)
         user = _Entry({"role": "user", "content": text}, self._user_tokens(text, not self.entries))
         self.entries.append(user)
         if len(self.prompt_tokens()) + reply_so_far >= self.context_len:  # see _check_fits_alone

@@ -1,9 +1,9 @@
-"""The settings model, where settings live on disk, and their precedence.
+"""The settings model, their values' rules and their precedence.
 
 This module owns the one list of settings (`Settings`), the rule that checks each value
-(`SETTING_RULES`, also used by slash commands so ranges live in one place), the user's
-directories, and `load_settings`, which merges the four sources in the order
-flag > env var (CHATCLI_<NAME>) > config file (TOML) > default.
+(`SETTING_RULES`, also used by slash commands so ranges live in one place), and
+`load_settings`, which merges the four sources in the order flag > env var (CHATCLI_<NAME>) >
+config file (TOML) > default. Where the files are is chatcli.chat.user_dirs'.
 
 It knows nothing about models, terminals or commands: it only parses and validates values
 and raises ConfigError with a message that names the source and says what would be valid.
@@ -11,26 +11,46 @@ and raises ConfigError with a message that names the source and says what would 
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from chatcli.chat.turns import SamplingOptions
-from chatcli.errors import ConfigError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on Python 3.10
-    import tomli as tomllib
+# Where the files are lives in user_dirs; these names stay importable from here.
+from chatcli.chat.user_dirs import (  # noqa: F401
+    ENV_CONFIG,
+    ENV_CONVERSATIONS_DIR,
+    ENV_HOME,
+    config_path,
+    conversations_dir,
+    env_path,
+    history_path,
+    user_dir,
+)
+from chatcli.errors import ConfigError
+from chatcli.model.data_files import UnreadableFileError, parse_toml, read_bytes, shown
 
 ENV_PREFIX = "CHATCLI_"
-ENV_HOME = "CHATCLI_HOME"
-ENV_CONFIG = "CHATCLI_CONFIG"
-ENV_CONVERSATIONS_DIR = "CHATCLI_CONVERSATIONS_DIR"
 ENV_NO_HISTORY = "CHATCLI_NO_HISTORY"
+# The CHATCLI_* variables that are not a setting's (CHATCLI_<SETTING>): read elsewhere, named
+# here so that a misspelt variable is told apart from them (a test finds every one in use).
+OTHER_ENV_VARS = (
+    ENV_HOME,
+    ENV_CONFIG,
+    ENV_CONVERSATIONS_DIR,
+    ENV_NO_HISTORY,
+    "CHATCLI_URL",
+    "CHATCLI_API_KEY",
+    "CHATCLI_NATIVE_KERNELS",
+    "CHATCLI_REFERENCE_FIXTURES",
+)
+# Settings whose value is a number: in the TOML file a quoted one ("512") is a mistake, as
+# `max_tokens = true` is, while their words ("off", "random", "latest") are strings.
+NUMBER_SETTINGS = ("step", "temperature", "top_k", "top_p", "max_tokens", "seed")
 
 SOURCES = ("sft", "rl", "base", "mid")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -257,12 +277,18 @@ def validate_setting(name: str, raw: object, source: str) -> object:
     rule = SETTING_RULES.get(name)
     if rule is None:
         raise ConfigError(
-            f"{source}: unknown setting {name!r}. Valid settings: {', '.join(SETTING_NAMES)}"
+            f"{source}: unknown setting {name!r}{_did_you_mean(name, SETTING_NAMES)}. Valid "
+            f"settings: {', '.join(SETTING_NAMES)}"
         )
     try:
         return rule.parse(raw)
     except _Invalid:
-        raise ConfigError(f"{source}: {name} must be {rule.expected}, got {raw!r}") from None
+        raise ConfigError(f"{source}: {name} must be {rule.expected}, got {shown(raw)}") from None
+
+
+def _did_you_mean(name: str, names: tuple[str, ...] | list[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def format_setting(name: str, value: object) -> str:
@@ -292,71 +318,78 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _env_path(env: Mapping[str, str], key: str) -> Path | None:
-    value = env.get(key, "").strip()
-    return Path(value).expanduser() if value else None
-
-
-def user_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where chatcli keeps its files: $CHATCLI_HOME, else $XDG_CONFIG_HOME/chatcli, else
-    ~/.config/chatcli. Not created here; writers create what they need."""
-    env = os.environ if env is None else env
-    override = _env_path(env, ENV_HOME)
-    if override is not None:
-        return override
-    xdg = _env_path(env, "XDG_CONFIG_HOME")
-    # The XDG spec says a relative XDG_CONFIG_HOME is invalid and must be ignored.
-    if xdg is not None and xdg.is_absolute():
-        return xdg / "chatcli"
-    return Path.home() / ".config" / "chatcli"
-
-
-def config_path(env: Mapping[str, str] | None = None) -> Path:
-    """The TOML config file: $CHATCLI_CONFIG, else user_dir()/config.toml."""
-    env = os.environ if env is None else env
-    return _env_path(env, ENV_CONFIG) or user_dir(env) / "config.toml"
-
-
-def conversations_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where conversations are saved: $CHATCLI_CONVERSATIONS_DIR, else user_dir()/conversations."""
-    env = os.environ if env is None else env
-    return _env_path(env, ENV_CONVERSATIONS_DIR) or user_dir(env) / "conversations"
-
-
-def history_path(env: Mapping[str, str] | None = None) -> Path:
-    """The persistent input-history file (Up/Down, Ctrl-R at the prompt)."""
-    return user_dir(env) / "input_history"
-
-
 def read_config_file(path: Path, named_by: str | None = None) -> dict[str, object]:
     """The validated settings set in a TOML file; {} when the file does not exist, unless a
     variable (`named_by`, CHATCLI_CONFIG) named it: then that path is a mistake to report."""
     source = f"config file {path}"
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        text = read_bytes(path).decode("utf-8")
+    except UnreadableFileError as e:
+        if not e.missing:  # a folder, a link to nothing or to itself, no permission
+            raise ConfigError(
+                f"{source}: {e.why}. Fix it or point {ENV_CONFIG} at another file."
+            ) from None
         if named_by is not None:
             raise ConfigError(
                 f"{named_by}={path}: no such file. Create it (config.example.toml shows every "
                 f"key) or unset {named_by}."
             ) from None
         return {}
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
         raise ConfigError(
-            f"{source}: cannot be read ({e}). Fix the file or point {ENV_CONFIG} elsewhere."
+            f"{source}: cannot be read (not UTF-8 text, byte {e.start}). Fix the file or point "
+            f"{ENV_CONFIG} elsewhere."
         ) from None
     try:
-        table = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+        table = parse_toml(text)  # nested too deep for the parser is a ValueError there
+    except ValueError as e:
         raise ConfigError(
             f"{source}: is not valid TOML ({e}). See config.example.toml for the format."
         ) from None
     unknown = [key for key in table if key not in SETTING_RULES]
     if unknown:
         raise ConfigError(
-            f"{source}: unknown key {unknown[0]!r}. Valid keys: {', '.join(SETTING_NAMES)}"
+            f"{source}: unknown key {shown(unknown[0])}{_did_you_mean(unknown[0], SETTING_NAMES)}"
+            f". Valid keys: {', '.join(SETTING_NAMES)}"
         )
+    for key, raw in table.items():
+        if key in NUMBER_SETTINGS and isinstance(raw, str) and _reads_as_number(raw):
+            raise ConfigError(
+                f"{source}: {key} is the string {raw!r}, not a number: write it without "
+                f"quotes, {key} = {raw.strip()}"
+            )
     return {key: validate_setting(key, raw, source) for key, raw in table.items()}
+
+
+def _reads_as_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def unknown_env_warnings(env: Mapping[str, str]) -> list[str]:
+    """One warning for each CHATCLI_* variable chatcli does not read, naming the closest one
+    it does: a misspelt variable would otherwise change nothing, silently."""
+    known = [env_name(name) for name in SETTING_NAMES] + list(OTHER_ENV_VARS)
+    return [
+        f"{key} is not a chatcli variable, so it changes nothing"
+        + (f"; did you mean {close[0]}?" if (close := _closest(key, known)) else ".")
+        for key in sorted(env)
+        if key.startswith(ENV_PREFIX) and key not in known
+    ]
+
+
+def _closest(key: str, known: list[str]) -> list[str]:
+    # Compared without the shared prefix, which would make every name look alike; a name
+    # cut short (TEMP) or run on means the one it starts, before any look-alike.
+    names = {k.removeprefix(ENV_PREFIX): k for k in known}
+    typed = key.removeprefix(ENV_PREFIX)
+    started = [n for n in names if n.startswith(typed) or typed.startswith(n)]
+    close = difflib.get_close_matches(
+        typed, started or list(names), n=1, cutoff=0 if started else 0.6
+    )
+    return [names[c] for c in close]
 
 
 def read_env(env: Mapping[str, str]) -> dict[str, object]:
@@ -399,7 +432,7 @@ def load_settings(
     than hidden by a flag.
     """
     env = os.environ if env is None else env
-    named = config_file is None and _env_path(env, ENV_CONFIG) is not None
+    named = config_file is None and env_path(env, ENV_CONFIG) is not None
     path = config_path(env) if config_file is None else config_file
     merged: dict[str, object] = {}
     merged.update(read_config_file(path, named_by=ENV_CONFIG if named else None))

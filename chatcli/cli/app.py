@@ -1,9 +1,11 @@
-"""The `chatcli` command: chat, once, models, serve, bench, config path; -h and --version.
+"""The `chatcli` command: chat, once, models, pull, serve, bench, export, conversations, config
+path; -h and --version.
 
 Owns: the Typer app and its subcommands' registration, the root options, and `main` (choosing
 how OpenMP threads wait before torch loads). Each command lives in its own module
-(`chat_commands`, `models_command`, `serve_command`, `bench_command`); the shared options and
-click's one-line errors live in `options`, settings and session loading in `session_setup`.
+(`chat_commands`, `models_command`, `pull_command`, `serve_command`, `bench_command`,
+`export_command`, `conversations_command`); the shared options and click's one-line errors
+live in `options`, settings and session loading in `session_setup`.
 Typer lives only in this package. torch is imported only by the commands that load a model, so
 `chatcli --help` stays fast.
 """
@@ -18,6 +20,8 @@ import typer
 from chatcli.chat.settings import config_path
 from chatcli.cli.bench_command import BENCH_HELP, bench
 from chatcli.cli.chat_commands import chat, once
+from chatcli.cli.conversations_command import conversations_app
+from chatcli.cli.export_command import EXPORT_HELP, export
 from chatcli.cli.models_command import models
 from chatcli.cli.openmp_wait import choose_openmp_wait
 from chatcli.cli.options import (
@@ -26,7 +30,8 @@ from chatcli.cli.options import (
     OneLineErrors,
     print_version,
 )
-from chatcli.cli.serve_command import serve
+from chatcli.cli.pull_command import pull
+from chatcli.cli.serve_command import SERVE_HELP, serve
 
 app = typer.Typer(
     name="chatcli",
@@ -40,6 +45,7 @@ app = typer.Typer(
 )
 config_app = typer.Typer(cls=OneLineErrors, help="Inspect the configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+app.add_typer(conversations_app, name="conversations")
 
 
 @app.callback()
@@ -80,5 +86,7 @@ def main() -> None:
 app.command(cls=Command)(chat)
 app.command(cls=Command)(once)
 app.command(cls=Command)(models)
-app.command(cls=Command)(serve)
+app.command(cls=Command)(pull)
+app.command(cls=Command, help=SERVE_HELP)(serve)
 app.command(cls=Command, help=BENCH_HELP)(bench)
+app.command(cls=Command, help=EXPORT_HELP)(export)

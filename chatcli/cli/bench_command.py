@@ -11,9 +11,9 @@ from chatcli.cli.options import (
     CompileOpt,
     ModelOpt,
     SoftcapOpt,
-    fail,
+    fail_with,
 )
-from chatcli.errors import ChatcliError
+from chatcli.errors import ChatcliError, UsageError
 
 BENCH_HELP = (
     "Measure our engine against the plain baseline, side by side, in one run.\n\n"
@@ -61,23 +61,27 @@ def bench(
         # The options first: a mistake should not wait for a model to load.
         quantize = "float32" if quantize == "none" else quantize  # as chat and once say it
         if quantize not in ("auto", "float32", *QUANTIZE_KINDS):
-            raise ChatcliError(
+            raise UsageError(
                 f"--quantize takes auto, float32 (or none), {', '.join(QUANTIZE_KINDS)}; "
                 f"not {quantize!r}."
             )
+        # A device word the bench does not take is the command line's mistake (exit 2); a
+        # CUDA device this machine lacks, or weights its card cannot run, are the machine's (1).
+        kind, _, index = device.partition(":")
+        wrong_word = kind not in ("auto", "cpu", "cuda") or (index and not index.isdigit())
         try:
             where = bench_device(device)
             if where.type == "cuda":
                 gpu_weights(quantize, where)
         except ValueError as e:
-            raise ChatcliError(str(e)) from None
+            raise (UsageError if wrong_word else ChatcliError)(str(e)) from None
         if synthetic is not None and model is not None:
-            raise ChatcliError("Pass --model or --synthetic, not both.")
+            raise UsageError("Pass --model or --synthetic, not both.")
         if synthetic is not None and softcap is not None:
-            raise ChatcliError("--softcap is a checkpoint's: a --synthetic model caps at 15.")
+            raise UsageError("--softcap is a checkpoint's: a --synthetic model caps at 15.")
         if synthetic is not None:
             if synthetic not in SYNTHETIC_DEPTHS:
-                raise ChatcliError(f"--synthetic takes one of {', '.join(SYNTHETIC_DEPTHS)}.")
+                raise UsageError(f"--synthetic takes one of {', '.join(SYNTHETIC_DEPTHS)}.")
             net, tokenizer = synthetic_model(synthetic, where)
             label = f"synthetic {synthetic}"
         else:
@@ -89,7 +93,7 @@ def bench(
         typer.echo(f"Measuring {label} on {where}, baseline and ours in turn…", err=True)
         result = run_bench(net, tokenizer, label, precision=quantize, compile=compile_model)
     except ChatcliError as e:
-        raise fail(str(e)) from None
+        raise fail_with(e) from None
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return

@@ -31,15 +31,21 @@ from chatcli.cli.options import (
     TopKOpt,
     TopPOpt,
     UrlOpt,
-    fail,
+    fail_with,
     local_model_flags,
     server_url,
 )
-from chatcli.errors import ChatcliError, ConversationFileError
+from chatcli.errors import ChatcliError, ConversationFileError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
-from chatcli.cli.session_setup import load_session, setting_flags, settings_from, system_on_resume
+from chatcli.cli.session_setup import (
+    load_session,
+    move_old_files_saying,
+    setting_flags,
+    settings_from,
+    system_on_resume,
+)
 
 # ---- chat ---------------------------------------------------------------------------------------
 
@@ -95,6 +101,7 @@ def chat(
         settings = settings_from(**setting_flags(locals()))
         console = make_console()
         notes = make_console(file=sys.stderr) if piped or stdout_piped else console
+        move_old_files_saying()
         folder = conversations_dir()
         loaded = path = None
         if resume is not None:  # a name that finds nothing should not wait for the model
@@ -124,6 +131,8 @@ def chat(
                     conversation = None
             count = sum(1 for m in loaded.messages if m["role"] != "system")
             render_notice(notes, f"Resumed {path.name}: {count} messages.")
+            for notice in session.take_notices():  # exchanges out of the model's view
+                render_notice(notes, notice.text)
             render_recap(notes, loaded.messages)
             conversation = system_on_resume(notes, session, settings.system, system, conversation)
             if system is None and settings.system and settings.system != session.system:
@@ -136,7 +145,7 @@ def chat(
             # Its file is made at the first message: a session that says nothing leaves none.
             conversation = NewConversation(folder, model=info["path"], system=session.system)
     except ChatcliError as e:
-        raise fail(str(e)) from None
+        raise fail_with(e) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     code = run_repl(
@@ -206,7 +215,7 @@ def once(
         else:
             _once_stream(session, console, settings, text)
     except ChatcliError as e:
-        raise fail(str(e)) from None
+        raise fail_with(e) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -216,7 +225,7 @@ def _read_prompt(words: list[str] | None) -> str:
     stdin for none or `-`."""
     if not words or words == ["-"]:
         if sys.stdin is None or sys.stdin.isatty():
-            raise ChatcliError(
+            raise UsageError(
                 'No prompt given. Usage: chatcli once "What is 12*7?" (or pipe it in).'
             )
         prompt = sys.stdin.read()
@@ -224,7 +233,7 @@ def _read_prompt(words: list[str] | None) -> str:
         prompt = " ".join(words)
     prompt = prompt.strip()
     if not prompt:
-        raise ChatcliError("The prompt is empty.")
+        raise UsageError("The prompt is empty.")
     return prompt
 
 

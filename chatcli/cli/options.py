@@ -1,20 +1,25 @@
-"""The parts of the `chatcli` command line its commands share: how it fails (one red line
-and exit code 1, never click's usage box; a prompt that reads as an option gets the `--` it
-needs), flags shown without a type, -h and --version, and the options several commands take.
-Typer and click live here and in chatcli.cli.app only.
+"""The parts of the `chatcli` command line its commands share: how it fails (one red line,
+never click's usage box; exit code 2 for a usage error, 1 for a command that failed; an
+unknown option names the nearest real one; a prompt that reads as an option gets the `--` it
+needs), flags shown without a type, -h and --version, and the options several commands take,
+with the same short flags on every command (-m model, -t temperature, -k top-k, -n max
+tokens, -s system). Typer and click live in this package only.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import shlex
 import sys
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from chatcli import __version__
+from chatcli.errors import ChatcliError, UsageError
 
 try:  # typer 0.2x carries its own copy of click; its errors derive from TyperException
     from typer import TyperException as _ClickError
@@ -40,9 +45,9 @@ class Command(FlagsShowNoType, TyperCommand):
 
 class OneLineErrors(FlagsShowNoType, TyperGroup):
     """Click's own errors (an unknown option, a value of the wrong type) end like every other
-    error: one red line on stderr saying what to fix, exit code 1 (click's would be a usage
-    box and 2). A bare `chatcli` (or `chatcli config`) prints the help and exits 0, as git
-    does: nothing went wrong."""
+    error: one red line on stderr saying what to fix (click's would be a usage box), with
+    click's exit code: 2 for a usage error. A bare `chatcli` (or `chatcli config`) prints the
+    help and exits 0, as git does: nothing went wrong."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
@@ -57,6 +62,8 @@ class OneLineErrors(FlagsShowNoType, TyperGroup):
                 sys.exit(0)  # the help was printed, on stdout, as the error was made
             # format_message names the parameter ("Invalid value for '--step': ...").
             message = e.format_message() if hasattr(e, "format_message") else str(e)
+            if type(e).__name__ == "NoSuchOption":
+                message = _no_such_option(e)
             message = " ".join(message.split())
             if not message.endswith((".", "?", "!")):
                 message += "."
@@ -69,10 +76,40 @@ class OneLineErrors(FlagsShowNoType, TyperGroup):
                 )
             elif ctx is not None:
                 message += f" See {ctx.command_path} --help."
-            sys.exit(fail(message).exit_code)
+            sys.exit(fail(message, getattr(e, "exit_code", 2)).exit_code)
         except typer.Abort:
             sys.exit(fail("Aborted.").exit_code)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def nearest_options(name: str, options: Sequence[str]) -> list[str]:
+    """The options an unknown `name` most likely meant: the same with dashes for underscores
+    (--max_tokens), else those it begins, up to three (--max; --top: --top-k and --top-p),
+    else the one closest spelling (--temprature, --top_k); none when none is close."""
+    key = name.lower().replace("_", "-")
+    if key in options:
+        return [key]
+    longs = [o for o in options if o.startswith("--")]
+    if key.startswith("--") and len(key) > 3:
+        starts = [o for o in longs if o.startswith(key)]
+        if 1 <= len(starts) <= 3:
+            return starts
+    # Among the long options for anything longer than a short one: -x is not near --x.
+    pool = longs if len(key) > 2 else options
+    return difflib.get_close_matches(key, pool, n=1, cutoff=0.6)
+
+
+def _no_such_option(error: Exception) -> str:
+    """Click's "No such option" with the one nearest option of the command, not click's
+    list of possibilities (for --temp it listed --help, --step, --system)."""
+    name = str(getattr(error, "option_name", ""))
+    ctx = getattr(error, "ctx", None)
+    options: list[str] = []
+    if ctx is not None:
+        for param in ctx.command.get_params(ctx):
+            options += [*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())]
+    near = nearest_options(name, options)
+    return f"No such option: {name}." + (f" Did you mean {' or '.join(near)}?" if near else "")
 
 
 def _prompt_taken_for_option(error: Exception, argv: list[str]) -> str | None:
@@ -111,10 +148,17 @@ def print_version(value: bool) -> None:
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
+    """Prints `message` as one red line on stderr; the exit to raise (1: the command failed,
+    2: the command line was wrong)."""
     from chatcli.terminal.render import make_console, render_error
 
     render_error(make_console(file=sys.stderr), message)
     return typer.Exit(code)
+
+
+def fail_with(error: ChatcliError) -> typer.Exit:
+    """`fail` for one of chatcli's errors: exit code 2 for a UsageError, else 1."""
+    return fail(str(error), 2 if isinstance(error, UsageError) else 1)
 
 
 # -h as well as --help, on every command (sub-commands inherit it).
@@ -125,7 +169,9 @@ HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 
 ModelOpt = Annotated[
     str | None,
-    typer.Option("--model", "-m", help="Checkpoint: base dir, folder, model_*.pt or tag."),
+    typer.Option(
+        "--model", "-m", help="Checkpoint: base dir, folder, model_*.pt, tag or hf:ORG/NAME."
+    ),
 ]
 # Each default is the built-in one; the config file or CHATCLI_<NAME> may set another.
 SourceOpt = Annotated[
@@ -145,10 +191,13 @@ QuantizeOpt = Annotated[
 # commands are: the same ranges, the same "off", the same messages.
 TempOpt = Annotated[
     str | None,
-    typer.Option("--temperature", "-t", metavar="T", help="0 to 2; 0 = greedy (default 0.6)."),
+    typer.Option(
+        "--temperature", "--temp", "-t", metavar="T", help="0 to 2; 0 = greedy (default 0.6)."
+    ),
 ]
 TopKOpt = Annotated[
-    str | None, typer.Option("--top-k", metavar="K", help="1 to 1000; 0 or off = off (default 50).")
+    str | None,
+    typer.Option("--top-k", "-k", metavar="K", help="1 to 1000; 0 or off = off (default 50)."),
 ]
 TopPOpt = Annotated[
     str | None,
@@ -156,10 +205,15 @@ TopPOpt = Annotated[
 ]
 MaxTokOpt = Annotated[
     str | None,
-    typer.Option("--max-tokens", metavar="N", help="Reply length limit, 1 to 65536 (default 512)."),
+    typer.Option(
+        "--max-tokens", "-n", metavar="N", help="Reply length limit, 1 to 65536 (default 512)."
+    ),
 ]
 SeedOpt = Annotated[str | None, typer.Option(help="An integer, or 'random' (default).")]
-SystemOpt = Annotated[str | None, typer.Option(help="System prompt (default: none).")]
+SystemOpt = Annotated[
+    str | None,
+    typer.Option("--system", "-s", metavar="TEXT", help="System prompt (default: none)."),
+]
 MarkdownOpt = Annotated[str | None, typer.Option(help="auto (default), always or never.")]
 ToolsOpt = Annotated[
     bool | None, typer.Option("--tools/--no-tools", help="Calculator tool (default: on).")

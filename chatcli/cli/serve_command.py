@@ -1,7 +1,11 @@
-"""The serve command: the OpenAI-compatible server and its chat page."""
+"""The serve command: the OpenAI-compatible server and its chat page, on this machine or with
+its replicas on a Ray cluster (--ray), and who may use it."""
 
 from __future__ import annotations
 
+import re
+import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -15,9 +19,30 @@ from chatcli.cli.options import (
     SourceOpt,
     StepOpt,
     fail,
+    fail_with,
 )
 from chatcli.cli.session_setup import settings_from
-from chatcli.errors import ChatcliError
+from chatcli.errors import ChatcliError, UsageError
+
+RAY_EXTRA = "chatcli serve --ray needs the ray extra: pip install 'chatcli[ray]'"
+# One line a paragraph: Typer shows a help's single line breaks as they are.
+SERVE_HELP = (
+    "Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/).\n\n"
+    "Three ways to serve it. On one machine (the default): a replica of the model per GPU, or --workers N of them on "
+    "the CPU, in this process. Pick it while one machine keeps up with the load.\n\n"
+    # \\[ is Rich's escape: the help is Rich markup.
+    "On a Ray cluster (--ray ADDRESS; pip install 'chatcli\\[ray]'): the same server, its "
+    "replicas on the cluster's machines under Ray Serve, which replaces a replica that dies "
+    "and, with --workers MIN-MAX, adds replicas while requests queue; a conversation's turns "
+    "go back to the replica that holds its cache. Start the cluster with `ray start --head` "
+    "on one machine and `ray start --address HEAD:6379` on the others, then serve from one "
+    "of them with --ray auto; --ray ray://HEAD:10001 serves from the head node, started "
+    "from anywhere; --ray local tries it on this machine alone. Pick it past one machine, "
+    "for any nanochat era.\n\n"
+    "As a transformers export under vLLM (`chatcli export`, then `vllm serve`; see "
+    "docs/huggingface.md): vLLM's batched GPU engine, for the eras transformers can load. "
+    "Pick it for the most throughput on GPUs where it applies."
+)
 
 
 def serve(
@@ -30,7 +55,12 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: a free one, said on start).")] = 8000,
     workers: Annotated[
-        int | None, typer.Option(help="Model replicas (default: one per GPU, else 1).")
+        str | None,
+        typer.Option(
+            metavar="N",
+            help="Model replicas (default: one per GPU, else 1). With --ray also MIN-MAX: "
+            "Ray Serve adds and removes replicas in that range as requests queue.",
+        ),
     ] = None,
     cache_slots: Annotated[
         int,
@@ -58,22 +88,74 @@ def serve(
         ),
     ] = 64,
     softcap: SoftcapOpt = None,
+    api_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--api-key",
+            envvar="CHATCLI_API_KEY",
+            metavar="KEY",
+            help="Let in only requests with Authorization: Bearer KEY (repeat for more keys); "
+            "/health and the chat page's HTML stay open.",
+        ),
+    ] = None,
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(metavar="PATH", help="Keys to let in, one a line (# starts a comment)."),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Run the replicas on a Ray cluster: local (one started here), auto (the "
+            "cluster this machine joined, or RAY_ADDRESS) or ray://HEAD:10001 (Ray Client: "
+            "the server then runs on the head node, listening on --host and --port there).",
+        ),
+    ] = None,
+    replica_cpus: Annotated[
+        float,
+        typer.Option(help="With --ray: CPUs each CPU replica reserves and runs torch on."),
+    ] = 1.0,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/)."""
     try:
-        from chatcli.serve.app import Limits
+        from chatcli.serve.app import MAX_PORT, Limits
         from chatcli.serve.app import serve as run_server
+        from chatcli.serve.auth import api_keys, open_server_warning
     except ImportError:
         raise fail("chatcli serve needs the serve extra: pip install -e '.[serve]'") from None
+    from chatcli.terminal.render import make_console, render_notice
+
     try:
+        count = replica_count(workers, ray is not None)
         s = settings_from(
             model=model, source=source, step=step, device=device, dtype=dtype, quantize=quantize
         )
-        run_server(
-            s.model,
+        # The command line's mistakes first (exit 2), then the files' and the system's (1).
+        if not 0 <= port <= MAX_PORT:
+            raise UsageError(
+                f"--port must be between 0 and {MAX_PORT} (0 picks a free port); got {port}."
+            )
+        try:
+            keys = api_keys(api_key or (), None)
+        except ChatcliError as e:
+            raise UsageError(str(e)) from None
+        if api_key_file is not None:
+            keys = api_keys(keys, api_key_file)
+        warning = open_server_warning(host, port, keys)
+
+        def warn() -> None:  # once it listens, before the model loads: not minutes later
+            if warning is not None:
+                render_notice(make_console(file=sys.stderr), warning)
+
+        locked = f"; {len(keys)} API key{'s' if len(keys) > 1 else ''}" if keys else ""
+
+        def say_ready(info: dict[str, Any]) -> None:
+            _say_ready(info, locked)
+
+        options: dict[str, Any] = dict(
             host=host,
             port=port,
-            workers=workers,
             cache_slots=cache_slots,
             batch=batch,
             device=s.device,
@@ -83,18 +165,64 @@ def serve(
             dtype=s.dtype,
             quantize=s.quantize,
             softcap=softcap,
-            on_ready=_say_ready,
+            api_keys=keys,
+            on_listening=warn,
+            on_ready=say_ready,
+        )
+        if ray is None:
+            run_server(s.model, workers=count[0] if count else None, **options)
+            return
+        try:
+            from chatcli.serve.ray_cluster import ReplicaCount, serve_on_ray
+        except ImportError:
+            raise fail(RAY_EXTRA) from None
+        serve_on_ray(
+            ray,
+            s.model,
+            workers=ReplicaCount(*count) if count else None,
+            replica_cpus=replica_cpus,
+            **options,
         )
     except ChatcliError as e:
-        raise fail(str(e)) from None
+        raise fail_with(e) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
 
-def _say_ready(info: dict[str, Any]) -> None:
-    rows = info["batch"]
+def replica_count(text: str | None, ray: bool) -> tuple[int, int] | None:
+    """--workers as (low, high): "3" is (3, 3), "1-4" (1, 4) (with --ray only)."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if match is None:
+        raise UsageError(
+            f"--workers takes a count (2) or, with --ray, a range (1-4); got {text!r}."
+        )
+    low = int(match[1])
+    high = int(match[2]) if match[2] else low
+    if low < 1 or high < low:
+        raise UsageError(f"--workers {text}: counts start at 1, and a range goes up (1-4).")
+    if high != low and not ray:
+        raise UsageError(
+            f"--workers {text}: a range autoscales, which needs a Ray cluster: add --ray local "
+            "(or auto), or give one count."
+        )
+    return low, high
+
+
+def _say_ready(info: dict[str, Any], locked: str = "") -> None:
+    where = ", ".join(info["devices"])
+    ray = info.get("ray")
+    if ray:
+        cluster = "a local Ray cluster" if ray["local"] else f"Ray at {ray['address']}"
+        where = f"{ray['replicas']} {info['devices'][0]} replica(s) on {cluster}"
+        started = ray["connect_s"] + ray["deploy_s"]
+        where += f" (up in {started:.1f} s)"
+        if ray["front"] == "head":
+            where += ", from the head node"
+    rows = info.get("batch", 1)
     at_once = "one request at a time" if rows == 1 else f"up to {rows} requests at once"
     typer.echo(
-        f"Serving {info['model']} on {', '.join(info['devices'])} at {info['url']} "
-        f"(chat page at /, API at /v1; {at_once} per worker)"
+        f"Serving {info['model']} on {where} at {info['url']} (chat page at /, API at "
+        f"/v1{locked}; {at_once} a replica)"
     )

@@ -8,6 +8,7 @@ banner's facts. torch is imported only inside `load_session`, so `--help` stays 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -15,13 +16,43 @@ from chatcli.chat.settings import (
     SETTING_NAMES,
     Settings,
     load_settings,
+    read_flags,
+    unknown_env_warnings,
 )
-from chatcli.errors import ChatcliError, ConversationFileError
+from chatcli.errors import ChatcliError, ConfigError, ConversationFileError, UsageError
 
 
 def settings_from(**flags: Any) -> Settings:
+    """The settings, flag > CHATCLI_* > config file > default. A bad flag's value is a usage
+    error (exit 2), said before any other source is read; a bad config file or variable is
+    not (exit 1)."""
+    try:
+        read_flags(flags)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     # config_file follows CHATCLI_CONFIG, which must then name a file that exists.
-    return load_settings(flags=flags, env=os.environ)
+    settings = load_settings(flags=flags, env=os.environ)
+    warnings = unknown_env_warnings(os.environ)
+    if warnings:  # on stderr: the reply on stdout stays the reply alone
+        from chatcli.terminal.render import make_console, render_notice
+
+        console = make_console(file=sys.stderr)
+        for warning in warnings:
+            render_notice(console, warning)
+    return settings
+
+
+def move_old_files_saying() -> None:
+    """Moves the conversations and history an earlier chatcli kept beside the config to
+    where they live now (chatcli.chat.user_dirs), saying so on stderr: once."""
+    from chatcli.chat.user_dirs import move_old_files
+    from chatcli.terminal.render import make_console, render_notice
+
+    said = move_old_files()
+    if said:
+        notes = make_console(file=sys.stderr)
+        for line in said:
+            render_notice(notes, line)
 
 
 def setting_flags(params: dict[str, Any]) -> dict[str, Any]:
@@ -56,7 +87,7 @@ def load_session(
     if url is not None:
         if local_flags:
             named = ", ".join(local_flags)
-            raise ChatcliError(
+            raise UsageError(
                 f"{named} is a local model's: it picks or shapes the model chatcli loads, "
                 f"and a server at --url chooses its own. Drop {named} or --url."
                 if len(local_flags) == 1

@@ -2,9 +2,15 @@
 
 Owns the GPT module (`gpt`), its attention cache layout (`kv_cache`, and `slot_cache` for
 independent sequences side by side), next-token sampling from logits (`sampling`), finding
-checkpoints on disk (`checkpoint_paths`), loading them safely (`checkpoint`), the tokenizer
-and its special tokens, and quantized decode copies of the weights (`quantize`). May import `chatcli.errors` and `chatcli.kernels`; nothing above. Knows
-nothing about conversations, terminals or HTTP.
+checkpoints on disk (`checkpoint_paths`) and on the Hugging Face Hub (`hub_layout`, `hub`,
+`hub_cache`: hf:ORG/NAME, fetched by huggingface_hub), checking them before anything is built
+(`checkpoint_checks`), loading them safely (`checkpoint`), listing them
+(`checkpoint_listing`), reading the JSON and TOML files people hand chatcli (`data_files`), the
+tokenizer, its special tokens and the long runs it encodes around tiktoken's regex
+(`long_runs`), quantized decode copies of the weights (`quantize`), and the transformers
+format both ways (`hf_*`: export, and loading transformers-format folders; `hf_modeling/` holds
+the remote code an export ships). May import `chatcli.errors` and `chatcli.kernels`; nothing
+above. Knows nothing about conversations, terminals or HTTP (the Hub's is huggingface_hub's).
 
 `load_model` is re-exported lazily, so importing this package does not import torch.
 """

@@ -1,15 +1,15 @@
 """Finding and loading nanochat checkpoints, safely, with errors that say how to fix them.
 
 Owns: reading meta and weights (`torch.load(weights_only=True)`: no code runs), checking
-every key and shape against the meta, choosing device and dtype, building the model, and
-listing what is on disk. Which files a user points at (a base dir, a folder, a file, a tag,
-or nothing = the embedded default model) is chatcli.model.checkpoint_paths'. Knows nothing about
-generation or the terminal.
+every key and shape against the meta, choosing device and dtype, and building the model.
+Which files a user points at (a base dir, a folder, a file, a tag, or nothing = the embedded
+default model) is chatcli.model.checkpoint_paths'; the checks made before anything is built
+are chatcli.model.checkpoint_checks'; listing what is on disk is
+chatcli.model.checkpoint_listing's. Knows nothing about generation or the terminal.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import zipfile
@@ -20,22 +20,29 @@ from typing import Any
 import torch
 
 from chatcli.errors import CheckpointError, TokenizerError
-from chatcli.model.checkpoint_paths import (
-    EMBEDDED_DIR,
-    SOURCES,
-    CheckpointRef,
-    default_base_dir,
-    ref_in_folder,
-    resolve_checkpoint,
-    step_file,
-    steps_in,
+from chatcli.model.checkpoint_checks import (
+    check_config_against_weights,
+    check_finite,
+    check_tensors,
+    config_from_meta,
+)
+from chatcli.model.checkpoint_paths import EMBEDDED_DIR as EMBEDDED_DIR  # imported from here
+from chatcli.model.checkpoint_paths import SOURCES as SOURCES  # by tests: re-exported
+from chatcli.model.checkpoint_paths import resolve_checkpoint
+from chatcli.model.data_files import (
+    UnreadableFileError,
+    check_readable,
+    read_json_file,
 )
 from chatcli.model.gpt import GPT, GPTConfig, infer_architecture
+from chatcli.model.hub import fetch_model
+from chatcli.model.hub_layout import is_hub_id
 from chatcli.model.linear import is_embedding_table
 from chatcli.model.quantize import default_half_kind
 from chatcli.model.tokenizer import Tokenizer
 
-CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+# A meta file is a few hundred bytes; one of megabytes is something else.
+META_MAX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -168,47 +175,28 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def read_meta(meta_file: Path) -> tuple[dict[str, Any], GPTConfig]:
-    if not meta_file.is_file():
-        raise CheckpointError(f"Missing meta file {meta_file} (it holds the model_config).")
     try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"Meta file {meta_file} is not readable JSON: {e}.") from e
+        meta = read_json_file(meta_file, META_MAX_BYTES)
+    except UnreadableFileError as e:
+        if e.missing:
+            raise CheckpointError(
+                f"Missing meta file {meta_file} (it holds the model_config)."
+            ) from None
+        raise CheckpointError(f"Meta file {e}. Copy the meta saved with the weights.") from None
+    except ValueError as e:
+        raise CheckpointError(f"Meta file {meta_file} is not readable JSON: {e}.") from None
     cfg = meta.get("model_config") if isinstance(meta, dict) else None
     if not isinstance(cfg, dict):
         raise CheckpointError(f"Meta file {meta_file} has no model_config object.")
-    missing = [k for k in CONFIG_KEYS if k not in cfg]
-    bad = [k for k in CONFIG_KEYS if k in cfg and (not isinstance(cfg[k], int) or cfg[k] <= 0)]
-    if missing or bad:
-        raise CheckpointError(
-            f"Meta file {meta_file}: model_config "
-            + (
-                f"lacks {', '.join(missing)}"
-                if missing
-                else f"has non-positive/non-int {', '.join(bad)}"
-            )
-            + f"; expected positive ints for {', '.join(CONFIG_KEYS)}."
-        )
-    pattern = cfg.get("window_pattern") or "L"
-    if not isinstance(pattern, str) or not re.fullmatch(r"[SLsl]+", pattern):
-        raise CheckpointError(
-            f"Meta file {meta_file}: window_pattern {pattern!r} is not made of S and L."
-        )
-    config = GPTConfig(**{k: cfg[k] for k in CONFIG_KEYS}, window_pattern=pattern.upper())
-    if config.n_embd % config.n_head or config.n_head % config.n_kv_head:
-        raise CheckpointError(
-            f"Meta file {meta_file}: n_embd ({config.n_embd}) must divide by n_head "
-            f"({config.n_head}) and n_head by n_kv_head ({config.n_kv_head})."
-        )
-    return meta, config
+    # Every number checked for its type and range here, against the weights in build_model.
+    return meta, config_from_meta(cfg, meta_file)
 
 
 def read_state_dict(model_file: Path) -> dict[str, torch.Tensor]:
-    if not model_file.exists():  # a link whose file was moved or deleted
-        target = f" (a link to {model_file.resolve()})" if model_file.is_symlink() else ""
-        raise CheckpointError(
-            f"{model_file} is not there{target}. Copy or download the weights again."
-        )
+    try:  # a folder, a link to nothing or to itself, no permission: said as such
+        check_readable(model_file)
+    except UnreadableFileError as e:
+        raise CheckpointError(f"{e}. Copy or download the weights again.") from None
     try:
         if zipfile.is_zipfile(model_file):
             sd = torch.load(model_file, map_location="cpu", weights_only=True, mmap=True)
@@ -227,6 +215,7 @@ def read_state_dict(model_file: Path) -> dict[str, torch.Tensor]:
             "is the model's state_dict itself. Save model.state_dict() alone, or pass the "
             "folder of a nanochat checkpoint."
         )
+    check_tensors(sd, model_file)  # names, kinds and storage sizes: no value read yet
     # torch.compile'd models save their keys under an `_orig_mod.` prefix.
     return {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
 
@@ -250,14 +239,6 @@ def check_state_dict(
     model: GPT, sd: dict[str, torch.Tensor], model_file: Path, config: GPTConfig
 ) -> None:
     expected = model.state_dict()
-    layers = {int(m[1]) for k in sd if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
-    if layers and max(layers) + 1 != config.n_layer:
-        # Said first: otherwise the keys of the layers one side lacks read as a broken file.
-        raise CheckpointError(
-            f"{model_file}: the meta's model_config says n_layer={config.n_layer}, but the "
-            f"weights have {max(layers) + 1} layers. The meta file belongs to another model: "
-            "copy the one saved with these weights."
-        )
     missing = sorted(set(expected) - set(sd))
     unknown = sorted(set(sd) - set(expected))
     if missing or unknown:
@@ -334,14 +315,10 @@ def build_model(
     precision: Precision,
     softcap: float | None = None,
 ) -> GPT:
-    if "transformer.wte.weight" not in sd:
-        raise CheckpointError(f"{model_file}: missing key transformer.wte.weight.")
-    padded = sd["transformer.wte.weight"].shape[0]
-    if padded < config.vocab_size:
-        raise CheckpointError(
-            f"{model_file}: transformer.wte.weight has {padded} rows but the meta's vocab_size is "
-            f"{config.vocab_size}."
-        )
+    # Before a module is allocated: the config's sizes against the weights' shapes (a meta
+    # claiming 10^9 layers fails here at once), and the values (NaN or inf load and babble).
+    check_config_against_weights(config, sd, model_file)
+    check_finite(sd, model_file)
     arch = infer_architecture(sd, config, softcap=softcap)
     with torch.device("meta"):
         model = GPT(config, arch)
@@ -376,12 +353,23 @@ def load_model(
 
     path: a nanochat base dir (~/.cache/nanochat layout), a checkpoint folder, a flat download
     folder (model_*.pt, meta_*.json, tokenizer.pkl side by side), a model_*.pt file, a tag in
-    $NANOCHAT_BASE_DIR, or None for the embedded default model. The largest d<N> tag and the
-    last step are taken unless tag/step say otherwise. softcap overrides the logit softcap (15)
-    for the short-lived variant that used 20, which nothing on disk reveals. quantize (int8,
-    int4; CPU only) reads the matrices in that format during batch-1 decode.
+    $NANOCHAT_BASE_DIR, hf:ORG/NAME[@REVISION] (a Hub model, fetched into the Hub cache), a
+    transformers-format folder (hf_load), or None for the embedded default model. The largest
+    d<N> tag and the last step are taken unless tag/step say otherwise. softcap overrides the
+    logit softcap (15) for the short-lived variant that used 20, which nothing on disk reveals.
+    quantize (int8, int4; CPU only) reads the matrices in that format during batch-1 decode.
     """
+    from chatcli.model.hf_load import is_hf_folder, load_hf_model
+
     t0 = time.perf_counter()
+    hub = None
+    if is_hub_id(path):  # fetched, or found in the Hub cache, then loaded as any local one
+        hub = fetch_model(str(path), source=source, tag=tag, step=step)
+        path = hub.local_path
+    if path is not None and is_hf_folder(path):  # config.json + safetensors + tokenizer.json
+        return load_hf_model(
+            Path(path), step=step, device=device, dtype=dtype, softcap=softcap, quantize=quantize
+        )
     ref = resolve_checkpoint(path, source=source, tag=tag, step=step)
     meta, config = read_meta(ref.meta_file)
     try:
@@ -400,7 +388,7 @@ def load_model(
     model = build_model(sd, config, ref.model_file, dev, precision, softcap)
     model.info = ModelInfo(
         path=str(ref.model_file),
-        tag=ref.tag,
+        tag=hub.shown_tag(ref.tag) if hub else ref.tag,
         step=ref.step,
         source=ref.source,
         era=model.arch.era,
@@ -412,78 +400,3 @@ def load_model(
         embedded=path is None,
     )
     return model, tokenizer, meta
-
-
-# ---- listing ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CheckpointSummary:
-    name: str  # "embedded" or the base dir
-    source: str | None
-    tag: str | None
-    step: int
-    era: str
-    num_params: int
-    size_bytes: int
-    path: Path
-    problem: str | None = None  # why it could not be read (then era and num_params are empty)
-
-
-def _summarize(name: str, ref: CheckpointRef) -> CheckpointSummary:
-    # mmap: only the zip index and the shapes are read, even for multi-GB checkpoints.
-    sd = read_state_dict(ref.model_file)
-    _, config = read_meta(ref.meta_file)
-    try:
-        era = infer_architecture(sd, config).era
-    except (KeyError, ValueError) as e:  # tensors of something other than a nanochat GPT
-        raise CheckpointError(
-            f"{ref.model_file} does not hold a nanochat model (looked for {e})."
-        ) from None
-    return CheckpointSummary(
-        name=name,
-        source=ref.source,
-        tag=ref.tag,
-        step=ref.step,
-        era=era,
-        num_params=sum(v.numel() for v in sd.values()),
-        size_bytes=ref.model_file.stat().st_size,
-        path=ref.model_file,
-    )
-
-
-def list_checkpoints(base_dir: Path | None = None) -> list[CheckpointSummary]:
-    """The embedded model, then every step of every tag of every source in the base dir."""
-    found = []
-    if (EMBEDDED_DIR / SOURCES["sft"]).is_dir():
-        found.append(_summarize("embedded", resolve_checkpoint(None)))
-    base = base_dir or default_base_dir()
-
-    # What --model takes, listed alike: a base dir's sources, one source's folder of tags
-    # (base/chatsft_checkpoints), or one folder of steps (a download, a tag's folder).
-    def tags_in(folder: Path) -> list[Path]:
-        return sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
-
-    named = next((k for k, v in SOURCES.items() if v == base.name), None)
-    places: list[tuple[str | None, list[Path]]] = []
-    if steps_in(base):
-        places.append((None, [base]))
-    if named is not None:
-        places.append((named, [t for t in tags_in(base) if t.name not in SOURCES.values()]))
-    places += [(source, tags_in(base / name)) for source, name in SOURCES.items()]
-    for source, tags in places:
-        for tag_dir in tags:
-            for step in steps_in(tag_dir):
-                try:
-                    ref = ref_in_folder(tag_dir, step, tag_dir.name, source)
-                    found.append(_summarize(str(base), ref))
-                except CheckpointError as e:
-                    # Listed with its problem: a checkpoint left out looked like none at all.
-                    path = step_file(tag_dir, step)
-                    size = path.stat().st_size if path.exists() else 0
-                    found.append(
-                        CheckpointSummary(
-                            str(base), source, tag_dir.name, step, "-", 0, size, path, str(e)
-                        )
-                    )
-    return found

@@ -15,6 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatcli.errors import CheckpointError
+from chatcli.model.data_files import (
+    UnreadableFileError,
+    check_readable,
+    described,
+    list_folder,
+)
 
 SOURCES = {
     "sft": "chatsft_checkpoints",
@@ -47,17 +53,30 @@ def default_base_dir() -> Path:
 # ---- resolving paths ----------------------------------------------------------------------
 
 
+def folder_entries(folder: Path) -> list[Path]:
+    """What a folder holds; none where it is not a folder, and CheckpointError where it is
+    one that cannot be listed (no permission): glob would make it look empty."""
+    try:
+        if not folder.is_dir():
+            return []
+        return list_folder(folder)
+    except UnreadableFileError as e:
+        raise CheckpointError(f"The folder {e}.") from None
+    except OSError as e:  # the folder above it may not be read
+        raise CheckpointError(f"{described(e)}.") from None
+
+
 def steps_in(folder: Path) -> list[int]:
     return sorted(
-        int(m.group(1)) for p in folder.glob("model_*.pt") if (m := _STEP_RE.search(p.name))
+        int(m.group(1))
+        for p in folder_entries(folder)
+        if p.name.startswith("model_") and (m := _STEP_RE.search(p.name))
     )
 
 
 def _tag_folders(checkpoints_dir: Path) -> list[Path]:
     """The folders of `checkpoints_dir` that hold a model_*.pt (none where it is missing)."""
-    if not checkpoints_dir.is_dir():
-        return []
-    return sorted(p for p in checkpoints_dir.iterdir() if p.is_dir() and steps_in(p))
+    return [p for p in folder_entries(checkpoints_dir) if p.is_dir() and steps_in(p)]
 
 
 def _pick_tag(checkpoints_dir: Path) -> str:
@@ -93,7 +112,7 @@ def _find_tokenizer(folder: Path) -> Path:
         folder.parent.parent / "tokenizer" / "tokenizer.pkl",  # base/<source>/<tag>/
     ]
     for c in candidates:
-        if c.is_file():
+        if os.path.lexists(c):  # a folder or a broken link is named by the tokenizer's reader
             return c
     raise CheckpointError(
         f"No tokenizer.pkl found for the checkpoint in {folder}. Looked at: "
@@ -106,7 +125,9 @@ def step_file(folder: Path, step: int) -> Path:
     """The model_*.pt of `step` in `folder` (model_000650.pt or model_650.pt), one of
     steps_in's."""
     return next(
-        p for p in folder.glob("model_*.pt") if (m := _STEP_RE.search(p.name)) and int(m[1]) == step
+        p
+        for p in folder_entries(folder)
+        if p.name.startswith("model_") and (m := _STEP_RE.search(p.name)) and int(m[1]) == step
     )
 
 
@@ -123,13 +144,18 @@ def ref_in_folder(
             f"No step {step} in {folder}; steps there: {', '.join(map(str, steps))}."
         )
     model_file = step_file(folder, step)
+    if not model_file.exists():  # a link to nothing or to itself: said before what else lacks
+        try:
+            check_readable(model_file)
+        except UnreadableFileError as e:
+            raise CheckpointError(f"{e}. Copy or download the weights again.") from None
     meta_file = _meta_file(model_file)
     tokenizer_file = _find_tokenizer(folder)
-    if model_file.exists() and not meta_file.is_file():
+    if model_file.exists() and not os.path.lexists(meta_file):
         # nanochat writes the weights before the meta: a run stopped between the two, or a
         # download that missed the meta, leaves this. Loading an older step unasked would
         # answer as another model, so say which steps are whole.
-        whole = [s for s in steps if _meta_file(step_file(folder, s)).is_file()]
+        whole = [s for s in steps if os.path.lexists(_meta_file(step_file(folder, s)))]
         fix = (
             f", or load a whole step with --step {whole[-1]} (steps with a meta: "
             f"{', '.join(map(str, whole))})"
@@ -171,6 +197,15 @@ def resolve_checkpoint(
     step: int | None = None,
 ) -> CheckpointRef:
     """Turn what the user named into the files of one checkpoint."""
+    try:
+        return _resolve(path, source, tag, step)
+    except OSError as e:  # a folder on the way without permission: even exists() raises
+        raise CheckpointError(f"{described(e)}.") from None
+
+
+def _resolve(
+    path: str | Path | None, source: str, tag: str | None, step: int | None
+) -> CheckpointRef:
     if source not in SOURCES:
         raise CheckpointError(f"Unknown source {source!r}; use one of {', '.join(SOURCES)}.")
     if path is None:
@@ -188,6 +223,11 @@ def resolve_checkpoint(
             )
         return resolve_checkpoint(EMBEDDED_DIR, source="sft", tag=tag, step=step)
     p = Path(path).expanduser().absolute()  # "." names its folder, as a tag and in /model
+    if p.is_symlink() and not p.exists():  # a link to nothing, or to itself
+        try:
+            check_readable(p)
+        except UnreadableFileError as e:
+            raise CheckpointError(f"{e}. Pass the checkpoint itself, or fix the link.") from None
     if not p.exists():
         base = default_base_dir()
         if (
@@ -216,6 +256,11 @@ def resolve_checkpoint(
             f"No model at {p}. Pass a nanochat base dir, a checkpoint folder, a model_*.pt "
             f"file, or a tag found in {base / SOURCES[source]}."
         )
+    if p.is_dir() and _STEP_RE.search(p.name) and p.name.startswith("model_"):
+        raise CheckpointError(
+            f"{p} is a folder, not a model_<step>.pt file: pass the folder that holds the "
+            "checkpoint's files, or copy the weights again."
+        )
     if p.is_file():
         m = _STEP_RE.search(p.name)
         if not m:
@@ -241,7 +286,7 @@ def resolve_checkpoint(
                 + (f"tags there: {tags}." if tags else "it holds no checkpoints.")
             )
         return ref_in_folder(ckpts / tag, step, tag, source)
-    if any(steps_in(c) for c in p.iterdir() if c.is_dir()):  # e.g. base/chatsft_checkpoints
+    if any(steps_in(c) for c in folder_entries(p) if c.is_dir()):  # base/chatsft_checkpoints
         tag = tag or _pick_tag(p)
         # The folder's name says its source (base_checkpoints: base), whatever --source says.
         named = next((k for k, v in SOURCES.items() if v == p.name), source)

@@ -21,6 +21,8 @@ from typing import Any
 import tiktoken
 
 from chatcli.errors import TokenizerError
+from chatcli.model.data_files import UnreadableFileError, read_bytes, shown
+from chatcli.model.long_runs import encode_ordinary
 from chatcli.model.special_tokens import (
     ASSISTANT_END,
     ASSISTANT_START,
@@ -41,6 +43,20 @@ SPLIT_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
     r"""\s*[\r\n]|\s+(?!\S)|\s+"""
 )
+# GPT-4's own (numbers in groups of 1-3), which nanochat's is made from and forks train with.
+GPT4_SPLIT_PATTERN = SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}{1,3}")
+# The embedded model's: single digits, and a word never takes the character before it
+# (chatcli.training.train says why).
+COPY_SPLIT_PATTERN = SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}").replace(
+    r"[^\r\n\p{L}\p{N}]?+\p{L}+", r"\p{L}+"
+)
+# The patterns a tokenizer may split with. Each splits any text in linear time once long
+# runs of blanks go around it (long_runs.py, which relies on their shared whitespace
+# alternatives); another pattern can backtrack without end, and a pattern tiktoken's regex
+# engine cannot run panics it on ordinary input, where Python sees no error to catch.
+KNOWN_SPLIT_PATTERNS = (SPLIT_PATTERN, GPT4_SPLIT_PATTERN, COPY_SPLIT_PATTERN)
+# Far past any tokenizer.pkl (a 65536-token one is about 1 MB): more is something else.
+TOKENIZER_MAX_BYTES = 256 << 20
 
 
 class _Refused(pickle.UnpicklingError):
@@ -73,9 +89,14 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 def _read_encoding_state(path: Path) -> dict[str, Any]:
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise TokenizerError(f"Cannot read tokenizer file {path}: {e.strerror or e}.") from e
+        data = read_bytes(path, TOKENIZER_MAX_BYTES)
+    except UnreadableFileError as e:
+        if e.missing:
+            raise TokenizerError(
+                f"No tokenizer file at {path}. A nanochat model needs its tokenizer.pkl "
+                "(in <base dir>/tokenizer/ or beside the model_*.pt file)."
+            ) from None
+        raise TokenizerError(f"Tokenizer file {e}. Copy the model's tokenizer.pkl again.") from None
     try:
         obj = _RestrictedUnpickler(io.BytesIO(data)).load()
     except _Refused as e:
@@ -106,10 +127,20 @@ def _read_encoding_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def _check_pattern(pattern: str, what: str) -> None:
+    if pattern not in KNOWN_SPLIT_PATTERNS:
+        raise TokenizerError(
+            f"{what} splits text with the pattern {shown(pattern, 90)}, which is not one "
+            "nanochat uses: refused, since another pattern can crash tiktoken on ordinary "
+            "text. Use the tokenizer.pkl saved with the model."
+        )
+
+
 class Tokenizer:
     """A tiktoken Encoding with nanochat's special tokens and chat rendering."""
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
+        _check_pattern(encoding._pat_str, "The tokenizer")
         missing = [t for t in SPECIAL_TOKENS if t not in encoding._special_tokens]
         if missing:
             raise TokenizerError(f"Tokenizer lacks nanochat special tokens: {', '.join(missing)}.")
@@ -121,12 +152,8 @@ class Tokenizer:
     def from_file(cls, path: str | Path) -> Tokenizer:
         """Load a nanochat `tokenizer.pkl` safely (see module docstring)."""
         path = Path(path)
-        if not path.is_file():
-            raise TokenizerError(
-                f"No tokenizer file at {path}. A nanochat model needs its tokenizer.pkl "
-                "(in <base dir>/tokenizer/ or beside the model_*.pt file)."
-            )
         state = _read_encoding_state(path)
+        _check_pattern(state["pat_str"], f"Tokenizer file {path}")  # before tiktoken compiles it
         try:
             encoding = tiktoken.Encoding(
                 name=str(state["name"]),
@@ -183,7 +210,7 @@ class Tokenizer:
 
     def encode(self, text: str, prepend: int | str | None = None) -> list[int]:
         """Encode ordinary text: a user typing "<|bos|>" gets plain text, never the token."""
-        ids = self.enc.encode_ordinary(text)
+        ids = encode_ordinary(self.enc, text)  # any text, long runs of blanks included
         if prepend is not None:
             first = prepend if isinstance(prepend, int) else self.encode_special(prepend)
             ids.insert(0, first)

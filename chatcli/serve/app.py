@@ -1,12 +1,13 @@
-"""`chatcli serve`: an OpenAI-compatible HTTP API (and a chat page) over a pool of workers.
+"""`chatcli serve`: an OpenAI-compatible HTTP API (and a chat page) over a back end.
 
 Owns: the HTTP surface: POST /v1/chat/completions (streamed as server-sent events or whole),
 GET (and HEAD) /v1/models, /health, /stats and the chat page at /; turning conversations into
 prompt tokens and stream events into OpenAI chunks; loading one model replica per worker; the
 guards a server on this machine needs against web pages the user visits (JSON bodies only, so
 no form or text/plain post slips past the browser's preflight; on a loopback address, only
-loopback Host names, against DNS rebinding); and a shutdown that ends open generations at
-once. What a valid request is, and the error bodies that name a bad field, are
+loopback Host names, against DNS rebinding); who may use it (API keys, chatcli.serve.auth's
+check, put in front of the whole app); and a shutdown that ends open generations at once.
+What a valid request is, and the error bodies that name a bad field, are
 chatcli.serve.requests'.
 
 The calculator runs here, inside the engine. A call reaches clients twice over: as an inline
@@ -19,8 +20,9 @@ carrying `chatcli_tool` has exactly the marker as its content, so a client that 
 from the field can skip that content. Assistant messages sent back are read for markers,
 so a multi-turn conversation replays its calculator calls exactly.
 
-Knows nothing of devices or generation threads beyond asking the WorkerPool, and nothing of
-the terminal.
+Knows nothing of devices, generation threads or clusters: it asks a Backend (backend.py),
+the WorkerPool of this process's replicas or a Ray Serve deployment's (ray_backend.py), and
+nothing of the terminal.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from chatcli.chat.calc_markers import format_marker, parts_from_text
 from chatcli.chat.stream import StreamEvent, TextDelta, ToolResult
 from chatcli.chat.turns import SamplingOptions, random_seed
 from chatcli.errors import ChatcliError, ConfigError, TokenizerError
+from chatcli.serve.auth import ApiKeyCheck
+from chatcli.serve.backend import Backend
 from chatcli.serve.guards import HostCheck, hosts_to_check, media_type, read_body
 from chatcli.serve.requests import (
     ChatMessage,
@@ -186,20 +190,25 @@ def _prompt_of(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:
 
 
 def create_app(
-    workers: Sequence[Worker] | WorkerPool,
+    workers: Sequence[Worker] | Backend,
     limits: Limits = Limits(),
     model_name: str = "chatcli",
     *,
     allowed_hosts: Collection[str] | None = None,
     waiting_every: float = WAITING_EVERY_S,
+    api_keys: Sequence[str] = (),
+    demo: bool = False,
 ) -> FastAPI:
-    """The HTTP app over `workers` (all replicas of one model).
+    """The HTTP app over `workers` (all replicas of one model) or any other Backend.
 
     allowed_hosts: the Host names (any port) it answers, others get a 400; None for any.
     serve() fills it from --host (hosts_to_check). waiting_every: seconds between the
-    keep-alive comments of a stream queued for a worker.
+    keep-alive comments of a stream queued for a worker. api_keys: with any, every request
+    but /health and the page's HTML needs one of them (chatcli.serve.auth). demo: the model
+    is chatcli's embedded demo, as its model entry says (`chatcli_demo`), so the chat page
+    says what it can do.
     """
-    pool = workers if isinstance(workers, WorkerPool) else WorkerPool(workers)
+    pool: Backend = WorkerPool(workers) if isinstance(workers, Sequence) else workers
     defaults = SamplingOptions()
     started = int(time.time())
     # No /docs, /redoc or /openapi.json: public pages the API does not need, and /docs pulls
@@ -208,6 +217,8 @@ def create_app(
     app.state.pool = pool
     if allowed_hosts is not None:
         app.add_middleware(HostCheck, allowed=allowed_hosts)
+    if api_keys:  # in front of the whole app: routes added to it later are covered too
+        app.add_middleware(ApiKeyCheck, keys=api_keys)
 
     def get(path: str, **kwargs: Any) -> Callable[..., Any]:
         # HEAD too, as Starlette's own routes do (FastAPI's GET does not): uptime monitors
@@ -230,8 +241,13 @@ def create_app(
 
     @get("/health")
     async def health() -> dict[str, Any]:
-        idle = sum(not w.busy for w in pool.workers)
-        return {"status": "ok", "model": model_name, "workers": len(pool.workers), "idle": idle}
+        state = pool.describe()
+        return {
+            "status": "ok",
+            "model": model_name,
+            "workers": len(state["workers"]),
+            "idle": state["idle"],
+        }
 
     @get("/stats")
     async def stats() -> dict[str, Any]:
@@ -244,6 +260,8 @@ def create_app(
         "owned_by": "chatcli",
         "context_length": pool.context_len,
     }
+    if demo:
+        model_entry["chatcli_demo"] = True
 
     @get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -348,7 +366,7 @@ def _shutting_down() -> JSONResponse:
     return JSONResponse(_shutting_down_body(), status_code=503)
 
 
-async def _stream(pool: WorkerPool, turn: _Turn, waiting_every: float) -> AsyncIterator[str]:
+async def _stream(pool: Backend, turn: _Turn, waiting_every: float) -> AsyncIterator[str]:
     """The SSE body. When the client disconnects, Starlette cancels this generator at its
     current await; leaving `pool.generate` then stops the generation and frees the worker."""
     yield sse(turn.chunk({"role": "assistant", "content": ""}))
@@ -370,7 +388,7 @@ async def _stream(pool: WorkerPool, turn: _Turn, waiting_every: float) -> AsyncI
     yield sse("[DONE]")
 
 
-async def _complete(pool: WorkerPool, turn: _Turn, request: Request) -> Response:
+async def _complete(pool: Backend, turn: _Turn, request: Request) -> Response:
     """A whole reply as one chat.completion; a client that leaves meanwhile stops it."""
 
     async def collect() -> tuple[list[StreamEvent], Finished]:
@@ -486,7 +504,7 @@ class _Server(uvicorn.Server):
     queued and non-streamed requests with a 503, instead of running on through the grace
     period and being cut off mid-body, a CancelledError logged for each."""
 
-    def __init__(self, config: uvicorn.Config, pool: WorkerPool | None) -> None:
+    def __init__(self, config: uvicorn.Config, pool: Backend | None) -> None:
         super().__init__(config)
         self.pool = pool
 
@@ -519,18 +537,22 @@ def serve(
     quantize: str = "none",
     softcap: float | None = None,
     model_name: str | None = None,
+    api_keys: Sequence[str] = (),
     log_level: str = "info",
+    on_listening: Callable[[], None] | None = None,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Load one replica of `model` per worker and serve until interrupted. Each worker keeps
     `cache_slots` conversations' K/V warm (worker_pool.Worker) and decodes up to `batch`
     requests together (None: engine.batch.default_rows for its device; 1: one at a time).
-    On a loopback `host` only loopback Host names are answered (hosts_to_check).
+    On a loopback `host` only loopback Host names are answered (hosts_to_check); with
+    `api_keys`, only requests that carry one of them (chatcli.serve.auth).
 
     on_ready gets {"url", "model", "devices", "cpu_threads", "batch"} once the models are
     loaded, just before the first request can come in: the CLI's cue to say where the server
-    is.
-    cpu_threads is the CPU plan's thread count (cpu_plan.py), None off the CPU.
+    is. cpu_threads is the CPU plan's thread count (cpu_plan.py), None off the CPU.
+    on_listening is called once the address is taken, before the models load: what must be
+    said at once.
     """
     from chatcli.engine.batch import default_rows
     from chatcli.engine.cpu_plan import apply_cpu_plan
@@ -538,6 +560,8 @@ def serve(
 
     sock = _listen(host, port)  # fail on a taken port before minutes of model loading
     try:
+        if on_listening is not None:
+            on_listening()
         replicas = []
         for i, dev in enumerate(worker_devices(device, workers)):
             m, tokenizer, _ = load_model(
@@ -556,7 +580,14 @@ def serve(
         plan = apply_cpu_plan(replicas[0].engine.model)
         info = replicas[0].engine.model.info
         name = model_name or ("chatcli-default" if info.embedded else info.tag or "chatcli")
-        app = create_app(replicas, limits, name, allowed_hosts=hosts_to_check(host))
+        app = create_app(
+            replicas,
+            limits,
+            name,
+            allowed_hosts=hosts_to_check(host),
+            api_keys=api_keys,
+            demo=info.embedded,
+        )
         if on_ready is not None:
             shown = f"[{host}]" if ":" in host else host
             devices = [w.device for w in replicas]

@@ -145,7 +145,12 @@ class RemoteSession:
             said = message
             refused = f"The server refused the request ({code}): {message}"
         if code in (401, 403):
-            raise ChatcliError(f"{self.url} refused the API key: {said}. Pass --api-key.")
+            said = said.rstrip(".")
+            fix = "Check" if self.api_key else "Pass the server's key with"
+            raise ChatcliError(
+                f"{self.url} refused the request ({code}): {said}. {fix} --api-key KEY "
+                "or CHATCLI_API_KEY."
+            )
         if code == 400 and _context_full(response):
             raise _ContextFull(refused)
         if code == 404:
@@ -359,7 +364,8 @@ class RemoteSession:
         self.notices.append(
             TurnNotice(
                 f"Context full: dropped the {dropped} oldest exchange"
-                f"{'s' if dropped > 1 else ''} (the system prompt is kept)."
+                f"{'s' if dropped > 1 else ''}"
+                f"{' (the system prompt is kept)' if self.system else ''}."
             )
         )
 
@@ -368,7 +374,11 @@ class RemoteSession:
         usage = turn.usage or {}
         stats.tokens_in = int(usage.get("prompt_tokens") or 0)
         stats.tokens_out = int(usage.get("completion_tokens") or turn.deltas)
-        stats.prefill_tokens = stats.tokens_in
+        # The prompt's tokens the server computed: those its cache held were not prefilled.
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        cached = cached if isinstance(cached, int) and not isinstance(cached, bool) else 0
+        stats.prefill_tokens = max(stats.tokens_in - cached, 0)
         decode_s = usage.get("chatcli_decode_s")
         if isinstance(decode_s, int | float) and not isinstance(decode_s, bool):
             # chatcli's server timed its decode: the first token came that long before the
@@ -379,8 +389,9 @@ class RemoteSession:
                 stats.decode_tps = (stats.tokens_out - 1) / decode_s
         elif turn.first_at is not None and stats.tokens_out > 1 and now > turn.first_at:
             stats.decode_tps = (stats.tokens_out - 1) / (now - turn.first_at)
-        if stats.ttft_s > 0 and stats.tokens_in:
-            stats.prefill_tps = stats.tokens_in / stats.ttft_s  # an upper bound on the wait
+        if stats.ttft_s > 0 and stats.prefill_tokens:
+            # The wait for the first token bounds the prefill's time: a lower bound on its speed.
+            stats.prefill_tps = stats.prefill_tokens / stats.ttft_s
         stats.context_used = stats.tokens_in + stats.tokens_out
         stats.finish_reason = turn.finish or "error"
         reply = Reply(turn.parts(), [], [], stats)

@@ -88,15 +88,16 @@ def print_line(console: Console, text: Text) -> None:
 
 
 def make_console(force_plain: bool = False, file: IO[str] | None = None) -> Console:
-    """A console with the chat theme. NO_COLOR (or force_plain) gives plain text; a stdout that
-    is not a terminal gets no colour from Rich's own detection."""
-    plain = force_plain or os.environ.get("NO_COLOR", "") != ""
+    """A console with the chat theme. force_plain gives plain text; NO_COLOR, text without
+    colour (bold, dim and the like stay, as no-color.org has it: a calculator badge is still
+    set apart); a stdout that is not a terminal gets neither from Rich's own detection."""
     # Model text is always printed as Text, but highlight and emoji stay off so nothing the
     # model writes (":smile:", "[1, 2]") is ever reinterpreted.
     return Console(
         file=file,
         theme=CHAT_THEME,
-        color_system=None if plain else "auto",
+        color_system=None if force_plain else "auto",
+        no_color=os.environ.get("NO_COLOR", "") != "",
         highlight=False,
         emoji=False,
     )
@@ -113,6 +114,7 @@ def use_markdown(console: Console, mode: str = "auto") -> bool:
             console.is_terminal
             and not console.is_dumb_terminal
             and console.color_system is not None
+            and not console.no_color  # NO_COLOR: plain text, as a pipe gets
         )
     raise ConfigError(f"--markdown must be auto, always or never, not {mode!r}")
 
@@ -149,6 +151,17 @@ def _badge(expression: str, output: str | None, cut: bool = False, off: bool = F
         badge.append(" ".join(output.split()), style="calc.result")
     badge.append("]")
     return badge
+
+
+# Text that follows a badge straight on gets a space between (`[calc 2+3 = 5] The answer`),
+# unless it opens with a space or with punctuation that closes a phrase (`[calc 2+3 = 5].`).
+_CLOSES_PHRASE = ".,;:!?)]}…"
+
+
+def space_after_badge(text: str) -> str:
+    """`text`, which comes right after a calculator badge, as it is shown there."""
+    first = text[:1]
+    return " " + text if first and not first.isspace() and first not in _CLOSES_PHRASE else text
 
 
 def _markdown_escape(text: str) -> str:
@@ -233,6 +246,7 @@ class ReplyRenderer:
         self.markdown = markdown
         self._refresh_interval_s = refresh_interval_s  # repaints of the open block, at most
         self._at_line_start = True  # plain mode: whether the cursor is at column 0
+        self._after_badge = False  # the last thing shown is a calculator badge
         self._blocks = BlockSplitter()
         self._unprinted: deque[Block] = deque()  # finished blocks not yet printed
         self._live: Live | None = None
@@ -249,14 +263,18 @@ class ReplyRenderer:
     def handle(self, event: StreamEvent) -> None:
         if isinstance(event, TextDelta):
             text = visible(event.text)
+            if self._after_badge and text:
+                text, self._after_badge = space_after_badge(text), False
             self._write(text, Text(text, style="assistant"))
         elif isinstance(event, ToolResult):
             expression = visible(event.expression)
             output = None if event.output is None else visible(event.output)
             markdown = _markdown_badge(expression, output, event.cut, event.off)
             self._write(markdown, _badge(expression, output, event.cut, event.off))
+            self._after_badge = True
         elif isinstance(event, SpecialToken):
             self._write(_code_span(event.name), Text(event.name, style="special"))
+            self._after_badge = False
         # ToolCallStart and ToolCallDelta draw nothing: the badge comes with the result.
 
     def finish(self, finish_reason: str) -> None:
@@ -364,13 +382,35 @@ def stat_number(stats: Mapping[str, object], key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+# A speed is shown only when it was measured over this many tokens and this long. Under 16
+# tokens the first decode step (the sampler's first allocations, a CUDA graph's first replay)
+# weighs over 6% of the total; under 0.1 s one scheduler time slice (4 ms on Linux, tens of ms
+# on a loaded machine) or one page fault moves the rate by as much. Measured on a shared
+# 2-core CPU (scripts/status_speeds.py), the demo model's decode of replies of 2 to 8
+# tokens read anywhere from 2 to 4690 tok/s.
+MIN_RATE_TOKENS = 16
+MIN_RATE_S = 0.1
+
+
+def _rate(tokens: float | None, per_s: float | None) -> float | None:
+    """`per_s` where `tokens` at that speed took long enough to mean something, else None."""
+    if not tokens or not per_s or tokens < MIN_RATE_TOKENS or tokens / per_s < MIN_RATE_S:
+        return None
+    return per_s
+
+
 def render_status(console: Console, stats: Mapping[str, object]) -> None:
     """`ttft 0.12s · prefill 850 tok/s · decode 120 tok/s · 35 in / 20 out · ctx 55/512 · stop`;
-    a piece whose numbers are missing is left out, and so is a time or a speed of 0: not
-    measured (a reply stopped before its prefill or its first token), not a measurement."""
+    a piece whose numbers are missing is left out, and so is a time of 0: not measured (a
+    reply stopped before its first token). A speed is shown only for enough tokens over
+    enough time (MIN_RATE_TOKENS, MIN_RATE_S): the prefill's for the tokens actually
+    prefilled (a warm cache skips the rest), the decode's for the steps after the first."""
     pieces = []
-    ttft, prefill, decode = (stat_number(stats, k) for k in ("ttft_s", "prefill_tps", "decode_tps"))
+    ttft = stat_number(stats, "ttft_s")
     tokens_in, tokens_out = stat_number(stats, "tokens_in"), stat_number(stats, "tokens_out")
+    prefill = _rate(stat_number(stats, "prefill_tokens"), stat_number(stats, "prefill_tps"))
+    steps = tokens_out - 1 if tokens_out else None  # the first token came with the prefill
+    decode = _rate(steps, stat_number(stats, "decode_tps"))
     used, length = stat_number(stats, "context_used"), stat_number(stats, "context_len")
     if ttft:
         pieces.append(f"ttft {ttft:.2f}s")

@@ -1,6 +1,6 @@
 """Drawing the chat's larger pieces: the start-up banner, tables, a resumed conversation's
-recap, and /samples' alternative replies side by side (render.py draws the streamed reply
-and the one-line messages).
+recap, a whole conversation's transcript, and /samples' alternative replies side by side
+(render.py draws the streamed reply and the one-line messages).
 
 Does not know: tokens, commands or settings. Everything it draws comes in as plain data.
 """
@@ -18,7 +18,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from chatcli.terminal.render import HELP_LINE, format_badge, print_line, stat_number, visible
+from chatcli.terminal.render import (
+    HELP_LINE,
+    format_badge,
+    print_line,
+    space_after_badge,
+    stat_number,
+    visible,
+)
 
 
 def _format_count(n: float) -> str:
@@ -173,18 +180,21 @@ def reply_text(parts: Sequence[Mapping[str, str]], tools: bool = True) -> Text:
     tools: whether the calculator ran; if not, a call without a result was not run."""
     text = Text()
     pending: str | None = None  # the expression of a call whose result may follow
+    after_badge = False
     for part in parts:
         if part["type"] == "python_output":
             text.append(f"[{format_badge(pending or '?', visible(part['text']))}]", style="calc")
-            pending = None
+            pending, after_badge = None, True
             continue
         if pending is not None:
             text.append(f"[{format_badge(pending, None, off=not tools)}]", style="calc")
-            pending = None
+            pending, after_badge = None, True
         if part["type"] == "python":
             pending = visible(part["text"])
-        else:
-            text.append(visible(part["text"]), style="assistant")
+        elif part["text"]:
+            shown = visible(part["text"])
+            text.append(space_after_badge(shown) if after_badge else shown, style="assistant")
+            after_badge = False
     if pending is not None:
         text.append(f"[{format_badge(pending, None, off=not tools)}]", style="calc")
     return text
@@ -203,6 +213,22 @@ def render_recap(console: Console, messages: Sequence[Mapping[str, object]]) -> 
     for message in rest[start:]:
         content = message["content"]
         if message["role"] == "user":
+            print_line(console, Text(f"> {visible(str(content))}", style="user"))
+        else:
+            parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+            print_line(console, reply_text(parts))  # type: ignore[arg-type]
+
+
+def render_transcript(console: Console, messages: Sequence[Mapping[str, object]]) -> None:
+    """A whole conversation as the chat showed it: the system prompt, each question after
+    `> `, each reply with its calculator calls as badges; a blank line between exchanges."""
+    for i, message in enumerate(messages):
+        content = message["content"]
+        if message["role"] == "system":
+            print_line(console, Text(f"system: {visible(str(content))}", style="status"))
+        elif message["role"] == "user":
+            if i > 0 and messages[i - 1]["role"] == "assistant":
+                console.print()
             print_line(console, Text(f"> {visible(str(content))}", style="user"))
         else:
             parts = content if isinstance(content, list) else [{"type": "text", "text": content}]

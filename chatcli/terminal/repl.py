@@ -14,6 +14,7 @@ exits the process.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -30,10 +31,18 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.output import Output, create_output
 from prompt_toolkit.styles import Style
 
-from chatcli.chat.command_parsing import COMMANDS, SYSTEM_CLEAR, CommandError, find_command
+from chatcli.chat.command_parsing import (
+    COMMANDS,
+    SET_NAMES,
+    SHOW_WHAT,
+    SYSTEM_CLEAR,
+    CommandError,
+    find_command,
+)
 from chatcli.chat.conversation_store import SUFFIX, ConversationSink
 from chatcli.chat.settings import Settings, history_path
 from chatcli.chat.turns import readable_text
+from chatcli.model.data_files import UnreadableFileError, check_readable
 from chatcli.terminal.render import (
     ReplyRenderer,
     make_console,
@@ -160,6 +169,10 @@ class CommandCompleter(Completer):
             return ["md", "json"]
         if name == "seed":
             return ["random"]
+        if name == "set":
+            return list(SET_NAMES)
+        if name == "show":
+            return list(SHOW_WHAT)
         if name == "system":
             return [SYSTEM_CLEAR]
         if name == "load" and self.conversations_dir.is_dir():
@@ -243,7 +256,12 @@ class ChatUI:
         path = history_path()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if os.path.lexists(path):  # a folder or a link loop there is named as such
+                check_readable(path)
             path.touch()
+        except UnreadableFileError as e:
+            self.notice(f"Input history is off: {e}.")
+            return InMemoryHistory()
         except OSError as e:
             self.notice(f"Input history is off: cannot write {path} ({e}).")
             return InMemoryHistory()

@@ -29,11 +29,16 @@ from chatcli.chat.command_parsing import (
     unescape_message,
 )
 from chatcli.chat.conversation_export import export_json, export_markdown
-from chatcli.chat.conversation_index import list_conversations, resolve_conversation
+from chatcli.chat.conversation_index import (
+    check_name_free,
+    list_conversations,
+    resolve_conversation,
+)
 from chatcli.chat.conversation_store import (
     ConversationFile,
     ConversationSink,
     NewConversation,
+    clean_name,
     read_conversation,
 )
 from chatcli.chat.settings import Settings, format_setting
@@ -202,6 +207,15 @@ class ChatCommands(TurnRunner):
         self.screen.table(("setting", "value"), rows)
         return True
 
+    def cmd_set(self, _: None) -> bool:
+        # parse_command turns every /set into the command it stands for; alone, /help set.
+        return self.cmd_help("set")
+
+    def cmd_show(self, _: None) -> bool:
+        """ollama's /show: the settings, then the model."""
+        self.cmd_settings(None)
+        return self.cmd_model(None)
+
     # ---- the conversation -----------------------------------------------------------------------
 
     def cmd_clear(self, _: None) -> bool:
@@ -289,18 +303,38 @@ class ChatCommands(TurnRunner):
     # ---- files ----------------------------------------------------------------------------------
 
     def cmd_save(self, name: str | None) -> bool:
+        """/save NAME names the conversation being saved (its id and file stay); /save alone
+        says where it is saved. Only where saving had stopped (a write failed) does /save
+        write the conversation anew, to a new file."""
         current = self.conversation
-        if name is None and current is not None and current.path is not None:
-            self.screen.notice(
-                f"This conversation is saved already, as {current.id} ({current.path}); every "
-                "turn is. "
-                "/save NAME writes a copy under NAME."
-            )
+        if name is None and current is not None:
+            if current.path is None:
+                self.screen.notice(
+                    "This conversation is saved from its first message; /save NAME names it."
+                )
+            else:
+                self.screen.notice(
+                    f"This conversation is saved already, as {current.id} ({current.path}); "
+                    "every turn is. /save NAME names it."
+                )
+            return True
+        clean = None if name is None else clean_name(name)
+        if clean is not None:  # --resume NAME must find this one alone
+            check_name_free(self.conversations_dir, clean, current.path if current else None)
+        if current is not None and clean is not None:
+            current.append_name(clean)
+            resume = f'chatcli chat --resume "{clean}"'
+            if current.path is None:
+                self.screen.notice(f'Named "{clean}": saved from its first message; {resume}.')
+            else:
+                self.screen.notice(f'Named this conversation "{clean}" ({current.id}); {resume}.')
             return True
         model = self.model_info.get("path")
-        saved = ConversationFile.create(self.conversations_dir, name, model=_json_value(model))
+        saved = ConversationFile.create(self.conversations_dir, model=_json_value(model))
         messages, finishes = self.session.transcript
         saved.append_all(messages, finishes)
+        if clean is not None:
+            saved.append_name(clean)
         self.conversation = saved
         count = sum(m["role"] != "system" for m in messages)
         self.screen.notice(
@@ -320,6 +354,7 @@ class ChatCommands(TurnRunner):
             self._save(lambda c: c.append_snapshot(loaded.messages, loaded.finishes))
         count = sum(1 for m in loaded.messages if m["role"] != "system")
         self.screen.notice(f"Loaded {count} messages from {self.conversation.id}.")
+        self.show_notices()  # the oldest exchanges out of the model's view, as they were
         self.screen.recap(loaded.messages)
         self.hint_unanswered()
         return True
@@ -342,13 +377,14 @@ class ChatCommands(TurnRunner):
         rows = [
             (
                 ("* " if s.path == current else "") + s.id,
+                s.name or "-",
                 f"{s.modified:%Y-%m-%d %H:%M}",
                 str(s.messages) if s.problem is None else "-",
                 s.preview if s.problem is None else f"(unreadable: {s.problem})",
             )
             for s in summaries
         ]
-        self.screen.table(("id", "modified", "messages", "preview"), rows)
+        self.screen.table(("id", "name", "modified", "messages", "preview"), rows)
         return True
 
     def cmd_export(self, arg: tuple[str, str]) -> bool:
@@ -424,6 +460,10 @@ class ChatCommands(TurnRunner):
         ):
             cid = self.conversation.id
             path = self.conversation.path
-            # A file outside the conversations folder (/load PATH) is found by its path.
+            # A file outside the conversations folder (/load PATH) is found by its path; a
+            # named one by its name.
             where = cid if path is None or path.parent == self.conversations_dir else str(path)
+            name = read_conversation(path).name if path is not None else None
+            if name is not None and path is not None and path.parent == self.conversations_dir:
+                cid, where = f'{cid} ("{name}")', f'"{name}"'
             self.screen.notice(f"Saved as {cid}; chatcli chat --resume {where} picks it up.")

@@ -3,7 +3,7 @@
 nanochat trains its block matrices with Muon and everything else (embeddings, lm_head,
 scalars) with AdamW; `python -m chatcli.training.train --optimizer muon` does the same for the
 embedded model (the default stays AdamW: in a 5-minute trial on this CPU, Muon's extra cost
-per step outweighed its lower loss per step; see the README). The idea: a matrix's
+per step outweighed its lower loss per step; see docs/training.md). The idea: a matrix's
 momentum-averaged gradient is dominated by a few directions, so a plain step mostly pushes
 along those. Replacing the update G = U S V^T by its nearest semi-orthogonal matrix U V^T
 gives every direction the same step size, which nanochat and modded-nanogpt report trains

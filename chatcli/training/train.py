@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from chatcli.model.gpt import ERAS, GPT, GPTConfig, has_value_embed
 from chatcli.model.special_tokens import SPECIAL_TOKENS
-from chatcli.model.tokenizer import SPLIT_PATTERN, Tokenizer
+from chatcli.model.tokenizer import COPY_SPLIT_PATTERN, Tokenizer
 from chatcli.training.muon import Muon
 from chatcli.training.synthetic import generate_conversations
 
@@ -59,8 +59,8 @@ class Preset:
     compile: bool = False
     # Off by default (the shipped model is a last-step checkpoint): save a moving average of
     # the weights from this fraction of the budget on instead. Tried because held-out scores
-    # of otherwise identical runs moved by 10+ points; it did not narrow that (README, runs
-    # 8-10).
+    # of otherwise identical runs moved by 10+ points; it did not narrow that
+    # (docs/training-history.md, runs 8-10).
     average_from: float | None = None
     average_decay: float = 0.995
     # "muon": hidden-layer matrices step with Muon at matrix_lr (training/muon.py), the rest
@@ -72,7 +72,8 @@ class Preset:
 PRESETS = {
     # Sized so the bf16 checkpoint ships in under 8 MB and trains in ~20 minutes on 2 cores.
     # 1374 steps: the shipped run's (its schedule then followed the clock, and 1374 steps
-    # fitted its 27 minutes); over 1700 the same recipe scored worse (README, runs 23-24).
+    # fitted its 27 minutes); over 1700 the same recipe scored worse
+    # (docs/training-history.md, runs 23-24).
     "default": Preset(
         vocab_size=1024,
         n_layer=6,
@@ -116,9 +117,10 @@ def conversation_text(conversation: list[dict]) -> str:
     return "\n".join(parts)
 
 
-# nanochat's split pattern with two changes that make copying position-aligned, which is most
-# of what this model does (operands into the calculator call, words into .count, names into
-# the answer):
+# COPY_SPLIT_PATTERN (defined beside nanochat's in chatcli.model.tokenizer, which knows every
+# pattern a tokenizer may split with) is nanochat's split pattern with two changes that make
+# copying position-aligned, which is most of what this model does (operands into the
+# calculator call, words into .count, names into the answer):
 # - numbers split into single digits (\p{N} rather than \p{N}{1,2}). With digit pairs,
 #   "4,892" is `4 , 89 2` but the call needs `48 92`: the model would re-chunk every number.
 # - a run of letters never takes the character before it. nanochat's `[^\r\n\p{L}\p{N}]?+\p{L}+`
@@ -126,9 +128,6 @@ def conversation_text(conversation: list[dict]) -> str:
 #   from the question into `"octopus".count(...)` or into the answer means translating between
 #   them; for a word never seen in training that failed most. Now a word is the same tokens
 #   wherever it stands (the space before it is its own token).
-COPY_SPLIT_PATTERN = SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}").replace(
-    r"[^\r\n\p{L}\p{N}]?+\p{L}+", r"\p{L}+"
-)
 assert COPY_SPLIT_PATTERN.count("\\p{L}+") == 1 and "{1,2}" not in COPY_SPLIT_PATTERN
 
 

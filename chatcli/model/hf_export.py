@@ -1,0 +1,234 @@
+"""`chatcli export`: a nanochat model as a transformers folder that other tools load.
+
+Owns: reading the model to export (a nanochat checkpoint, exactly as saved, or a
+transformers folder), and writing the folder: config.json, model.safetensors (sharded past
+5 GB, with its index), generation_config.json, tokenizer.json + tokenizer_config.json (with
+the chat template), chatcli's modeling file for eras B-E, and a README.md model card. The
+folder is written beside OUT and renamed into place at the end, so a failed export leaves
+nothing half-written. Refuses what it cannot write exactly (a tokenizer the fast tokenizer
+would not reproduce, an OUT that is not empty). Needs the hf extra (tokenizers builds the
+fast tokenizer, huggingface_hub plans the shards); knows nothing about the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from chatcli.errors import ChatcliError, CheckpointError, TokenizerError
+from chatcli.model.checkpoint import check_state_dict, read_meta, read_state_dict
+from chatcli.model.checkpoint_paths import resolve_checkpoint
+from chatcli.model.gpt import GPT, Architecture, GPTConfig, infer_architecture
+from chatcli.model.hf_chat_template import chat_template
+from chatcli.model.hf_config import CODE_FILES, TokenIds, hf_config, uses_native_class
+from chatcli.model.hf_load import is_hf_folder, read_hf_folder
+from chatcli.model.hf_model_card import model_card
+from chatcli.model.hf_tokenizer import agreement, probe_texts, write_hf_tokenizer
+from chatcli.model.hf_weights import (
+    MAX_SHARD_SIZE,
+    cast_for_export,
+    config_dtype,
+    to_hf_names,
+    write_safetensors,
+)
+from chatcli.model.special_tokens import ASSISTANT_END
+from chatcli.model.tokenizer import Tokenizer
+
+HF_EXTRA = "pip install 'chatcli[hf]'"
+DTYPES = ("keep", "float32", "bfloat16")
+CODE_SOURCE = Path(__file__).parent / "hf_modeling"
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """The model to export, in nanochat's names, weights as saved."""
+
+    state_dict: dict[str, torch.Tensor]
+    config: GPTConfig
+    arch: Architecture
+    tokenizer: Tokenizer
+    origin: str  # what it was read from, for the model card
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """The sampling a generation_config.json proposes (chatcli's defaults, from the caller)."""
+
+    temperature: float
+    top_k: int | None
+    top_p: float | None = None
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    folder: Path
+    era: str
+    native: bool  # transformers' own NanoChatForCausalLM, no remote code
+    files: list[str]
+    num_params: int
+    size_bytes: int
+    seconds: float
+
+
+def require_hf_extra() -> None:
+    """Raise the one-line fix where the libraries an export writes with are missing."""
+    missing = []
+    for name in ("tokenizers", "huggingface_hub"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ChatcliError(f"chatcli export needs {', '.join(missing)}: {HF_EXTRA}")
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ChatcliError(f"Unknown --dtype {dtype!r}; use {', '.join(DTYPES)}.")
+
+
+def check_out_folder(out: Path) -> Path:
+    """OUT as an absolute path, where it is free: missing, or an empty folder."""
+    out = out.expanduser().absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ChatcliError(f"{out} exists and is not an empty folder: pick a new OUT folder.")
+    return out
+
+
+def read_source(
+    model: str | Path | None, source: str, step: int | None, softcap: float | None
+) -> ExportSource:
+    """The model as saved: a nanochat checkpoint (what load_model would run) or a
+    transformers folder. Checked as load_model checks it; nothing is cast."""
+    if model is not None and is_hf_folder(model):
+        if step is not None:
+            raise CheckpointError(f"{model} is a transformers-format model: it has no steps.")
+        folder = Path(model).expanduser()
+        found = read_hf_folder(folder, softcap)
+        origin = f"the transformers-format folder {folder.absolute().name}"
+        return ExportSource(found.state_dict, found.config, found.arch, found.tokenizer, origin)
+    ref = resolve_checkpoint(model, source=source, step=step)
+    _, config = read_meta(ref.meta_file)
+    try:
+        tokenizer = Tokenizer.from_file(ref.tokenizer_file)
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from e
+    if tokenizer.get_vocab_size() != config.vocab_size:
+        raise CheckpointError(
+            f"Tokenizer {ref.tokenizer_file} has {tokenizer.get_vocab_size()} tokens but the "
+            f"model ({ref.meta_file}) expects vocab_size {config.vocab_size}."
+        )
+    sd = read_state_dict(ref.model_file)
+    if "transformer.wte.weight" not in sd:
+        raise CheckpointError(f"{ref.model_file}: missing key transformer.wte.weight.")
+    arch = infer_architecture(sd, config, softcap=softcap)
+    with torch.device("meta"):
+        check_state_dict(GPT(config, arch), sd, ref.model_file, config)
+    # Said without the local path, which is the exporter's business, not the card's reader's.
+    if model is None:
+        origin = f"chatcli's embedded demo model (step {ref.step})"
+    else:
+        origin = f"the {ref.source or 'nanochat'} checkpoint {ref.tag} at step {ref.step}"
+    return ExportSource(sd, config, arch, tokenizer, origin)
+
+
+def export_model(
+    out: Path,
+    src: ExportSource,
+    generation: GenerationDefaults,
+    *,
+    dtype: str = "keep",
+    remote_code: bool = False,
+    max_shard_size: int | str = MAX_SHARD_SIZE,
+) -> ExportResult:
+    """Write `src` as a transformers folder at `out` (which must not exist, or be empty).
+    remote_code: chatcli's modeling file for era A too (exact rotary rounding)."""
+    require_hf_extra()
+    t0 = time.perf_counter()
+    check_dtype(dtype)
+    out = check_out_folder(out)
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    try:
+        native = uses_native_class(src.arch) and not remote_code
+        _write(partial, src, generation, dtype, native, max_shard_size)
+        if out.exists():
+            out.rmdir()
+        partial.rename(out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    files = sorted(p.name for p in out.iterdir())
+    return ExportResult(
+        folder=out,
+        era=src.arch.era,
+        native=native,
+        files=files,
+        num_params=sum(v.numel() for v in src.state_dict.values()),
+        size_bytes=sum(p.stat().st_size for p in out.iterdir()),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _write(
+    folder: Path,
+    src: ExportSource,
+    generation: GenerationDefaults,
+    dtype: str,
+    native: bool,
+    max_shard_size: int | str,
+) -> None:
+    tok, config = src.tokenizer, src.config
+    # The tokenizer first: it is quick, and a mismatch stops the export before gigabytes.
+    fast = write_hf_tokenizer(tok, folder, chat_template(), config.sequence_len)
+    wrong = agreement(tok, fast, probe_texts(tok))
+    if wrong:
+        raise TokenizerError(
+            f"The fast tokenizer would encode {wrong[0]!r} otherwise than this model's own "
+            "tokenizer, so the export would not be exact; nothing was written."
+        )
+    ids = TokenIds(
+        bos=tok.get_bos_token_id(),
+        eos=tok.encode_special(ASSISTANT_END),
+        pad=tok.encode_special(ASSISTANT_END),
+    )
+    sd = cast_for_export(to_hf_names(src.state_dict, config.vocab_size), dtype)
+    hf = hf_config(config, src.arch, ids, config_dtype(sd), native=native)
+    _write_json(folder / "config.json", hf)
+    _write_json(folder / "generation_config.json", generation_config(ids, generation))
+    write_safetensors(sd, folder, max_shard_size)
+    if not native:
+        for name in CODE_FILES:
+            shutil.copyfile(CODE_SOURCE / name, folder / name)
+    card = model_card(hf, src.origin, sum(v.numel() for v in sd.values()), dtype)
+    (folder / "README.md").write_text(card, encoding="utf-8")
+
+
+def generation_config(ids: TokenIds, defaults: GenerationDefaults) -> dict[str, Any]:
+    """chatcli's default sampling; a turn ends at <|assistant_end|> (or a stray <|bos|>, as
+    chatcli's engine stops)."""
+    out: dict[str, Any] = {
+        "bos_token_id": ids.bos,
+        "eos_token_id": [ids.eos, ids.bos],
+        "pad_token_id": ids.pad,
+        "do_sample": defaults.temperature > 0,
+        "temperature": defaults.temperature if defaults.temperature > 0 else 1.0,
+    }
+    if defaults.top_k:
+        out["top_k"] = defaults.top_k
+    if defaults.top_p is not None and defaults.top_p < 1.0:
+        out["top_p"] = defaults.top_p
+    return out
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
