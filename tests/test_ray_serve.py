@@ -148,7 +148,9 @@ def _front(app: str, spec: ReplicaSpec, limits: Limits, **kwargs):
 
 @pytest.fixture(scope="module")
 def embedded(cluster):
-    server, backend = _front("embedded", ReplicaSpec(device="cpu"), Limits())
+    # Each replica's Worker decodes 4 requests together: the replies must still be the
+    # engine's, one request at a time (`reference`).
+    server, backend = _front("embedded", ReplicaSpec(device="cpu", batch=4), Limits())
     yield server, backend
     server.stop()
     serve.delete("embedded")
@@ -276,6 +278,7 @@ def test_health_stats_and_models_describe_the_replicas(embedded):
     assert health == {"status": "ok", "model": "chatcli-default", "workers": 2, "idle": 2}
     stats = httpx.get(f"{server.url}/stats", timeout=10).json()
     assert stats["backend"] == "ray" and stats["queue_length"] == 0
+    assert stats["rows"] == 8 and stats["rows_in_use"] == 0  # 2 replicas of batch 4
     actors = live_replicas("embedded")
     assert [w["actor"] for w in stats["workers"]] == actors
     assert [w["name"] for w in stats["workers"]] == [short_name(a) for a in actors]
