@@ -364,16 +364,17 @@ def measure(url: str, clients: int, requests: int, max_tokens: int) -> dict:
 
 
 def compare(args: argparse.Namespace) -> list[dict]:
-    """Both servers up; at each number of streams, --batch 1 and --batch N in turns, each
+    """Both servers up; at each number of streams, --batch 1 (--against) and --batch N in turns, each
     `repeat` times (the order alternating), every request of a server's turns pooled: its
     throughput is their tokens over their time, its latencies their percentiles."""
-    servers = {b: start_server(args, b)[:2] for b in (1, args.compare)}
+    base = args.against
+    servers = {b: start_server(args, b)[:2] for b in (base, args.compare)}
     rows = []
     try:
         for streams in args.streams:
             pooled = {b: Totals() for b in servers}
             for k in range(args.repeat):
-                order = (1, args.compare) if k % 2 == 0 else (args.compare, 1)
+                order = (base, args.compare) if k % 2 == 0 else (args.compare, base)
                 for batch in order:
                     url = servers[batch][1]
                     totals = asyncio.run(
@@ -410,14 +411,14 @@ def _ms1(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.1f}"
 
 
-def print_table(rows: list[dict], compared: int) -> None:
+def print_table(rows: list[dict], compared: int, base: int = 1) -> None:
     print("streams  batch    tok/s  TTFT ms p50/p99  ITL ms p50/p99  gap p99  failed")
     for r in rows:
         print(_line(r))
-    print(f"\n--batch {compared} over --batch 1:")
+    print(f"\n--batch {compared} over --batch {base}:")
     by = {(r["streams"], r["batch"]): r for r in rows}
     for streams in sorted({r["streams"] for r in rows}):
-        one, n = by[(streams, 1)], by[(streams, compared)]
+        one, n = by[(streams, base)], by[(streams, compared)]
         speed = n["tokens_per_s"] / one["tokens_per_s"] if one["tokens_per_s"] else None
         ttft = (
             n["ttft_p50_s"] / one["ttft_p50_s"] if n["ttft_p50_s"] and one["ttft_p50_s"] else None
@@ -425,7 +426,8 @@ def print_table(rows: list[dict], compared: int) -> None:
         speed_text = "-" if speed is None else f"{speed:.2f}x"
         ttft_text = "-" if ttft is None else f"{ttft:.2f}"
         print(
-            f"  {streams:>2} streams: aggregate {speed_text}, TTFT p50 {ttft_text} of --batch 1's"
+            f"  {streams:>2} streams: aggregate {speed_text}, TTFT p50 {ttft_text} of "
+            f"--batch {base}'s"
         )
 
 
@@ -441,6 +443,9 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="device of the started server")
     parser.add_argument("--batch", type=int, default=None, help="the started server's --batch")
     parser.add_argument("--compare", type=int, metavar="N", help="--batch 1 against --batch N")
+    parser.add_argument(
+        "--against", type=int, default=1, metavar="B", help="with --compare: --batch B, not 1"
+    )
     parser.add_argument(
         "--streams",
         type=lambda s: tuple(int(x) for x in s.split(",")),
@@ -475,9 +480,9 @@ def main() -> None:
             parser.error(f"--streams must be 1..{MAX_CLIENTS}, --rounds and --repeat at least 1")
         rows = compare(args)
         if args.json:
-            print(json.dumps({"compare": args.compare, "runs": rows}))
+            print(json.dumps({"compare": args.compare, "against": args.against, "runs": rows}))
         else:
-            print_table(rows, args.compare)
+            print_table(rows, args.compare, args.against)
         return
 
     proc = watch = None
