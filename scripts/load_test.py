@@ -299,7 +299,7 @@ class _PrintableTokens:
     above the bytes), special tokens at the vocabulary's top (bench.SyntheticTokenizer)."""
 
     def __init__(self, vocab_size: int) -> None:
-        from chatcli.bench.bench import SyntheticTokenizer
+        from chatcli.bench.models import SyntheticTokenizer
         from chatcli.model.checkpoint import load_model
 
         self._ids = SyntheticTokenizer(vocab_size)
@@ -330,12 +330,10 @@ def serve_synthetic(depth: str, port: int, batch: int) -> None:
     copies `chatcli serve` gives a large model."""
     import torch
 
-    from chatcli.bench.bench import (
-        LARGE_MODEL_MATRIX_PARAMS,
-        synthetic_model,
-        weight_bytes_per_token,
-    )
+    from chatcli.bench.models import synthetic_model
+    from chatcli.bench.roofline import weight_bytes_per_token
     from chatcli.engine.cpu_plan import apply_cpu_plan
+    from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS
     from chatcli.model.linear import is_embedding_table
     from chatcli.model.quantize import default_half_kind
     from chatcli.serve.app import Limits, Worker, _listen, create_app, run_app
