@@ -9,6 +9,7 @@ logits with a plain Python function of that row's tokens so far.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -136,6 +137,43 @@ class ScriptedModel(nn.Module):
     def continuations(self) -> list[list[int]]:
         """Every row's tokens after the prompt, as the model was fed them."""
         return [h[self.prompt_len :] for h in self.histories]
+
+
+class SlotScriptedModel(nn.Module):
+    """ScriptedModel for generations that interleave over many caches, one row each (a
+    server's batch runs such a model a row at a time over its slots): each cache keeps its
+    own history. A call of more than one token, into an empty cache or into a rewound one
+    starts a reply after it. `delay`: seconds a forward takes (time for a client to act)."""
+
+    def __init__(self, script: Script, sequence_len: int = 256, delay: float = 0.0) -> None:
+        super().__init__()
+        self.config = FakeConfig(sequence_len=sequence_len)
+        self.script = script
+        self.delay = delay
+        self.anchor = nn.Parameter(torch.zeros(1))  # the cache dtype's source
+        self.histories: dict[int, list[int]] = {}  # id(cache) -> its tokens
+        self.prompt_lens: dict[int, int] = {}
+
+    def get_device(self) -> torch.device:
+        return self.anchor.device
+
+    def forward(self, idx: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        if self.delay:
+            time.sleep(self.delay)
+        B, T = idx.shape
+        assert B == 1 and kv_cache is not None, "one row over its own cache at a time"
+        key, pos = id(kv_cache), kv_cache.get_pos()
+        history = self.histories.setdefault(key, [])
+        prompt = T > 1 or pos == 0 or len(history) != pos
+        del history[pos:]
+        history.extend(idx[0].tolist())
+        if prompt:
+            self.prompt_lens[key] = len(history)
+        logits = torch.zeros(1, T, self.config.vocab_size)
+        logits[0, -1] = as_logits(self.script(history[self.prompt_lens[key] :]))
+        kv_cache.prev_token = idx[:, -1]
+        kv_cache.advance(T)
+        return logits
 
 
 def as_logits(next_: torch.Tensor | int) -> torch.Tensor:

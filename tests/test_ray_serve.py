@@ -150,7 +150,9 @@ def _front(app: str, spec: ReplicaSpec, limits: Limits, **kwargs):
 
 @pytest.fixture(scope="module")
 def embedded(cluster):
-    server, backend = _front("embedded", ReplicaSpec(device="cpu"), Limits())
+    # Each replica's Worker decodes 4 requests together: the replies must still be the
+    # engine's, one request at a time (`reference`).
+    server, backend = _front("embedded", ReplicaSpec(device="cpu", batch=4), Limits())
     yield server, backend
     server.stop()
     serve.delete("embedded")
@@ -278,6 +280,7 @@ def test_health_stats_and_models_describe_the_replicas(embedded):
     assert health == {"status": "ok", "model": "chatcli-default", "workers": 2, "idle": 2}
     stats = httpx.get(f"{server.url}/stats", timeout=10).json()
     assert stats["backend"] == "ray" and stats["queue_length"] == 0
+    assert stats["rows"] == 8 and stats["rows_in_use"] == 0  # 2 replicas of batch 4
     actors = live_replicas("embedded")
     assert [w["actor"] for w in stats["workers"]] == actors
     assert [w["name"] for w in stats["workers"]] == [short_name(a) for a in actors]
@@ -290,7 +293,7 @@ def test_the_deployment_is_fixed_or_autoscaled_on_queued_requests():
     fixed = deployment_options(ReplicaCount(3, 3), gpus=False, replica_cpus=2)
     assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
     assert fixed["ray_actor_options"] == {"num_cpus": 2}
-    assert fixed["max_ongoing_requests"] == 1  # a Worker runs one generation at a time
+    assert fixed["max_ongoing_requests"] == 1  # a Worker of batch 1 runs one at a time
     router = fixed["request_router_config"]["request_router_class"]
     assert router == "chatcli.serve.ray_router.ConversationRouter"
     ranged = deployment_options(ReplicaCount(1, 4), gpus=True)
@@ -299,6 +302,9 @@ def test_the_deployment_is_fixed_or_autoscaled_on_queued_requests():
     assert (scaling["min_replicas"], scaling["max_replicas"]) == (1, 4)
     assert scaling["target_ongoing_requests"] == 1  # a replica for each request in the system
     assert ranged["ray_actor_options"] == {"num_gpus": 1, "num_cpus": 1}
+    batched = deployment_options(ReplicaCount(1, 4), gpus=False, rows=8)
+    assert batched["max_ongoing_requests"] == 8  # a Worker of batch 8: its rows at once
+    assert batched["autoscaling_config"]["target_ongoing_requests"] == 8
 
 
 # ---- mid-reply: queues, clients that leave, replicas that die -----------------------------------

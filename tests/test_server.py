@@ -676,7 +676,7 @@ def test_serve_loads_the_checkpoint_and_says_where_it_listens():
     program = (
         "import json; from chatcli.serve.app import serve; "
         f"serve({str(REFERENCE_E)!r}, port=0, workers=2, device='cpu', log_level='warning', "
-        "cache_slots=3, "
+        "cache_slots=3, batch=2, "
         "on_ready=lambda info: print(json.dumps(info), flush=True))"
     )
     proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
@@ -693,6 +693,7 @@ def test_serve_loads_the_checkpoint_and_says_where_it_listens():
         stats = httpx.get(info["url"] + "/stats").json()
         assert [w["name"] for w in stats["workers"]] == ["0", "1"]
         assert [w["cache_slots"] for w in stats["workers"]] == [3, 3]
+        assert [w["rows"] for w in stats["workers"]] == [2, 2] and info["batch"] == 2
         response = httpx.post(
             info["url"] + "/v1/chat/completions", json={**HI, "max_tokens": 4}, timeout=30
         )

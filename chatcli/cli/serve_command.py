@@ -70,11 +70,21 @@ def serve(
             help="Conversations each worker keeps warm (each a whole context's K/V memory).",
         ),
     ] = 1,
+    batch: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Requests each worker decodes together, one step for all (1: one at a "
+            "time; default: 8 on a CPU, 16 on a GPU). See docs/batching.md.",
+        ),
+    ] = None,
     max_queue: Annotated[
         int,
         typer.Option(
             min=0,
-            help="Requests that may wait for a busy worker; one more gets a 429 (default 64).",
+            help="Requests that may wait for a free row of a worker; one more gets a 429 "
+            "(default 64).",
         ),
     ] = 64,
     softcap: SoftcapOpt = None,
@@ -147,6 +157,7 @@ def serve(
             host=host,
             port=port,
             cache_slots=cache_slots,
+            batch=batch,
             device=s.device,
             limits=Limits(max_queue=max_queue),
             source=s.source,
@@ -209,6 +220,9 @@ def _say_ready(info: dict[str, Any], locked: str = "") -> None:
         where += f" (up in {started:.1f} s)"
         if ray["front"] == "head":
             where += ", from the head node"
+    rows = info.get("batch", 1)
+    at_once = "one request at a time" if rows == 1 else f"up to {rows} requests at once"
     typer.echo(
-        f"Serving {info['model']} on {where} at {info['url']} (chat page at /, API at /v1{locked})"
+        f"Serving {info['model']} on {where} at {info['url']} (chat page at /, API at "
+        f"/v1{locked}; {at_once} a replica)"
     )

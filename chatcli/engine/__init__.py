@@ -1,8 +1,9 @@
 """The engine layer: token ids in, token ids out, fast.
 
-Owns the Engine (one prefill, then decode, with warm-cache reuse across turns), the decode
-steps that make a token cheap on a CPU or a GPU, CPU thread planning, and the calculator tool
-whose results are forced into the token stream. May import `chatcli.errors`,
+Owns the Engine (one prefill, then decode, with warm-cache reuse across turns), the Batch
+(independent generations sharing one decode step, joining and leaving between steps: a
+server's requests), the decode steps that make a token cheap on a CPU or a GPU, CPU thread
+planning, and the calculator tool whose results are forced into the token stream. May import `chatcli.errors`,
 `chatcli.kernels` and `chatcli.model`; never the chat, terminal, serving or CLI layers. Knows
 nothing about text beyond the special-token ids a tokenizer gives it.
 

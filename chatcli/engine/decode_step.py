@@ -28,6 +28,8 @@ and CUDA graph forms are static_step.py's; step_choice.py picks one for a model.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +41,7 @@ from chatcli.kernels.rows_step import RowsModel, rows_step
 from chatcli.model.gpt import GPT, SMEAR_CHANNELS
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model.linear import is_embedding_table
+from chatcli.model.slot_cache import SlotRows
 
 
 class DecodeStep:
@@ -49,6 +52,7 @@ class DecodeStep:
 
     wants_full_cache = False  # any cache shape: it reads what was written, nothing more
     reads_whole_cache = False
+    takes_prompt_rows = True  # step_rows takes a prompt's chunk as rows of one slot
 
     def __init__(self, model: GPT) -> None:
         cfg, arch = model.config, model.arch
@@ -198,15 +202,13 @@ class DecodeStep:
             if not is_embedding_table(name)
         )
 
-    def _embed(
-        self, idx: torch.Tensor, cache: KVCache | SharedPrefixCache, smear: bool, fold: bool
-    ) -> torch.Tensor:
+    def _embed(self, idx: torch.Tensor, prev: torch.Tensor | None, fold: bool) -> torch.Tensor:
         """The rows (N, C) the layers start from, through torch's ops: the tokens'
-        normalised embeddings, plus the smear of the previous tokens' where `smear`."""
+        normalised embeddings, plus the smear of the previous tokens `prev` where given."""
         x = self._look_up(idx, self.wte)
         x = x.mul_(self._row_scales(x)) if fold else F.rms_norm(x, (x.size(1),))
-        if smear:
-            prev = F.rms_norm(self._look_up(cache.prev_token, self.wte), (x.size(1),))
+        if prev is not None:
+            prev = F.rms_norm(self._look_up(prev, self.wte), (x.size(1),))
             gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
             x = torch.addcmul(x, prev, gate.mul_(self.smear_lambda).unsqueeze(1))
         return x
@@ -298,6 +300,21 @@ class DecodeStep:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         """ids (N, 1), one token per cache row -> float32 logits (N, vocab_size)."""
+        return self._on_threads(ids.size(0), self._step, ids, cache)
+
+    @torch.inference_mode()
+    def step_rows(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor:
+        """ids (N, 1), row i's token for slot rows.slots[i], each row at its own position
+        (a slot's several rows: a prompt's chunk) -> float32 logits (len(out), vocab_size)
+        of the rows `out` names (None: all); every slot advanced by its rows (slot_step)."""
+        from chatcli.engine.slot_step import step_slots  # it builds on this module
+
+        return self._on_threads(ids.size(0), step_slots, self, ids, rows, out)
+
+    def _on_threads(self, rows: int, step: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+        """step(*args), a step of `rows` rows, on the threads chosen for that many rows."""
         caller = torch.get_num_threads()  # the caller's count may change between calls
         # The products' count: a big model's is the caller's, or one while a second thread
         # does not pay (another process busy on the cores; openmp_wait.py); a small model's
@@ -306,19 +323,20 @@ class DecodeStep:
         wide = caller if self.split_threads else available_cores()
         if wide == 1:
             self._set_wide_threads(1)
-            return self._step(ids, cache)
-        choice = self._thread_choices.get((ids.size(0), wide))
+            return step(*args)
+        rows = 1 << (rows - 1).bit_length()  # by powers of two: a batch's rows vary a lot
+        choice = self._thread_choices.get((rows, wide))
         if choice is None:
             # Our whole-step kernel shares each product among the cores; torch's ops pay a
             # fork/join each.
             many = self.split_threads or self._rows_model is not None
             preferred, other = (wide, 1) if many else (1, wide)
-            choice = self._thread_choices[(ids.size(0), wide)] = ThreadChoice(preferred, other)
+            choice = self._thread_choices[(rows, wide)] = ThreadChoice(preferred, other)
         self._set_wide_threads(choice.threads())
         torch.set_num_threads(1)
         try:
             t0 = time.perf_counter()
-            logits = self._step(ids, cache)
+            logits = step(*args)
             choice.record(time.perf_counter() - t0)
             return logits
         finally:
@@ -350,7 +368,7 @@ class DecodeStep:
                 prev = cache.prev_token if smear else None  # no smear: gate, lambda unread
                 x = kernel.embed(self.wte, idx, self._eps, prev, self.smear_gate, self.smear_lambda)
             else:
-                x = self._embed(idx, cache, smear, fold)
+                x = self._embed(idx, cache.prev_token if smear else None, fold)
             _, prefix_len, suffix = self._rows_caches(cache)
             logits = kernel.run(
                 self._rows_model, x, idx, cos, sin, self._rows_prefix, prefix_len, suffix,
@@ -359,7 +377,7 @@ class DecodeStep:
             cache.prev_token = idx
             cache.advance(1)
             return logits[:, : self.vocab_size]  # the softcap taken in the kernel
-        x = self._embed(idx, cache, smear, fold)
+        x = self._embed(idx, cache.prev_token if smear else None, fold)
         x0 = x
         saved = None
         shared = isinstance(cache, SharedPrefixCache)

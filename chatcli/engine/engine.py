@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from chatcli.engine.cpu_plan import prefill_threads, torch_threads
+from chatcli.engine.slot_step import forward_slots
 from chatcli.engine.step_choice import Step, compiled_forward, pick_decode_step
 from chatcli.engine.tool_use import RESULT_RESERVE, RowState, ToolTokenizer, ToolUse
 from chatcli.engine.warm_cache import WarmCache
@@ -33,6 +34,7 @@ from chatcli.errors import ContextOverflowError
 from chatcli.kernels.sample_rows import sample_rows
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model.sampling import sample_next_token
+from chatcli.model.slot_cache import SlotCache, SlotRows
 from chatcli.model.special_tokens import ASSISTANT_END
 
 __all__ = ["Engine", "GenerationStats", "KVCache", "RowState"]
@@ -256,16 +258,13 @@ class Engine:
             sampled = [] if drawn is None else drawn[:, 0].tolist()  # the step's one host read
             column, masks = [], []
             for i, row in enumerate(rows):
-                token, mask = self._next_token(row, None if overtime else sampled[i])
+                token, mask, stopped = self.take_token(
+                    row, None if overtime else sampled[i], use_tools
+                )
                 column.append(token)
                 masks.append(mask)
-                if row.completed:
-                    continue
-                if token in (self.assistant_end, self.bos):
-                    row.completed = True
+                if stopped:
                     stats.finish_reasons[i] = "stop"
-                elif use_tools:
-                    self.tools.track(row, token)
             stats.steps += 1
             t_yield = time.perf_counter()
             stats.decode_s = t_yield - t_decode - waited
@@ -280,6 +279,23 @@ class Engine:
             else:  # a calculator's forced tokens, a finished row's filler
                 ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
             logits = self.forward_last(ids, cache)
+
+    def take_token(
+        self, row: RowState, sampled: int | None, use_tools: bool
+    ) -> tuple[int, int, bool]:
+        """A row's token of a step (_next_token: forced, sampled, or the filler past the
+        budget), its mask, and whether it stops the row (<|assistant_end|> or <|bos|>); the
+        calculator follows it where use_tools. Every generation loop's one way to take a
+        token: Engine.generate's rows and a server batch's (batch.py)."""
+        token, mask = self._next_token(row, sampled)
+        if row.completed:
+            return token, mask, False
+        if token in (self.assistant_end, self.bos):
+            row.completed = True
+            return token, mask, True
+        if use_tools:
+            self.tools.track(row, token)
+        return token, mask, False
 
     def _next_token(self, row: RowState, sampled: int | None) -> tuple[int, int]:
         """One row's token of a step and its mask: the calculator's next forced token, else
@@ -383,6 +399,33 @@ class Engine:
                 return self._prefill(ids, cache)
         return self._prefill(ids, cache)
 
+    def forward_prompt(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """forward_last for a prompt's tokens (ids (1, T)). A static step's CUDA graph is
+        captured for one cache: a one-token prompt goes through it only in the kept cache it
+        decodes in anyway, elsewhere (a server's slots) through the model's forward."""
+        kept = self._kept.cache if self._kept is not None else None
+        if ids.size(1) == 1 and self._static_step() and cache is not kept:
+            return self._prefill(ids, cache)
+        return self.forward_last(ids, cache)
+
+    def forward_rows(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor:
+        """ids (N, 1), row i's token for slot rows.slots[i], each at its own position ->
+        the logits (len(out), V) of the rows `out` names (None: all), every slot advanced
+        by its rows: the decode step's step_rows, or the model's forward a row at a time
+        where no step is kept (slot_step.forward_slots)."""
+        if self.decode_step is not None:
+            return self.decode_step.step_rows(ids, rows, out)
+        return forward_slots(self.forward_last, ids, rows, out)
+
+    @property
+    def takes_prompt_rows(self) -> bool:
+        """Whether forward_rows takes a prompt's chunk as rows of its slot, beside the
+        other slots' decode rows: our CPU step, where a chunk of rows costs a few reads of
+        the weights, and a small model's forward costs its hundreds of ops."""
+        return self.decode_step is not None and self.decode_step.takes_prompt_rows
+
     def _prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         if self._last_only:
             return self._forward(ids, kv_cache=cache, last_only=True)[:, -1, :]
@@ -394,6 +437,15 @@ class Engine:
         return self.decode_step is not None and self.decode_step.wants_full_cache
 
     def new_cache(self, batch_size: int, seq_len: int) -> KVCache:
+        return KVCache(batch_size=batch_size, seq_len=seq_len, **self._cache_shape())
+
+    def new_slot_cache(self, slots: int) -> SlotCache:
+        """Whole-context caches for `slots` conversations side by side (a server's batch)."""
+        return SlotCache(slots, seq_len=self.context_len, **self._cache_shape())
+
+    def _cache_shape(self) -> dict[str, Any]:
+        """What every cache of this model takes: its heads, layers, device and dtype, and
+        whether it is zeroed."""
         m = self.model.config
         device = torch.device(self.model.get_device())
         # The K/V dtype is the activations' (our GPT may keep its embedding tables narrower).
@@ -404,19 +456,17 @@ class Engine:
             dtype = (
                 weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
             )
-        return KVCache(
-            batch_size=batch_size,
-            num_heads=m.n_kv_head,
-            seq_len=seq_len,
-            head_dim=m.n_embd // m.n_head,
-            num_layers=m.n_layer,
-            device=device,
-            dtype=dtype,
+        return {
+            "num_heads": m.n_kv_head,
+            "head_dim": m.n_embd // m.n_head,
+            "num_layers": m.n_layer,
+            "device": device,
+            "dtype": dtype,
             # Only a static step reads past the written positions (under a mask, where
             # uninitialised memory could hold NaN); zeroing is cheap off the CPU anyway.
-            zeroed=device.type != "cpu"
+            "zeroed": device.type != "cpu"
             or (self.decode_step is not None and self.decode_step.reads_whole_cache),
-        )
+        }
 
     def fork(self, prefix: KVCache, num_samples: int, budget: int) -> KVCache | SharedPrefixCache:
         """The cache `num_samples` rows decode in, going on from the batch-1 cache `prefix`

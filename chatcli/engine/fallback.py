@@ -43,15 +43,20 @@ class Fallback(Generic[R]):
         return self.plain if self.fast is None else self.fast
 
     def __call__(self, *args: object, **kwargs: object) -> R:
+        return self.run(lambda path: path(*args, **kwargs))
+
+    def run(self, use: Callable[[Callable[..., R]], R]) -> R:
+        """use(fast), until it fails; then use(plain). For paths that are objects with more
+        than one way in (a decode step's __call__ and its step_rows)."""
         if self.fast is not None:
             try:
-                return self.fast(*args, **kwargs)
+                return use(self.fast)
             except self.passes:
                 raise
             except Exception as e:  # the fast path fails in many types; the plain one works
-                warnings.warn(f"{self.what} failed, running eagerly: {e}", stacklevel=2)
+                warnings.warn(f"{self.what} failed, running eagerly: {e}", stacklevel=3)
                 self.fast = None
-        return self.plain(*args, **kwargs)
+        return use(self.plain)
 
 
 def compiled_or_eager(fn: Callable[..., R], **options: object) -> Fallback[R]:

@@ -2,7 +2,7 @@
 
 Owns: StaticDecodeStep (the fused step's arithmetic with every shape fixed by the cache, so
 that nothing depends on a host value), CudaGraphStep (that step captured once a cache and
-replayed every token), ModuleStep (the model's own forward as a step) and StepWithFallback
+replayed every token; a server's slot rows through static_slots.SlotGraphs), ModuleStep (the model's own forward as a step) and StepWithFallback
 (the graph, or the module's forward for good once the graph fails). Every form equals
 model.forward to float rounding. Knows nothing about sampling or the generation loop.
 """
@@ -17,8 +17,11 @@ import torch.nn.functional as F
 
 from chatcli.engine.decode_step import DecodeStep, has_decode_copies
 from chatcli.engine.fallback import Fallback
+from chatcli.engine.slot_step import forward_slots
+from chatcli.engine.static_slots import SlotGraphs, forward_slots_static
 from chatcli.model.gpt import GPT, SMEAR_CHANNELS
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model.slot_cache import SlotRows
 
 
 class StaticDecodeStep(DecodeStep):
@@ -35,6 +38,7 @@ class StaticDecodeStep(DecodeStep):
     reads_whole_cache = True  # under a mask: the Engine zeroes the caches it makes for it
     # Its shapes are the cache's: one row gets the whole context, the same shape every call.
     wants_full_cache = True
+    takes_prompt_rows = False  # one row a slot: a GPU prefills a prompt in one forward
 
     def __init__(self, model: GPT) -> None:
         super().__init__(model)
@@ -102,6 +106,23 @@ class StaticDecodeStep(DecodeStep):
         return torch.tanh(logits.float() / cap) * cap
 
     @torch.inference_mode()
+    def step_rows(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor:
+        """The static step over slot rows (static_slots.py), eagerly: one row a slot."""
+        if rows.chained:
+            raise ValueError("the static slot step takes one row a slot")
+        positions = rows.room(self.model.max_positions)
+        device = ids.device
+        idx = ids.view(-1)
+        logits = forward_slots_static(
+            self, idx, torch.tensor(positions, device=device), rows.previous(idx),
+            torch.tensor(rows.slots, device=device), rows.cache.k_cache, rows.cache.v_cache,
+        )  # fmt: skip
+        rows.advance(idx)
+        return logits if out is None else logits[out]
+
+    @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         if not isinstance(cache, KVCache):
             return super().__call__(ids, cache)
@@ -127,6 +148,7 @@ class CudaGraphStep:
 
     wants_full_cache = True
     reads_whole_cache = True
+    takes_prompt_rows = False
     # One capture at a time in a process (torch.cuda.CUDAGraph's rule): a server's workers,
     # one a GPU, each capture a new request's cache on their own thread.
     _capturing = threading.Lock()
@@ -137,6 +159,20 @@ class CudaGraphStep:
         # The cache the graph was captured on, held so its memory cannot be reused by
         # another tensor while the graph still points at it.
         self._captured_on: torch.Tensor | None = None
+        # A server's batch: one SlotCache for the worker's life, its graphs by batch size.
+        self._slot_graphs: SlotGraphs | None = None
+
+    @torch.inference_mode()
+    def step_rows(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor:
+        """Slot rows through SlotGraphs: a graph per bucket of rows, captured for the
+        SlotCache at first use (a new SlotCache captures afresh)."""
+        graphs = self._slot_graphs
+        if graphs is None or graphs.cache is not rows.cache:
+            graphs = self._slot_graphs = SlotGraphs(self.step, rows.cache)
+        logits = graphs(ids, rows)
+        return logits if out is None else logits[out]
 
     def _capture(self, cache: KVCache, idx: torch.Tensor) -> None:
         self._ids = idx.clone()
@@ -207,6 +243,17 @@ class StepWithFallback(Fallback[torch.Tensor]):
     ) -> None:
         super().__init__(fast, plain, what, passes=(ValueError,))
 
+    def step_rows(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor:
+        """Slot rows through the fast step's step_rows until it fails, then the plain one's
+        (the same for good: a failed graph fails both ways)."""
+        return self.run(lambda step: step.step_rows(ids, rows, out))
+
+    @property
+    def takes_prompt_rows(self) -> bool:
+        return self.current.takes_prompt_rows  # type: ignore[attr-defined]
+
     @property
     def wants_full_cache(self) -> bool:
         return self.current.wants_full_cache  # type: ignore[attr-defined]
@@ -224,12 +271,19 @@ class ModuleStep:
 
     wants_full_cache = False
     reads_whole_cache = False
+    takes_prompt_rows = False  # its forward takes a prompt whole, faster
 
     def __init__(self, model: GPT) -> None:
         self.model = model
 
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         return self.model(ids, kv_cache=cache, last_only=True)[:, -1, :]
+
+    def step_rows(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor:
+        """A row at a time, each over its own slot's cache (slot_step.forward_slots)."""
+        return forward_slots(self, ids, rows, out)
 
 
 def _previous(cache: KVCache, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,9 @@
 """The fused decode step's attention: one new query a row over the keys its cache holds.
 
 Owns: writing a step's keys and values into a cache and attending over them, for plain rows
-(each its own cached keys) and for sample rows over a shared prompt (the prompt's part and
-each row's own part, combined exactly). Knows nothing about the rest of the step.
+(each its own cached keys), for sample rows over a shared prompt (the prompt's part and
+each row's own part, combined exactly) and for rows of independent sequences (each its own
+slot of a SlotCache, at its own position, under a mask). Knows nothing about the rest of the step.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from chatcli.engine.step_matrices import run_on_threads
 from chatcli.model.attention import attend_shared
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model.slot_cache import SlotCache
 
 
 def attend_rows(
@@ -38,6 +40,42 @@ def attend_rows(
         v_cache[:, start : pos + 1].transpose(1, 2),
         enable_gqa=q.size(1) != k.size(1),
     )
+
+
+def attend_slots(
+    layer: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: SlotCache,
+    slots: torch.Tensor,
+    pos: torch.Tensor,
+    first: int,
+    mask: torch.Tensor,
+    threads: int,
+) -> torch.Tensor:
+    """q (N, H, D), k/v (N, Hkv, D) -> (N, H, D) for rows of independent sequences: row i's
+    key and value written to slot slots[i] at position pos[i], then its query over that
+    slot's keys from `first` on under `mask` (N, 1, 1, keys: slot_step.visible_keys), which
+    hides what lies past the row's position or before its window."""
+    k_all, v_all = cache.k_cache[layer], cache.v_cache[layer]  # (slots, T, Hkv, D)
+    k_all[slots, pos] = k
+    v_all[slots, pos] = v
+    last = first + mask.size(-1)
+    n = slots.numel()
+    if slots.tolist() == list(range(n)):  # the first n slots: a view, nothing gathered
+        keys, values = k_all[:n, first:last], v_all[:n, first:last]
+    else:
+        keys, values = k_all[slots, first:last], v_all[slots, first:last]
+    return run_on_threads(
+        threads,
+        F.scaled_dot_product_attention,
+        q.unsqueeze(2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=mask,
+        enable_gqa=q.size(1) != k.size(1),
+    ).squeeze(2)
 
 
 def attend_over_prefix(

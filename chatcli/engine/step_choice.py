@@ -18,6 +18,7 @@ from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.fallback import compiled_or_eager
 from chatcli.engine.static_step import CudaGraphStep, ModuleStep, StaticDecodeStep, StepWithFallback
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
+from chatcli.model.slot_cache import SlotRows
 
 
 def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
@@ -32,8 +33,17 @@ class Step(Protocol):
 
     wants_full_cache: bool  # its shapes are the cache's: one-row caches span the context
     reads_whole_cache: bool  # it reads past the written positions (under a mask): zeroed
+    takes_prompt_rows: bool  # step_rows takes a prompt's chunk as rows of one slot
 
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor: ...
+
+    def step_rows(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor:
+        """ids (N, 1), row i's token for slot rows.slots[i], each row at its own position
+        (a server's conversations together) -> the logits (len(out), V) of the rows `out`
+        names (None: all); every slot advanced by its rows."""
+        ...
 
 
 def pick_decode_step(model: Any, compile: bool = False) -> Step | None:

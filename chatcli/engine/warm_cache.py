@@ -42,17 +42,31 @@ class WarmCache:
     def prefill(self, prompt: list[int]) -> tuple[torch.Tensor, int]:
         """Bring the cache to hold `prompt`: the logits (1, V) of its last position and how
         many of its tokens ran (at least one: the logits come from running it)."""
+        common = self.begin(prompt)
+        return self.extend(prompt[common:]), len(prompt) - common
+
+    def begin(self, prompt: list[int]) -> int:
+        """Rewind the cache to the longest prefix it shares with `prompt` (shared_with) and
+        say how long that is: the rest of the prompt is for `extend`, in one piece or in
+        chunks (a server's batch prefills a long prompt between other rows' steps)."""
         if self.cache is None:
             self.cache = self.engine.new_cache(1, self.engine.context_len)
-        self.rows = None  # rows over a shared prefix read the positions rewritten below
+        self.rows = None  # rows over a shared prefix read the positions rewritten after this
         common = self.shared_with(prompt)
         self.cache.rewind(common, prompt[common - 1] if common else None)
-        self.tokens = self.tokens[:common]  # what stays true if the forward below fails
+        self.tokens = self.tokens[:common]
+        return common
+
+    @torch.inference_mode()
+    def extend(self, tokens: list[int]) -> torch.Tensor:
+        """Run a prompt's `tokens` on from what the cache holds (Engine.forward_prompt):
+        the logits (1, V) of the last one."""
+        assert self.cache is not None, "begin() first"
         device = self.engine.model.get_device()
-        ids = torch.tensor([prompt[common:]], dtype=torch.long, device=device)
-        logits = self.engine.forward_last(ids, self.cache)
-        self.tokens = list(prompt)
-        return logits, len(prompt) - common
+        ids = torch.tensor([tokens], dtype=torch.long, device=device)
+        logits = self.engine.forward_prompt(ids, self.cache)
+        self.tokens.extend(tokens)  # only once they ran: what stays true if the forward fails
+        return logits
 
     def shared_with(self, prompt: list[int]) -> int:
         """How many of the prompt's tokens the cache holds: their longest common prefix,

@@ -1,6 +1,8 @@
 /* rows_step: a model's whole decode step of one or more rows in one call: every layer
  * (lambdas, norms as per-row scales, q/k/v, value embeddings, rotary, qk-norm, the K/V
  * written at `pos`, attention over a shared prompt plus each row's own keys, the MLP),
+ * or of independent sequences each at its own position and in its own slot of the cache
+ * (rows_step_slots: a server's conversations decoding together),
  * then the vocabulary's products. fp32 matrices (a small model's), or fp16 ones (a big
  * model's compact copies) where the CPU widens fp16 (F16C).
  *
@@ -838,6 +840,24 @@ struct rows_cache {
     long s_layer, s_row, pos;
 };
 
+/* Where each row of a step is in the rows' own caches, beyond struct rows_cache: its slot
+ * (the row of the cache tensors it reads and writes) and its position, and the stride of
+ * the rotary tables between rows. rows_step's rows are slot n at c->pos, one table for all
+ * (NULL, NULL, 0); rows_step_slots' are independent sequences (a server's conversations),
+ * each in its own slot at its own position, with its own tables (D floats apart). */
+struct rows_at {
+    const long *slot; /* NULL: row n is slot n */
+    const long *pos;  /* NULL: every row at c->pos */
+    long cs_stride;   /* floats from one row's cos/sin to the next's: 0 or D */
+    long chained;     /* rows may share a slot (a prompt's tokens): every row's K/V is
+                       * written before any row attends (attend's two phases) */
+};
+
+static inline long slot_of(const struct rows_at *at, long n) { return at->slot ? at->slot[n] : n; }
+static inline long pos_of(const struct rows_at *at, const struct rows_cache *c, long n) {
+    return at->pos ? at->pos[n] : c->pos;
+}
+
 static long whole_blocks(long n) { return (n + BLOCK - 1) / BLOCK * BLOCK; }
 
 /* A shared prefix's first `length` positions of keys k and values v (layer 0 of
@@ -871,7 +891,7 @@ void rows_pack_prefix(const float *k, const float *v, long layers, long k_layer,
  * its stack. q and the scores are head-major, (H, rows, ...): a K/V head's queries are then
  * one block of rows for the products over the prefix. */
 struct scratch {
-    float *x0, *s, *qkv, *y, *q, *scores, *u, *saved, *inv_total, *att_scale;
+    float *x0, *s, *qkv, *y, *q, *scores, *u, *saved, *xo, *inv_total, *att_scale;
 };
 
 /* Element i of a table of fp32, or of bf16 (its bits the top half of an fp32's). */
@@ -893,14 +913,14 @@ struct window {
     long n_suffix; /* the rows' own positions attended, this step's included */
 };
 
-static struct window window_of(const struct rows_cache *c, long window) {
-    long start = c->pos - window > 0 ? c->pos - window : 0;
+static struct window window_of(const struct rows_cache *c, long pos, long window) {
+    long start = pos - window > 0 ? pos - window : 0;
     long p_from = start < c->prefix ? start : c->prefix, n_prefix = c->prefix - p_from;
     /* The prefix's scores start at a panel's first column: the `skip` before the window's
      * start are computed, then left out of the softmax (zeros, which the values' product
      * then adds). */
     long p_at = n_prefix > 0 ? p_from - p_from % BLOCK : c->prefix;
-    long s_at = c->pos - c->prefix, s_from = start > c->prefix ? start - c->prefix : 0;
+    long s_at = pos - c->prefix, s_from = start > c->prefix ? start - c->prefix : 0;
     return (struct window){p_at, p_from - p_at, c->prefix - p_at, s_at, s_from, s_at - s_from + 1};
 }
 
@@ -909,11 +929,12 @@ static struct window window_of(const struct rows_cache *c, long window) {
  * step's position, the group's queries rotated and normalised into q. */
 static void head_inputs(const struct rows_model *m, const struct rows_layer *w, const float *x,
                         long N, long n, long g, long id, const float *cos_, const float *sin_,
-                        float *sk, float *sv, const struct rows_cache *c, long s_at,
+                        float *sk, float *sv, const struct rows_cache *c, long slot, long s_at,
                         const struct scratch *t) {
     long H = m->H, Hkv = m->Hkv, D = m->D, C = m->C, kv = Hkv * D, group = H / Hkv;
     const float *r = t->qkv + n * (H + 2 * Hkv) * D;
-    float *k_at = sk + n * c->s_row + s_at * kv + g * D, *v_at = sv + n * c->s_row + s_at * kv + g * D;
+    float *k_at = sk + slot * c->s_row + s_at * kv + g * D;
+    float *v_at = sv + slot * c->s_row + s_at * kv + g * D;
     memcpy(v_at, r + (H + Hkv + g) * D, sizeof(float) * D);
     if (w->ve_table) { /* v += ve_scale * sigmoid(s * ve_gate @ x[:ve_channels]) * ve */
         float z = t->s[n] * dot(w->ve_gate + g * m->ve_channels, x + n * C, m->ve_channels);
@@ -929,14 +950,18 @@ static void head_inputs(const struct rows_model *m, const struct rows_layer *w, 
     rope_norm(r + (H + g) * D, k_at, cos_, sin_, D, m->norm_scale, m->norm_eps);
 }
 
+/* What a call of attend does: all of a unit's attention, or (rows sharing a slot) only
+ * its inputs, or only the rest, once every row's inputs are written. */
+enum attend_part { ATTEND_ALL, ATTEND_INPUTS, ATTEND_SCORES };
+
 /* Query head h of row n: its scores over the row's own keys (after the prefix's, which
  * are in place), then the softmax over both, its 1 / total kept for the values. */
 static void own_scores(const struct rows_model *m, long N, long n, long h, const float *sk,
-                       const struct rows_cache *c, const struct window *a, long span,
+                       const struct rows_cache *c, long slot, const struct window *a, long span,
                        const struct scratch *t) {
     long D = m->D, kv = m->Hkv * D, group = m->H / m->Hkv, n_cols = a->n_cols;
     const float *qh = t->q + (h * N + n) * D;
-    const float *keys = sk + n * c->s_row + a->s_from * kv + (h / group) * D;
+    const float *keys = sk + slot * c->s_row + a->s_from * kv + (h / group) * D;
     float *p = t->scores + (h * N + n) * span;
     long i = 0;
     if (FOUR_AT_ONCE && D % VW == 0) {
@@ -972,18 +997,29 @@ static void own_scores(const struct rows_model *m, long N, long n, long h, const
 static void attend(const struct rows_model *m, const struct rows_layer *w, const float *x,
                    long N, long r0, long nr, long g, const long *ids, const float *cos_,
                    const float *sin_, const float *pk, const float *pv, float *sk, float *sv,
-                   const struct rows_cache *c, const struct window *a, long span,
-                   const struct scratch *t) {
-    long H = m->H, D = m->D, group = H / m->Hkv, Dp = whole_blocks(D), n_cols = a->n_cols;
-    for (long n = r0; n < r0 + nr; n++)
-        head_inputs(m, w, x, N, n, g, ids[n], cos_, sin_, sk, sv, c, a->s_at, t);
+                   const struct rows_cache *c, const struct rows_at *at, long span,
+                   const struct scratch *t, enum attend_part part) {
+    long H = m->H, D = m->D, group = H / m->Hkv, Dp = whole_blocks(D);
+    /* The prefix's part is the same for every row (rows at their own positions have none),
+     * each row's own part its own. */
+    struct window rows_window[MAX_ROWS], *a = rows_window; /* nr <= MAX_ROWS: unit_rows */
+    for (long n = r0; n < r0 + nr; n++) {
+        rows_window[n - r0] = window_of(c, pos_of(at, c, n), w->window);
+        if (part != ATTEND_SCORES)
+            head_inputs(m, w, x, N, n, g, ids[n], cos_ + n * at->cs_stride,
+                        sin_ + n * at->cs_stride, sk, sv, c, slot_of(at, n),
+                        rows_window[n - r0].s_at, t);
+    }
+    if (part == ATTEND_INPUTS) return;
+    long n_cols = a->n_cols;
     for (long h = g * group; h < (g + 1) * group; h++) {
         float *p = t->scores + (h * N + r0) * span, *inv_total = t->inv_total + h * N + r0;
         if (n_cols > 0)
             panel_rows((struct view){t->q + (h * N + r0) * D, D}, nr, D,
                        pk + g * whole_blocks(c->prefix) * D + a->p_at / BLOCK * D * BLOCK,
                        D * BLOCK, n_cols, p, span, t->att_scale, STORE_SCALED);
-        for (long n = r0; n < r0 + nr; n++) own_scores(m, N, n, h, sk, c, a, span, t);
+        for (long n = r0; n < r0 + nr; n++)
+            own_scores(m, N, n, h, sk, c, slot_of(at, n), rows_window + (n - r0), span, t);
         if (n_cols > 0)
             panel_rows((struct view){p, span}, nr, n_cols, pv + g * Dp * c->prefix + a->p_at * BLOCK,
                        c->prefix * BLOCK, D, t->y + r0 * H * D + h * D, H * D, inv_total,
@@ -991,9 +1027,10 @@ static void attend(const struct rows_model *m, const struct rows_layer *w, const
         for (long n = r0; n < r0 + nr; n++) {
             float *out = t->y + n * H * D + h * D;
             if (n_cols == 0) memset(out, 0, sizeof(float) * D);
-            add_values(t->scores + (h * N + n) * span + n_cols, a->n_suffix,
-                       sv + n * c->s_row + a->s_from * m->Hkv * D + g * D, m->Hkv * D, D,
-                       t->inv_total[h * N + n], out);
+            const struct window *an = rows_window + (n - r0);
+            add_values(t->scores + (h * N + n) * span + n_cols, an->n_suffix,
+                       sv + slot_of(at, n) * c->s_row + an->s_from * m->Hkv * D + g * D,
+                       m->Hkv * D, D, t->inv_total[h * N + n], out);
         }
     }
 }
@@ -1038,10 +1075,9 @@ static long unit_rows(long N, long Hkv, long threads) {
 static void layer(const struct rows_model *m, const struct rows_layer *w, float *x, long rows,
                   const long *ids, const float *cos_, const float *sin_, const float *pk,
                   const float *pv, float *sk, float *sv, const struct rows_cache *c,
-                  const struct scratch *t, long span, long unit) {
+                  const struct rows_at *at, const struct scratch *t, long span, long unit) {
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D, N = rows;
     long width = (H + 2 * Hkv) * D, blocks = (N + unit - 1) / unit;
-    struct window a = window_of(c, w->window);
 #pragma omp for schedule(static)
     for (long n = 0; n < N; n++) {
         for (long j = 0; j < C; j++)
@@ -1051,11 +1087,16 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
     PHASE(0);
     matrix(m, x, N, C, w->qkv, width, t->qkv, t->s, STORE_SCALED);
     PHASE(1);
+    /* Rows that share a slot read one another's keys: all written (the for's barrier), then
+     * read. Else one thread takes a unit from its keys written to its scores' last use. */
+    for (int part = at->chained ? ATTEND_INPUTS : ATTEND_ALL;
+         part <= (at->chained ? ATTEND_SCORES : ATTEND_ALL); part++) {
 #pragma omp for schedule(static)
-    for (long u = 0; u < Hkv * blocks; u++) {
-        long r0 = u % blocks * unit;
-        attend(m, w, x, N, r0, N - r0 < unit ? N - r0 : unit, u / blocks, ids, cos_, sin_, pk, pv,
-               sk, sv, c, &a, span, t);
+        for (long u = 0; u < Hkv * blocks; u++) {
+            long r0 = u % blocks * unit;
+            attend(m, w, x, N, r0, N - r0 < unit ? N - r0 : unit, u / blocks, ids, cos_, sin_, pk,
+                   pv, sk, sv, c, at, span, t, (enum attend_part)part);
+        }
     }
     PHASE(2);
     matrix(m, t->y, N, H * D, w->proj, C, x, NULL, ADD);
@@ -1068,30 +1109,33 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
     PHASE(6);
 }
 
-/* Every layer of one decode step of `rows` rows, then the vocabulary's products.
- * x (rows, C): the normalised embeddings of the rows' tokens (after the smear), the
- * residual stream, in place. ids (rows,): the tokens (for the value embeddings).
- * cos_, sin_: (D,) this position's rotary tables. logits (rows, V): the model's logits,
- * softcap * tanh(the last norm's x @ lm_head / softcap).
- * threads: the OpenMP team's size. Returns 0, or -1 (nothing written) for shapes it does
- * not take or without memory. */
-int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
-              const float *cos_, const float *sin_, const struct rows_cache *c, float *logits,
-              int threads) {
+/* The step of rows_step and rows_step_slots: `at` says where each row is (struct rows_at),
+ * span is the most positions a row attends, its own included (the widest score row). */
+static int step(const struct rows_model *m, float *x, long rows, const long *ids,
+                const float *cos_, const float *sin_, const struct rows_cache *c,
+                const struct rows_at *at, long span, const long *out, long n_out, float *logits,
+                int threads) {
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D;
-    long width = (H + 2 * Hkv) * D, span = c->pos + 1;
+    long width = (H + 2 * Hkv) * D;
     long unit = unit_rows(rows, Hkv, planned_threads());
     /* fp16 widths in whole panels (VW a power of two: one test for all four) */
     if (m->half && (!HALF_WEIGHTS || (width | C | F | m->V) % VW)) return -1;
     if (m->half != 0 && m->half != 1 && (m->half != 2 || !INT8_WEIGHTS)) return -1;
-    if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 || c->pos < c->prefix ||
+    if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 ||
         (c->prefix > 0 && (!c->pk || !c->pv)))
         return -1;
+    for (long n = 0; n < rows; n++)
+        if (pos_of(at, c, n) < c->prefix || pos_of(at, c, n) >= span || slot_of(at, n) < 0)
+            return -1;
+    if (n_out < 1 || n_out > rows) return -1;
+    for (long i = 0; out && i < n_out; i++)
+        if (out[i] < 0 || out[i] >= rows) return -1;
     struct scratch t;
-    long size = rows * (2 * C + 1 + width + 2 * H * D + H * span + F + 2 * H);
+    long size = rows * (3 * C + 1 + width + 2 * H * D + H * span + F + 2 * H);
     t.x0 = malloc(sizeof(float) * size);
     if (!t.x0) return -1;
-    t.saved = t.x0 + rows * C, t.s = t.saved + rows * C, t.qkv = t.s + rows;
+    t.saved = t.x0 + rows * C, t.xo = t.saved + rows * C, t.s = t.xo + rows * C;
+    t.qkv = t.s + rows;
     t.y = t.qkv + rows * width, t.q = t.y + rows * H * D, t.scores = t.q + rows * H * D;
     t.u = t.scores + rows * H * span, t.inv_total = t.u + rows * F;
     t.att_scale = t.inv_total + rows * H;
@@ -1104,23 +1148,30 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
             layer(m, m->layers + i, x, rows, ids, cos_, sin_,
                   c->pk ? c->pk + i * Hkv * whole_blocks(c->prefix) * D : NULL,
                   c->pv ? c->pv + i * Hkv * whole_blocks(D) * c->prefix : NULL,
-                  c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, &t, span, unit);
+                  c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, at, &t, span, unit);
             if (i == m->backout_layer) {
 #pragma omp for schedule(static)
                 for (long j = 0; j < rows * C; j++) t.saved[j] = x[j];
             }
         }
+        /* The rows whose logits are asked for (all, or those `out` names, gathered into
+         * xo: a prompt's tokens but its last need none, and d20's vocabulary is ~40% of a
+         * row's products). */
+        float *xo = out ? t.xo : x;
 #pragma omp for schedule(static)
-        for (long n = 0; n < rows; n++) {
+        for (long i = 0; i < n_out; i++) {
+            long n = out ? out[i] : i;
+            float *xi = xo + i * C;
+            if (out) memcpy(xi, x + n * C, sizeof(float) * C);
             if (m->backout_layer >= 0)
-                for (long j = 0; j < C; j++) x[n * C + j] -= m->backout_lambda * t.saved[n * C + j];
+                for (long j = 0; j < C; j++) xi[j] -= m->backout_lambda * t.saved[n * C + j];
             /* the last norm and the softcap's division: one scale a row */
-            t.s[n] = 1.0f / (m->softcap * sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps));
+            t.s[i] = 1.0f / (m->softcap * sqrtf(dot(xi, xi, C) / C + m->eps));
         }
         PHASE(7);
-        matrix(m, x, rows, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
+        matrix(m, xo, n_out, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
         /* the softcap on both cores, in chunks: a row of a 65536 vocabulary is ~65 us */
-        long total = rows * m->V, chunks = (total + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK;
+        long total = n_out * m->V, chunks = (total + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK;
 #pragma omp for schedule(static)
         for (long i = 0; i < chunks; i++) {
             long from = i * SOFTCAP_CHUNK;
@@ -1133,23 +1184,59 @@ int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
     return 0;
 }
 
+/* Every layer of one decode step of `rows` rows, then the vocabulary's products.
+ * x (rows, C): the normalised embeddings of the rows' tokens (after the smear), the
+ * residual stream, in place. ids (rows,): the tokens (for the value embeddings).
+ * cos_, sin_: (D,) this position's rotary tables. logits (rows, V): the model's logits,
+ * softcap * tanh(the last norm's x @ lm_head / softcap).
+ * threads: the OpenMP team's size. Returns 0, or -1 (nothing written) for shapes it does
+ * not take or without memory. */
+int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
+              const float *cos_, const float *sin_, const struct rows_cache *c, float *logits,
+              int threads) {
+    struct rows_at at = {NULL, NULL, 0, 0};
+    return step(m, x, rows, ids, cos_, sin_, c, &at, c->pos + 1, NULL, rows, logits, threads);
+}
+
+/* rows_step for rows that are independent sequences: row n in slot slot[n] of the rows' own
+ * caches (c->sk, c->sv: layer 0 of a (layers, slots, T, Hkv, D) cache; no shared prefix,
+ * c->prefix 0), at position pos[n], where its k and v are written and up to which it
+ * attends (within each layer's window); cos_, sin_ (rows, D) each row's rotary tables.
+ * Several rows may share a slot (chained 1): a prompt's next tokens, at consecutive
+ * positions, each attending the ones before it. No two rows at one slot and position,
+ * slots inside the cache: the caller's to see to (RowsStep.run_slots), as the kernel writes
+ * where it is told. logits (n_out, V): the rows out[0..n_out) (NULL: every row, n_out
+ * rows). Why: a server's conversations decode together, one step for all, each where its
+ * own reply is, and a new prompt runs in the same step as a chunk of rows. */
+int rows_step_slots(const struct rows_model *m, float *x, long rows, const long *ids,
+                    const float *cos_, const float *sin_, const long *slot, const long *pos,
+                    long chained, const struct rows_cache *c, const long *out, long n_out,
+                    float *logits, int threads) {
+    if (c->prefix != 0 || rows < 1) return -1;
+    long span = 0;
+    for (long n = 0; n < rows; n++) span = pos[n] + 1 > span ? pos[n] + 1 : span;
+    struct rows_at at = {slot, pos, m->D, chained != 0};
+    return step(m, x, rows, ids, cos_, sin_, c, &at, span, out, n_out, logits, threads);
+}
+
 /* The residual streams a step starts from, x (rows, C): each row's token's embedding (a
  * table of V fp32 or bf16 rows of C) times its RMSNorm scale; where prev is given (era E's
- * smear: the previous token of each row), plus lambda * sigmoid(gate . x[:channels]) times
- * the previous token's normalised embedding. Returns 1, x unfinished, where an id is not
- * in [0, V): torch's look-up raised there, and a read past the table must not happen.
+ * smear: the previous token of each row, -1 for a row that starts its sequence), plus
+ * lambda * sigmoid(gate . x[:channels]) times the previous token's normalised embedding.
+ * Returns 1, x unfinished, where an id is not in [0, V) (nor a previous -1): torch's
+ * look-up raised there, and a read past the table must not happen.
  * Why here: as torch's ~10 ops (the look-ups, norms, a product, sigmoid, addcmul) it took
  * ~150 us of the embedded model's ~600 us token on a Zen 3, for ~2 us of arithmetic. */
 int rows_embed(const void *table, long bf16, long V, long C, const long *ids, const long *prev,
                long rows, const float *gate, long channels, float lambda, float eps, float *x) {
     for (long n = 0; n < rows; n++)
-        if (ids[n] < 0 || ids[n] >= V || (prev && (prev[n] < 0 || prev[n] >= V))) return 1;
+        if (ids[n] < 0 || ids[n] >= V || (prev && (prev[n] < -1 || prev[n] >= V))) return 1;
     for (long n = 0; n < rows; n++) {
         float *xn = x + n * C, s;
         for (long j = 0; j < C; j++) xn[j] = table_at(table, ids[n] * C + j, bf16);
         row_scales(xn, 1, C, eps, &s);
         for (long j = 0; j < C; j++) xn[j] *= s;
-        if (!prev) continue;
+        if (!prev || prev[n] < 0) continue; /* -1: a sequence's first token, no smear */
         float g = lambda / (1.0f + expf(-dot(gate, xn, channels))), squares = 0.0f;
         for (long j = 0; j < C; j++) {
             float v = table_at(table, prev[n] * C + j, bf16);

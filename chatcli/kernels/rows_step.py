@@ -1,7 +1,8 @@
 """The rows_step kernel: a model's whole decode step, one row or several, in one call.
 
 Owns: the wrapper of decode_ops.c's rows_step (every layer and the vocabulary's products of
-any number of rows, sample rows over a shared prompt included; a small model's fp32
+any number of rows, sample rows over a shared prompt included, or rows of independent
+sequences each in its own slot of the cache at its own position; a small model's fp32
 matrices, or a big one's fp16 or int8 copies read from their panels), the model and caches
 as its structs hold them (RowsModel, RowsLayer), its helpers (the rows' embedding, a shared
 prompt's packing, an int8 product, the softcap), and `rows_step()`, the checked kernel or
@@ -113,6 +114,14 @@ class RowsStep:
         fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_void_p] * 5
         fn.argtypes += [ctypes.c_int]
         self._fn = fn
+        # Rows of independent sequences (rows_step_slots); an earlier revision has none.
+        self._slots = getattr(library, "rows_step_slots", None)
+        if self._slots is not None:
+            self._slots.restype = ctypes.c_int
+            self._slots.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long]
+            self._slots.argtypes += [ctypes.c_void_p] * 5 + [ctypes.c_long]
+            self._slots.argtypes += [ctypes.c_void_p] * 2 + [ctypes.c_long, ctypes.c_void_p]
+            self._slots.argtypes += [ctypes.c_int]
         self.block = int(library.rows_block())  # the columns of a panel (pack_panels)
         # fp16 matrices' panel width (HalfPanels), two a block; 0 where the CPU cannot
         # widen fp16 (no F16C) and the kernel reads fp32 only. int8's (Int8Panels) the
@@ -167,7 +176,8 @@ class RowsStep:
     ) -> torch.Tensor:
         """The rows a step starts from (rows, C) fp32: rms_norm(table[ids]), plus, where
         prev (the previous tokens) is given, smear_lambda * sigmoid(x[:, :len(gate)] @ gate)
-        * rms_norm(table[prev]) (era E's smear). ids, prev: (rows,) int64; gate fp32.
+        * rms_norm(table[prev]) (era E's smear; -1: a sequence's first token, none). ids,
+        prev: (rows,) int64; gate fp32.
         The table as `embeds` takes it (checked once by the caller, not here)."""
         rows = ids.size(0)
         if ids.dtype != torch.long or ids.dim() != 1:
@@ -414,12 +424,95 @@ class RowsStep:
             raise ValueError(f"rows_step does not take {x.size(0)} rows at position {pos}")
         return logits
 
+    @property
+    def has_slots(self) -> bool:
+        """Whether the library steps rows of independent sequences (`run_slots`)."""
+        return self._slots is not None
+
+    @staticmethod
+    def takes_slots(model: RowsModel, cache: tuple[torch.Tensor, torch.Tensor]) -> bool:
+        """Whether `run_slots` reads these (layers, slots, T, Hkv, D) keys and values:
+        contiguous fp32 of the model's shape."""
+        return all(
+            c.dtype == torch.float32
+            and c.is_contiguous()
+            and c.dim() == 5
+            and (c.size(0), c.size(3), c.size(4))
+            == (model.struct.n_layers, model.struct.Hkv, model.struct.D)
+            for c in cache
+        )
+
+    def run_slots(
+        self,
+        model: RowsModel,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        threads: int = 1,
+        out: list[int] | None = None,
+    ) -> torch.Tensor:
+        """One step of rows that are independent sequences: row n in slot slots[n] of the
+        (layers, slots, T, Hkv, D) keys and values `cache` (`takes_slots`), at position
+        positions[n], where its key and value are written and up to which it attends.
+        Rows may share a slot (a prompt's tokens, at consecutive positions: each attends
+        those before it), never a slot and a position. x (rows, C) as for __call__ (a
+        sequence's first token unsmeared: embed's -1), overwritten; cos/sin (rows, D) each
+        row's tables; slots, positions (rows,) int64. Returns the logits (len(out), V) of
+        the rows `out` names (None: every row), the softcap applied."""
+        if self._slots is None:
+            raise ValueError("this rows_step library steps no rows in slots")
+        rows = x.size(0)
+        if x.dtype != torch.float32 or not x.is_contiguous() or x.size(1) != model.struct.C:
+            raise ValueError("rows_step takes contiguous fp32 rows of the model's width")
+        for t in (ids, slots, positions):
+            if t.dtype != torch.long or t.shape != (rows,):
+                raise ValueError("rows_step_slots takes one int64 id, slot and position a row")
+        for t in (cos, sin):
+            if t.dtype != torch.float32 or t.shape != (rows, model.struct.D):
+                raise ValueError("rows_step_slots takes fp32 rotary tables (rows, D)")
+        k, v = cache
+        if not self.takes_slots(model, cache) or k.shape != v.shape:
+            raise ValueError("rows_step reads contiguous fp32 caches of the model's shape")
+        # The kernel trusts these: a slot or position outside the cache would be written.
+        slot_list, pos_list = slots.tolist(), positions.tolist()
+        if not all(0 <= s < k.size(1) for s in slot_list):
+            raise ValueError(f"rows_step_slots: slots {slot_list} of a cache of {k.size(1)}")
+        if not all(0 <= p < k.size(2) for p in pos_list):
+            raise ValueError(f"rows_step_slots: positions {pos_list} of a cache of {k.size(2)}")
+        if len(set(zip(slot_list, pos_list, strict=True))) != rows:
+            raise ValueError("rows_step_slots: two rows at one slot and position")
+        if out is not None and (not out or not all(0 <= i < rows for i in out)):
+            raise ValueError(f"rows_step_slots: logits of rows {out} of {rows}")
+        chained = len(set(slot_list)) != rows
+        m = model.struct
+        cache_struct = _Cache(
+            None, None, 0, k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), 0
+        )
+        n_out = rows if out is None else len(out)
+        out_rows = None if out is None else torch.tensor(out, dtype=torch.long)
+        logits = torch.empty(n_out, m.V)
+        ids, slots, positions = ids.contiguous(), slots.contiguous(), positions.contiguous()
+        cos, sin = cos.contiguous(), sin.contiguous()
+        failed = self._slots(
+            ctypes.addressof(m), x.data_ptr(), rows, ids.data_ptr(), cos.data_ptr(),
+            sin.data_ptr(), slots.data_ptr(), positions.data_ptr(), int(chained),
+            ctypes.addressof(cache_struct), None if out_rows is None else out_rows.data_ptr(),
+            n_out, logits.data_ptr(), threads,
+        )  # fmt: skip
+        if failed:
+            raise ValueError(f"rows_step_slots does not take {rows} rows at {pos_list}")
+        return logits
+
 
 def _check_rows_step(kernel: RowsStep) -> None:
     """The kernel against torch on a random model, with fp16 and int8 matrices too where it
     reads them: a library that answers wrongly any way is not used (RuntimeError)."""
     # Here, not at the top: the reference reads this module's structs.
-    from chatcli.kernels.rows_step_reference import embed_errors, rows_step_errors
+    from chatcli.kernels.rows_step_reference import embed_errors, rows_step_errors, slots_errors
 
     if max(rows_step_errors(kernel)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model")
@@ -430,6 +523,8 @@ def _check_rows_step(kernel: RowsStep) -> None:
         raise RuntimeError("rows_step disagrees with torch on a test model of fp16 matrices")
     if kernel.int8_panel and max(rows_step_errors(kernel, rows=1, int8=True)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model of int8 matrices")
+    if kernel.has_slots and max(slots_errors(kernel)) > 1e-4:
+        raise RuntimeError("rows_step_slots disagrees with rows_step on rows of their own")
 
 
 @functools.cache

@@ -108,11 +108,78 @@ def rows_step_errors(
     vocabulary rounded up so too, the reference reading the matrices they stand for;
     bf16_table: the value embeddings bf16."""
     g = torch.Generator().manual_seed(seed)
-    (H, Hkv), D, (C, F, V), N = heads, head_dim, widths, rows
+    Hkv, D, C, N = heads[1], head_dim, widths[0], rows
+    model = _random_model(kernel, g, heads, head_dim, widths, windows, half, int8, bf16_table)
+    V = model.struct.V
+    P, L = prompt or 0, len(windows)
+    x, ids = torch.randn(N, C, generator=g), torch.randint(0, V, (N,), generator=g)
+    cos, sin = torch.rand(D, generator=g), torch.rand(D, generator=g)
+    prefix = tuple(torch.randn(L, 1, P + 3, Hkv, D, generator=g) for _ in range(2))
+    suffix = tuple(torch.randn(L, N, pos - P + 2, Hkv, D, generator=g) for _ in range(2))
+    mine, my_suffix = x.clone(), tuple(t.clone() for t in suffix)
+    want = _reference_rows_step(model, x, ids, cos, sin, prefix, P, suffix, pos)
+    shared = prefix if prompt is not None else None
+    got = kernel(model, mine, ids, cos, sin, shared, P, my_suffix, pos, threads=threads)
+    pairs = ((got, want), (my_suffix[0], suffix[0]), (my_suffix[1], suffix[1]))
+    return [(a - b).abs().max().item() for a, b in pairs]
+
+
+def slots_errors(
+    kernel: RowsStep,
+    *,
+    slots: tuple[int, ...] = (3, 0, 2, 1, 1, 1),
+    positions: tuple[int, ...] = (9, 1, 5, 0, 1, 2),
+    out: tuple[int, ...] | None = (0, 1, 2, 5),
+    windows: tuple[int, ...] = (100, 3),
+    threads: int = 2,
+    seed: int = 0,
+) -> list[float]:
+    """The largest differences between rows_step_slots over rows of independent sequences
+    (each in its slot of one cache, at its own position, with its own rotary tables; rows
+    of one slot a prompt's tokens, in order) and rows_step of each row alone, one after the
+    other: the logits of the rows `out` names (None: all), then the keys and values written
+    (every slot, the untouched ones included). The load check, and the tests'."""
+    g = torch.Generator().manual_seed(seed)
+    heads, D, widths = (4, 2), 16, (64, 128, 100)
+    model = _random_model(kernel, g, heads, D, widths, windows, False, False, False)
+    N, L, Hkv, T = len(slots), len(windows), heads[1], max(positions) + 3
+    x = torch.randn(N, widths[0], generator=g)
+    ids = torch.randint(0, model.struct.V, (N,), generator=g)
+    cos, sin = torch.rand(N, D, generator=g), torch.rand(N, D, generator=g)
+    cache = tuple(torch.randn(L, max(slots) + 2, T, Hkv, D, generator=g) for _ in range(2))
+    alone = tuple(c.clone() for c in cache)
+    want = []
+    for n, (slot, pos) in enumerate(zip(slots, positions, strict=True)):
+        own = tuple(c[:, slot : slot + 1].clone() for c in alone)
+        row = x[n : n + 1].clone()
+        want.append(kernel(model, row, ids[n : n + 1], cos[n], sin[n], None, 0, own, pos, threads))
+        for whole, part in zip(alone, own, strict=True):
+            whole[:, slot : slot + 1] = part
+    got = kernel.run_slots(
+        model, x.clone(), ids, cos, sin, torch.tensor(slots), torch.tensor(positions), cache,
+        threads, None if out is None else list(out),
+    )  # fmt: skip
+    want_out = torch.cat(want) if out is None else torch.cat([want[i] for i in out])
+    pairs = ((got, want_out), (cache[0], alone[0]), (cache[1], alone[1]))
+    return [(a - b).abs().max().item() for a, b in pairs]
+
+
+def _random_model(
+    kernel: RowsStep,
+    g: torch.Generator,
+    heads: tuple[int, int],
+    head_dim: int,
+    widths: tuple[int, int, int],
+    windows: tuple[int, ...],
+    half: bool,
+    int8: bool,
+    bf16_table: bool,
+) -> RowsModel:
+    """A random model as the kernel reads it (rows_step_errors says what each option does)."""
+    (H, Hkv), D, (C, F, V) = heads, head_dim, widths
     panel = kernel.int8_panel if int8 else kernel.half_panel
     if half or int8:
         V = -(-V // panel) * panel
-    P, L = prompt or 0, len(windows)
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * shape[0] ** -0.5
@@ -138,20 +205,10 @@ def rows_step_errors(
         )
         for i, window in enumerate(windows)
     ]
-    model = kernel.model(
+    return kernel.model(
         layers, weights(C, V), n_head=H, n_kv_head=Hkv, ve_scale=3.0, eps=1e-6,
         norm_scale=1.44 / D, norm_eps=1e-6, softcap=15.0, backout_layer=0, backout_lambda=0.3,
     )  # fmt: skip
-    x, ids = torch.randn(N, C, generator=g), torch.randint(0, V, (N,), generator=g)
-    cos, sin = torch.rand(D, generator=g), torch.rand(D, generator=g)
-    prefix = tuple(torch.randn(L, 1, P + 3, Hkv, D, generator=g) for _ in range(2))
-    suffix = tuple(torch.randn(L, N, pos - P + 2, Hkv, D, generator=g) for _ in range(2))
-    mine, my_suffix = x.clone(), tuple(t.clone() for t in suffix)
-    want = _reference_rows_step(model, x, ids, cos, sin, prefix, P, suffix, pos)
-    shared = prefix if prompt is not None else None
-    got = kernel(model, mine, ids, cos, sin, shared, P, my_suffix, pos, threads=threads)
-    pairs = ((got, want), (my_suffix[0], suffix[0]), (my_suffix[1], suffix[1]))
-    return [(a - b).abs().max().item() for a, b in pairs]
 
 
 def reference_embed(

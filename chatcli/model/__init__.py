@@ -1,9 +1,10 @@
 """The model layer: nanochat's GPT for every checkpoint era, and everything needed to load one.
 
-Owns the GPT module (`gpt`), its attention cache layout (`kv_cache`), next-token sampling from
-logits (`sampling`), finding checkpoints on disk (`checkpoint_paths`) and on the Hugging Face
-Hub (`hub_layout`, `hub`, `hub_cache`: hf:ORG/NAME, fetched by huggingface_hub), checking them
-before anything is built (`checkpoint_checks`), loading them safely (`checkpoint`), listing them
+Owns the GPT module (`gpt`), its attention cache layout (`kv_cache`, and `slot_cache` for
+independent sequences side by side), next-token sampling from logits (`sampling`), finding
+checkpoints on disk (`checkpoint_paths`) and on the Hugging Face Hub (`hub_layout`, `hub`,
+`hub_cache`: hf:ORG/NAME, fetched by huggingface_hub), checking them before anything is built
+(`checkpoint_checks`), loading them safely (`checkpoint`), listing them
 (`checkpoint_listing`), reading the JSON and TOML files people hand chatcli (`data_files`), the
 tokenizer, its special tokens and the long runs it encodes around tiktoken's regex
 (`long_runs`), quantized decode copies of the weights (`quantize`), and the transformers

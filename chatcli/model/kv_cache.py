@@ -42,6 +42,18 @@ class KVCache:
         # (B,) ids of the last token written; None while the cache is empty.
         self.prev_token: torch.Tensor | None = None
 
+    @classmethod
+    def over(cls, k_cache: torch.Tensor, v_cache: torch.Tensor) -> KVCache:
+        """An empty cache that writes into existing (layers, B, T, H, D) tensors (views of a
+        larger cache's: slot_cache.SlotCache's slots) instead of its own."""
+        cache = cls.__new__(cls)
+        cache.n_layers, cache.batch_size, cache.max_seq_len, cache.n_heads, cache.head_dim = (
+            k_cache.shape
+        )
+        cache.k_cache, cache.v_cache = k_cache, v_cache
+        cache.pos, cache.prev_token = 0, None
+        return cache
+
     @property
     def cache_seqlens(self) -> torch.Tensor:
         """(B,) int32: every row's length, the position (flash-attention's argument)."""

@@ -36,10 +36,23 @@ def sample_next_token(
         raise ValueError("temperature must be non-negative")
     if temperature < GREEDY_BELOW:
         return torch.argmax(logits, dim=-1, keepdim=True)
-    u = None
+    return sample_with_draws(
+        logits, draws(logits.size(0), rng, logits.device), temperature, top_k, top_p
+    )
+
+
+@torch.inference_mode()
+def sample_with_draws(
+    logits: torch.Tensor,
+    u: torch.Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """sample_next_token (temperature > 0) given each row's uniform draw u (B, 1) in [0, 1):
+    rows of different generators (a server's requests, each seeded alone) sample together."""
     kernel = sample_rows() if SampleRows.takes(logits, temperature, top_k, top_p) else None
     if kernel is not None:
-        u = _draws(logits.size(0), rng, logits.device)
         chosen = kernel(logits, temperature, top_k, top_p, u)
         if chosen is not None:
             return chosen
@@ -56,12 +69,11 @@ def sample_next_token(
         # Keep the smallest prefix whose mass reaches top_p (always at least one token).
         before = probs.cumsum(dim=-1) - probs
         probs = probs.masked_fill(before >= top_p, 0.0)
-    # The kernel's draw where it gave the row back (NaN logits): one draw a row either way.
-    choice = _invert_cdf(probs, _draws(probs.size(0), rng, probs.device) if u is None else u)
+    choice = _invert_cdf(probs, u)
     return idx.gather(1, choice) if idx is not None else choice
 
 
-def _draws(rows: int, rng: torch.Generator | None, device: torch.device) -> torch.Tensor:
+def draws(rows: int, rng: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """Each row's uniform draw in [0, 1): (rows, 1) fp32 from the caller's generator."""
     return torch.rand((rows, 1), generator=rng, device=device, dtype=torch.float32)
 

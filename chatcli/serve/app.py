@@ -530,6 +530,7 @@ def serve(
     limits: Limits = Limits(),
     *,
     cache_slots: int = 1,
+    batch: int | None = None,
     source: str = "sft",
     step: int | None = None,
     dtype: str = "auto",
@@ -542,15 +543,18 @@ def serve(
     on_ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Load one replica of `model` per worker and serve until interrupted. Each worker keeps
-    `cache_slots` conversations' K/V warm (worker_pool.Worker). On a loopback `host` only
-    loopback Host names are answered (hosts_to_check); with `api_keys`, only requests that
-    carry one of them (chatcli.serve.auth).
+    `cache_slots` conversations' K/V warm (worker_pool.Worker) and decodes up to `batch`
+    requests together (None: engine.batch.default_rows for its device; 1: one at a time).
+    On a loopback `host` only loopback Host names are answered (hosts_to_check); with
+    `api_keys`, only requests that carry one of them (chatcli.serve.auth).
 
-    on_ready gets {"url", "model", "devices", "cpu_threads"} once the models are loaded, just
-    before the first request can come in: the CLI's cue to say where the server is.
-    cpu_threads is the CPU plan's thread count (cpu_plan.py), None off the CPU. on_listening
-    is called once the address is taken, before the models load: what must be said at once.
+    on_ready gets {"url", "model", "devices", "cpu_threads", "batch"} once the models are
+    loaded, just before the first request can come in: the CLI's cue to say where the server
+    is. cpu_threads is the CPU plan's thread count (cpu_plan.py), None off the CPU.
+    on_listening is called once the address is taken, before the models load: what must be
+    said at once.
     """
+    from chatcli.engine.batch import default_rows
     from chatcli.engine.cpu_plan import apply_cpu_plan
     from chatcli.model.checkpoint import load_model
 
@@ -569,7 +573,8 @@ def serve(
                 quantize=quantize,
                 softcap=softcap,
             )
-            replicas.append(Worker(m, tokenizer, name=str(i), cache_slots=cache_slots))
+            rows = batch if batch is not None else default_rows(m.get_device())
+            replicas.append(Worker(m, tokenizer, name=str(i), cache_slots=cache_slots, batch=rows))
         # torch's thread count is the process's: the generation threads take it up when they
         # start. A small model decodes fastest on one (cpu_plan), as it does in `chatcli chat`.
         plan = apply_cpu_plan(replicas[0].engine.model)
@@ -594,6 +599,7 @@ def serve(
                     "model": name,
                     "devices": devices,
                     "cpu_threads": threads,
+                    "batch": replicas[0].rows,
                 }
             )
         run_app(app, sock, log_level)

@@ -55,7 +55,8 @@ def short_name(actor: str) -> str:
 
 
 class RayBackend:
-    """Generations on a Serve deployment, one request at a time on each replica."""
+    """Generations on a Serve deployment, each replica taking as many requests at once as its
+    Worker has rows (the model card says)."""
 
     def __init__(
         self,
@@ -93,8 +94,10 @@ class RayBackend:
         return self._card.context_len
 
     def queue_full(self, max_queue: int) -> bool:
-        busy = sum(self._busy.get(r, 0) > 0 for r in self._live)
-        return busy >= len(self._live) and self.waiting >= max_queue
+        """Every replica's rows in use (each takes card.rows requests at once) and
+        `max_queue` waiting."""
+        in_use = sum(min(self._busy.get(r, 0), self._card.rows) for r in self._live)
+        return in_use >= len(self._live) * self._card.rows and self.waiting >= max_queue
 
     def close(self) -> None:
         if self.closed:
@@ -164,6 +167,7 @@ class RayBackend:
                 "actor": actor,
                 **{k: v for k, v in self._rows.get(actor, {}).items() if k != "name"},
                 "busy": self._busy.get(actor, 0) > 0,
+                "rows_in_use": self._busy.get(actor, 0),
             }
             rows.append(row)
         busy = sum(r["busy"] for r in rows)
@@ -172,6 +176,8 @@ class RayBackend:
             "workers": rows,
             "busy": busy,
             "idle": len(rows) - busy,
+            "rows": len(rows) * self._card.rows,
+            "rows_in_use": sum(self._busy.get(a, 0) for a in self._live),
             "queue_length": self.waiting,
             **self.totals,
         }

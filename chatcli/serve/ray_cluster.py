@@ -71,16 +71,17 @@ class ReplicaCount:
 
 
 def deployment_options(
-    count: ReplicaCount, gpus: bool, replica_cpus: float = 1.0
+    count: ReplicaCount, gpus: bool, replica_cpus: float = 1.0, rows: int = 1
 ) -> dict[str, Any]:
-    """Serve's options for the replicas: one request at a time each (a Worker runs one), a
-    GPU each on a GPU cluster, conversations routed home, and autoscaling on the requests in
-    the system (running and queued in the front's router), one per replica, for a range."""
+    """Serve's options for the replicas: `rows` requests at a time each (its Worker's batch),
+    a GPU each on a GPU cluster, conversations routed home, and autoscaling on the requests
+    in the system (running and queued in the front's router), `rows` per replica, for a
+    range."""
     actor: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": replica_cpus}
     options: dict[str, Any] = {
         "name": DEPLOYMENT,
         "ray_actor_options": actor,
-        "max_ongoing_requests": 1,
+        "max_ongoing_requests": rows,
         # A conversation's turns go back to the replica that holds its cache (ray_router.py).
         "request_router_config": {"request_router_class": ROUTER},
         "health_check_period_s": HEALTH_CHECK_S,
@@ -92,7 +93,7 @@ def deployment_options(
             "min_replicas": count.low,
             "initial_replicas": count.low,
             "max_replicas": count.high,
-            "target_ongoing_requests": 1,
+            "target_ongoing_requests": rows,
             # A queue must last a few seconds before a replica (and its model load) is added,
             # and a minute of quiet before one is taken away.
             "upscale_delay_s": 5.0,
@@ -181,7 +182,7 @@ def deploy(spec: Any, count: ReplicaCount, gpus: bool, replica_cpus: float, app:
             "Serve application with `serve shutdown -y`)."
         )
     deployment = serve.deployment(ChatReplica).options(
-        **deployment_options(count, gpus, replica_cpus)
+        **deployment_options(count, gpus, replica_cpus, spec.batch)
     )
     handle = serve.run(
         deployment.bind(spec),
@@ -255,6 +256,7 @@ def serve_on_ray(
     limits: Limits = Limits(),
     *,
     cache_slots: int = 1,
+    batch: int | None = None,
     replica_cpus: float = 1.0,
     source: str = "sft",
     step: int | None = None,
@@ -268,11 +270,13 @@ def serve_on_ray(
     on_ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """`chatcli serve --ray ADDRESS`: serve.app.serve's counterpart, its replicas on Ray.
-    api_keys and on_listening as serve.app.serve's: the same app checks the same keys.
+    api_keys and on_listening as serve.app.serve's: the same app checks the same keys;
+    batch as serve's, each replica's Worker decoding that many requests together.
 
     on_ready gets {"url", "model", "devices", "cpu_threads", "ray"}, "ray" holding the
     address, the replica count, where the front runs ("here", or "head" for a ray://
     address), and the start-up's seconds (cluster, deploy)."""
+    from chatcli.engine.batch import default_rows
     from chatcli.serve.app import _listen
     from chatcli.serve.ray_replica import ReplicaSpec
 
@@ -303,7 +307,8 @@ def serve_on_ray(
         gpus = cluster_gpus()
         dev = replica_device(device, gpus)
         count = (workers or ReplicaCount(gpus, gpus)) if dev == "cuda" else wanted
-        spec = ReplicaSpec(model, source, step, dtype, quantize, softcap, cache_slots, dev)
+        rows = batch if batch is not None else default_rows(dev)
+        spec = ReplicaSpec(model, source, step, dtype, quantize, softcap, cache_slots, dev, rows)
         handle = deploy(spec, count, dev == "cuda", replica_cpus)
         about = {
             "address": address,

@@ -48,6 +48,7 @@ class ReplicaSpec:
     softcap: float | None = None
     cache_slots: int = 1
     device: str = "cpu"  # "cuda" for a replica Ray gave a GPU (it sees that one only)
+    batch: int = 1  # requests its Worker decodes together (`chatcli serve --batch`)
 
     def load(self) -> tuple[Any, Any]:
         """(model, tokenizer), as the replica's Worker takes them."""
@@ -75,6 +76,7 @@ class ModelCard:
     first_turn_end: int  # <|user_end|>'s id: the end of a conversation's key (backend.py)
     device: str  # the replica's, as its model is on it
     threads: int | None  # torch's threads on a CPU replica (cpu_plan), None on a GPU
+    rows: int = 1  # requests a replica takes at once (its Worker's batch)
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,8 @@ def served_name(model: Any) -> str:
 
 
 class ChatReplica:
-    """The deployment's class: one model, one Worker, requests one at a time (the
-    deployment's max_ongoing_requests matches the WorkerPool's single worker)."""
+    """The deployment's class: one model, one Worker of spec.batch rows, that many requests
+    at a time (the deployment's max_ongoing_requests matches the Worker's rows)."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
         from chatcli.engine.cpu_plan import apply_cpu_plan
@@ -116,7 +118,9 @@ class ChatReplica:
         # and the plan takes at most that many (cpu_plan.available_cores).
         plan = apply_cpu_plan(model)
         self.name = ray.get_runtime_context().get_actor_name() or "replica"
-        self.worker = Worker(model, tokenizer, name=self.name, cache_slots=spec.cache_slots)
+        self.worker = Worker(
+            model, tokenizer, name=self.name, cache_slots=spec.cache_slots, batch=spec.batch
+        )
         self.pool = WorkerPool([self.worker])
         self.threads = plan.threads if plan else None
         self.node = ray.get_runtime_context().get_node_id()
@@ -127,14 +131,17 @@ class ChatReplica:
             first_turn_end=tokenizer.encode_special(USER_END),
             device=self.worker.device,
             threads=self.threads,
+            rows=self.worker.rows,
         )
 
         # Serve's model multiplexing, with conversations for models: holding one is free.
-        # Made per replica, as its size is the replica's cache slots.
+        # Made per replica, as its size is the conversations the replica keeps warm: its
+        # cache slots, or its batch's slots where that has more.
         async def hold(conversation: str) -> str:
             return conversation
 
-        self._hold = serve.multiplexed(max_num_models_per_replica=spec.cache_slots)(hold)
+        warm = len(self.worker.slots)
+        self._hold = serve.multiplexed(max_num_models_per_replica=warm)(hold)
 
     def card(self) -> ModelCard:
         return self._card

@@ -1,12 +1,13 @@
 """Model replicas behind a server: workers, the pool that lends them out, one generation each.
 
-Owns: a Worker (one model + tokenizer + Engine on one device, and the counters /stats shows),
-the WorkerPool (an asyncio queue of idle workers: a request waits there, in arrival order, while
-every worker is busy), and running the Engine's synchronous generator in a thread so the event
-loop stays free, passing its stream events back through an asyncio queue. A generation whose
-consumer goes away (a client disconnect cancels it) is told to stop and its worker returns to
-the pool as soon as the thread lets go of the model: never earlier, so no two generations ever
-share a model. Closing the pool (the server is shutting down) stops every running generation
+Owns: a Worker (one model + tokenizer + Engine on one device, taking one request at a time or,
+with batch N, N at once as the rows of one batch; and the counters /stats shows), the
+WorkerPool (an asyncio queue of the workers' free rows: a request waits there, in arrival
+order, while every row is in use), ReplyText (a reply's tokens as stream events), and
+running each generation in a thread so the event loop stays free, passing its stream events
+back through an asyncio queue. A generation whose consumer goes away (a client disconnect
+cancels it) is told to stop and its row returns to the pool as soon as the generation lets
+go of it: never earlier, so a worker never runs more generations than it has rows. Closing the pool (the server is shutting down) stops every running generation
 and refuses every queued and later request with ShuttingDown.
 
 Knows nothing of HTTP or the OpenAI format: it takes prompt token ids and yields batches of
@@ -70,26 +71,122 @@ class Finished:
 Emit = Callable[[list[StreamEvent]], None]
 
 
-class Worker:
-    """One model replica. `generate` is synchronous and runs in a thread: one at a time."""
+class ReplyText:
+    """One reply's tokens as stream events: decoded, cut at the first stop sequence, emitted
+    as they form. Every worker's generation, one row or a batch's, reads its tokens so."""
 
-    def __init__(self, model: Any, tokenizer: Any, name: str = "0", cache_slots: int = 1) -> None:
+    def __init__(self, tokenizer: Any, stop: Sequence[str], emit: Emit) -> None:
+        self.decoder = TokenDecoder(tokenizer)
+        self.stop_text = StopText(tuple(stop))
+        self.emit = emit
+        self.generated = 0  # tokens fed: every token generated, forced ones and the stop too
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop sequence ended the reply."""
+        return self.stop_text.stopped
+
+    def feed(self, token: int, mask: int) -> bool:
+        """One token of the reply; True once a stop sequence ended it."""
+        self.generated += 1
+        events = self.stop_text.feed(self.decoder.feed(token, mask))
+        if events:
+            self.emit(events)
+        return self.stop_text.stopped
+
+    def flush(self) -> bool:
+        """The reply is over: emit the text held back; True if a stop sequence was in it."""
+        tail = self.stop_text.feed(self.decoder.flush())
+        tail += self.stop_text.flush()
+        if tail:
+            self.emit(tail)
+        return self.stop_text.stopped
+
+
+class ToLoop:
+    """An Emit that hands a generation's events, from its thread, to the asyncio queue its
+    consumer reads on the event loop. Several at once (a batch's rows, one a request) go
+    over in one call (emit_all)."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, items: asyncio.Queue, stop: threading.Event
+    ) -> None:
+        self.loop, self.items, self.stop = loop, items, stop
+
+    def __call__(self, events: list[StreamEvent]) -> None:
+        emit_all([(self, events)])
+
+
+def emit_all(pending: Sequence[tuple[Emit, list[StreamEvent]]]) -> None:
+    """Hand each Emit its events: those of one event loop (ToLoop) in one call_soon_threadsafe,
+    any other Emit called as it is. Each such call wakes the loop's thread, which then takes
+    the GIL from the generation's thread: a batch's eight rows, handed over one by one,
+    spent a fifth of the step's thread's time waiting to get it back."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[ToLoop, list[StreamEvent]]]] = {}
+    for emit, events in pending:
+        if isinstance(emit, ToLoop):
+            by_loop.setdefault(emit.loop, []).append((emit, events))
+        else:
+            emit(events)
+    for loop, group in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, group)
+        except RuntimeError:  # the loop closed under us (server shutdown): nobody listens
+            for emit, _ in group:
+                emit.stop.set()
+
+
+def _put_all(group: list[tuple[ToLoop, list[StreamEvent]]]) -> None:
+    for emit, events in group:
+        emit.items.put_nowait(events)
+
+
+class Worker:
+    """One model replica. `generate` is synchronous and runs in a thread: one at a time, or,
+    with batch N > 1, up to N at once, each in its own thread, decoding together as the rows
+    of one batch (batch_worker.BatchWorker)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        name: str = "0",
+        cache_slots: int = 1,
+        batch: int = 1,
+        prefill_chunk: int | None = None,
+    ) -> None:
         if cache_slots < 1:
             raise ValueError("a worker needs at least one cache slot")
+        if batch < 1:
+            raise ValueError("a worker needs at least one row (batch 1: one request at a time)")
         self.engine = Engine(model, tokenizer)
-        # The last conversations' K/V (each slot a whole context's worth of memory): a
-        # client that resends its conversation with one more turn gets only that turn
-        # prefilled. On CUDA the decode step keeps one graph, captured for a cache: one
-        # slot keeps it for the worker's life, several capture again as requests switch.
-        self.slots = [WarmCache(self.engine) for _ in range(cache_slots)]
-        self.warm = self.slots[0]  # the slot the last request used
         self.tokenizer = tokenizer
         self.name = name
         self.device = str(model.get_device())
-        self.busy = False
+        self.rows = batch  # requests it takes at once
+        self.rows_in_use = 0  # of those, lent out by the pool now
         self.requests_served = 0
         self.tokens_served = 0
         self.requests_interrupted = 0  # stopped early: the client left, or the server closed
+        self._batch: Any = None
+        if batch > 1:
+            # Here, not at the top: batch_worker builds on this module's types.
+            from chatcli.serve.batch_worker import BatchWorker
+
+            self._batch = BatchWorker(self.engine, tokenizer, batch, cache_slots, prefill_chunk)
+            self.slots = self._batch.slots
+        else:
+            # The last conversations' K/V (each slot a whole context's worth of memory): a
+            # client that resends its conversation with one more turn gets only that turn
+            # prefilled. On CUDA the decode step keeps one graph, captured for a cache: one
+            # slot keeps it for the worker's life, several capture again as requests switch.
+            self.slots = [WarmCache(self.engine) for _ in range(cache_slots)]
+        self.warm = self.slots[0]  # the slot the last request used (one row at a time)
+
+    @property
+    def busy(self) -> bool:
+        """Whether any of its rows is lent out."""
+        return self.rows_in_use > 0
 
     @property
     def context_len(self) -> int:
@@ -102,10 +199,12 @@ class Worker:
 
         The prompt goes to one of the worker's warm caches (warm_cache.choose) and is
         prefilled past the longest prefix it shares with what that cache holds (an earlier
-        request's prompt and reply)."""
+        request's prompt and reply). With batch > 1 it joins the worker's batch (up to
+        `rows` callers at once) and returns when its row is over."""
+        if self._batch is not None:
+            return self._batch.generate(prompt, params, emit, stop)
         self.warm = choose(self.slots, prompt)
-        decoder = TokenDecoder(self.tokenizer)
-        stop_text = StopText(params.stop)
+        reply = ReplyText(self.tokenizer, params.stop, emit)
         stats = GenerationStats()
         steps = self.engine.generate(
             prompt,
@@ -117,38 +216,29 @@ class Worker:
             stats=stats,
             warm=self.warm,
         )
-        generated = 0
         with contextlib.closing(steps):
             for column, masks in steps:
-                if stop.is_set():
-                    break
-                generated += 1
-                events = stop_text.feed(decoder.feed(column[0], masks[0]))
-                if events:
-                    emit(events)
-                if stop_text.stopped:
+                if stop.is_set() or reply.feed(column[0], masks[0]):
                     break
 
         def finished(reason: str) -> Finished:
             cached = len(prompt) - stats.prefill_tokens
-            return Finished(reason, len(prompt), generated, cached, stats.decode_s)
+            return Finished(reason, len(prompt), reply.generated, cached, stats.decode_s)
 
         if stop.is_set():
             return finished("interrupted")
-        if stop_text.stopped:
+        if reply.stopped:
             return finished("stop")
-        tail = stop_text.feed(decoder.flush())
-        tail += stop_text.flush()
-        if tail:
-            emit(tail)
         # Found in the text the decoder held back to the end, or the engine's reason.
-        return finished("stop" if stop_text.stopped else stats.finish_reasons[0])
+        return finished("stop" if reply.flush() else stats.finish_reasons[0])
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "device": self.device,
             "busy": self.busy,
+            "rows": self.rows,
+            "rows_in_use": self.rows_in_use,
             "requests_served": self.requests_served,
             "tokens_served": self.tokens_served,
             "requests_interrupted": self.requests_interrupted,
@@ -157,7 +247,8 @@ class Worker:
 
 
 class WorkerPool:
-    """Lends workers out one request at a time; requests beyond the workers wait their turn."""
+    """Lends workers' rows out, one a request (a worker of batch N has N); requests beyond
+    the rows wait their turn."""
 
     def __init__(self, workers: Sequence[Worker]) -> None:
         if not workers:
@@ -165,9 +256,13 @@ class WorkerPool:
         self.workers = list(workers)
         # Python >= 3.10: the queue binds to the event loop on first use, not here. None in
         # it is the closed pool's answer: each waiter that takes it puts it back for the next.
+        # A worker is in it once for each of its free rows; round-robin, so requests spread
+        # over the workers before they share one.
         self._idle: asyncio.Queue[Worker | None] = asyncio.Queue()
-        for w in self.workers:
-            self._idle.put_nowait(w)
+        for i in range(max(w.rows for w in self.workers)):
+            for w in self.workers:
+                if i < w.rows:
+                    self._idle.put_nowait(w)
         self.waiting = 0  # requests queued for a worker right now
         self.closed = False
         self._running: set[threading.Event] = set()  # the stop events of running generations
@@ -182,7 +277,7 @@ class WorkerPool:
         return self.workers[0].context_len
 
     def queue_full(self, max_queue: int) -> bool:
-        """Whether a new request would find every worker busy and `max_queue` already waiting."""
+        """Whether a new request would find every row in use and `max_queue` already waiting."""
         return self._idle.empty() and self.waiting >= max_queue
 
     def close(self) -> None:
@@ -208,11 +303,11 @@ class WorkerPool:
         if worker is None or self.closed:
             self._idle.put_nowait(worker)  # for the next waiter, which must learn it too
             raise ShuttingDown()
-        worker.busy = True
+        worker.rows_in_use += 1
         return worker
 
     def release(self, worker: Worker) -> None:
-        worker.busy = False
+        worker.rows_in_use -= 1
         self._idle.put_nowait(worker)
 
     async def generate(
@@ -246,11 +341,7 @@ class WorkerPool:
         stop = threading.Event()
         self._running.add(stop)
 
-        def to_loop(item: list[StreamEvent] | Finished | BaseException) -> None:
-            try:
-                loop.call_soon_threadsafe(items.put_nowait, item)
-            except RuntimeError:  # the loop closed under us (server shutdown): nobody listens
-                stop.set()
+        to_loop = ToLoop(loop, items, stop)
 
         def done(result: Finished | Exception) -> None:
             # On the loop. Runs whether or not anyone still reads `items`: the worker must
@@ -272,7 +363,7 @@ class WorkerPool:
             try:
                 loop.call_soon_threadsafe(done, result)
             except RuntimeError:
-                worker.busy = False
+                worker.rows_in_use -= 1
 
         threading.Thread(target=run, name=f"chatcli-worker-{worker.name}", daemon=True).start()
         try:
@@ -305,6 +396,8 @@ class WorkerPool:
             "workers": [w.describe() for w in self.workers],
             "busy": busy,
             "idle": len(self.workers) - busy,
+            "rows": sum(w.rows for w in self.workers),
+            "rows_in_use": sum(w.rows_in_use for w in self.workers),
             "queue_length": self.waiting,
             "requests_served": sum(w.requests_served for w in self.workers),
             "tokens_served": sum(w.tokens_served for w in self.workers),
