@@ -336,9 +336,10 @@ def serve_synthetic(depth: str, port: int, batch: int) -> None:
     from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS
     from chatcli.model.linear import is_embedding_table
     from chatcli.model.quantize import default_half_kind
-    from chatcli.serve.app import Limits, Worker, _listen, create_app, run_app
+    from chatcli.serve.app import Limits, Worker, create_app
+    from chatcli.serve.runner import listen, run_app
 
-    sock = _listen("127.0.0.1", port)
+    sock = listen("127.0.0.1", port)
     model, _ = synthetic_model(depth)
     with torch.no_grad():  # embedding tables in bf16, as a checkpoint's stay on the CPU
         for name, p in model.named_parameters():

@@ -22,7 +22,8 @@ from fakes import ByteTokenizer, Script, ScriptedModel
 
 from chatcli.model.special_tokens import ASSISTANT_END
 from chatcli.model.tokenizer import Tokenizer
-from chatcli.serve.app import BackgroundServer, Limits, Worker, create_app
+from chatcli.serve.app import Limits, Worker, create_app
+from chatcli.serve.runner import BackgroundServer
 
 REFERENCE_E = REFERENCE / "E"
 END = 256 + 4  # <|assistant_end|> in the byte layout

@@ -585,10 +585,10 @@ def test_once_shows_the_special_tokens_when_raw_is_set(monkeypatch):
 
 def test_serve_hands_max_queue_to_the_servers_limits(monkeypatch):
     pytest.importorskip("fastapi")
-    import chatcli.serve.app
+    import chatcli.serve.runner
 
     seen = {}
-    monkeypatch.setattr(chatcli.serve.app, "serve", lambda model, **kw: seen.update(kw))
+    monkeypatch.setattr(chatcli.serve.runner, "serve", lambda model, **kw: seen.update(kw))
     result = runner.invoke(app, ["serve", "--max-queue", "5"])
     assert result.exit_code == 0, result.output
     assert seen["limits"].max_queue == 5

@@ -34,7 +34,7 @@ from ray import serve
 from serving import wait_until
 
 from chatcli.engine.cpu_plan import torch_threads
-from chatcli.serve.app import BackgroundServer, conversation_of, create_app, deltas_of
+from chatcli.serve.app import conversation_of, create_app, deltas_of
 from chatcli.serve.ray_backend import RayBackend, short_name
 from chatcli.serve.ray_cluster import (
     ReplicaCount,
@@ -46,6 +46,7 @@ from chatcli.serve.ray_cluster import (
 )
 from chatcli.serve.ray_replica import ReplicaSpec
 from chatcli.serve.requests import ChatMessage, Limits
+from chatcli.serve.runner import BackgroundServer
 from chatcli.serve.worker_pool import GenerationParams, Worker
 
 pytestmark = pytest.mark.slow

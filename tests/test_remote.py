@@ -25,8 +25,8 @@ from chatcli.cli.app import app as cli_app
 from chatcli.errors import ChatcliError
 from chatcli.model.special_tokens import OUTPUT_START, PYTHON_START
 from chatcli.serve import client as remote_module
-from chatcli.serve.app import BackgroundServer
 from chatcli.serve.client import RemoteSession
+from chatcli.serve.runner import BackgroundServer
 from chatcli.terminal.render import render_status
 
 CALC_THEN_TEXT = tool_call("6*7", [*text_tokens(" so 42."), END])

@@ -209,8 +209,8 @@ def test_a_server_session_counts_the_tokens_its_server_took_from_cache_as_not_pr
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
-    from chatcli.serve.app import BackgroundServer
     from chatcli.serve.client import RemoteSession
+    from chatcli.serve.runner import BackgroundServer
 
     app = FastAPI()
 

@@ -33,14 +33,9 @@ from serving import (
 from chatcli.cli.app import app as cli_app
 from chatcli.errors import ChatcliError, ConfigError
 from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START
-from chatcli.serve.app import (
-    BackgroundServer,
-    Limits,
-    _listen,
-    create_app,
-    worker_devices,
-)
+from chatcli.serve.app import Limits, create_app
 from chatcli.serve.guards import LOOPBACK_HOSTNAMES
+from chatcli.serve.runner import BackgroundServer, listen, worker_devices
 
 HI = {"messages": [{"role": "user", "content": "hi"}]}
 JSON = {"Content-Type": "application/json"}
@@ -674,7 +669,7 @@ def test_serve_loads_the_checkpoint_and_says_where_it_listens():
     if not REFERENCE_E.is_dir():
         pytest.skip(f"reference fixture not found at {REFERENCE_E}")
     program = (
-        "import json; from chatcli.serve.app import serve; "
+        "import json; from chatcli.serve.runner import serve; "
         f"serve({str(REFERENCE_E)!r}, port=0, workers=2, device='cpu', log_level='warning', "
         "cache_slots=3, batch=2, "
         "on_ready=lambda info: print(json.dumps(info), flush=True))"
@@ -724,20 +719,20 @@ def test_a_taken_port_is_a_fix_it_error():
         taken.listen(1)
         port = taken.getsockname()[1]
         with pytest.raises(ChatcliError, match=f"Cannot listen on 127.0.0.1:{port}.*--port"):
-            _listen("127.0.0.1", port)
+            listen("127.0.0.1", port)
 
 
 @pytest.mark.parametrize("port", [-1, 65536, 99999])
 def test_a_port_out_of_range_is_a_fix_it_error(port):
     with pytest.raises(ChatcliError, match=rf"--port must be between 0 and 65535.*got {port}"):
-        _listen("127.0.0.1", port)
+        listen("127.0.0.1", port)
 
 
 # 999.1.1.1 is no address at all; 192.0.2.1 (TEST-NET-1) is one, but never this machine's.
 @pytest.mark.parametrize("host", ["999.1.1.1", "192.0.2.1"])
 def test_a_host_that_is_not_here_says_check_host_not_port(host):
     with pytest.raises(ChatcliError, match=f"Cannot listen on {host}:0") as caught:
-        _listen(host, 0)
+        listen(host, 0)
     assert "--host" in str(caught.value)
     assert "--port" not in str(caught.value)
 
@@ -988,8 +983,9 @@ TESTS = Path(__file__).parent
 SLOW_SERVER = """
 from fakes import uniform_bytes
 from serving import scripted_worker
-from chatcli.serve.app import _listen, create_app, run_app
-sock = _listen("127.0.0.1", 0)
+from chatcli.serve.app import create_app
+from chatcli.serve.runner import listen, run_app
+sock = listen("127.0.0.1", 0)
 print(sock.getsockname()[1], flush=True)
 try:
     run_app(create_app([scripted_worker(uniform_bytes, delay=0.02, sequence_len=8192)]), sock)

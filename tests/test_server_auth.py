@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from chatcli.cli.app import app as cli_app
 from chatcli.errors import ConfigError
-from chatcli.serve.app import BackgroundServer, Limits, create_app
+from chatcli.serve.app import Limits, create_app
 from chatcli.serve.auth import (
     ApiKeyCheck,
     api_keys,
@@ -25,6 +25,7 @@ from chatcli.serve.auth import (
     open_server_warning,
     read_key_file,
 )
+from chatcli.serve.runner import BackgroundServer
 
 KEYS = ("sk-first-0123456789", "second.key/with+punct=")
 HI = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -274,10 +275,10 @@ def test_a_loopback_server_needs_no_warning(host):
 
 def _serve_args(monkeypatch, *args: str) -> tuple[object, dict]:
     """`chatcli serve ARGS` with the server itself replaced: what it was handed."""
-    import chatcli.serve.app
+    import chatcli.serve.runner
 
     seen: dict = {}
-    monkeypatch.setattr(chatcli.serve.app, "serve", lambda model, **kw: seen.update(kw))
+    monkeypatch.setattr(chatcli.serve.runner, "serve", lambda model, **kw: seen.update(kw))
     return runner.invoke(cli_app, ["serve", *args]), seen
 
 
@@ -316,7 +317,7 @@ def test_serve_with_a_bad_key_fails_before_loading(monkeypatch, args, code, mess
 
 def _listening_serve(monkeypatch) -> list[str]:
     """The server replaced by one that only says it listens: what it was asked, in order."""
-    import chatcli.serve.app
+    import chatcli.serve.runner
 
     calls: list[str] = []
 
@@ -325,7 +326,7 @@ def _listening_serve(monkeypatch) -> list[str]:
         on_listening()
         calls.append("load")
 
-    monkeypatch.setattr(chatcli.serve.app, "serve", fake)
+    monkeypatch.setattr(chatcli.serve.runner, "serve", fake)
     return calls
 
 
@@ -345,7 +346,7 @@ def test_serve_calls_on_listening_after_taking_the_address_before_the_model(tmp_
     # A server that cannot bind says nothing of keys (only --host's error), and one that
     # can says it before minutes of loading: here the model fails to load just after.
     from chatcli.errors import ChatcliError
-    from chatcli.serve.app import serve
+    from chatcli.serve.runner import serve
 
     said: list[str] = []
     with pytest.raises(ChatcliError, match="No model at"):

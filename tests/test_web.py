@@ -264,7 +264,8 @@ def test_a_stream_that_breaks_off_is_shown_as_an_error_not_an_end(browser):
     from fastapi import FastAPI
     from fastapi.responses import HTMLResponse, StreamingResponse
 
-    from chatcli.serve.app import BackgroundServer, _page
+    from chatcli.serve.app import _page
+    from chatcli.serve.runner import BackgroundServer
 
     app = FastAPI()
 

@@ -12,7 +12,8 @@ from fakes import reply
 from serving import END, scripted_worker, text_tokens
 from test_web import CHROMIUM, Browser, open_page, send
 
-from chatcli.serve.app import BackgroundServer, Limits, create_app
+from chatcli.serve.app import Limits, create_app
+from chatcli.serve.runner import BackgroundServer
 
 pytestmark = [
     pytest.mark.slow,

@@ -119,9 +119,10 @@ def serve(
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/)."""
     try:
-        from chatcli.serve.app import MAX_PORT, Limits
-        from chatcli.serve.app import serve as run_server
+        from chatcli.serve.app import Limits
         from chatcli.serve.auth import api_keys, open_server_warning
+        from chatcli.serve.runner import MAX_PORT
+        from chatcli.serve.runner import serve as run_server
     except ImportError:
         raise fail("chatcli serve needs the serve extra: pip install -e '.[serve]'") from None
     from chatcli.terminal.render import make_console, render_notice

@@ -2,11 +2,11 @@
 
 Owns: the HTTP surface: POST /v1/chat/completions (streamed as server-sent events or whole),
 GET (and HEAD) /v1/models, /health, /stats and the chat page at /; turning conversations into
-prompt tokens and stream events into OpenAI chunks; loading one model replica per worker; the
+prompt tokens and stream events into OpenAI chunks; the
 guards a server on this machine needs against web pages the user visits (JSON bodies only, so
 no form or text/plain post slips past the browser's preflight; on a loopback address, only
 loopback Host names, against DNS rebinding); who may use it (API keys, chatcli.serve.auth's
-check, put in front of the whole app); and a shutdown that ends open generations at once.
+check, put in front of the whole app). Listening and running it are chatcli.serve.runner's.
 What a valid request is, and the error bodies that name a bad field, are
 chatcli.serve.requests'.
 
@@ -28,11 +28,8 @@ nothing of the terminal.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import logging
-import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
@@ -40,7 +37,6 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -52,10 +48,10 @@ from starlette.exceptions import HTTPException
 from chatcli.chat.calc_markers import format_marker, parts_from_text
 from chatcli.chat.stream import StreamEvent, TextDelta, ToolResult
 from chatcli.chat.turns import SamplingOptions, random_seed
-from chatcli.errors import ChatcliError, ConfigError, TokenizerError
+from chatcli.errors import TokenizerError
 from chatcli.serve.auth import ApiKeyCheck
 from chatcli.serve.backend import Backend
-from chatcli.serve.guards import HostCheck, hosts_to_check, media_type, read_body
+from chatcli.serve.guards import HostCheck, media_type, read_body
 from chatcli.serve.requests import (
     ChatMessage,
     ChatRequest,
@@ -72,10 +68,9 @@ from chatcli.serve.worker_pool import (
     WorkerPool,
 )
 
-__all__ = ["BackgroundServer", "Limits", "Worker", "WorkerPool", "create_app", "run_app", "serve"]
+__all__ = ["Limits", "Worker", "WorkerPool", "create_app"]
 
 log = logging.getLogger(__name__)
-MAX_PORT = 65535
 # The engine says "context" when the model's context, not max_tokens, cut the reply; OpenAI
 # has one word for both.
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -83,8 +78,6 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 WAITING_EVERY_S = 10.0
 WAITING_COMMENT = ": waiting for a worker\n\n"  # an SSE comment: clients skip it
 RETRY_AFTER_S = 5  # a full queue's hint; a reply takes seconds, the queue drains in tens
-# uvicorn's wait for open connections at shutdown; the pool ends generations well before.
-GRACE_S = 5
 
 
 # ---- from requests to prompts, from events to chunks --------------------------------------------
@@ -441,207 +434,3 @@ async def _complete(pool: Backend, turn: _Turn, request: Request) -> Response:
             "usage": usage_of(finished),
         }
     )
-
-
-# ---- running it ---------------------------------------------------------------------------------
-
-
-def worker_devices(device: str = "auto", workers: int | None = None) -> list[str]:
-    """One device per worker: every CUDA GPU by default where there is one, else one CPU
-    (or MPS) worker unless `workers` asks for more replicas."""
-    import torch
-
-    from chatcli.model.checkpoint import pick_device
-
-    if workers is not None and workers < 1:
-        raise ConfigError(f"--workers must be at least 1 (got {workers}).")
-    resolved = pick_device(device)
-    if resolved.type == "cuda" and resolved.index is None:
-        count = torch.cuda.device_count()
-        return [f"cuda:{i % count}" for i in range(workers or count)]
-    return [str(resolved)] * (workers or 1)
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port, or a ChatcliError that says which flag to fix."""
-    # bind() itself raises OverflowError, not OSError, for a port out of range.
-    if not 0 <= port <= MAX_PORT:
-        raise ChatcliError(
-            f"--port must be between 0 and {MAX_PORT} (0 picks a free port); got {port}."
-        )
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ChatcliError(_bind_error(host, port, e)) from e
-    sock.listen(2048)
-    return sock
-
-
-def _bind_error(host: str, port: int, e: OSError) -> str:
-    """Why bind() failed, pointing at --host or --port, whichever is at fault."""
-    where = f"Cannot listen on {host}:{port}: {e.strerror or e}."
-    check_host = (
-        "Check --host: it must be an address of this machine (127.0.0.1 for this machine "
-        "only, 0.0.0.0 for every network)."
-    )
-    # gaierror: the host is neither an address nor a name that resolves (999.1.1.1, typos).
-    if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
-        return f"{where} {check_host}"
-    if e.errno == errno.EADDRINUSE:
-        return f"{where} Is another server running there? Pick another --port."
-    if e.errno == errno.EACCES and 0 < port < 1024:
-        return f"{where} Ports below 1024 need root: pick a --port above 1023."
-    return f"{where} Check --host and --port."
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's Server, that closes the pool first when it shuts down (Ctrl-C, SIGTERM,
-    BackgroundServer.stop): open streams then end at once with an error event and [DONE],
-    queued and non-streamed requests with a 503, instead of running on through the grace
-    period and being cut off mid-body, a CancelledError logged for each."""
-
-    def __init__(self, config: uvicorn.Config, pool: Backend | None) -> None:
-        super().__init__(config)
-        self.pool = pool
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        if self.pool is not None:
-            self.pool.close()
-        await super().shutdown(sockets)
-
-
-def run_app(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
-    """Serve `app` (create_app's or any ASGI app) on the listening `sock` until Ctrl-C or
-    SIGTERM, in this thread."""
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=GRACE_S)
-    _Server(config, getattr(app.state, "pool", None)).run(sockets=[sock])
-
-
-def serve(
-    model: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    workers: int | None = None,
-    device: str = "auto",
-    limits: Limits = Limits(),
-    *,
-    cache_slots: int = 1,
-    batch: int | None = None,
-    source: str = "sft",
-    step: int | None = None,
-    dtype: str = "auto",
-    quantize: str = "none",
-    softcap: float | None = None,
-    model_name: str | None = None,
-    api_keys: Sequence[str] = (),
-    log_level: str = "info",
-    on_listening: Callable[[], None] | None = None,
-    on_ready: Callable[[dict[str, Any]], None] | None = None,
-) -> None:
-    """Load one replica of `model` per worker and serve until interrupted. Each worker keeps
-    `cache_slots` conversations' K/V warm (worker_pool.Worker) and decodes up to `batch`
-    requests together (None: engine.batch.default_rows for its device; 1: one at a time).
-    On a loopback `host` only loopback Host names are answered (hosts_to_check); with
-    `api_keys`, only requests that carry one of them (chatcli.serve.auth).
-
-    on_ready gets {"url", "model", "devices", "cpu_threads", "batch"} once the models are
-    loaded, just before the first request can come in: the CLI's cue to say where the server
-    is. cpu_threads is the CPU plan's thread count (cpu_plan.py), None off the CPU.
-    on_listening is called once the address is taken, before the models load: what must be
-    said at once.
-    """
-    from chatcli.engine.batch import default_rows
-    from chatcli.engine.cpu_plan import apply_cpu_plan
-    from chatcli.model.checkpoint import load_model
-
-    sock = _listen(host, port)  # fail on a taken port before minutes of model loading
-    try:
-        if on_listening is not None:
-            on_listening()
-        replicas = []
-        for i, dev in enumerate(worker_devices(device, workers)):
-            m, tokenizer, _ = load_model(
-                model,
-                source=source,
-                step=step,
-                device=dev,
-                dtype=dtype,
-                quantize=quantize,
-                softcap=softcap,
-            )
-            rows = batch if batch is not None else default_rows(m.get_device())
-            replicas.append(Worker(m, tokenizer, name=str(i), cache_slots=cache_slots, batch=rows))
-        # torch's thread count is the process's: the generation threads take it up when they
-        # start. A small model decodes fastest on one (cpu_plan), as it does in `chatcli chat`.
-        plan = apply_cpu_plan(replicas[0].engine.model)
-        info = replicas[0].engine.model.info
-        name = model_name or ("chatcli-default" if info.embedded else info.tag or "chatcli")
-        app = create_app(
-            replicas,
-            limits,
-            name,
-            allowed_hosts=hosts_to_check(host),
-            api_keys=api_keys,
-            demo=info.embedded,
-        )
-        if on_ready is not None:
-            shown = f"[{host}]" if ":" in host else host
-            devices = [w.device for w in replicas]
-            bound = sock.getsockname()[1]  # the real port when asked for 0
-            threads = plan.threads if plan else None  # None: not a CPU model
-            on_ready(
-                {
-                    "url": f"http://{shown}:{bound}",
-                    "model": name,
-                    "devices": devices,
-                    "cpu_threads": threads,
-                    "batch": replicas[0].rows,
-                }
-            )
-        run_app(app, sock, log_level)
-    finally:
-        sock.close()
-
-
-class BackgroundServer:
-    """Serves an app from a thread on a free loopback port (tests, benchmarks, notebooks).
-
-    with BackgroundServer(app) as server: httpx.get(server.url + "/health")
-    """
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._sock = _listen(host, port)
-        self.host, self.port = self._sock.getsockname()[:2]
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
-        self._server = _Server(config, getattr(app.state, "pool", None))
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> BackgroundServer:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the background server did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
-
-    def __enter__(self) -> BackgroundServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

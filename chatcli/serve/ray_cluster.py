@@ -269,22 +269,22 @@ def serve_on_ray(
     on_listening: Callable[[], None] | None = None,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
-    """`chatcli serve --ray ADDRESS`: serve.app.serve's counterpart, its replicas on Ray.
-    api_keys and on_listening as serve.app.serve's: the same app checks the same keys;
+    """`chatcli serve --ray ADDRESS`: serve.runner.serve's counterpart, its replicas on Ray.
+    api_keys and on_listening as serve.runner.serve's: the same app checks the same keys;
     batch as serve's, each replica's Worker decoding that many requests together.
 
     on_ready gets {"url", "model", "devices", "cpu_threads", "ray"}, "ray" holding the
     address, the replica count, where the front runs ("here", or "head" for a ray://
     address), and the start-up's seconds (cluster, deploy)."""
     from chatcli.engine.batch import default_rows
-    from chatcli.serve.app import _listen
     from chatcli.serve.ray_replica import ReplicaSpec
+    from chatcli.serve.runner import listen
 
     if replica_cpus <= 0:
         raise ConfigError(f"--replica-cpus must be above 0 (got {replica_cpus:g}).")
     remote = address.startswith("ray://")
     # Fail on a taken port before the cluster starts (a ray:// front listens on the head).
-    sock = None if remote else _listen(host, port)
+    sock = None if remote else listen(host, port)
     if on_listening is not None:
         on_listening()
     keys = tuple(api_keys)
@@ -369,9 +369,10 @@ def _serve_here(
     api_keys: tuple[str, ...] = (),
 ) -> None:
     """The app in this process, over the deployment's handle, until Ctrl-C or SIGTERM."""
-    from chatcli.serve.app import create_app, run_app
+    from chatcli.serve.app import create_app
     from chatcli.serve.guards import hosts_to_check
     from chatcli.serve.ray_backend import RayBackend
+    from chatcli.serve.runner import run_app
 
     card = handle.card.remote().result()  # a replica's: the tokenizer, the context
     backend = RayBackend(handle, card, live_replicas)

@@ -16,10 +16,11 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from chatcli.serve.app import BackgroundServer, create_app
+from chatcli.serve.app import create_app
 from chatcli.serve.guards import hosts_to_check
 from chatcli.serve.ray_backend import RayBackend
 from chatcli.serve.requests import Limits
+from chatcli.serve.runner import BackgroundServer
 
 HEAD = "node:__internal_head__"  # the resource only Ray's head node has
 
