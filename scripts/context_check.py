@@ -19,8 +19,8 @@ from typing import Any
 
 from chatcli.engine.engine import Engine
 from chatcli.model.checkpoint import load_model
+from chatcli.training.eval_sets import EvalItem, generate_eval_set
 from chatcli.training.evaluate import greedy_reply
-from chatcli.training.synthetic import EvalItem, generate_eval_set
 
 FOLLOW_UPS = {"arithmetic": "and times 3?", "counting": "what about banana?"}
 

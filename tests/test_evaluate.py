@@ -1,7 +1,7 @@
 """Tests for chatcli.training.evaluate's grading (the full run is in test_default_model)."""
 
+from chatcli.training.eval_sets import EvalItem
 from chatcli.training.evaluate import grade, summarize
-from chatcli.training.synthetic import EvalItem
 
 
 def _counting_item() -> EvalItem:

@@ -1,4 +1,5 @@
-"""Tests for chatcli.training.synthetic: the default model's training data and eval set."""
+"""Tests for the default model's training data (chatcli.training.synthetic and the modules of
+each skill) and its held-out eval set (chatcli.training.eval_sets)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,14 @@ from itertools import pairwise
 import pytest
 
 from chatcli.engine.calculator import format_result, use_calculator
-from chatcli.training import phrasings, synthetic
+from chatcli.training import phrasings, small_talk_data, synthetic, vocabulary
+from chatcli.training.eval_sets import EVAL_KINDS, EvalItem, generate_eval_set
+from chatcli.training.exchange import render_text_only
+from chatcli.training.held_out import is_held_out_number, is_held_out_string
 from chatcli.training.synthetic import (
-    EVAL_KINDS,
     KIND_WEIGHTS,
-    EvalItem,
     generate_conversations,
-    generate_eval_set,
     generate_labelled_conversations,
-    is_held_out_number,
-    render_text_only,
 )
 
 # Unsigned: in "6362-4835" the numbers are 6362 and 4835.
@@ -230,9 +229,9 @@ def test_eval_phrasings_never_appear_in_training(train, eval_conversations):
 
 def test_eval_only_lists_are_disjoint_from_training_lists():
     pairs = [
-        (synthetic.TRAIN_WORDS, synthetic.EVAL_WORDS),
-        (synthetic.TRAIN_NAMES, synthetic.EVAL_NAMES),
-        (synthetic.TRAIN_ITEMS, synthetic.EVAL_ITEMS),
+        (vocabulary.TRAIN_WORDS, vocabulary.EVAL_WORDS),
+        (vocabulary.TRAIN_NAMES, vocabulary.EVAL_NAMES),
+        (vocabulary.TRAIN_ITEMS, vocabulary.EVAL_ITEMS),
         (synthetic.TRAIN_SYSTEM_PROMPTS, synthetic.EVAL_SYSTEM_PROMPTS),
         (phrasings.QUESTION_WRAPPERS, phrasings.EVAL_QUESTION_WRAPPERS),
         (phrasings.VERB_WRAPPERS, phrasings.EVAL_VERB_WRAPPERS),
@@ -244,7 +243,7 @@ def test_eval_only_lists_are_disjoint_from_training_lists():
         (phrasings.OUT_OF_SCOPE_FRAMES, phrasings.EVAL_OUT_OF_SCOPE_FRAMES),
         (phrasings.OUT_OF_SCOPE_STANDALONE, phrasings.EVAL_OUT_OF_SCOPE_STANDALONE),
     ]
-    pairs += [(train, held_out) for train, held_out, _ in synthetic.IDENTITY.values()]
+    pairs += [(train, held_out) for train, held_out, _ in small_talk_data.IDENTITY.values()]
     for train, held_out in pairs:
         assert held_out and not set(train) & set(held_out)
 
@@ -312,12 +311,12 @@ def test_main_prints_labelled_samples(capsys):
 
 
 def test_dictionary_words_to_count_share_nothing_with_the_eval_words():
-    words = synthetic._dictionary_words()
+    words = vocabulary.dictionary_words()
     assert len(words) > 90_000  # 97,211 with english-words 2.0.2
     # Nor any word the eval's random strings and made-up words could draw.
-    assert not any(synthetic.is_held_out_string(w) for w in words)
+    assert not any(is_held_out_string(w) for w in words)
     assert all(4 <= len(w) <= 12 and w.isascii() and w.isalpha() and w.islower() for w in words)
-    for eval_word in synthetic.EVAL_WORDS:
+    for eval_word in vocabulary.EVAL_WORDS:
         assert not any(eval_word in w or w in eval_word for w in words), eval_word
 
 
@@ -333,12 +332,12 @@ def test_training_counts_dictionary_words_but_never_an_eval_word(train):
         if match
     ]
     assert len(counted) > 100
-    dictionary = set(synthetic._dictionary_words())
-    from_dictionary = sum(w in dictionary and w not in synthetic.TRAIN_WORDS for w in counted)
+    dictionary = set(vocabulary.dictionary_words())
+    from_dictionary = sum(w in dictionary and w not in vocabulary.TRAIN_WORDS for w in counted)
     # About 45% of the counted words: the model sees far more English words than it can
     # memorise, so it learns to copy them.
     assert 0.3 < from_dictionary / len(counted) < 0.6
-    assert not set(counted) & set(synthetic.EVAL_WORDS)
+    assert not set(counted) & set(vocabulary.EVAL_WORDS)
 
 
 def test_verb_follow_ups_are_training_only():
@@ -395,7 +394,7 @@ def test_mixed_conversations_chain_two_or_three_segments_of_different_kinds():
     rng = random.Random(3)
     lengths = Counter()
     for _ in range(500):
-        segments = synthetic._mixed_segments(rng, "train")
+        segments = synthetic.mixed_segments(rng, "train")
         lengths[len(segments)] += 1
         kinds = [kind for kind, _ in segments]
         assert set(kinds) <= set(synthetic.MIXED_SEGMENT_WEIGHTS)

@@ -30,7 +30,7 @@ from typing import Any
 
 from chatcli.chat.stream import decode_assistant_parts
 from chatcli.engine.engine import Engine, GenerationStats
-from chatcli.training.synthetic import EvalItem, generate_eval_set
+from chatcli.training.eval_sets import EvalItem, generate_eval_set
 
 TOOL_KINDS = ("arithmetic", "counting", "followup")
 MAX_REPLY_TOKENS = 160
