@@ -102,6 +102,23 @@ def arithmetic_exchange(rng: random.Random, split: str) -> Exchange:
     return Exchange(question, expression, result, sentence)
 
 
+def large_product_exchange(rng: random.Random, split: str) -> Exchange:
+    """A product of two 3-4 digit numbers (a result of 5-8 digits), asked plainly: the
+    calculation that a count asked right after it must not carry on from."""
+    while True:
+        a, b = sample_int(rng, split, max_digits=4), sample_int(rng, split, max_digits=4)
+        if len(a) >= 3 and len(b) >= 3:
+            break
+    expression = f"{a}*{b}"
+    result = calculate(expression)
+    question = vary(
+        rng, phrasings.arithmetic_question(rng, split, "*", display(rng, a), display(rng, b))
+    )
+    question = with_filler(rng, split, question)
+    sentence = rng.choice(ARITHMETIC_ANSWERS).format(expr=expression, result=result)
+    return Exchange(question, expression, result, sentence)
+
+
 def plain_operands(rng: random.Random, split: str, op: str) -> tuple[str, str]:
     if op == "/" and rng.random() < EXACT_DIVISION_PROBABILITY:
         return exact_division(rng, split, max_digits=6)

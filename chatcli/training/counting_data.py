@@ -14,6 +14,7 @@ import string
 
 from chatcli.training import phrasings
 from chatcli.training.exchange import Exchange, calculate, vary, with_filler
+from chatcli.training.phrasings import PHRASE_FORMS
 from chatcli.training.vocabulary import (
     EVAL_WORDS,
     TRAIN_WORDS,
@@ -31,6 +32,11 @@ EVAL_RANDOM_STRING_PROBABILITY = 0.3  # of eval counting questions; the rest use
 VERB_FRAME_PROBABILITY = 0.3  # of training letter-counting follow-ups: "now {verb} X"
 STRAY_WORD_PROBABILITY = 0.3  # of training counting questions: a dictionary word among its words
 LETTER_IN_WORD_PROBABILITY = 0.8  # the letter asked about occurs in the word
+# A short phrase to count in: 2-3 words, sometimes joined by a small word ("salt and pepper").
+PHRASE_WORDS = (2, 2, 3)
+PHRASE_JOINERS = ["and", "of", "the", "a", "my", "in", "with", "for"]
+JOINER_PROBABILITY = 0.3
+MAX_PHRASE_CHARS = 32
 
 COUNT_CALL = re.compile(r'"([a-z]+)"\.count\("([a-z])"\)')
 
@@ -68,11 +74,38 @@ def counting_followup(rng: random.Random, split: str, previous: Exchange) -> Exc
 def count_exchange(question: str, word: str, letter: str) -> Exchange:
     expression = f'"{word}".count("{letter}")'
     result = calculate(expression)
+    shown = f'"{word}"' if " " in word else word  # a phrase stays quoted in the answer
     if result == "1":
-        sentence = f"There is 1 {letter} in {word}."
+        sentence = f"There is 1 {letter} in {shown}."
     else:
-        sentence = f"There are {result} {letter}'s in {word}."
+        sentence = f"There are {result} {letter}'s in {shown}."
     return Exchange(question, expression, result, sentence)
+
+
+def phrase_count_exchange(rng: random.Random, split: str) -> Exchange:
+    """A letter counted in a short phrase: `"salt and pepper".count("p")`."""
+    phrase = sample_phrase(rng, split)
+    letter = sample_letter(rng, phrase.replace(" ", ""))
+    question = phrasings.counting_question(rng, split, phrase, letter, forms=PHRASE_FORMS)
+    return count_exchange(with_filler(rng, split, vary(rng, question)), phrase, letter)
+
+
+def sample_phrase(rng: random.Random, split: str) -> str:
+    """2-3 words of the split (eval: the eval words and held-out random strings only)."""
+    while True:
+        words = [_phrase_word(rng, split) for _ in range(rng.choice(PHRASE_WORDS))]
+        if rng.random() < JOINER_PROBABILITY:
+            words.insert(rng.randint(1, len(words) - 1), rng.choice(PHRASE_JOINERS))
+        phrase = " ".join(words)
+        if len(phrase) <= MAX_PHRASE_CHARS and len(set(words)) == len(words):
+            return phrase
+
+
+def _phrase_word(rng: random.Random, split: str) -> str:
+    while True:
+        word = sample_word(rng, split)
+        if len(word) <= 10:
+            return word
 
 
 def sample_word(rng: random.Random, split: str) -> str:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import random
 
-from chatcli.training import phrasings
+from chatcli.training import math_phrasings, phrasings
 from chatcli.training.arithmetic_data import arithmetic_exchange
 from chatcli.training.counting_data import counting_exchange
 from chatcli.training.exchange import vary, with_filler
-from chatcli.training.held_out import pool
+from chatcli.training.held_out import pool, sample_int
 from chatcli.training.vocabulary import pseudo_word
 
 MADE_UP_TOPIC_PROBABILITY = 0.35  # of training out-of-scope questions: "the Blorfin river"
@@ -62,6 +62,13 @@ OUT_OF_SCOPE_ANSWERS = [
     "I'm too small to know that. I can do arithmetic and count letters; for general questions "
     "load a real nanochat model with --model.",
 ]
+
+# Powers, roots and functions are outside the calculator's grammar: one fixed reply says what
+# it does instead.
+BEYOND_ANSWER = (
+    "My calculator only does +, -, *, / and parentheses, so I can't work out powers, roots or "
+    "functions. I can do arithmetic with those and count letters."
+)
 
 # intent -> (training messages, eval-only messages, replies)
 GREETINGS = {
@@ -127,3 +134,12 @@ def out_of_scope(rng: random.Random, split: str) -> list[dict]:
     question = with_filler(rng, split, vary(rng, question))
     answer = rng.choice(OUT_OF_SCOPE_ANSWERS)
     return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+
+def beyond_calculator(rng: random.Random, split: str) -> list[dict]:
+    """A power, a root or a function asked for, and what the calculator does instead."""
+    a = sample_int(rng, split, max_digits=3)
+    b = str(rng.randint(2, 9))
+    question = math_phrasings.beyond_question(rng, split, a, b)
+    question = with_filler(rng, split, vary(rng, question))
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": BEYOND_ANSWER}]
