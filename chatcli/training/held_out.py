@@ -4,9 +4,10 @@ Owns the split of numbers and random letter strings between "train" and "eval", 
 samplers that draw a number of one split. It knows nothing about questions, phrasings or
 conversations; the generators ask it for numbers and check operands against it.
 
-- Numbers: a number's key is its digits without sign or point ("12.5" -> 125). Keys of 100 or
-  more are held out when a multiplicative hash puts them in 50 of 1000 buckets (about 5%); keys
-  under 100 are too few to split and belong to training only. Every operand in a training
+- Numbers: a number's key is its digits without sign or point ("12.5" -> 125). Keys above 100
+  are held out when a multiplicative hash puts them in 50 of 1000 buckets (about 5%); keys
+  under 100 are too few to split and belong to training only, and so does 100 itself, the
+  constant of every percentage call (`15*80/100`). Every operand in a training
   python expression (follow-ups' previous results included) is a kept number. Every operand of
   an eval question of the original kinds is a held-out one, so eval arithmetic needs at least 3
   digits; an eval question with several operands (an expression, a percentage, an average) has
@@ -17,19 +18,21 @@ conversations; the generators ask it for numbers and check operands against it.
 from __future__ import annotations
 
 import random
+import re
 import zlib
 from collections.abc import Iterable
 
 SPLITS = ("train", "eval")
 
 HELD_OUT_BUCKETS = 50  # of 1000
-MIN_HELD_OUT_KEY = 100
+MIN_HELD_OUT_KEY = 101  # 100 would be held out, and it is in every percentage call
 HELD_OUT_STRING_MODULUS = 20
 
 # Digit counts of integer operands: biased to long numbers, which a tiny model gets wrong
 # without the tool. Eval starts at 3 digits (see the held-out scheme above).
 TRAIN_DIGIT_WEIGHTS = {1: 1, 2: 2, 3: 3, 4: 3, 5: 3, 6: 3}
 EVAL_DIGIT_WEIGHTS = {3: 1, 4: 1, 5: 1, 6: 1}
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def check_split(split: str) -> None:
@@ -61,6 +64,11 @@ def operands_in_split(numbers: Iterable[str], split: str) -> bool:
     an eval one at least one (the small ones it may share with training cannot be split)."""
     held_out = [is_held_out_number(n) for n in numbers]
     return any(held_out) if split == "eval" else not any(held_out)
+
+
+def numbers_in(text: str) -> list[str]:
+    """The unsigned numbers written in a call or a question ("6362-4835" -> 6362, 4835)."""
+    return _NUMBER.findall(text)
 
 
 def pool(split: str, train: list, held_out: list) -> list:

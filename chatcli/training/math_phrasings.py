@@ -44,7 +44,10 @@ PERCENT_SHARE_FRAMES = [
     "What percentage of {x} is {y}?", "{y} out of {x} is what percent?",
     "what % of {x} is {y}",
 ]  # fmt: skip
-EVAL_PERCENT_SHARE_FRAMES = ["Express {y} as a percentage of {x}."]  # eval only
+EVAL_PERCENT_SHARE_FRAMES = [  # eval only
+    "Express {y} as a percentage of {x}.", "If {x} is the whole, how many percent is {y}?",
+    "Give me {y} over {x} as a percent.",
+]  # fmt: skip
 
 # ---- averages: {l} is the list ("3, 5 and 10") -----------------------------------------------------
 AVERAGE_CORES = ["the average of {l}", "the mean of {l}", "the average of the numbers {l}",
@@ -86,9 +89,8 @@ def percent_change_question(rng: random.Random, split: str, op: str, p: str, x: 
 
 
 def percent_share_question(rng: random.Random, split: str, y: str, x: str) -> str:
-    frames = PERCENT_SHARE_FRAMES
-    if split == "eval" and rng.random() < phrasings.EVAL_ONLY_WRAPPER_PROBABILITY:
-        frames = EVAL_PERCENT_SHARE_FRAMES
+    """A whole question, no wrapper: eval asks only in the eval-only frames."""
+    frames = EVAL_PERCENT_SHARE_FRAMES if split == "eval" else PERCENT_SHARE_FRAMES
     return rng.choice(frames).format(y=y, x=x)
 
 

@@ -25,6 +25,7 @@ from chatcli.engine.calculator import use_calculator
 from chatcli.training.arithmetic_data import arithmetic_exchange, large_product_exchange
 from chatcli.training.counting_data import count_exchange, counting_exchange
 from chatcli.training.exchange import Exchange, calculate
+from chatcli.training.held_out import is_held_out_number, numbers_in
 
 FLAW_WEIGHTS = {"carried": 0.4, "miscopied": 0.3, "retry": 0.3}
 SAME_QUESTION_PROBABILITY = 0.5  # after a garbled reply the user asks the same question again
@@ -36,6 +37,8 @@ def recovery(rng: random.Random, split: str) -> list[dict]:
     if flaw == "miscopied":
         return _after_a_miscopied_answer(rng, split)
     first = large_product_exchange(rng, split)
+    while not _kept(first.result, split):  # the carried call writes it
+        first = large_product_exchange(rng, split)
     count = counting_exchange(rng, split)
     bad_call = carried_call(first.result, count.expression)
     if flaw == "retry":
@@ -100,11 +103,16 @@ def miscopied(rng: random.Random, exchange: Exchange) -> Exchange | None:
     return Exchange(exchange.question, call, result, sentence)
 
 
+def _kept(text: str, split: str) -> bool:
+    """In training, no held-out number in a call the conversation writes (eval: any)."""
+    return split == "eval" or not any(is_held_out_number(n) for n in numbers_in(text))
+
+
 def _after_a_miscopied_answer(rng: random.Random, split: str) -> list[dict]:
     while True:
         first = arithmetic_exchange(rng, split)
         wrong = miscopied(rng, first)
-        if wrong is not None:
+        if wrong is not None and _kept(wrong.expression, split):
             break
     user, reply = wrong.messages()
     reply["learn"] = False

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from chatcli.model.gpt import ERAS, GPT, GPTConfig, has_value_embed
 from chatcli.model.special_tokens import SPECIAL_TOKENS
 from chatcli.model.tokenizer import SPLIT_PATTERN, Tokenizer
+from chatcli.training.loss_mask import render_for_training
 from chatcli.training.muon import Muon
 from chatcli.training.synthetic import generate_conversations
 
@@ -152,8 +153,9 @@ def pack_rows(
     """Whole conversations packed greedily into rows of row_len + 1 tokens.
 
     Returns ids (N, row_len + 1) and a loss mask over targets (N, row_len): 1 where the target
-    token is one the assistant writes. Padding is <|bos|> with mask 0. A conversation never
-    straddles two rows, so every one is seen from its start.
+    token is one the assistant writes (and is not marked unlearned, see loss_mask.py). Padding
+    is <|bos|> with mask 0. A conversation never straddles two rows, so every one is seen from
+    its start.
     """
     bos = tokenizer.get_bos_token_id()
     rows_ids, rows_mask = [], []
@@ -166,7 +168,7 @@ def pack_rows(
         rows_mask.append(cur_mask + [0] * pad)
 
     for conv in conversations:
-        ids, mask = tokenizer.render_conversation(conv, max_tokens=row_len + 1)
+        ids, mask = render_for_training(tokenizer, conv, max_tokens=row_len + 1)
         if len(cur_ids) + len(ids) > row_len + 1:
             close_row()
             cur_ids, cur_mask = [], []
