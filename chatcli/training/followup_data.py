@@ -52,7 +52,9 @@ def followup(rng: random.Random, split: str) -> list[dict]:
 
 def switch(rng: random.Random, split: str) -> list[dict]:
     """A calculation with a large result then a count, or a count then a calculation; in
-    training sometimes a third exchange of the first kind again (eval: exactly two)."""
+    training sometimes a third exchange of the first kind again (eval: exactly two). The eval
+    asks the second question in the base skills only (a word to count, one operator), so that
+    it measures the switch, not the newer skills."""
     count_second = rng.random() < COUNT_AFTER_CALCULATION_PROBABILITY
     exchanges = [_calculation(rng, split, large=True) if count_second else _count(rng, split)]
     exchanges.append(_count(rng, split) if count_second else _calculation(rng, split, large=False))
@@ -66,12 +68,12 @@ def switch(rng: random.Random, split: str) -> list[dict]:
 def _calculation(rng: random.Random, split: str, large: bool) -> Exchange:
     if large:
         return large_product_exchange(rng, split)
-    if rng.random() < EXPRESSION_SWITCH_PROBABILITY:
+    if split == "train" and rng.random() < EXPRESSION_SWITCH_PROBABILITY:
         return expression_exchange(rng, split)
     return arithmetic_exchange(rng, split)
 
 
 def _count(rng: random.Random, split: str) -> Exchange:
-    if rng.random() < PHRASE_SWITCH_PROBABILITY:
+    if split == "train" and rng.random() < PHRASE_SWITCH_PROBABILITY:
         return phrase_count_exchange(rng, split)
     return counting_exchange(rng, split)

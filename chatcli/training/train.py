@@ -1,6 +1,6 @@
-"""Train the embedded default model from nothing but this repo, on a CPU, in under 30 minutes.
+"""Train the embedded default model from nothing but this repo, on a CPU, in under 45 minutes.
 
-    python -m chatcli.training.train --out runs/default            # the full run (~28 min)
+    python -m chatcli.training.train --out runs/default            # the full run (~33 min)
     python -m chatcli.training.train --out /tmp/tiny --preset tiny  # a smoke run (seconds)
     python -m chatcli.training.train --out runs/avg --average-from 0.6  # averaged weights
     python -m chatcli.training.train --out runs/muon --optimizer muon   # Muon for the blocks
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
         "--preset",
         choices=sorted(PRESETS),
         default="default",
-        help="default: the embedded model's recipe (~20 min); tiny: a smoke run of the pipeline",
+        help="default: the embedded model's recipe (~33 min); tiny: a smoke run of the pipeline",
     )
     parser.add_argument(
         "--minutes",
