@@ -51,11 +51,16 @@ def spread(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def format_cell(stats: dict[str, float], runs: int) -> str:
-    """ "97.2% (96.0-98.0, sd 0.8)" for several runs, "99.0%" for one."""
+    """ "97.2% (96-98.5, sd 0.8)" for several runs, "99.0%" for one."""
     if runs == 1:
         return f"{100 * stats['mean']:.1f}%"
-    low, high, std = 100 * stats["min"], 100 * stats["max"], 100 * stats["std"]
-    return f"{100 * stats['mean']:.1f}% ({low:.0f}-{high:.0f}, sd {std:.1f})"
+    low, high = _percent(stats["min"]), _percent(stats["max"])
+    return f"{100 * stats['mean']:.1f}% ({low}-{high}, sd {100 * stats['std']:.1f})"
+
+
+def _percent(rate: float) -> str:
+    """A rate as a percentage with at most one decimal and none when whole: 96, 99.8."""
+    return f"{100 * rate:.1f}".removesuffix(".0")
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
