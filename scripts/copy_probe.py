@@ -21,7 +21,7 @@ import torch
 
 from chatcli.model.checkpoint import load_model
 from chatcli.model.special_tokens import PYTHON_END, PYTHON_START
-from chatcli.training.eval_sets import EvalItem, generate_eval_set
+from chatcli.training.eval_sets import BASE_EVAL_KINDS, EvalItem, generate_eval_set
 from chatcli.training.vocabulary import EVAL_WORDS
 
 PLACES = ("first", "inside", "letter", "other")
@@ -63,7 +63,7 @@ def main() -> None:
     model, tokenizer, _ = load_model(args.model, device="cpu")
     items = [
         i
-        for i in generate_eval_set(args.n, args.seed)
+        for i in generate_eval_set(args.n, args.seed, kinds=BASE_EVAL_KINDS)
         if i.expected_expression and ".count(" in i.expected_expression
     ]
     totals: Counter[str] = Counter()
