@@ -19,8 +19,8 @@ from typing import Any
 
 from chatcli.engine.engine import Engine
 from chatcli.model.checkpoint import load_model
+from chatcli.training.eval_sets import BASE_EVAL_KINDS, EvalItem, generate_eval_set
 from chatcli.training.evaluate import greedy_reply
-from chatcli.training.synthetic import EvalItem, generate_eval_set
 
 FOLLOW_UPS = {"arithmetic": "and times 3?", "counting": "what about banana?"}
 
@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     model, tokenizer, _ = load_model(args.model, device="cpu")
     engine = Engine(model, tokenizer)
-    items = generate_eval_set(3 * args.n, seed=77)
+    items = generate_eval_set(3 * args.n, seed=77, kinds=BASE_EVAL_KINDS)
     by_kind = {k: [i for i in items if i.kind == k][: args.n] for k in ("arithmetic", "counting")}
     declines = [i for i in items if i.kind == "out_of_scope"][: args.n]
     exact = declined = 0

@@ -3,7 +3,7 @@
     python scripts/copy_probe.py                   # the embedded default model
     python scripts/copy_probe.py --model runs/X --n 300
 
-For every held-out counting prompt and counting follow-up (synthetic.generate_eval_set, its
+For every held-out counting prompt and counting follow-up (eval_sets.generate_eval_set, its
 own seed so these are not the README's scored prompts), the correct `"word".count("x")` call
 is appended to the conversation and the model predicts each of its tokens given the correct
 ones before it. The first token it would get wrong (greedy) is classed as the word's first
@@ -21,7 +21,8 @@ import torch
 
 from chatcli.model.checkpoint import load_model
 from chatcli.model.special_tokens import PYTHON_END, PYTHON_START
-from chatcli.training.synthetic import EVAL_WORDS, EvalItem, generate_eval_set
+from chatcli.training.eval_sets import BASE_EVAL_KINDS, EvalItem, generate_eval_set
+from chatcli.training.vocabulary import EVAL_WORDS
 
 PLACES = ("first", "inside", "letter", "other")
 
@@ -62,7 +63,7 @@ def main() -> None:
     model, tokenizer, _ = load_model(args.model, device="cpu")
     items = [
         i
-        for i in generate_eval_set(args.n, args.seed)
+        for i in generate_eval_set(args.n, args.seed, kinds=BASE_EVAL_KINDS)
         if i.expected_expression and ".count(" in i.expected_expression
     ]
     totals: Counter[str] = Counter()

@@ -271,3 +271,39 @@ def test_module_never_calls_eval_exec_or_compile() -> None:
         for alias in node.names
     }
     assert imported <= {"ast", "math"}
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        # what the training data writes for the arithmetic people ask
+        ("6*7*7", 294),
+        ("3+4*5", 23),  # "3 plus 4 times 5": the usual precedence
+        ("(12+8)*3", 60),
+        ("3*(4+5)", 27),
+        ("(509*146)+(39+2134)", 76487),
+        ("12-4-3", 5),  # left to right at one precedence
+        ("100/10/5", 2.0),
+        ("85-5/14", 85 - 5 / 14),
+        ("-12.5+3.75", -8.75),
+        ("5*(-3)", -15),
+        ("5-(-3)", 8),
+        ("-8/(-2)", 4.0),
+        ("15*80/100", 12.0),  # 15% of 80
+        ("7*33/100", 2.31),  # multiplying first keeps it exact
+        ("804*(100+34)/100", 1077.36),  # 804 increased by 34%
+        ("12*100/80", 15.0),  # what percent of 80 is 12
+        ("(3+5+10)/3", 6.0),  # the average of 3, 5 and 10
+    ],
+)
+def test_the_calculations_people_ask_follow_the_usual_rules(expr: str, expected: int | float):
+    assert use_calculator(expr) == expected
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["2^10", "2**10", "sqrt(144)", "math.sqrt(144)", "144**0.5", "10!", "sin(30)", "log(100)",
+     "17%5", "7006652*tattoo", '7006652*"tattoo"'],
+)  # fmt: skip
+def test_powers_roots_functions_and_carried_words_stay_outside_the_grammar(expr: str):
+    assert use_calculator(expr) is None

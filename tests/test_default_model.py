@@ -13,6 +13,7 @@ from chatcli.model import checkpoint
 from chatcli.model.checkpoint import EMBEDDED_DIR, load_model
 from chatcli.model.quantize import Int8Weight
 from chatcli.training import evaluate as evaluate_module
+from chatcli.training.eval_sets import BASE_EVAL_KINDS
 from chatcli.training.evaluate import evaluate
 
 pytestmark = pytest.mark.skipif(
@@ -32,7 +33,7 @@ def test_ships_small_and_loads_fast():
 
 def test_held_out_smoke_evaluation():
     model, tokenizer, _ = load_model(device="cpu")
-    summary = evaluate(model, tokenizer, n_per_kind=8, seed=99)
+    summary = evaluate(model, tokenizer, n_per_kind=8, seed=99, kinds=BASE_EVAL_KINDS)
     assert summary["items"] == 40
     # Floors just under what the shipped model scores on these 40 prompts (greedy, so a
     # drop means the model or the engine changed): 1.0 on every measure, exact calls
@@ -71,7 +72,10 @@ def test_the_evaluation_command_can_run_through_int8_copies(capsys, monkeypatch)
         return result
 
     monkeypatch.setattr(checkpoint, "load_model", load_and_keep)
-    evaluate_module.main(["--n", "2", "--quantize", "int8", "--json"])
-    summary = json.loads(capsys.readouterr().out)
+    evaluate_module.main(
+        ["--n", "2", "--quantize", "int8", "--json", "--temperature", "0", "--kinds", "base"]
+    )
+    [result] = json.loads(capsys.readouterr().out)["results"]
+    [summary] = result["runs"]
     assert summary["items"] == 10 and summary["ended_rate"] > 0
     assert any(isinstance(c, Int8Weight) for c in loaded[0].decode_weights())

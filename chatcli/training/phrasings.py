@@ -106,6 +106,8 @@ COMPOSED_COUNT_PROBABILITY = 0.35  # of training counting questions
 COUNT_QUESTION_FRAME_SHARE = 0.3  # of composed frames; the rest are wrapper x core requests
 LETTER_FORMS = ["{l}'s", "{l}s", "letter {l}", "the letter {l}", "'{l}'", "'{l}'s"]
 WORD_FORMS = ["{w}", "'{w}'", '"{w}"', "the word {w}"]
+# A phrase of several words is quoted or named: a bare one would not say where it starts.
+PHRASE_FORMS = ["'{w}'", '"{w}"', "the phrase '{w}'", 'the phrase "{w}"', "the words '{w}'"]
 NEW_WORD_FRAMES = ["what about {W}?", "and in {W}?", "how about {W}?", "and {W}?"]
 EVAL_NEW_WORD_FRAMES = ["same question for {W}"]  # eval only
 NEW_LETTER_FRAMES = ["and {L}?", "now count {L}", "what about {L}?", "and how many {L}?"]
@@ -214,15 +216,21 @@ def letter_phrase(rng: random.Random, letter: str) -> str:
     return rng.choice(LETTER_FORMS).format(l=letter)
 
 
-def word_phrase(rng: random.Random, word: str) -> str:
-    return rng.choice(WORD_FORMS).format(w=word)
+def word_phrase(rng: random.Random, word: str, forms: list[str] = WORD_FORMS) -> str:
+    return rng.choice(forms).format(w=word)
 
 
 def counting_question(
-    rng: random.Random, split: str, word: str, letter: str, stray: str | None = None
+    rng: random.Random,
+    split: str,
+    word: str,
+    letter: str,
+    stray: str | None = None,
+    forms: list[str] = WORD_FORMS,
 ) -> str:
     """A counting question; with a stray word (training only), that word replaces one of the
-    frame's own words or is inserted before it ("How many {L} zymotic in {W}?")."""
+    frame's own words or is inserted before it ("How many {L} zymotic in {W}?"). `forms` are
+    the ways the word is written (PHRASE_FORMS for a phrase)."""
     assert stray is None or split == "train", "stray words are training-only"
     if split == "train" and rng.random() < COMPOSED_COUNT_PROBABILITY:
         frame = composed_count_frame(rng)
@@ -230,7 +238,7 @@ def counting_question(
         frame, _ = compose(rng, split, COUNT_FRAMES, EVAL_COUNT_FRAMES, [""])
     if stray is not None:
         frame = with_stray_word(rng, frame, stray)
-    return frame.format(L=letter_phrase(rng, letter), W=word_phrase(rng, word))
+    return frame.format(L=letter_phrase(rng, letter), W=word_phrase(rng, word, forms))
 
 
 def composed_count_frame(rng: random.Random) -> str:

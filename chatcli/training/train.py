@@ -1,6 +1,6 @@
-"""Train the embedded default model from nothing but this repo, on a CPU, in under 30 minutes.
+"""Train the embedded default model from nothing but this repo, on a CPU, in under 45 minutes.
 
-    python -m chatcli.training.train --out runs/default            # the full run (~28 min)
+    python -m chatcli.training.train --out runs/default            # the full run (~33 min)
     python -m chatcli.training.train --out /tmp/tiny --preset tiny  # a smoke run (seconds)
     python -m chatcli.training.train --out runs/avg --average-from 0.6  # averaged weights
     python -m chatcli.training.train --out runs/muon --optimizer muon   # Muon for the blocks
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from chatcli.model.gpt import ERAS, GPT, GPTConfig, has_value_embed
 from chatcli.model.special_tokens import SPECIAL_TOKENS
 from chatcli.model.tokenizer import COPY_SPLIT_PATTERN, Tokenizer
+from chatcli.training.loss_mask import render_for_training
 from chatcli.training.muon import Muon
 from chatcli.training.synthetic import generate_conversations
 
@@ -70,19 +71,20 @@ class Preset:
 
 
 PRESETS = {
-    # Sized so the bf16 checkpoint ships in under 8 MB and trains in ~20 minutes on 2 cores.
-    # 1374 steps: the shipped run's (its schedule then followed the clock, and 1374 steps
-    # fitted its 27 minutes); over 1700 the same recipe scored worse
-    # (docs/training-history.md, runs 23-24).
+    # Sized so the bf16 checkpoint ships in under 8 MB and trains in under 45 minutes on 2
+    # cores. A 1024-token context, so that about 20 short exchanges fit before the oldest is
+    # dropped: rows of 1024 tokens, 4 to a step, the tokens of a step as with the earlier
+    # 8 rows of 512. The earlier recipe's 1374 steps saw about 5.6M tokens of a mix with
+    # seven kinds; this mix has seventeen, and 2400 steps see about 9.8M.
     "default": Preset(
         vocab_size=1024,
         n_layer=6,
         n_embd=192,
         n_head=3,
-        sequence_len=512,
-        batch_rows=8,
+        sequence_len=1024,
+        batch_rows=4,
         conversations=150_000,
-        steps=1374,
+        steps=2400,
         minutes=None,
         lr=3e-3,
         compile=True,
@@ -151,8 +153,9 @@ def pack_rows(
     """Whole conversations packed greedily into rows of row_len + 1 tokens.
 
     Returns ids (N, row_len + 1) and a loss mask over targets (N, row_len): 1 where the target
-    token is one the assistant writes. Padding is <|bos|> with mask 0. A conversation never
-    straddles two rows, so every one is seen from its start.
+    token is one the assistant writes (and is not marked unlearned, see loss_mask.py). Padding
+    is <|bos|> with mask 0. A conversation never straddles two rows, so every one is seen from
+    its start.
     """
     bos = tokenizer.get_bos_token_id()
     rows_ids, rows_mask = [], []
@@ -165,7 +168,7 @@ def pack_rows(
         rows_mask.append(cur_mask + [0] * pad)
 
     for conv in conversations:
-        ids, mask = tokenizer.render_conversation(conv, max_tokens=row_len + 1)
+        ids, mask = render_for_training(tokenizer, conv, max_tokens=row_len + 1)
         if len(cur_ids) + len(ids) > row_len + 1:
             close_row()
             cur_ids, cur_mask = [], []
@@ -445,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
         "--preset",
         choices=sorted(PRESETS),
         default="default",
-        help="default: the embedded model's recipe (~20 min); tiny: a smoke run of the pipeline",
+        help="default: the embedded model's recipe (~33 min); tiny: a smoke run of the pipeline",
     )
     parser.add_argument(
         "--minutes",
