@@ -8,6 +8,9 @@ as its structs hold them (RowsModel, RowsLayer), its helpers (the rows' embeddin
 prompt's packing, an int8 product, the softcap), and `rows_step()`, the checked kernel or
 None (rows_step_reference.py holds the torch reference it is checked against). Any CPU with a
 C compiler and OpenMP; fp16 where it has F16C, int8 where it has AVX2.
+
+Past 500 lines on purpose: one kernel's wrapper, whose structs mirror decode_ops.c's field by
+field; split apart, the halves would have to be read side by side with the C anyway.
 """
 
 from __future__ import annotations

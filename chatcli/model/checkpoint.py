@@ -28,7 +28,7 @@ from chatcli.model.checkpoint_checks import (
 )
 from chatcli.model.checkpoint_paths import EMBEDDED_DIR as EMBEDDED_DIR  # imported from here
 from chatcli.model.checkpoint_paths import SOURCES as SOURCES  # by tests: re-exported
-from chatcli.model.checkpoint_paths import resolve_checkpoint
+from chatcli.model.checkpoint_paths import CheckpointRef, resolve_checkpoint
 from chatcli.model.data_files import (
     UnreadableFileError,
     check_readable,
@@ -338,6 +338,21 @@ def build_model(
     return model
 
 
+def read_tokenizer_for(ref: CheckpointRef, config: GPTConfig) -> Tokenizer:
+    """The checkpoint's tokenizer, refused where its vocabulary is not the model's."""
+    try:
+        tokenizer = Tokenizer.from_file(ref.tokenizer_file)
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from e
+    if tokenizer.get_vocab_size() != config.vocab_size:
+        raise CheckpointError(
+            f"Tokenizer {ref.tokenizer_file} has {tokenizer.get_vocab_size()} tokens but the model "
+            f"({ref.meta_file}) expects vocab_size {config.vocab_size}: they are not from the "
+            "same training run."
+        )
+    return tokenizer
+
+
 def load_model(
     path: str | Path | None = None,
     *,
@@ -372,16 +387,7 @@ def load_model(
         )
     ref = resolve_checkpoint(path, source=source, tag=tag, step=step)
     meta, config = read_meta(ref.meta_file)
-    try:
-        tokenizer = Tokenizer.from_file(ref.tokenizer_file)
-    except TokenizerError as e:
-        raise CheckpointError(str(e)) from e
-    if tokenizer.get_vocab_size() != config.vocab_size:
-        raise CheckpointError(
-            f"Tokenizer {ref.tokenizer_file} has {tokenizer.get_vocab_size()} tokens but the model "
-            f"({ref.meta_file}) expects vocab_size {config.vocab_size}: they are not from the "
-            "same training run."
-        )
+    tokenizer = read_tokenizer_for(ref, config)
     sd = read_state_dict(ref.model_file)
     dev = pick_device(device)
     precision = pick_precision(dev, dtype, saved_matrix_params(sd), quantize)

@@ -23,7 +23,12 @@ from typing import Any
 import torch
 
 from chatcli.errors import ChatcliError, CheckpointError, TokenizerError
-from chatcli.model.checkpoint import check_state_dict, read_meta, read_state_dict
+from chatcli.model.checkpoint import (
+    check_state_dict,
+    read_meta,
+    read_state_dict,
+    read_tokenizer_for,
+)
 from chatcli.model.checkpoint_paths import resolve_checkpoint
 from chatcli.model.gpt import GPT, Architecture, GPTConfig, infer_architecture
 from chatcli.model.hf_chat_template import chat_template
@@ -116,15 +121,7 @@ def read_source(
         return ExportSource(found.state_dict, found.config, found.arch, found.tokenizer, origin)
     ref = resolve_checkpoint(model, source=source, step=step)
     _, config = read_meta(ref.meta_file)
-    try:
-        tokenizer = Tokenizer.from_file(ref.tokenizer_file)
-    except TokenizerError as e:
-        raise CheckpointError(str(e)) from e
-    if tokenizer.get_vocab_size() != config.vocab_size:
-        raise CheckpointError(
-            f"Tokenizer {ref.tokenizer_file} has {tokenizer.get_vocab_size()} tokens but the "
-            f"model ({ref.meta_file}) expects vocab_size {config.vocab_size}."
-        )
+    tokenizer = read_tokenizer_for(ref, config)
     sd = read_state_dict(ref.model_file)
     if "transformer.wte.weight" not in sd:
         raise CheckpointError(f"{ref.model_file}: missing key transformer.wte.weight.")
