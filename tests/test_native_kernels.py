@@ -425,8 +425,10 @@ def test_rows_embed_refuses_ids_outside_the_table_as_torchs_look_up_does(bad):
     ids = torch.tensor([1, bad])
     with pytest.raises(IndexError, match="4 rows"):
         _ROWS.embed(table, ids, 1e-6)
-    with pytest.raises(IndexError, match="4 rows"):  # a previous token out of range too
-        _ROWS.embed(table, torch.tensor([1, 2]), 1e-6, ids, gate, 0.5)
+    # A previous token out of range too; -1 there means none (a sequence's first token).
+    prev = torch.tensor([1, -2 if bad == -1 else bad])
+    with pytest.raises(IndexError, match="4 rows"):
+        _ROWS.embed(table, torch.tensor([1, 2]), 1e-6, prev, gate, 0.5)
     with pytest.raises(IndexError):  # the model's nn.Embedding
         torch.nn.functional.embedding(ids, table)
 
