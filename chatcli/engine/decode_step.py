@@ -277,6 +277,15 @@ class DecodeStep:
         In place: qk is a temporary."""
         return qk.mul_(self._row_scales(qk, times=1.0 / self.qk_scale))
 
+    def _mlp(self, layer: StepLayer, x: torch.Tensor, fold: bool = False) -> torch.Tensor:
+        """x plus the block's MLP, relu(fc(rms_norm(x)))^2 through fc_proj. fold: the norm as
+        each row's scale after the product (relu(s * z) = s * relu(z) for a scale s > 0)."""
+        if fold:
+            u = layer.fc.mm(x).relu_().mul_(self._row_scales(x))
+        else:
+            u = layer.fc.mm(F.rms_norm(x, (x.size(1),))).relu_()
+        return layer.fc_proj.addmm(x, u.mul_(u))
+
     def _row_scales(self, x: torch.Tensor, times: float = 1.0) -> torch.Tensor:
         """(..., 1) RMSNorm scales of x's last dimension, divided by `times` (1, 1/qk_scale
         or the softcap): 1 / (times * sqrt(mean(x^2) + eps)). rms_norm(x) @ W.T =
@@ -390,12 +399,7 @@ class DecodeStep:
                 y = attend_over_prefix(i, q, k, v, layer.window, cache, pos, self.wide_threads)
             else:
                 y = attend_rows(i, q, k, v, layer.window, cache, pos, self.wide_threads)
-            x = layer.proj.addmm(x, y.reshape(N, H * D))
-            if fold:  # relu(s * z) = s * relu(z) for the row's scale s > 0
-                u = layer.fc.mm(x).relu_().mul_(self._row_scales(x))
-            else:
-                u = layer.fc.mm(F.rms_norm(x, (C,))).relu_()
-            x = layer.fc_proj.addmm(x, u.mul_(u))
+            x = self._mlp(layer, layer.proj.addmm(x, y.reshape(N, H * D)), fold)
             if i == self.backout_layer:
                 saved = x
         if saved is not None:

@@ -112,12 +112,7 @@ def _torch_step(
         y = attend_slots(
             i, qk[:, :H], qk[:, H:], v, rows.cache, slots, pos, first, mask, step.wide_threads
         )
-        x = layer.proj.addmm(x, y.reshape(N, H * D))
-        if fold:  # relu(s * z) = s * relu(z) for the row's scale s > 0
-            u = layer.fc.mm(x).relu_().mul_(step._row_scales(x))
-        else:
-            u = layer.fc.mm(F.rms_norm(x, (C,))).relu_()
-        x = layer.fc_proj.addmm(x, u.mul_(u))
+        x = step._mlp(layer, layer.proj.addmm(x, y.reshape(N, H * D)), fold)
         if i == step.backout_layer:
             saved = x
     if saved is not None:

@@ -72,16 +72,12 @@ def forward_slots_static(
             attn_mask=masks[layer.window],
             enable_gqa=Hkv != H,
         )
-        x = layer.proj.addmm(x, y.reshape(B, H * D))
-        u = F.relu(layer.fc.mm(F.rms_norm(x, (C,))))
-        x = layer.fc_proj.addmm(x, u * u)
+        x = step._mlp(layer, layer.proj.addmm(x, y.reshape(B, H * D)))
         if i == step.backout_layer:
             saved = x
     if saved is not None:
         x = torch.add(x, saved, alpha=-step.backout_lambda)
-    logits = step.lm_head.mm(F.rms_norm(x, (C,)))[:, : step.vocab_size]
-    cap = step.softcap
-    return torch.tanh(logits.float() / cap) * cap
+    return step._capped_logits(x)
 
 
 def buckets_for(slots: int) -> list[int]:

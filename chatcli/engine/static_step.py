@@ -94,14 +94,16 @@ class StaticDecodeStep(DecodeStep):
                 attn_mask=masks[layer.window],
                 enable_gqa=Hkv != H,
             )
-            x = layer.proj.addmm(x, y.reshape(N, H * D))
-            u = F.relu(layer.fc.mm(F.rms_norm(x, (C,))))
-            x = layer.fc_proj.addmm(x, u * u)
+            x = self._mlp(layer, layer.proj.addmm(x, y.reshape(N, H * D)))
             if i == self.backout_layer:
                 saved = x
         if saved is not None:
             x = torch.add(x, saved, alpha=-self.backout_lambda)
-        logits = self.lm_head.mm(F.rms_norm(x, (C,)))[:, : self.vocab_size]
+        return self._capped_logits(x)
+
+    def _capped_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, vocab_size) fp32 logits of the last hidden state x, softcapped."""
+        logits = self.lm_head.mm(F.rms_norm(x, (x.size(1),)))[:, : self.vocab_size]
         cap = self.softcap
         return torch.tanh(logits.float() / cap) * cap
 
