@@ -22,8 +22,10 @@ from urllib.parse import unquote, urlsplit
 
 from chatcli.model.checkpoint_paths import EMBEDDED_DIR
 
-EMBEDDED_MODEL = EMBEDDED_DIR / "chatsft_checkpoints" / "d6" / "model_001374.pt"
-EMBEDDED_META = EMBEDDED_MODEL.with_name("meta_001374.json")
+# The embedded model's one checkpoint, whatever step it was saved at.
+[EMBEDDED_MODEL] = (EMBEDDED_DIR / "chatsft_checkpoints" / "d6").glob("model_*.pt")
+EMBEDDED_STEP = int(EMBEDDED_MODEL.stem.removeprefix("model_"))
+EMBEDDED_META = EMBEDDED_MODEL.with_name(f"meta_{EMBEDDED_STEP:06d}.json")
 EMBEDDED_TOKENIZER = EMBEDDED_DIR / "tokenizer" / "tokenizer.pkl"
 
 
@@ -32,7 +34,7 @@ def commit_of(label: str) -> str:
     return hashlib.sha1(label.encode()).hexdigest()
 
 
-def flat_files(step: int = 1374) -> dict[str, bytes]:
+def flat_files(step: int = EMBEDDED_STEP) -> dict[str, bytes]:
     """The embedded model as a one-checkpoint repo (nanochat's downloads look so), with the
     files a runnable model does not need beside it."""
     return {
@@ -48,8 +50,8 @@ def base_dir_files() -> dict[str, bytes]:
     """The embedded model as a nanochat base dir: tokenizer/ and chatsft_checkpoints/d6/."""
     return {
         "tokenizer/tokenizer.pkl": EMBEDDED_TOKENIZER.read_bytes(),
-        "chatsft_checkpoints/d6/model_001374.pt": EMBEDDED_MODEL.read_bytes(),
-        "chatsft_checkpoints/d6/meta_001374.json": EMBEDDED_META.read_bytes(),
+        f"chatsft_checkpoints/d6/{EMBEDDED_MODEL.name}": EMBEDDED_MODEL.read_bytes(),
+        f"chatsft_checkpoints/d6/{EMBEDDED_META.name}": EMBEDDED_META.read_bytes(),
         "README.md": b"# A nanochat base dir\n",
     }
 

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 from hub_fakes import (
+    EMBEDDED_META,
     EMBEDDED_MODEL,
+    EMBEDDED_STEP,
     FakeHub,
     FakeRepo,
     base_dir_files,
@@ -34,6 +36,9 @@ from chatcli.model.checkpoint_paths import resolve_checkpoint
 from chatcli.model.hub import import_hub
 from chatcli.model.hub_cache import safetensors_params
 from chatcli.model.hub_layout import HubId, parse_hub_id, pick_files
+
+# The embedded checkpoint's size as `chatcli models` prints it (MB, one decimal).
+EMBEDDED_MB = f"{EMBEDDED_MODEL.stat().st_size / 1e6:.1f}"
 
 huggingface_hub = pytest.importorskip(
     "huggingface_hub", reason="needs the hf extra: pip install 'chatcli[hf]'"
@@ -390,7 +395,7 @@ def test_an_uncached_model_offline_gets_one_line_saying_what_to_do(cache, tmp_pa
     )
     step = run_cli("pull", "hf:org/flat", "--step", "5", home=tmp_path, **offline)
     assert one_line_error(step) == (
-        "Error: No step 5 in the cached copy of hf:org/flat; steps there: 1374."
+        f"Error: No step 5 in the cached copy of hf:org/flat; steps there: {EMBEDDED_STEP}."
     )
     other = run_cli("pull", "hf:org/llama", home=tmp_path, **offline)
     assert one_line_error(other) == (
@@ -405,9 +410,17 @@ def test_models_lists_the_runnable_models_of_the_hub_cache(cache, tmp_path):
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:]}
     snap = cache / "models--org--flat" / "snapshots"
-    assert rows["hf:org/base"][1:7] == ["sft", "d6", "1374", "E", "3.6M", "7.3"]
-    assert rows["hf:org/flat"][1:8] == ["-", "flat", "1374", "E", "3.6M", "7.3", "MB"]
-    assert rows["hf:org/flat"][8] == str(snap / commit_of("flat") / "model_001374.pt")
+    assert rows["hf:org/base"][1:7] == ["sft", "d6", str(EMBEDDED_STEP), "E", "3.6M", EMBEDDED_MB]
+    assert rows["hf:org/flat"][1:8] == [
+        "-",
+        "flat",
+        str(EMBEDDED_STEP),
+        "E",
+        "3.6M",
+        EMBEDDED_MB,
+        "MB",
+    ]
+    assert rows["hf:org/flat"][8] == str(snap / commit_of("flat") / EMBEDDED_MODEL.name)
     assert rows["hf:org/flat@v1"][3] == "1000"
     assert rows["hf:org/tf"][1:8] == ["-", "-", "-", "-", "0.5M", "2.0", "MB"]
     assert rows["hf:org/half"][-3:] == [
@@ -457,12 +470,13 @@ def test_pull_fetches_one_models_files_and_says_how_to_run_it(hub, tmp_path, loc
     assert result.returncode == 0, result.stderr
     folder = snapshot(tmp_path, "org/flat", MAIN)
     assert result.stdout == (
-        f"Pulled hf:org/flat at commit {MAIN[:12]}: model_001374.pt (step 1374), in {folder}\n"
+        f"Pulled hf:org/flat at commit {MAIN[:12]}: {EMBEDDED_MODEL.name} (step {EMBEDDED_STEP}), "
+        f"in {folder}\n"
         "Run it: chatcli chat --model hf:org/flat\n"
     )
-    assert sorted(hub.downloads()) == ["meta_001374.json", "model_001374.pt", "tokenizer.pkl"]
+    assert sorted(hub.downloads()) == [EMBEDDED_META.name, EMBEDDED_MODEL.name, "tokenizer.pkl"]
     assert sorted(p.name for p in folder.iterdir()) == sorted(hub.downloads())
-    assert (folder / "model_001374.pt").read_bytes() == EMBEDDED_MODEL.read_bytes()
+    assert (folder / EMBEDDED_MODEL.name).read_bytes() == EMBEDDED_MODEL.read_bytes()
     assert "Fetching 3 files" in result.stderr  # huggingface_hub's own progress bar
     # Pulled once, it runs with the Hub out of reach.
     offline = run_cli(
@@ -480,7 +494,9 @@ def test_a_revision_picks_its_commit_and_is_remembered_for_offline_runs(hub, tmp
         f"{snapshot(tmp_path, 'org/flat', V1)}\n"
     )
     by_commit = run_cli("pull", f"hf:org/flat@{MAIN}", home=tmp_path, HF_ENDPOINT=hub.url)
-    assert f"at commit {MAIN[:12]}: model_001374.pt (step 1374)" in by_commit.stdout
+    assert (
+        f"at commit {MAIN[:12]}: {EMBEDDED_MODEL.name} (step {EMBEDDED_STEP})" in by_commit.stdout
+    )
     offline = run_cli(
         "once", "--model", "hf:org/flat@v1", "--json", QUESTION, "-t", "0",
         home=tmp_path, HF_HUB_OFFLINE="1",
@@ -496,8 +512,8 @@ def test_a_revision_picks_its_commit_and_is_remembered_for_offline_runs(hub, tmp
 @pytest.mark.slow
 def test_source_and_step_pick_one_checkpoint_of_a_base_dir_repo(hub, tmp_path):
     files = base_dir_files()
-    files["base_checkpoints/d6/model_000500.pt"] = files["chatsft_checkpoints/d6/model_001374.pt"]
-    files["base_checkpoints/d6/meta_000500.json"] = files["chatsft_checkpoints/d6/meta_001374.json"]
+    files["base_checkpoints/d6/model_000500.pt"] = EMBEDDED_MODEL.read_bytes()
+    files["base_checkpoints/d6/meta_000500.json"] = EMBEDDED_META.read_bytes()
     files["base_checkpoints/d6/model_000900.pt"] = b"a later step, not asked for"
     files["base_checkpoints/d6/optim_000500_rank0.pt"] = b"optimizer state, never fetched"
     hub.repos["org/runs"] = FakeRepo({MAIN: files}, {"main": MAIN})
@@ -541,7 +557,7 @@ def test_a_missing_repo_and_a_gated_one_say_what_to_do_in_one_line(hub, tmp_path
         "pull", "hf:org/gated", home=tmp_path, HF_ENDPOINT=hub.url, HF_TOKEN="hf_secret"
     )
     assert allowed.returncode == 0, allowed.stderr
-    assert (snapshot(tmp_path, "org/gated", MAIN) / "model_001374.pt").is_file()
+    assert (snapshot(tmp_path, "org/gated", MAIN) / EMBEDDED_MODEL.name).is_file()
     wrong = run_cli("pull", "hf:org/flat", home=tmp_path, HF_ENDPOINT=hub.url, HF_TOKEN="hf_old")
     assert (
         one_line_error(wrong)
