@@ -46,6 +46,18 @@ def test_writes_a_nanochat_layout_checkpoint(tiny_run):
     assert "smear_gate.weight" in sd and "transformer.wte.weight" in sd
 
 
+def test_vocabulary_tables_are_saved_padded_to_a_multiple_of_64_as_nanochat_reads_them(tiny_run):
+    _, ckpt, _ = tiny_run
+    vocab = json.loads(next(ckpt.glob("meta_*.json")).read_text())["model_config"]["vocab_size"]
+    sd = torch.load(next(ckpt.glob("model_*.pt")), weights_only=True)
+    tables = [k for k in sd if k in ("transformer.wte.weight", "lm_head.weight")]
+    tables += [k for k in sd if k.startswith("value_embeds.")]
+    assert vocab == 300 and len(tables) == 3  # the tiny preset's vocabulary: not a multiple
+    for k in tables:
+        assert sd[k].shape[0] == 320, k
+        assert not sd[k][vocab:].any() and sd[k][:vocab].abs().sum(dim=1).all(), k
+
+
 def test_tokenizer_is_a_tiktoken_encoding_with_specials_last(tiny_run):
     out, _, _ = tiny_run
     with open(out / "tokenizer" / "tokenizer.pkl", "rb") as f:

@@ -2,7 +2,8 @@
 
 Owns: Linear (a bias-free layer, its rows through its compact copy where it keeps one:
 quantize.py), the weight-major product a few rows through a big fp32 weight take on the CPU,
-and the embedding tables' construction and names. Knows nothing about the network around them.
+the embedding tables' construction and names, and the vocabulary tables' padding as nanochat
+saves it. Knows nothing about the network around them.
 """
 
 from __future__ import annotations
@@ -90,3 +91,20 @@ def is_embedding_table(key: str) -> bool:
     return key == "transformer.wte.weight" or (
         key.startswith("value_embeds.") and key.endswith(".weight")
     )
+
+
+# nanochat (from Dec 2025, so every era-E model) builds its vocabulary tables with this many
+# rows' multiple, and its loader refuses a checkpoint whose tables have any other count.
+VOCAB_ROWS_MULTIPLE = 64
+
+
+def pad_vocab_rows(sd: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
+    """`sd` with the tables of a row per token (wte, value_embeds, lm_head) grown by zero rows
+    to a multiple of VOCAB_ROWS_MULTIPLE, as nanochat saves them. Logits are sliced back to
+    vocab_size and no token id reaches the added rows, so they are never read."""
+    rows = -(-vocab_size // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
+    padded = dict(sd)
+    for k, v in sd.items():
+        if (is_embedding_table(k) or k == "lm_head.weight") and v.shape[0] < rows:
+            padded[k] = torch.cat([v, v.new_zeros(rows - v.shape[0], *v.shape[1:])])
+    return padded

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from chatcli.model.gpt import ERAS, GPT, GPTConfig, has_value_embed
+from chatcli.model.linear import pad_vocab_rows
 from chatcli.model.special_tokens import SPECIAL_TOKENS
 from chatcli.model.tokenizer import COPY_SPLIT_PATTERN, Tokenizer
 from chatcli.training.loss_mask import render_for_training
@@ -320,7 +321,8 @@ def save_checkpoint(
         k: (v.detach().bfloat16() if v.ndim == 2 else v.detach().float()).contiguous()
         for k, v in model.state_dict().items()
     }
-    torch.save(sd, ckpt_dir / f"model_{step:06d}.pt")
+    # Padded as nanochat's are: its loader reads no other shape.
+    torch.save(pad_vocab_rows(sd, model.config.vocab_size), ckpt_dir / f"model_{step:06d}.pt")
     meta = {"step": step, "model_config": asdict(model.config), **extra}
     (ckpt_dir / f"meta_{step:06d}.json").write_text(json.dumps(meta, indent=2) + "\n")
     return ckpt_dir
