@@ -39,10 +39,14 @@ PERCENT_CHANGE_CORES = {
     "-": ["{x} decreased by {p}%", "{x} minus {p}%", "{p}% off {x}", "{x} reduced by {p}%"],
 }
 # {y} as a share of {x}: the whole question, no wrapper.
+# The words of the eval-only frames ("as a percentage", "the whole", "over") are taught here
+# in other sentences: the eval checks the reading of new sentences, not new words.
 PERCENT_SHARE_FRAMES = [
     "What percent of {x} is {y}?", "{y} is what percent of {x}?",
     "What percentage of {x} is {y}?", "{y} out of {x} is what percent?",
-    "what % of {x} is {y}",
+    "what % of {x} is {y}", "What is {y} of {x} in percent?", "{y} over {x}, in percent",
+    "With {x} as the whole, what percent is {y}?", "Write {y} of {x} as a percentage.",
+    "{y} parts of a whole of {x}: what percentage is that?",
 ]  # fmt: skip
 EVAL_PERCENT_SHARE_FRAMES = [  # eval only
     "Express {y} as a percentage of {x}.", "If {x} is the whole, how many percent is {y}?",
@@ -52,17 +56,22 @@ EVAL_PERCENT_SHARE_FRAMES = [  # eval only
 # ---- averages: {l} is the list ("3, 5 and 10") -----------------------------------------------------
 AVERAGE_CORES = ["the average of {l}", "the mean of {l}", "the average of the numbers {l}",
                  "the arithmetic mean of {l}"]  # fmt: skip
-AVERAGE_VERB_FRAMES = ["Average {l}.", "average these: {l}", "Take the mean of {l}."]
+AVERAGE_VERB_FRAMES = ["Average {l}.", "average these: {l}", "Take the mean of {l}.",
+                       "Can you average {l}?", "Please average {l} for me.",
+                       "I want to average {l}.", "Averaging {l} gives what?"]  # fmt: skip
 EVAL_AVERAGE_VERB_FRAMES = ["If I average {l}, what do I get?"]  # eval only
 
 # ---- requests outside the calculator: {a} and {b} are numbers --------------------------------------
 BEYOND_QUESTIONS = {
     "power": ["What is {a}^{b}?", "{a} to the power of {b}", "What's {a} squared?",
-              "{a}**{b}", "Calculate {a} to the {b}th power."],
+              "{a}**{b}", "Calculate {a} to the {b}th power.", "What's {a} cubed?",
+              "{a} raised to the {b}th power", "cube {a}", "Square {a} for me."],
     "root": ["What is the square root of {a}?", "sqrt({a})", "cube root of {a}",
              "What's the root of {a}?"],
     "function": ["What is sin({a})?", "cos({a})", "log of {a}", "What is {a} factorial?",
-                 "{a}!", "What is ln {a}?", "{a} mod {b}", "What's the remainder of {a} / {b}?"],
+                 "{a}!", "What is ln {a}?", "{a} mod {b}", "What's the remainder of {a} / {b}?",
+                 "What's the natural log of {a}?", "logarithm base 2 of {a}",
+                 "Find the logarithm of {a} to base 10.", "What is cot({a})?", "tangent of {a}"],
 }  # fmt: skip
 EVAL_BEYOND_QUESTIONS = {  # eval only
     "power": ["How much is {a} cubed?", "What do you get if you raise {a} to the power {b}?"],

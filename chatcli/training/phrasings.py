@@ -141,6 +141,14 @@ OUT_OF_SCOPE_FRAMES = [
     "Give me facts about {t}.", "Why is {t} important?", "Summarize the history of {t}.",
     "How does {t} work?", "Teach me about {t}.", "What's new with {t}?",
 ]  # fmt: skip
+# Training only, kept out of OUT_OF_SCOPE_FRAMES (whose pairs with the topics also make the
+# held-out questions): the words of the eval-only frames ("interesting", "describe") in other
+# sentences. Without them run 23 counted letters in 8 of 100 "What's interesting about {t}?".
+MORE_OUT_OF_SCOPE_FRAMES = [
+    "What's so special about {t}?", "Anything interesting to say about {t}?",
+    "Describe {t} for me.", "Write a limerick about {t}.",
+]  # fmt: skip
+MORE_FRAMES_PROBABILITY = 0.25  # of training's out-of-scope questions about a topic
 EVAL_OUT_OF_SCOPE_FRAMES = [  # eval only
     "Write a haiku about {t}.", "What's interesting about {t}?", "Can you describe {t}?",
 ]  # fmt: skip
@@ -295,5 +303,7 @@ def out_of_scope_question(rng: random.Random, split: str) -> str:
             EVAL_OUT_OF_SCOPE_STANDALONE if split == "eval" else OUT_OF_SCOPE_STANDALONE
         )
     topics = EVAL_OUT_OF_SCOPE_TOPICS if split == "eval" else OUT_OF_SCOPE_TOPICS
+    if split == "train" and rng.random() < MORE_FRAMES_PROBABILITY:
+        return rng.choice(MORE_OUT_OF_SCOPE_FRAMES).format(t=rng.choice(topics))
     frame, topic = compose(rng, split, OUT_OF_SCOPE_FRAMES, EVAL_OUT_OF_SCOPE_FRAMES, topics)
     return frame.format(t=topic)
