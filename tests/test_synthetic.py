@@ -158,7 +158,7 @@ def test_some_conversations_open_with_a_system_prompt(train):
 def test_conversations_are_short(train, eval_conversations):
     for kind, conversation in train + eval_conversations:
         text = render_text_only(conversation)
-        if kind == "long_chat":  # made to fill most of a 1024-token context
+        if kind == "long_chat":  # made to fill most of a 1280-token context
             assert len(text) < synthetic.MAX_LONG_CHAT_CHARS + 100
         else:
             assert len(text) < 1200

@@ -82,9 +82,9 @@ MAX_MIXED_SEGMENTS = 3
 # longest of 20,000 generated conversations rendered to 387 tokens with run 19's tokenizer).
 MAX_MIXED_CHARS = 1000
 # A long chat: segments drawn as a mixed conversation's, until about 20 short exchanges would
-# not fit a 1024-token context (about 2.5 characters a token).
-LONG_CHAT_SEGMENTS = (6, 16)
-MAX_LONG_CHAT_CHARS = 2200
+# not fit a 1280-token context (about 2.5 characters a token).
+LONG_CHAT_SEGMENTS = (6, 20)
+MAX_LONG_CHAT_CHARS = 2800
 SYSTEM_PROMPT_PROBABILITY = 0.15
 
 TRAIN_SYSTEM_PROMPTS = [

@@ -73,17 +73,18 @@ class Preset:
 
 PRESETS = {
     # Sized so the bf16 checkpoint ships in under 8 MB and trains in under 45 minutes on 2
-    # cores. A 1024-token context, so that about 20 short exchanges fit before the oldest is
-    # dropped: rows of 1024 tokens, 4 to a step, the tokens of a step as with the earlier
-    # 8 rows of 512. The earlier recipe's 1374 steps saw about 5.6M tokens of a mix with
-    # seven kinds; this mix has seventeen, and 2400 steps see about 9.8M.
+    # cores. A 1280-token context, so that 20 short exchanges fit before the oldest is
+    # dropped (a chat keeps a quarter of the context for the reply: with 1024, 19 of ~42
+    # tokens each fitted): rows of 1280 tokens, 3 to a step, about the tokens of a step of the
+    # earlier 8 rows of 512. The earlier recipe's 1374 steps saw about 5.6M tokens of a mix
+    # with seven kinds; this mix has seventeen, and 2400 steps see about 9.2M.
     "default": Preset(
         vocab_size=1024,
         n_layer=6,
         n_embd=192,
         n_head=3,
-        sequence_len=1024,
-        batch_rows=4,
+        sequence_len=1280,
+        batch_rows=3,
         conversations=150_000,
         steps=2400,
         minutes=None,
