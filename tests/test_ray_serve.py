@@ -358,7 +358,13 @@ def test_a_client_that_leaves_stops_its_generation_on_the_replica(slow):
     endless = {**LONG, "max_tokens": 4000}  # 80 s each
     with httpx.stream("POST", url, json={**endless, "seed": 1}, timeout=30) as leaving:
         first_token(leaving.iter_lines())
-        (replica,) = [w["actor"] for w in backend.describe()["workers"] if w["busy"]]
+
+        def busy() -> list[str]:
+            return [w["actor"] for w in backend.describe()["workers"] if w["busy"]]
+
+        # Replicas report as they go: on a loaded host the busy one may show a moment late.
+        assert wait_until(lambda: len(busy()) == 1, timeout=10)
+        (replica,) = busy()
         before = row(replica)["requests_interrupted"]
         # The other replica stays busy, so the next request can only go to this one.
         with httpx.stream("POST", url, json={**endless, "seed": 2}, timeout=30) as staying:
@@ -368,9 +374,9 @@ def test_a_client_that_leaves_stops_its_generation_on_the_replica(slow):
             short = {**LONG, "stream": False, "max_tokens": 2}
             assert httpx.post(url, json=short, timeout=30).status_code == 200
             took = time.monotonic() - left
-            # (A replica's row is as of its last report: it may count an earlier
-            # interruption late, so at least one more.)
-            assert row(replica)["requests_interrupted"] > before
+            # (A replica's row is as of its last report: it may count the interruption a
+            # moment late, or an earlier one with it, so at least one more, waited for.)
+            assert wait_until(lambda: row(replica)["requests_interrupted"] > before, timeout=10)
     # The replica took the request at once: the 80 s generation had stopped.
     assert took < 10
 

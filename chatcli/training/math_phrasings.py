@@ -58,7 +58,9 @@ AVERAGE_CORES = ["the average of {l}", "the mean of {l}", "the average of the nu
                  "the arithmetic mean of {l}"]  # fmt: skip
 AVERAGE_VERB_FRAMES = ["Average {l}.", "average these: {l}", "Take the mean of {l}.",
                        "Can you average {l}?", "Please average {l} for me.",
-                       "I want to average {l}.", "Averaging {l} gives what?"]  # fmt: skip
+                       "I want to average {l}.", "Averaging {l} gives what?",
+                       "Say I average {l}: what's the result?",
+                       "When I average {l}, what comes out?"]  # fmt: skip
 EVAL_AVERAGE_VERB_FRAMES = ["If I average {l}, what do I get?"]  # eval only
 
 # ---- requests outside the calculator: {a} and {b} are numbers --------------------------------------

@@ -67,6 +67,12 @@ FOLLOWUP_WRAPPERS = [
     "Now {c} please.",
 ]  # fmt: skip
 EVAL_FOLLOWUP_WRAPPERS = ["next, {c}", "alright, {c} please"]  # eval only
+# Training only, kept out of FOLLOWUP_WRAPPERS (whose pairs with the cores also make the
+# held-out follow-ups): the eval-only wrappers' words ("alright", "please" after the request)
+# in other wrappers. Without them run 24 miscopied the previous answer in 14 of 100 follow-ups,
+# nearly all "alright, {c} please".
+MORE_FOLLOWUP_WRAPPERS = ["alright then, {c}", "ok, {c} please", "right, {c}", "and then {c}"]
+MORE_FOLLOWUP_PROBABILITY = 0.3
 
 # ---- letter counting: {L} the letter phrase, {W} the word phrase --------------------------------
 COUNT_FRAMES = [
@@ -212,12 +218,20 @@ def followup_question(rng: random.Random, split: str) -> tuple[str, str, str | N
     if rng.random() < 0.2:
         core, op, fixed = rng.choice(FIXED_FOLLOWUPS)
         wrapper, _ = compose(rng, split, FOLLOWUP_WRAPPERS, EVAL_FOLLOWUP_WRAPPERS, [core])
-        return wrapper.format(c=core.format(r=r)), op, fixed
+        return _more_followup(rng, split, wrapper).format(c=core.format(r=r)), op, fixed
     op = rng.choice("*+-/")
     wrapper, core = compose(
         rng, split, FOLLOWUP_WRAPPERS, EVAL_FOLLOWUP_WRAPPERS, FOLLOWUP_CORES[op]
     )
-    return wrapper.format(c=core.format(r=r, n="{n}")), op, None
+    return _more_followup(rng, split, wrapper).format(c=core.format(r=r, n="{n}")), op, None
+
+
+def _more_followup(rng: random.Random, split: str, wrapper: str) -> str:
+    """In training, now and then one of MORE_FOLLOWUP_WRAPPERS instead of `wrapper` (drawn
+    after it, so the held-out split's draws stay as they were)."""
+    if split == "train" and rng.random() < MORE_FOLLOWUP_PROBABILITY:
+        return rng.choice(MORE_FOLLOWUP_WRAPPERS)
+    return wrapper
 
 
 def letter_phrase(rng: random.Random, letter: str) -> str:

@@ -34,7 +34,7 @@ IDENTITY = {
     ),
     "abilities": (
         ["What can you do?", "Can you do math?", "What are you good at?", "help",
-         "What can I ask you?"],
+         "What can I ask you?", "Tell me your abilities."],
         ["What are your abilities?"],
         "I can do arithmetic with my calculator and count letters in words. I'm only chatcli's "
         "small built-in demo model; for more, load a real nanochat checkpoint with "
@@ -42,7 +42,8 @@ IDENTITY = {
     ),
     "model": (
         ["What model is this?", "Which model are you?", "How big are you?",
-         "How many parameters do you have?"],
+         "How many parameters do you have?", "Am I talking to a real model?",
+         "What am I chatting with?"],
         ["What model am I talking to?"],
         "This is chatcli's small built-in demo model, with a few million parameters. It can do "
         "arithmetic with its calculator and count letters. Load a real nanochat checkpoint with "
