@@ -260,18 +260,7 @@ def compare(
         our_prompt = our_tok.render_for_completion(item.messages)
         report.kinds.append(item.kind)
         report.same_prompt.append(their_prompt == our_prompt)
-        at = _first_difference(their_prompt, our_prompt)
-        if at is not None:
-            report.divergences.append(
-                Divergence(
-                    item.kind,
-                    index,
-                    "prompt ids",
-                    at,
-                    _describe(our_tok, their_prompt, None, at),
-                    _describe(our_tok, our_prompt, None, at),
-                )
-            )
+        _note_divergence(report, item.kind, index, "prompt ids", our_tok, their_prompt, our_prompt)
         with torch.inference_mode():
             ids = torch.tensor([our_prompt])
             diff = (theirs(ids) - ours(ids)).abs().max().item()
@@ -289,19 +278,37 @@ def compare(
         report.same_reply.append(their_reply == our_reply)
         report.reply_tokens.append(len(our_reply))
         report.forced_tokens.append(our_masks.count(0))
-        at = _first_difference(their_reply, our_reply)
-        if at is not None:
-            report.divergences.append(
-                Divergence(
-                    item.kind,
-                    index,
-                    "greedy reply",
-                    at,
-                    _describe(our_tok, their_reply, their_masks, at),
-                    _describe(our_tok, our_reply, our_masks, at),
-                )
-            )
+        _note_divergence(
+            report, item.kind, index, "greedy reply", our_tok, their_reply, our_reply,
+            their_masks, our_masks,
+        )  # fmt: skip
     return report
+
+
+def _note_divergence(
+    report: Agreement,
+    kind: str,
+    index: int,
+    what: str,
+    tokenizer: Any,
+    theirs: list[int],
+    ours: list[int],
+    their_masks: list[int] | None = None,
+    our_masks: list[int] | None = None,
+) -> None:
+    """Where `theirs` and `ours` first differ, if they do, added to the report."""
+    at = _first_difference(theirs, ours)
+    if at is not None:
+        report.divergences.append(
+            Divergence(
+                kind,
+                index,
+                what,
+                at,
+                _describe(tokenizer, theirs, their_masks, at),
+                _describe(tokenizer, ours, our_masks, at),
+            )
+        )
 
 
 def print_report(report: Agreement) -> None:
