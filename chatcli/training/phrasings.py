@@ -154,7 +154,7 @@ MORE_OUT_OF_SCOPE_FRAMES = [
     "What's so special about {t}?", "Anything interesting to say about {t}?",
     "Describe {t} for me.", "Write a limerick about {t}.",
 ]  # fmt: skip
-MORE_FRAMES_PROBABILITY = 0.25  # of training's out-of-scope questions about a topic
+MORE_OUT_OF_SCOPE_PROBABILITY = 0.25  # of training's out-of-scope questions about a topic
 EVAL_OUT_OF_SCOPE_FRAMES = [  # eval only
     "Write a haiku about {t}.", "What's interesting about {t}?", "Can you describe {t}?",
 ]  # fmt: skip
@@ -317,7 +317,7 @@ def out_of_scope_question(rng: random.Random, split: str) -> str:
             EVAL_OUT_OF_SCOPE_STANDALONE if split == "eval" else OUT_OF_SCOPE_STANDALONE
         )
     topics = EVAL_OUT_OF_SCOPE_TOPICS if split == "eval" else OUT_OF_SCOPE_TOPICS
-    if split == "train" and rng.random() < MORE_FRAMES_PROBABILITY:
+    if split == "train" and rng.random() < MORE_OUT_OF_SCOPE_PROBABILITY:
         return rng.choice(MORE_OUT_OF_SCOPE_FRAMES).format(t=rng.choice(topics))
     frame, topic = compose(rng, split, OUT_OF_SCOPE_FRAMES, EVAL_OUT_OF_SCOPE_FRAMES, topics)
     return frame.format(t=topic)
