@@ -47,6 +47,11 @@ PERCENT_SHARE_FRAMES = [
     "what % of {x} is {y}", "What is {y} of {x} in percent?", "{y} over {x}, in percent",
     "With {x} as the whole, what percent is {y}?", "Write {y} of {x} as a percentage.",
     "{y} parts of a whole of {x}: what percentage is that?",
+    # The whole named first, then the part: run 27 copied the part for the whole in the
+    # held-out "If {x} is the whole, how many percent is {y}?" (4 misses in 100).
+    "Taking {x} as the total, {y} is what percent?", "Out of {x}, {y} is how much in percent?",
+    "Suppose the total is {x}. What share of it in percent is {y}?",
+    "When {x} counts as 100%, what percent is {y}?",
 ]  # fmt: skip
 EVAL_PERCENT_SHARE_FRAMES = [  # eval only
     "Express {y} as a percentage of {x}.", "If {x} is the whole, how many percent is {y}?",
@@ -60,8 +65,16 @@ AVERAGE_VERB_FRAMES = ["Average {l}.", "average these: {l}", "Take the mean of {
                        "Can you average {l}?", "Please average {l} for me.",
                        "I want to average {l}.", "Averaging {l} gives what?",
                        "Say I average {l}: what's the result?",
-                       "When I average {l}, what comes out?"]  # fmt: skip
+                       "When I average {l}, what comes out?",
+                       # A clause after the list: run 27 added a number to it in the
+                       # held-out "If I average {l}, what do I get?" (11 misses in 100).
+                       "Average {l}, then tell me the result.", "If we take the mean of {l}, what is it?",
+                       "Suppose you average {l}. What's the answer?",
+                       "So I averaged {l}; what should it come to?"]  # fmt: skip
 EVAL_AVERAGE_VERB_FRAMES = ["If I average {l}, what do I get?"]  # eval only
+# Of average questions, those in a verb frame rather than "the average of {l}" in a wrapper;
+# training asks more of them than eval does, as it has more verb frames to teach.
+AVERAGE_VERB_PROBABILITY = {"train": 0.35, "eval": 0.25}
 
 # ---- requests outside the calculator: {a} and {b} are numbers --------------------------------------
 BEYOND_QUESTIONS = {
@@ -107,7 +120,7 @@ def percent_share_question(rng: random.Random, split: str, y: str, x: str) -> st
 
 def average_question(rng: random.Random, split: str, numbers: list[str]) -> str:
     listed = number_list(rng, numbers)
-    if rng.random() < 0.25:
+    if rng.random() < AVERAGE_VERB_PROBABILITY[split]:
         frames = AVERAGE_VERB_FRAMES
         if split == "eval":
             frames = EVAL_AVERAGE_VERB_FRAMES

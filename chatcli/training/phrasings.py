@@ -95,6 +95,9 @@ EVAL_COUNT_FRAMES = [  # eval only
 COUNT_REQUEST_WRAPPERS = [
     "Please {c}.", "Can you {c}?", "I'd like you to {c}.", "Would you {c}?", "{C}, please.",
     "Help me {c}.", "Quick one: {c}.", "I need you to {c}.", "{C}.",
+    # Words after the word to count: run 27 counted "me" in the held-out "Can you count the
+    # {L} in {W} for me?".
+    "{C} for me.", "Would you {c} for me, thanks?", "{C} for us please.",
 ]  # fmt: skip
 COUNT_REQUEST_CORES = [
     "tell me how many {L} you find in {W}", "check how many times {L} turns up inside {W}",

@@ -43,15 +43,15 @@ KIND_WEIGHTS: dict[str, float] = {
     "identity": 0.05,
     "arithmetic": 0.14,
     "counting": 0.11,
-    "followup": 0.10,
-    "out_of_scope": 0.10,
+    "followup": 0.09,
+    "out_of_scope": 0.09,
     "mixed": 0.06,  # requests of different kinds in one conversation
     "long_chat": 0.03,  # many of them, as long as the context allows
     "expression": 0.06,  # several operators and parentheses in one call
-    "signed": 0.04,  # negative numbers and decimals
+    "signed": 0.05,  # negative numbers and decimals
     "percent": 0.04,
     "average": 0.06,
-    "number_words": 0.07,  # "twelve times seven"
+    "number_words": 0.08,  # "twelve times seven"
     "phrase_count": 0.02,  # a letter in a short phrase
     "beyond": 0.04,  # powers, roots, functions: what the calculator does instead
     "switch": 0.03,  # a tool question of the other kind right after an answer
