@@ -79,7 +79,7 @@ AVERAGE_VERB_PROBABILITY = {"train": 0.35, "eval": 0.25}
 # ---- requests outside the calculator: {a} and {b} are numbers --------------------------------------
 BEYOND_QUESTIONS = {
     "power": ["What is {a}^{b}?", "{a} to the power of {b}", "What's {a} squared?",
-              "{a}**{b}", "Calculate {a} to the {b}th power.", "What's {a} cubed?",
+              "{a}^{b}", "Calculate {a} to the {b}th power.", "What's {a} cubed?",
               "{a} raised to the {b}th power", "cube {a}", "Square {a} for me."],
     "root": ["What is the square root of {a}?", "sqrt({a})", "cube root of {a}",
              "What's the root of {a}?"],
@@ -88,6 +88,26 @@ BEYOND_QUESTIONS = {
                  "What's the natural log of {a}?", "logarithm base 2 of {a}",
                  "Find the logarithm of {a} to base 10.", "What is cot({a})?", "tangent of {a}"],
 }  # fmt: skip
+# No frame writes a power as `{a}**{b}`: it differs from a product by one token, and run 28
+# declined a bare "2*3" as a power (half of the probe's bare one-digit products).
+#
+# Training only: the requests as noun phrases in QUESTION_WRAPPERS, so that what decides
+# between a call and the calculator's limits is the request, not its sentence. Run 28
+# multiplied "I need the square root of 446, can you do it?" (446*8) in 15 of 100 held-out
+# questions: "I need {x}." wraps arithmetic only. Four wrappers stay out, as they would say a
+# held-out frame ("How much is {a} cubed?") or nearly (a test bounds the similarity).
+BEYOND_CORES = [
+    "the square root of {a}", "the cube root of {a}", "{a} squared", "{a} cubed",
+    "{a} to the power of {b}", "{a} to the {b}th power", "the log of {a}", "the sine of {a}",
+    "{a} factorial", "the tangent of {a}", "the {b}th root of {a}",
+    "the cosine of {a}", "{a} mod {b}", "{a} raised to {b}",
+]  # fmt: skip
+BEYOND_WRAPPERS = [
+    w
+    for w in QUESTION_WRAPPERS
+    if w not in ("How much is {x}?", "I need {x}.", "What do you get for {x}?", "Compute {x}.")
+]
+BEYOND_COMPOSED_PROBABILITY = 0.5  # of training's beyond questions
 EVAL_BEYOND_QUESTIONS = {  # eval only
     "power": ["How much is {a} cubed?", "What do you get if you raise {a} to the power {b}?"],
     "root": ["I need the square root of {a}, can you do it?", "Take the root of {a} for me."],
@@ -153,6 +173,9 @@ def worded_arithmetic_question(rng: random.Random, split: str, op: str, a: str, 
 
 def beyond_question(rng: random.Random, split: str, a: str, b: str) -> str:
     """A request for a power, a root or a function, which the calculator does not do."""
+    if split == "train" and rng.random() < BEYOND_COMPOSED_PROBABILITY:
+        text = rng.choice(BEYOND_WRAPPERS).format(x=rng.choice(BEYOND_CORES))
+        return _capitalised(rng, text.format(a=a, b=b))
     kind = rng.choice(list(BEYOND_QUESTIONS))
     frames = BEYOND_QUESTIONS[kind]
     if split == "eval":

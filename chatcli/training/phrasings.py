@@ -166,6 +166,11 @@ OUT_OF_SCOPE_STANDALONE = [
     "Can you write some code for me?", "What's your favorite color?", "Recommend a good book.",
     "Translate hello into Spanish.", "What is love?", "Who won the last World Cup?",
     "Write an email to my boss.", "Is pineapple on pizza good?", "Why is the sky blue?",
+    # "What's the {noun} of {noun}?" as the powers and roots are asked ("What's the root of
+    # {a}?"): run 28 answered the held-out "What's the meaning of life?" with the calculator's
+    # limits, 6 times in 100.
+    "What's the purpose of art?", "What's the history of jazz?", "What's the secret of happiness?",
+    "What's the point of homework?", "What's the origin of chess?", "What's the theme of Hamlet?",
 ]  # fmt: skip
 EVAL_OUT_OF_SCOPE_STANDALONE = [  # eval only
     "Recommend a good movie.", "How do I bake bread?", "What's the meaning of life?",

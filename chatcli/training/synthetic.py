@@ -40,7 +40,7 @@ from chatcli.training.small_talk_data import beyond_calculator, greeting, identi
 # the one skill the default model exists to show.
 KIND_WEIGHTS: dict[str, float] = {
     "greeting": 0.03,
-    "identity": 0.05,
+    "identity": 0.04,
     "arithmetic": 0.14,
     "counting": 0.11,
     "followup": 0.09,
@@ -53,7 +53,7 @@ KIND_WEIGHTS: dict[str, float] = {
     "average": 0.06,
     "number_words": 0.08,  # "twelve times seven"
     "phrase_count": 0.02,  # a letter in a short phrase
-    "beyond": 0.04,  # powers, roots, functions: what the calculator does instead
+    "beyond": 0.05,  # powers, roots, functions: what the calculator does instead
     "switch": 0.03,  # a tool question of the other kind right after an answer
     "recovery": 0.02,  # going on well after a flawed reply (not learned)
 }
