@@ -349,7 +349,7 @@ def test_any_pasted_text_is_tokenized_not_a_panic(tmp_path, paste):
     result = run_real_cli(["once", "--max-tokens", "1", "-"], PASTES[paste], tmp_path)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1, result.stderr[-2000:]
-    assert lines == [lines[0]] and "more than the model's 512-token context" in lines[0]
+    assert lines == [lines[0]] and "more than the model's 1280-token context" in lines[0]
     assert "panicked" not in result.stderr and "Traceback" not in result.stderr
 
 
@@ -359,7 +359,7 @@ def test_a_chat_goes_on_after_a_paste_of_a_million_spaces(tmp_path):
     result = run_real_cli(["chat", "--max-tokens", "3", "--temperature", "0"], stdin, tmp_path)
     assert result.returncode == 1, result.stderr[-2000:]  # piped: a message failed
     assert "panicked" not in result.stderr and "Traceback" not in result.stderr
-    assert "more than the model's 512-token context" in result.stderr
+    assert "more than the model's 1280-token context" in result.stderr
     assert result.stdout.strip()  # the second message was answered
 
 

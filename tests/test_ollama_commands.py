@@ -115,7 +115,7 @@ def test_set_and_show_in_a_real_chat_change_and_show_the_settings():
     assert table["temperature"] == "0.3" and table["max_tokens"] == "7"
     assert table["system"] == "Answer in one word."
     assert table["params"] == "3,637,394"  # the model's information follows the settings
-    assert table["context_len"] == "512"
+    assert table["context_len"] == "1280"
     assert "System prompt: Answer in one word." in err
 
 

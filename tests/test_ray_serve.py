@@ -287,7 +287,7 @@ def test_health_stats_and_models_describe_the_replicas(embedded):
     assert [w["name"] for w in stats["workers"]] == [short_name(a) for a in actors]
     models = httpx.get(f"{server.url}/v1/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["chatcli-default"]
-    assert models["data"][0]["context_length"] == backend.context_len == 512
+    assert models["data"][0]["context_length"] == backend.context_len == 1280
 
 
 def test_the_deployment_is_fixed_or_autoscaled_on_queued_requests():
