@@ -294,3 +294,32 @@ def test_a_cast_copy_is_the_model_in_that_dtype_and_leaves_it_alone():
     ids = torch.randint(0, 190, (1, 20), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         torch.testing.assert_close(cast(ids).float(), model(ids), atol=0.1, rtol=0)
+
+
+def test_decode_is_timed_over_whole_budgets_though_the_model_would_end_early(monkeypatch):
+    # The embedded model answers the bench's raw-text prompt in 8 tokens; timed so, its
+    # decode figure was the first steps of many short generations (2634 tok/s, not ~5000).
+    from chatcli.engine.engine import Engine
+
+    model, tokenizer, _ = load_model(None, device="cpu")
+    engine = Engine(model, tokenizer)
+    ends = engine.assistant_end, engine.bos
+    prompt = bench._prompt(tokenizer, 32)
+    natural = [
+        c
+        for c, _ in engine.generate(
+            prompt, max_tokens=bench.DECODE_TOKENS, temperature=0.0, use_tools=False
+        )
+    ]
+    assert len(natural) < bench.DECODE_TOKENS  # it does end early on its own
+    budgets = []
+    generate = engine.generate
+
+    def spy(*args, **kwargs):
+        budgets.append(kwargs["stats"])
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", spy)
+    assert bench._ours_decode(engine, prompt, 1) > 0
+    assert budgets and all(stats.steps == bench.DECODE_TOKENS for stats in budgets)
+    assert (engine.assistant_end, engine.bos) == ends  # restored for the other measures
