@@ -362,8 +362,9 @@ def test_a_client_that_leaves_stops_its_generation_on_the_replica(slow):
         def busy() -> list[str]:
             return [w["actor"] for w in backend.describe()["workers"] if w["busy"]]
 
-        # Replicas report as they go: on a loaded host the busy one may show a moment late.
-        assert wait_until(lambda: len(busy()) == 1, timeout=10)
+        # Replicas report as they go: on a loaded host the busy one may show late (past 10 s
+        # once, with the whole suite running on 2 cores).
+        assert wait_until(lambda: len(busy()) == 1, timeout=30)
         (replica,) = busy()
         before = row(replica)["requests_interrupted"]
         # The other replica stays busy, so the next request can only go to this one.
