@@ -2,18 +2,17 @@
 
     python scripts/decode_speed_compare.py --model OLD --model NEW     # None: the embedded model
 
-`chatcli bench` restarts a generation that ends early (as the baseline never stops), so its
-decode figure for a model that answers its raw-text prompt in 8 tokens holds the first,
-slower steps of many short generations. Here no row ends: <|assistant_end|> and <|bos|> are
-not taken as ends, and each model decodes --steps tokens after prompts of 32 and 256 tokens
-(best of three, two alternating rounds), so the figures compare the models' step cost alone.
+No row ends (`chatcli.bench.bench.endless_rows`, as `chatcli bench` times its decode): each
+model decodes --steps tokens, longer than the bench's 48, after prompts of 32 and 256 tokens
+(best of three, two alternating rounds), so the figures compare the models' step cost alone,
+whatever each answers to the prompt.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from chatcli.bench.bench import _prompt
+from chatcli.bench.bench import _prompt, endless_rows
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.model.checkpoint import load_model
 
@@ -38,11 +37,10 @@ def main(argv: list[str] | None = None) -> None:
     for round_ in range(2):
         for path in args.model or [None]:
             model, tokenizer, _ = load_model(None if path in (None, "None") else path, device="cpu")
-            engine = Engine(model, tokenizer)
-            engine.assistant_end = engine.bos = -1  # no row ends before --steps
-            for n in (32, 256):
-                tps = decode_tps(engine, _prompt(tokenizer, n), args.steps)
-                print(f"round {round_ + 1}  {path or 'embedded'}  prompt {n}: {tps:.0f} tok/s")
+            with endless_rows(Engine(model, tokenizer)) as engine:  # no row ends before --steps
+                for n in (32, 256):
+                    tps = decode_tps(engine, _prompt(tokenizer, n), args.steps)
+                    print(f"round {round_ + 1}  {path or 'embedded'}  prompt {n}: {tps:.0f} tok/s")
 
 
 if __name__ == "__main__":
