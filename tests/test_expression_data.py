@@ -94,7 +94,9 @@ def test_signed_questions_write_their_numbers_into_the_call(split):
         question = exchange.question.replace(",", "").lower()
         assert sorted(NUMBER.findall(question)) == sorted(NUMBER.findall(call)), question
         for operand in (a, b):
-            said_negative = f"negative {operand.lstrip('-')}" in question
+            # "negative 1299" does not say "negative 1": the number ends where its digits do.
+            magnitude = re.escape(operand.lstrip("-"))
+            said_negative = re.search(rf"negative {magnitude}(?![\d.]*\d)", question) is not None
             if operand.startswith("-"):
                 assert said_negative or operand in question, (operand, question)
             else:

@@ -270,6 +270,30 @@ def test_verb_follow_ups_are_training_only():
         phrasings.new_letter_question(rng, "eval", "a", verb="zymotic")
 
 
+def test_clause_verb_wrappers_are_training_only_and_far_from_the_held_out_ones():
+    # "When I {v}, what comes out?" teaches the clause-then-question sentence with every
+    # operation, not only with averages; the held-out "If I {v}, what do I get?" stays new.
+    more, held_out = phrasings.MORE_VERB_WRAPPERS, phrasings.EVAL_VERB_WRAPPERS
+    assert not set(more) & (set(held_out) | set(phrasings.VERB_WRAPPERS))
+
+    def words(frame: str) -> list[str]:
+        return re.sub(r"[^\w{} ']", "", frame.lower()).split()
+
+    for frame in more:
+        for eval_frame in held_out:
+            similarity = SequenceMatcher(None, words(frame), words(eval_frame)).ratio()
+            assert similarity < 0.7, (frame, eval_frame, similarity)
+    verbs = phrasings.OPERATOR_VERBS["*"]
+    rng = random.Random(0)
+    train = [phrasings.verb_question(rng, "train", verbs) for _ in range(2000)]
+    evals = [phrasings.verb_question(rng, "eval", verbs) for _ in range(2000)]
+    in_more = [any(q.startswith(w.split("{v}")[0]) and q.endswith(w.split("{v}")[1])
+                   for w in more) for q in train]  # fmt: skip
+    assert sum(in_more) / len(train) == pytest.approx(phrasings.MORE_VERB_PROBABILITY, abs=0.04)
+    for question in evals:
+        assert not any(question.endswith(w.split("{v}")[1]) for w in more), question
+
+
 def composed_count_frames() -> list[str]:
     wrappers, cores = phrasings.COUNT_REQUEST_WRAPPERS, phrasings.COUNT_REQUEST_CORES
     requests = [phrasings.count_request(w, c) for w in wrappers for c in cores]

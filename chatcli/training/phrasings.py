@@ -49,6 +49,16 @@ VERB_WRAPPERS = [
     "Help me {v}.", "Quickly {v}.",
 ]  # fmt: skip
 EVAL_VERB_WRAPPERS = ["Could you {v}, please?", "If I {v}, what do I get?"]  # eval only
+# Training only, kept out of VERB_WRAPPERS (whose pairs with the verbs also make the held-out
+# questions): a clause with the request, then a question about its result. Only average
+# questions were asked that way ("When I average {l}, what comes out?"), and runs 29 and 30
+# read the held-out "If I multiply {a} and {b}, what do I get?" as an average, `(a*b)/2`.
+MORE_VERB_WRAPPERS = [
+    "When I {v}, what comes out?", "Say I {v}: what's the result?", "If we {v}, what is it?",
+    "Suppose you {v}. What's the answer?", "If you {v}, what's the answer?",
+    "When you {v}, what do you have?",
+]  # fmt: skip
+MORE_VERB_PROBABILITY = 0.3  # of training's questions in a verb wrapper
 
 # ---- follow-ups: {r} is the previous result in words, {n} the new operand ------------------------
 FOLLOWUP_CORES = {
@@ -208,10 +218,17 @@ def compose(
     return rng.choice(pairs)
 
 
+def verb_question(rng: random.Random, split: str, verbs: list[str]) -> str:
+    """A request in a verb wrapper ("Please multiply {a} by {b}."), its operands unfilled."""
+    wrapper, verb = compose(rng, split, VERB_WRAPPERS, EVAL_VERB_WRAPPERS, verbs)
+    if split == "train" and rng.random() < MORE_VERB_PROBABILITY:
+        wrapper = rng.choice(MORE_VERB_WRAPPERS)
+    return wrapper.format(v=verb)
+
+
 def arithmetic_question(rng: random.Random, split: str, op: str, a: str, b: str) -> str:
     if rng.random() < 0.3:
-        wrapper, verb = compose(rng, split, VERB_WRAPPERS, EVAL_VERB_WRAPPERS, OPERATOR_VERBS[op])
-        text = wrapper.format(v=verb.format(a=a, b=b))
+        text = verb_question(rng, split, OPERATOR_VERBS[op]).format(a=a, b=b)
     else:
         wrapper, core = compose(
             rng, split, QUESTION_WRAPPERS, EVAL_QUESTION_WRAPPERS, OPERATOR_CORES[op]

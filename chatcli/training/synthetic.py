@@ -39,23 +39,23 @@ from chatcli.training.small_talk_data import beyond_calculator, greeting, identi
 # The mix of conversation kinds, as sampling weights (they sum to 1). Tool use dominates: it is
 # the one skill the default model exists to show.
 KIND_WEIGHTS: dict[str, float] = {
-    "greeting": 0.03,
-    "identity": 0.04,
+    "greeting": 0.025,
+    "identity": 0.03,
     "arithmetic": 0.14,
     "counting": 0.11,
     "followup": 0.09,
-    "out_of_scope": 0.09,
-    "mixed": 0.06,  # requests of different kinds in one conversation
-    "long_chat": 0.03,  # many of them, as long as the context allows
-    "expression": 0.06,  # several operators and parentheses in one call
+    "out_of_scope": 0.08,
+    "mixed": 0.05,  # requests of different kinds in one conversation
+    "long_chat": 0.025,  # many of them, as long as the context allows
+    "expression": 0.07,  # several operators and parentheses in one call
     "signed": 0.05,  # negative numbers and decimals
-    "percent": 0.04,
-    "average": 0.06,
-    "number_words": 0.08,  # "twelve times seven"
+    "percent": 0.06,
+    "average": 0.07,
+    "number_words": 0.09,  # "twelve times seven"
     "phrase_count": 0.02,  # a letter in a short phrase
-    "beyond": 0.05,  # powers, roots, functions: what the calculator does instead
+    "beyond": 0.045,  # powers, roots, functions: what the calculator does instead
     "switch": 0.03,  # a tool question of the other kind right after an answer
-    "recovery": 0.02,  # going on well after a flawed reply (not learned)
+    "recovery": 0.015,  # going on well after a flawed reply (not learned)
 }
 # A mixed conversation chains 2-3 segments, each a short conversation of its own kind, no two
 # in a row of the same kind. From single-kind conversations only, the model learnt that what
