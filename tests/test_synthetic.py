@@ -349,7 +349,7 @@ def test_mixed_conversations_chain_two_or_three_segments_of_different_kinds():
 
 def test_mixed_conversations_put_other_requests_after_a_tool_exchange(train):
     mixed = [c for kind, c in train if kind == "mixed"]
-    assert len(mixed) > 1000
+    assert len(mixed) > 0.8 * KIND_WEIGHTS["mixed"] * len(train)  # enough to judge shares by
     declined_after_a_tool = 0
     for conversation in mixed:
         # A system prompt is put in front afterwards, as in every kind.
