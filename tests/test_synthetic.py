@@ -270,18 +270,20 @@ def test_verb_follow_ups_are_training_only():
         phrasings.new_letter_question(rng, "eval", "a", verb="zymotic")
 
 
+def frame_words(frame: str) -> list[str]:
+    """A frame's words, lowercased, punctuation but {slots} and apostrophes dropped."""
+    return re.sub(r"[^\w{} ']", "", frame.lower()).split()
+
+
 def test_clause_verb_wrappers_are_training_only_and_far_from_the_held_out_ones():
     # "When I {v}, what comes out?" teaches the clause-then-question sentence with every
     # operation, not only with averages; the held-out "If I {v}, what do I get?" stays new.
     more, held_out = phrasings.MORE_VERB_WRAPPERS, phrasings.EVAL_VERB_WRAPPERS
     assert not set(more) & (set(held_out) | set(phrasings.VERB_WRAPPERS))
 
-    def words(frame: str) -> list[str]:
-        return re.sub(r"[^\w{} ']", "", frame.lower()).split()
-
     for frame in more:
         for eval_frame in held_out:
-            similarity = SequenceMatcher(None, words(frame), words(eval_frame)).ratio()
+            similarity = SequenceMatcher(None, frame_words(frame), frame_words(eval_frame)).ratio()
             assert similarity < 0.7, (frame, eval_frame, similarity)
     verbs = phrasings.OPERATOR_VERBS["*"]
     rng = random.Random(0)
@@ -308,12 +310,9 @@ def test_composed_count_frames_stay_far_from_every_held_out_frame():
     # Nor close to the eval-only arithmetic wrappers ("Could you figure out {x} for me?").
     held_out += phrasings.EVAL_QUESTION_WRAPPERS + phrasings.EVAL_VERB_WRAPPERS
 
-    def words(frame: str) -> list[str]:
-        return re.sub(r"[^\w{} ']", "", frame.lower()).split()
-
     for frame in composed_count_frames():
         for eval_frame in held_out:
-            similarity = SequenceMatcher(None, words(frame), words(eval_frame)).ratio()
+            similarity = SequenceMatcher(None, frame_words(frame), frame_words(eval_frame)).ratio()
             assert similarity < 0.7, (frame, eval_frame, similarity)
 
 

@@ -78,7 +78,7 @@ PRESETS = {
     # tokens each fitted): rows of 1280 tokens, 3 to a step, about the tokens of a step of the
     # earlier 8 rows of 512. The earlier recipe's 1374 steps saw about 5.6M tokens of a mix
     # with seven kinds; this mix has seventeen, and 2700 steps see about 10.4M (8100 of the
-    # ~14,000 packed rows), in about 41 minutes.
+    # ~13,300 packed rows), in about 41 minutes.
     "default": Preset(
         vocab_size=1024,
         n_layer=6,
