@@ -119,6 +119,16 @@ BEYOND_WRAPPERS = [
     if w not in ("How much is {x}?", "I need {x}.", "What do you get for {x}?", "Compute {x}.")
 ]
 BEYOND_COMPOSED_PROBABILITY = 0.5  # of training's beyond questions
+# Training only: the words of the held-out "I need the square root of {a}, can you do it?" in
+# other sentences about what the calculator cannot do. With "I need {x}." wrapping arithmetic
+# alone, run 31 computed a sum for all 17 of those held-out questions (`503+103`).
+MORE_BEYOND_FRAMES = [
+    "I need the cube root of {a}. Is that possible?", "Can you do the log of {a}? I need it.",
+    "I need {a} to the power of {b}; is that something you do?",
+    "Could you do {a} squared? I need it for work.", "Sine of {a}: I need it. Can you?",
+    "I need {a} factorial, please.", "Can you do it: {a} cubed?",
+]  # fmt: skip
+MORE_BEYOND_PROBABILITY = 0.2  # of training's beyond questions not composed
 EVAL_BEYOND_QUESTIONS = {  # eval only
     "power": ["How much is {a} cubed?", "What do you get if you raise {a} to the power {b}?"],
     "root": ["I need the square root of {a}, can you do it?", "Take the root of {a} for me."],
@@ -185,6 +195,8 @@ def beyond_question(rng: random.Random, split: str, a: str, b: str) -> str:
     if split == "train" and rng.random() < BEYOND_COMPOSED_PROBABILITY:
         text = rng.choice(BEYOND_WRAPPERS).format(x=rng.choice(BEYOND_CORES))
         return _capitalised(rng, text.format(a=a, b=b))
+    if split == "train" and rng.random() < MORE_BEYOND_PROBABILITY:
+        return rng.choice(MORE_BEYOND_FRAMES).format(a=a, b=b)
     kind = rng.choice(list(BEYOND_QUESTIONS))
     frames = BEYOND_QUESTIONS[kind]
     if split == "eval":
