@@ -58,6 +58,12 @@ PERCENT_SHARE_FRAMES = [
     "Show me {y} as a share of {x}, in percent.", "Put {y} of {x} in percent terms.",
     "If the total is {x}, what percent is {y}?", "For a total of {x}, what percent is {y}?",
     "Of {x} in all, what percentage is {y}?",
+    # A verb, the part, then the whole: run 33 still wrote `{y}*100/{y}` for the held-out
+    # "Express {y} as a percentage of {x}." (8 misses in 100).
+    "Rewrite {y} as a share of {x} in percent.", "Turn {y} into a percent of {x}.",
+    "State {y} in percent of {x}.", "Convert {y} into a percentage relative to {x}.",
+    "Change {y} into a percent of {x}.", "Report {y} in percentage terms of {x}.",
+    "Write out {y} as a fraction of {x}, in percent.",
 ]  # fmt: skip
 EVAL_PERCENT_SHARE_FRAMES = [  # eval only
     "Express {y} as a percentage of {x}.", "If {x} is the whole, how many percent is {y}?",
