@@ -29,7 +29,8 @@ FAMILIES = {
                       mp.EVAL_PERCENT_SHARE_FRAMES),
     "average": (mp.AVERAGE_VERB_FRAMES + wrapped(mp.AVERAGE_CORES), mp.EVAL_AVERAGE_VERB_FRAMES),
     "beyond": ([f for fs in mp.BEYOND_QUESTIONS.values() for f in fs]
-               + [w.format(x=c) for w in mp.BEYOND_WRAPPERS for c in mp.BEYOND_CORES],
+               + [w.format(x=c) for w in mp.BEYOND_WRAPPERS for c in mp.BEYOND_CORES]
+               + mp.MORE_BEYOND_FRAMES,
                [f for fs in mp.EVAL_BEYOND_QUESTIONS.values() for f in fs]),
 }  # fmt: skip
 

@@ -58,6 +58,12 @@ PERCENT_SHARE_FRAMES = [
     "Show me {y} as a share of {x}, in percent.", "Put {y} of {x} in percent terms.",
     "If the total is {x}, what percent is {y}?", "For a total of {x}, what percent is {y}?",
     "Of {x} in all, what percentage is {y}?",
+    # A verb, the part, then the whole: run 33 still wrote `{y}*100/{y}` for the held-out
+    # "Express {y} as a percentage of {x}." (8 misses in 100).
+    "Rewrite {y} as a share of {x} in percent.", "Turn {y} into a percent of {x}.",
+    "State {y} in percent of {x}.", "Convert {y} into a percentage relative to {x}.",
+    "Change {y} into a percent of {x}.", "Report {y} in percentage terms of {x}.",
+    "Write out {y} as a fraction of {x}, in percent.",
 ]  # fmt: skip
 EVAL_PERCENT_SHARE_FRAMES = [  # eval only
     "Express {y} as a percentage of {x}.", "If {x} is the whole, how many percent is {y}?",
@@ -119,6 +125,16 @@ BEYOND_WRAPPERS = [
     if w not in ("How much is {x}?", "I need {x}.", "What do you get for {x}?", "Compute {x}.")
 ]
 BEYOND_COMPOSED_PROBABILITY = 0.5  # of training's beyond questions
+# Training only: the words of the held-out "I need the square root of {a}, can you do it?" in
+# other sentences about what the calculator cannot do. With "I need {x}." wrapping arithmetic
+# alone, run 31 computed a sum for all 17 of those held-out questions (`503+103`).
+MORE_BEYOND_FRAMES = [
+    "I need the cube root of {a}. Is that possible?", "Can you do the log of {a}? I need it.",
+    "I need {a} to the power of {b}; is that something you do?",
+    "Could you do {a} squared? I need it for work.", "Sine of {a}: I need it. Can you?",
+    "I need {a} factorial, please.", "Can you do it: {a} cubed?",
+]  # fmt: skip
+MORE_BEYOND_PROBABILITY = 0.2  # of training's beyond questions not composed
 EVAL_BEYOND_QUESTIONS = {  # eval only
     "power": ["How much is {a} cubed?", "What do you get if you raise {a} to the power {b}?"],
     "root": ["I need the square root of {a}, can you do it?", "Take the root of {a} for me."],
@@ -185,6 +201,8 @@ def beyond_question(rng: random.Random, split: str, a: str, b: str) -> str:
     if split == "train" and rng.random() < BEYOND_COMPOSED_PROBABILITY:
         text = rng.choice(BEYOND_WRAPPERS).format(x=rng.choice(BEYOND_CORES))
         return _capitalised(rng, text.format(a=a, b=b))
+    if split == "train" and rng.random() < MORE_BEYOND_PROBABILITY:
+        return rng.choice(MORE_BEYOND_FRAMES).format(a=a, b=b)
     kind = rng.choice(list(BEYOND_QUESTIONS))
     frames = BEYOND_QUESTIONS[kind]
     if split == "eval":

@@ -1,6 +1,6 @@
 """Train the embedded default model from nothing but this repo, on a CPU, in under 45 minutes.
 
-    python -m chatcli.training.train --out runs/default            # the full run (~41 min)
+    python -m chatcli.training.train --out runs/default            # the full run (~35 min)
     python -m chatcli.training.train --out /tmp/tiny --preset tiny  # a smoke run (seconds)
     python -m chatcli.training.train --out runs/avg --average-from 0.6  # averaged weights
     python -m chatcli.training.train --out runs/muon --optimizer muon   # Muon for the blocks
@@ -69,6 +69,11 @@ class Preset:
     # with AdamW at lr, as nanochat trains. "adamw": everything with AdamW at lr.
     optimizer: Optimizer = "adamw"
     matrix_lr: float = 0.02
+    # The forward and backward's matrix products in bf16 (torch.autocast); the weights, the
+    # optimizer's state and the loss stay fp32. On this CPU (avx512_bf16) a compiled step of
+    # the default preset takes 0.66 s against 0.94 in fp32 (`python scripts/bench_train_step.py
+    # --bf16`); a CPU without bf16 instructions emulates them, slower than fp32.
+    bf16: bool = False
 
 
 PRESETS = {
@@ -77,8 +82,8 @@ PRESETS = {
     # dropped (a chat keeps a quarter of the context for the reply: with 1024, 19 of ~42
     # tokens each fitted): rows of 1280 tokens, 3 to a step, about the tokens of a step of the
     # earlier 8 rows of 512. The earlier recipe's 1374 steps saw about 5.6M tokens of a mix
-    # with seven kinds; this mix has seventeen, and 2700 steps see about 10.4M (8100 of the
-    # ~13,300 packed rows), in about 41 minutes.
+    # with seven kinds; this mix has seventeen, and 3200 steps see about 12.3M (9600 of the
+    # ~13,400 packed rows), in about 35 minutes with bf16 products (41 for 2700 in fp32).
     "default": Preset(
         vocab_size=1024,
         n_layer=6,
@@ -87,10 +92,11 @@ PRESETS = {
         sequence_len=1280,
         batch_rows=3,
         conversations=150_000,
-        steps=2700,
+        steps=3200,
         minutes=None,
         lr=3e-3,
         compile=True,
+        bf16=True,
     ),
     # For the test suite: the same pipeline end to end in seconds.
     "tiny": Preset(
@@ -374,7 +380,8 @@ def train(out: Path, preset: Preset, seed: int = 0, log=print) -> Path:
             seen = 0
         batch = order[seen : seen + preset.batch_rows]
         seen += preset.batch_rows
-        loss = loss_fn(model, ids[batch], mask[batch])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=preset.bf16):
+            loss = loss_fn(model, ids[batch], mask[batch])
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -452,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
         "--preset",
         choices=sorted(PRESETS),
         default="default",
-        help="default: the embedded model's recipe (~41 min); tiny: a smoke run of the pipeline",
+        help="default: the embedded model's recipe (~35 min); tiny: a smoke run of the pipeline",
     )
     parser.add_argument(
         "--minutes",
