@@ -140,3 +140,20 @@ def test_too_few_steps_asked_says_more_steps_not_more_minutes(tmp_path):
     train(tmp_path, preset, seed=0, log=logs.append)
     [warning] = [line for line in logs if "barely learned" in line]
     assert warning.endswith("Give it more --steps.")
+
+
+def test_bf16_products_train_a_model_of_their_own_and_repeatably(tmp_path):
+    # The default preset's bf16 autocast: it must reach the products (other weights than the
+    # same run in fp32), keep the weights finite, and stay repeatable run to run.
+    fp32 = dataclasses.replace(PRESETS["tiny"], steps=20, conversations=200, average_from=None)
+    bf16 = dataclasses.replace(fp32, bf16=True)
+    assert PRESETS["default"].bf16 and not PRESETS["tiny"].bf16
+    runs = {
+        name: train(tmp_path / name, preset, seed=0, log=lambda _: None)
+        for name, preset in (("fp32", fp32), ("bf16", bf16), ("bf16-again", bf16))
+    }
+    weights = {name: torch.load(ckpt / "model_000020.pt") for name, ckpt in runs.items()}
+    assert all(torch.isfinite(w).all() for w in weights["bf16"].values())
+    assert any(not torch.equal(weights["fp32"][k], weights["bf16"][k]) for k in weights["fp32"])
+    for k, w in weights["bf16"].items():
+        assert torch.equal(w, weights["bf16-again"][k]), k
