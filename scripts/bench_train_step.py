@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from chatcli.training.train import PRESETS, make_optimizers, masked_loss, new_model
+from chatcli.training.train import PRESETS, make_optimizers, masked_loss, new_model, products_in
 
 
 def time_steps(
@@ -43,7 +43,7 @@ def time_steps(
     loss_fn = torch.compile(masked_loss) if compiled else masked_loss
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with products_in(bf16):
             loss = loss_fn(model, ids, mask)
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)

@@ -72,7 +72,8 @@ class Preset:
     # The forward and backward's matrix products in bf16 (torch.autocast); the weights, the
     # optimizer's state and the loss stay fp32. On this CPU (avx512_bf16) a compiled step of
     # the default preset takes 0.66 s against 0.94 in fp32 (`python scripts/bench_train_step.py
-    # --bf16`); a CPU without bf16 instructions emulates them, slower than fp32.
+    # --precisions fp32,bf16 --compile`); a CPU without bf16 instructions emulates them, slower
+    # than fp32.
     bf16: bool = False
 
 
@@ -308,6 +309,12 @@ def set_lr(optimizers: list[torch.optim.Optimizer], factor: float) -> None:
             group["lr"] = factor * group["base_lr"]
 
 
+def products_in(bf16: bool) -> torch.autocast:
+    """The precision of a step's forward and backward: bf16 matrix products under autocast, or
+    fp32 throughout (`Preset.bf16`)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
+
 def masked_loss(model: GPT, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     logits = model(ids[:, :-1])
     losses = F.cross_entropy(
@@ -380,7 +387,7 @@ def train(out: Path, preset: Preset, seed: int = 0, log=print) -> Path:
             seen = 0
         batch = order[seen : seen + preset.batch_rows]
         seen += preset.batch_rows
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=preset.bf16):
+        with products_in(preset.bf16):
             loss = loss_fn(model, ids[batch], mask[batch])
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
