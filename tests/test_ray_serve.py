@@ -308,6 +308,51 @@ def test_the_deployment_is_fixed_or_autoscaled_on_queued_requests():
     assert batched["autoscaling_config"]["target_ongoing_requests"] == 8
 
 
+def test_describe_from_another_thread_loses_no_count_the_loop_makes_meanwhile():
+    # Tests and scripts read describe() off the event loop while the loop counts requests in and
+    # out. Here the loop's change lands in the middle of a describe(): it must survive it (a
+    # describe that rebuilt its dicts once dropped such a change, and a replica that had lost an
+    # increment then read idle while it streamed, which failed the next test on a loaded host).
+    class LiveReplicas(list):
+        """The live replicas, which let the loop accept a request on first being read."""
+
+        def __init__(self, names: list[str], on_read) -> None:
+            super().__init__(names)
+            self.on_read = on_read
+
+        def _read(self) -> None:
+            on_read, self.on_read = self.on_read, None
+            if on_read is not None:
+                on_read()
+
+        def __iter__(self):
+            self._read()
+            return super().__iter__()
+
+        def __contains__(self, name: object) -> bool:
+            self._read()
+            return super().__contains__(name)
+
+    class Card:
+        rows = 1
+
+    backend = RayBackend(None, Card(), lambda: [], refresh_every=3600)
+    backend._busy = {"a": 0, "b": 0}  # both have served before, and are idle
+
+    def accept_on_a() -> None:
+        backend.waiting += 1
+        backend._accepted("a", {"device": "cpu"})
+
+    backend._live = LiveReplicas(["a", "b"], accept_on_a)
+    backend.describe()
+    rows = {w["actor"]: w for w in backend.describe()["workers"]}
+    assert rows["a"]["busy"] and rows["a"]["rows_in_use"] == 1
+    assert not rows["b"]["busy"]
+    backend._ended("a", None, lost=False)  # the client left
+    state = backend.describe()
+    assert (state["busy"], state["rows_in_use"], state["requests_interrupted"]) == (0, 0, 1)
+
+
 # ---- mid-reply: queues, clients that leave, replicas that die -----------------------------------
 
 LONG = {"messages": [{"role": "user", "content": "go"}], "stream": True}

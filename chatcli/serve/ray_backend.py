@@ -149,6 +149,9 @@ class RayBackend:
             self.waiting -= 1
             return
         self._busy[replica] -= 1
+        if not self._busy[replica] and replica not in self._live:  # a replica that is gone
+            del self._busy[replica]
+            self._rows.pop(replica, None)
         if finished is not None and finished.finish_reason != "interrupted":
             self.totals["requests_served"] += 1
             self.totals["tokens_served"] += finished.completion_tokens
@@ -156,10 +159,9 @@ class RayBackend:
             self.totals["requests_interrupted"] += 1
 
     def describe(self) -> dict[str, Any]:
+        # Reads only: tests and scripts call this from other threads while the loop changes
+        # the counts, and a rebuilt dict would lose a change made between read and write.
         self._refresh_soon()
-        # Forget the replicas that are gone (on the loop, where the counts change).
-        self._rows = {r: row for r, row in self._rows.items() if r in self._live}
-        self._busy = {r: n for r, n in self._busy.items() if n or r in self._live}
         rows = []
         for actor in self._live:
             row = {
