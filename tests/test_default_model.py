@@ -37,9 +37,7 @@ def test_held_out_smoke_evaluation():
     assert summary["items"] == 40
     # Floors just under what the shipped model scores on these 40 prompts (greedy, so a
     # drop means the model or the engine changed): 1.0 on every measure, exact calls
-    # included, but out-of-scope: 7 of 8, one "What's the meaning of life?" answered with a
-    # letter count (its known miss, 91 of the 100 held-out). The full held-out numbers are
-    # in docs/models.md.
+    # included. The full held-out numbers are in docs/models.md.
     assert summary["arithmetic_accuracy"] >= 0.95
     assert summary["counting_accuracy"] >= 0.95
     assert summary["followup_accuracy"] >= 0.95
@@ -48,7 +46,7 @@ def test_held_out_smoke_evaluation():
     assert summary["ended_rate"] == 1.0
     assert summary["tool_call_rate"] == 1.0
     assert summary["identity_accuracy"] == 1.0
-    assert summary["out_of_scope_accuracy"] >= 7 / 8
+    assert summary["out_of_scope_accuracy"] == 1.0
 
 
 def test_once_answers_through_the_calculator_offline():

@@ -203,6 +203,23 @@ def test_every_operator_word_is_taught_and_some_pairs_are_held_out():
             assert any(not phrasings.held_out_pair(w, core) for w in wrappers)
 
 
+def test_small_arithmetic_comes_in_short_frames_more_often_than_the_powers_one_symbol_away(train):
+    # "7-2" and "7^2" differ in one token. With more short powers than short small differences
+    # in training (11 against 7 here), run 40 declined half of "What is 3-2?" as a power.
+    short = re.compile(
+        r"(?:what is |what's |compute |calculate |how much is )?\d{1,2} ?([-+*/^]) ?\d{1,2}"
+    )
+    by_operator: Counter[str] = Counter()
+    for _, conversation in train:
+        for text in user_texts(conversation):
+            found = short.fullmatch(text.strip().lower().rstrip(" =?."))
+            if found:
+                by_operator[found[1]] += 1
+    assert by_operator["^"] > 10
+    for op in "+-*/":
+        assert by_operator[op] > 3 * by_operator["^"], by_operator
+
+
 def test_render_text_only_shows_tool_parts_between_special_tokens():
     conversation = [
         {"role": "user", "content": "What is 1234*56?"},

@@ -39,6 +39,17 @@ NEGATIVE_DIFFERENCE_PROBABILITY = 0.2  # of plain subtractions whose first opera
 # small numbers, declined "What is 2*3?" as a power (scripts/small_arithmetic_probe.py: 86%).
 SMALL_OPERANDS_PROBABILITY = 0.15  # of plain training questions
 ONE_DIGIT_PROBABILITY = 0.6  # of each small operand
+# Training only: half the small-operand questions in the shortest frames, the operator a
+# symbol ("7-2", "what's 3-2"), each the minimal pair of a power question ("7^2", "What's 3
+# squared?"). Drawn through all the wrappers, a small difference came in such a frame about
+# 45 times in 150,000 conversations against ~200 powers written `{a}^{b}`, and run 40 (seed 4)
+# declined as powers half of the probe's "What is {a}-{b}?" (a held-out pair: training never
+# asks it) and a third of its bare "{a}-{b}". Held-out pairs stay out here too.
+SHORT_FRAME_PROBABILITY = 0.5  # of small-operand training questions
+SHORT_WRAPPERS = [
+    "What is {x}?", "what's {x}", "Compute {x}.", "calculate {x}", "How much is {x}?",
+    "{x} = ?", "{x}", "{x}?",
+]  # fmt: skip
 PSEUDO_NAME_PROBABILITY = 0.4  # of word problems: a made-up name, and (separately) a made-up item
 # Follow-ups chain on the previous result only when it is a short plain number: a 17-digit
 # float would crowd the 256-token context.
@@ -97,13 +108,19 @@ def arithmetic_exchange(rng: random.Random, split: str) -> Exchange:
     if rng.random() < WORD_PROBLEM_PROBABILITY:
         return word_problem(rng, split)
     op = rng.choice("+-*/")
-    a, b = plain_operands(rng, split, op)
+    small = split == "train" and rng.random() < SMALL_OPERANDS_PROBABILITY
+    a, b = small_operands(rng, op) if small else plain_operands(rng, split, op)
     expression = f"{a}{op}{b}"
     result = calculate(expression)
-    question = vary(
-        rng, phrasings.arithmetic_question(rng, split, op, display(rng, a), display(rng, b))
-    )
-    question = with_filler(rng, split, question)
+    if small and rng.random() < SHORT_FRAME_PROBABILITY:
+        symbols = [
+            c for c in phrasings.OPERATOR_CORES[op] if c.replace(" ", "") == "{a}" + op + "{b}"
+        ]
+        wrapper, core = phrasings.compose(rng, split, SHORT_WRAPPERS, [], symbols)
+        question = wrapper.format(x=core.format(a=a, b=b))
+    else:
+        question = phrasings.arithmetic_question(rng, split, op, display(rng, a), display(rng, b))
+    question = with_filler(rng, split, vary(rng, question))
     sentence = rng.choice(ARITHMETIC_ANSWERS).format(expr=expression, result=result)
     return Exchange(question, expression, result, sentence)
 
@@ -126,8 +143,6 @@ def large_product_exchange(rng: random.Random, split: str) -> Exchange:
 
 
 def plain_operands(rng: random.Random, split: str, op: str) -> tuple[str, str]:
-    if split == "train" and rng.random() < SMALL_OPERANDS_PROBABILITY:
-        return small_operands(rng, op)
     if op == "/" and rng.random() < EXACT_DIVISION_PROBABILITY:
         return exact_division(rng, split, max_digits=6)
     if rng.random() < DECIMAL_PROBABILITY:
