@@ -41,15 +41,20 @@ SMALL_OPERANDS_PROBABILITY = 0.15  # of plain training questions
 ONE_DIGIT_PROBABILITY = 0.6  # of each small operand
 # Training only: half the small-operand questions in the shortest frames, the operator a
 # symbol ("7-2", "what's 3-2"), each the minimal pair of a power question ("7^2", "What's 3
-# squared?"). Drawn through all the wrappers, a small difference came in such a frame about
-# 45 times in 150,000 conversations against ~200 powers written `{a}^{b}`, and run 40 (seed 4)
-# declined as powers half of the probe's "What is {a}-{b}?" (a held-out pair: training never
-# asks it) and a third of its bare "{a}-{b}". Held-out pairs stay out here too.
+# squared?"). Drawn through all the wrappers, a small difference came in such a frame 7 times
+# in 20,000 conversations against 11 powers written `{a}^{b}` on small numbers, and run 40
+# (seed 4) declined as powers half of the probe's "What is {a}-{b}?" (a held-out pair:
+# training never asks it) and a third of its bare "{a}-{b}". Held-out pairs stay out here too.
 SHORT_FRAME_PROBABILITY = 0.5  # of small-operand training questions
 SHORT_WRAPPERS = [
     "What is {x}?", "what's {x}", "Compute {x}.", "calculate {x}", "How much is {x}?",
     "{x} = ?", "{x}", "{x}?",
 ]  # fmt: skip
+# The operator cores that write the operator as its symbol: "{a}-{b}" and "{a} - {b}".
+SYMBOL_CORES = {
+    op: [c for c in cores if c.replace(" ", "") == "{a}" + op + "{b}"]
+    for op, cores in phrasings.OPERATOR_CORES.items()
+}
 PSEUDO_NAME_PROBABILITY = 0.4  # of word problems: a made-up name, and (separately) a made-up item
 # Follow-ups chain on the previous result only when it is a short plain number: a 17-digit
 # float would crowd the 256-token context.
@@ -113,10 +118,7 @@ def arithmetic_exchange(rng: random.Random, split: str) -> Exchange:
     expression = f"{a}{op}{b}"
     result = calculate(expression)
     if small and rng.random() < SHORT_FRAME_PROBABILITY:
-        symbols = [
-            c for c in phrasings.OPERATOR_CORES[op] if c.replace(" ", "") == "{a}" + op + "{b}"
-        ]
-        wrapper, core = phrasings.compose(rng, split, SHORT_WRAPPERS, [], symbols)
+        wrapper, core = phrasings.compose(rng, split, SHORT_WRAPPERS, [], SYMBOL_CORES[op])
         question = wrapper.format(x=core.format(a=a, b=b))
     else:
         question = phrasings.arithmetic_question(rng, split, op, display(rng, a), display(rng, b))
