@@ -16,7 +16,7 @@ from builders import random_gpt
 from fakes import DONE, SPECIAL_IDS, ByteTokenizer, SlotScriptedModel, tool_call, uniform_bytes
 from serving import REFERENCE_E, byte_tokenizer, wait_until
 
-from chatcli.engine.batch import Batch, RowRequest, default_rows
+from chatcli.engine.batch import PREFILL_CHUNK, Batch, RowRequest, default_rows
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.static_slots import SlotGraphs, buckets_for
 from chatcli.engine.static_step import ModuleStep, StaticDecodeStep
@@ -179,6 +179,19 @@ def test_the_kernels_prompt_rows_read_the_keys_the_rows_before_them_wrote():
     for threads in (1, 2):
         errors = slots_errors(
             kernel, slots=slots, positions=positions, out=(0, 10, 13), threads=threads
+        )
+        assert max(errors) < 1e-5
+
+
+def test_the_kernels_prompt_rows_that_end_no_prompt_ask_for_no_logits():
+    # A first chunk of a long prompt alone in the step: its keys and values are written and
+    # no row wants logits (the default server answered 500 here: "logits of rows [] of 64").
+    kernel = rows_step()
+    if kernel is None:
+        pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
+    for threads in (1, 2):
+        errors = slots_errors(
+            kernel, slots=(0,) * 8, positions=tuple(range(8)), out=(), threads=threads
         )
         assert max(errors) < 1e-5
 
@@ -357,6 +370,56 @@ def test_max_tokens_zero_prefills_and_yields_nothing_and_a_full_context_is_refus
     with pytest.raises(ContextOverflowError):
         batch.join(RowRequest(list(range(10)) * 26))  # 260 tokens in a context of 256
     assert batch.free_rows == 2
+
+
+# ---- long first prompts: more than one prefill chunk, alone and under load -------------------
+
+# Around the default chunk (64): one token, one short, exactly one chunk, one over, several
+# chunks, and a prompt that leaves room for the reply only (random_gpt's context is 256).
+FIRST_PROMPTS = [1, 63, 64, 65, 200, 256 - 12]
+STEP_PATHS = ["kernel", "torch", "forward", "module", "static"]
+
+
+@pytest.mark.parametrize("path", STEP_PATHS)
+def test_a_long_first_prompt_alone_gives_what_it_gives_alone(path):
+    # Each prompt the only row, in a fresh batch at the default chunk: no row decodes while
+    # its first chunks run, so those chunks want no logits.
+    model = random_gpt("E")
+    engine = _engine(model, path)
+    for request in _requests(_prompts(FIRST_PROMPTS), max_tokens=10):
+        batch = Batch(engine, rows=4)
+        assert batch.prefill_chunk == PREFILL_CHUNK
+        got, rows = _run(batch, [request])
+        want = _alone(Engine(model, _NoStops()), request)
+        assert (*got[0], rows[0].finish_reason) == want
+        assert rows[0].stats.prefill_tokens == len(request.tokens)
+
+
+@pytest.mark.parametrize("path", STEP_PATHS)
+def test_long_first_prompts_under_load_give_what_they_give_alone(path):
+    # Every length joins while other rows decode, and two long ones at once (their chunks
+    # share a step); each row's tokens are its request's alone.
+    model = random_gpt("E")
+    requests = _requests(_prompts([5, 9, *FIRST_PROMPTS]), max_tokens=10)
+    want = [_alone(Engine(model, _NoStops()), r)[:2] for r in requests]
+    batch = Batch(_engine(model, path), rows=len(requests))
+    got, _ = _run(batch, requests, join_at=[0, 0, 2, 2, 3, 4, 4, 6])
+    assert got == [tuple(w) for w in want]
+
+
+def test_a_conversation_whose_slot_another_took_prefills_again_from_its_start():
+    # One slot: the second client's long prompt evicts the first conversation, whose next
+    # turn then prefills all of its 200 tokens again, in chunks, with no row decoding.
+    model = random_gpt("E")
+    engine = _engine(model, "kernel" if rows_step() else "torch")
+    batch = Batch(engine, rows=1, slots=1)
+    first, other = _requests(_prompts([70, 130]), max_tokens=8)
+    [(reply, _)], _ = _run(batch, [first])
+    _run(batch, [other])
+    follow_up = RowRequest(first.tokens + reply + _prompts([122], seed=9)[0], max_tokens=8)
+    got, rows = _run(batch, [follow_up])
+    assert rows[0].stats.prefill_tokens == len(follow_up.tokens) == 200
+    assert got[0] == _alone(Engine(model, _NoStops()), follow_up)[:2]
 
 
 # ---- the embedded model ---------------------------------------------------------------------

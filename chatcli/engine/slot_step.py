@@ -156,4 +156,6 @@ def forward_slots(
     of the rows `out` names (None: all) stacked (len(out), V). Exact by construction, as
     slow as N batch-1 steps."""
     logits = [forward_last(ids[i : i + 1], view) for i, view in enumerate(rows.views)]
+    if out is not None and not out:  # a prompt's chunk that does not end it: no logits
+        return logits[0][:0]
     return torch.cat(logits if out is None else [logits[i] for i in out])

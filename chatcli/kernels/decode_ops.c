@@ -1127,7 +1127,8 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
     for (long n = 0; n < rows; n++)
         if (pos_of(at, c, n) < c->prefix || pos_of(at, c, n) >= span || slot_of(at, n) < 0)
             return -1;
-    if (n_out < 1 || n_out > rows) return -1;
+    /* n_out 0: a prompt's chunk that does not reach its last token wants no logits */
+    if (n_out < 0 || n_out > rows) return -1;
     for (long i = 0; out && i < n_out; i++)
         if (out[i] < 0 || out[i] >= rows) return -1;
     struct scratch t;
@@ -1169,14 +1170,17 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
             t.s[i] = 1.0f / (m->softcap * sqrtf(dot(xi, xi, C) / C + m->eps));
         }
         PHASE(7);
-        matrix(m, xo, n_out, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
-        /* the softcap on both cores, in chunks: a row of a 65536 vocabulary is ~65 us */
-        long total = n_out * m->V, chunks = (total + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK;
+        if (n_out > 0) { /* the same on every thread: the team meets at the same barriers */
+            matrix(m, xo, n_out, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
+            /* the softcap on both cores, in chunks: a row of a 65536 vocabulary is ~65 us */
+            long total = n_out * m->V, chunks = (total + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK;
 #pragma omp for schedule(static)
-        for (long i = 0; i < chunks; i++) {
-            long from = i * SOFTCAP_CHUNK;
-            rows_softcap(logits + from, total - from < SOFTCAP_CHUNK ? total - from : SOFTCAP_CHUNK,
-                         m->softcap);
+            for (long i = 0; i < chunks; i++) {
+                long from = i * SOFTCAP_CHUNK;
+                rows_softcap(logits + from,
+                             total - from < SOFTCAP_CHUNK ? total - from : SOFTCAP_CHUNK,
+                             m->softcap);
+            }
         }
         PHASE(8);
     }

@@ -465,7 +465,8 @@ class RowsStep:
         those before it), never a slot and a position. x (rows, C) as for __call__ (a
         sequence's first token unsmeared: embed's -1), overwritten; cos/sin (rows, D) each
         row's tables; slots, positions (rows,) int64. Returns the logits (len(out), V) of
-        the rows `out` names (None: every row), the softcap applied."""
+        the rows `out` names (None: every row; [] none, a prompt's chunk that does not end
+        it), the softcap applied."""
         if self._slots is None:
             raise ValueError("this rows_step library steps no rows in slots")
         rows = x.size(0)
@@ -488,7 +489,7 @@ class RowsStep:
             raise ValueError(f"rows_step_slots: positions {pos_list} of a cache of {k.size(2)}")
         if len(set(zip(slot_list, pos_list, strict=True))) != rows:
             raise ValueError("rows_step_slots: two rows at one slot and position")
-        if out is not None and (not out or not all(0 <= i < rows for i in out)):
+        if out is not None and not all(0 <= i < rows for i in out):
             raise ValueError(f"rows_step_slots: logits of rows {out} of {rows}")
         chained = len(set(slot_list)) != rows
         m = model.struct

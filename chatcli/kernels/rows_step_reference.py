@@ -159,6 +159,11 @@ def slots_errors(
         model, x.clone(), ids, cos, sin, torch.tensor(slots), torch.tensor(positions), cache,
         threads, None if out is None else list(out),
     )  # fmt: skip
+    if out is not None and not out:  # no logits asked for: none given, the caches written
+        logits_error = 0.0 if got.shape == (0, model.struct.V) else float("inf")
+        return [logits_error] + [
+            (a - b).abs().max().item() for a, b in zip(cache, alone, strict=True)
+        ]
     want_out = torch.cat(want) if out is None else torch.cat([want[i] for i in out])
     pairs = ((got, want_out), (cache[0], alone[0]), (cache[1], alone[1]))
     return [(a - b).abs().max().item() for a, b in pairs]
