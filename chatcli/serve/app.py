@@ -52,6 +52,7 @@ from chatcli.errors import TokenizerError
 from chatcli.serve.auth import ApiKeyCheck
 from chatcli.serve.backend import Backend
 from chatcli.serve.guards import HostCheck, media_type, read_body
+from chatcli.serve.openapi import openapi_document
 from chatcli.serve.requests import (
     ChatMessage,
     ChatRequest,
@@ -207,6 +208,8 @@ def create_app(
     # No /docs, /redoc or /openapi.json: public pages the API does not need, and /docs pulls
     # its scripts from a CDN.
     app = FastAPI(title="chatcli", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
+    # Not served, but built on request for clients and the schema fuzzer (serve/openapi.py).
+    app.openapi = lambda: openapi_document(app, limits, keys=bool(api_keys))  # type: ignore[method-assign]
     app.state.pool = pool
     if allowed_hosts is not None:
         app.add_middleware(HostCheck, allowed=allowed_hosts)
