@@ -16,8 +16,8 @@ from builders import random_gpt
 from fakes import DONE, SPECIAL_IDS, ByteTokenizer, SlotScriptedModel, tool_call, uniform_bytes
 from serving import REFERENCE_E, byte_tokenizer, wait_until
 
-from chatcli.engine.scheduler import PREFILL_CHUNK, RowRequest, Scheduler, default_rows
 from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.scheduler import PREFILL_CHUNK, RowRequest, Scheduler, default_rows
 from chatcli.engine.static_slots import SlotGraphs, buckets_for
 from chatcli.engine.static_step import ModuleStep, StaticDecodeStep
 from chatcli.errors import ContextOverflowError

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatcli.chat.stream import StreamEvent
-from chatcli.engine.scheduler import Generation, RowRequest, Scheduler, default_prefill_chunk
 from chatcli.engine.engine import Engine
+from chatcli.engine.scheduler import Generation, RowRequest, Scheduler, default_prefill_chunk
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.serve.worker_pool import Emit, Finished, GenerationParams, ReplyText, emit_all
 
