@@ -16,8 +16,8 @@ from builders import random_gpt
 from fakes import DONE, SPECIAL_IDS, ByteTokenizer, SlotScriptedModel, tool_call, uniform_bytes
 from serving import REFERENCE_E, byte_tokenizer, wait_until
 
-from chatcli.engine.batch import PREFILL_CHUNK, Batch, RowRequest, default_rows
 from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.scheduler import PREFILL_CHUNK, RowRequest, Scheduler, default_rows
 from chatcli.engine.static_slots import SlotGraphs, buckets_for
 from chatcli.engine.static_step import ModuleStep, StaticDecodeStep
 from chatcli.errors import ContextOverflowError
@@ -70,7 +70,7 @@ def _alone(engine: Engine, request: RowRequest) -> tuple[list[int], list[int], s
     return tokens, masks, stats.finish_reasons[0]
 
 
-def _run(batch: Batch, requests: list[RowRequest], join_at: list[int] | None = None):
+def _run(batch: Scheduler, requests: list[RowRequest], join_at: list[int] | None = None):
     """Join each request at its step (join_at, 0 for all at once) and step to the end:
     each row's (tokens, masks) and the rows, in request order."""
     join_at = join_at or [0] * len(requests)
@@ -138,7 +138,7 @@ def test_each_row_of_a_batch_is_what_its_request_gives_alone(era, path):
     model = random_gpt(era)
     requests = _requests(_prompts([5, 40, 150, 17, 90]), max_tokens=40)
     want = [_alone(Engine(model, _NoStops()), r)[:2] for r in requests]
-    batch = Batch(_engine(model, path), rows=5, prefill_chunk=32)
+    batch = Scheduler(_engine(model, path), rows=5, prefill_chunk=32)
     got, rows = _run(batch, requests, join_at=[0, 0, 3, 7, 8])
     assert got == [tuple(w) for w in want]
     assert [r.finish_reason for r in rows] == ["length"] * 5
@@ -150,7 +150,7 @@ def test_the_other_decode_paths_give_each_row_its_own_tokens(era, path):
     model = random_gpt(era)
     requests = _requests(_prompts([12, 140, 30]), max_tokens=24)
     want = [_alone(Engine(model, _NoStops()), r)[:2] for r in requests]
-    got, _ = _run(Batch(_engine(model, path), rows=3, prefill_chunk=50), requests, [0, 2, 5])
+    got, _ = _run(Scheduler(_engine(model, path), rows=3, prefill_chunk=50), requests, [0, 2, 5])
     assert got == [tuple(w) for w in want]
 
 
@@ -246,7 +246,7 @@ def test_slot_graphs_pad_to_a_bucket_and_give_the_models_logits():
 def test_a_finished_row_frees_its_slot_at_once_for_the_next_request():
     model = random_gpt("E")
     engine = _engine(model, "kernel" if rows_step() else "torch")
-    batch = Batch(engine, rows=2, prefill_chunk=64)
+    batch = Scheduler(engine, rows=2, prefill_chunk=64)
     short, long_, late = _requests(_prompts([10, 20, 15]), max_tokens=30)
     short = RowRequest(short.tokens, max_tokens=3)
     first = batch.join(short)
@@ -273,7 +273,7 @@ def test_a_row_that_leaves_mid_decode_stops_there_and_the_others_go_on():
     model = random_gpt("D")
     engine = _engine(model, "kernel" if rows_step() else "torch")
     requests = _requests(_prompts([25, 8, 60]), max_tokens=20)
-    batch = Batch(engine, rows=3)
+    batch = Scheduler(engine, rows=3)
     rows = [batch.join(r) for r in requests]
     for _ in range(6):
         batch.step()
@@ -296,7 +296,7 @@ def test_a_long_prompt_prefills_in_chunks_while_the_running_rows_keep_decoding()
     engine = _engine(model, "kernel" if rows_step() else "torch")
     running, long_ = _requests(_prompts([12, 300]), max_tokens=60)
     long_ = RowRequest(long_.tokens, max_tokens=10, temperature=0.0)
-    batch = Batch(engine, rows=2, prefill_chunk=32)
+    batch = Scheduler(engine, rows=2, prefill_chunk=32)
     first = batch.join(running)
     batch.step()  # its prompt
     batch.step()
@@ -318,7 +318,7 @@ def test_a_long_prompt_prefills_in_chunks_while_the_running_rows_keep_decoding()
 def test_a_slot_keeps_its_conversation_warm_for_the_next_turn():
     model = random_gpt("E")
     engine = _engine(model, "kernel" if rows_step() else "torch")
-    batch = Batch(engine, rows=2, slots=3)
+    batch = Scheduler(engine, rows=2, slots=3)
     one, other = _prompts([40, 30])
     first, _ = _run(batch, [RowRequest(one, max_tokens=8, temperature=0.0)])
     # Another conversation in between: it takes another slot, the first stays warm.
@@ -340,7 +340,7 @@ def test_a_calculator_call_forces_its_result_in_that_row_only():
         RowRequest(BYTES.encode("calc please"), max_tokens=30, temperature=0.0),
         RowRequest(BYTES.encode("no tools"), max_tokens=30, temperature=0.0, use_tools=False),
     ]
-    got, rows = _run(Batch(engine(), rows=2), requests, join_at=[0, 2])
+    got, rows = _run(Scheduler(engine(), rows=2), requests, join_at=[0, 2])
     tokens, masks = got[0]
     start, end = tokens.index(SPECIAL_IDS[OUTPUT_START]), tokens.index(SPECIAL_IDS[OUTPUT_END])
     assert BYTES.decode(tokens[start + 1 : end]) == "84"
@@ -354,7 +354,7 @@ def test_a_calculator_call_forces_its_result_in_that_row_only():
 def test_a_result_queued_at_the_budget_is_written_whole_as_alone():
     model = SlotScriptedModel(tool_call("12*7", DONE))
     request = RowRequest(BYTES.encode("go"), max_tokens=7, temperature=0.0)  # the call's end
-    got, rows = _run(Batch(Engine(model, BYTES), rows=1), [request])
+    got, rows = _run(Scheduler(Engine(model, BYTES), rows=1), [request])
     alone = _alone(Engine(SlotScriptedModel(tool_call("12*7", DONE)), BYTES), request)
     assert got[0] == (alone[0], alone[1])
     assert rows[0].finish_reason == alone[2] == "length"
@@ -363,7 +363,7 @@ def test_a_result_queued_at_the_budget_is_written_whole_as_alone():
 
 def test_max_tokens_zero_prefills_and_yields_nothing_and_a_full_context_is_refused():
     model = random_gpt("E")
-    batch = Batch(_engine(model, "torch"), rows=2)
+    batch = Scheduler(_engine(model, "torch"), rows=2)
     got, rows = _run(batch, [RowRequest(_prompts([9])[0], max_tokens=0)])
     assert got == [([], [])] and rows[0].finish_reason == "length"
     assert rows[0].warm.tokens == rows[0].request.tokens  # the prompt is in its slot
@@ -387,7 +387,7 @@ def test_a_long_first_prompt_alone_gives_what_it_gives_alone(path):
     model = random_gpt("E")
     engine = _engine(model, path)
     for request in _requests(_prompts(FIRST_PROMPTS), max_tokens=10):
-        batch = Batch(engine, rows=4)
+        batch = Scheduler(engine, rows=4)
         assert batch.prefill_chunk == PREFILL_CHUNK
         got, rows = _run(batch, [request])
         want = _alone(Engine(model, _NoStops()), request)
@@ -402,7 +402,7 @@ def test_long_first_prompts_under_load_give_what_they_give_alone(path):
     model = random_gpt("E")
     requests = _requests(_prompts([5, 9, *FIRST_PROMPTS]), max_tokens=10)
     want = [_alone(Engine(model, _NoStops()), r)[:2] for r in requests]
-    batch = Batch(_engine(model, path), rows=len(requests))
+    batch = Scheduler(_engine(model, path), rows=len(requests))
     got, _ = _run(batch, requests, join_at=[0, 0, 2, 2, 3, 4, 4, 6])
     assert got == [tuple(w) for w in want]
 
@@ -412,7 +412,7 @@ def test_a_conversation_whose_slot_another_took_prefills_again_from_its_start():
     # turn then prefills all of its 200 tokens again, in chunks, with no row decoding.
     model = random_gpt("E")
     engine = _engine(model, "kernel" if rows_step() else "torch")
-    batch = Batch(engine, rows=1, slots=1)
+    batch = Scheduler(engine, rows=1, slots=1)
     first, other = _requests(_prompts([70, 130]), max_tokens=8)
     [(reply, _)], _ = _run(batch, [first])
     _run(batch, [other])
@@ -434,7 +434,7 @@ def test_eight_conversations_of_the_embedded_model_each_decode_as_alone():
         RowRequest(p, max_tokens=40, temperature=0.0 if i < 4 else 0.8, top_k=50, seed=i)
         for i, p in enumerate(prompts)
     ]
-    got, rows = _run(Batch(engine, rows=8), requests, join_at=[0, 0, 1, 2, 2, 3, 5, 8])
+    got, rows = _run(Scheduler(engine, rows=8), requests, join_at=[0, 0, 1, 2, 2, 3, 5, 8])
     for (tokens, masks), row, request in zip(got, rows, requests, strict=True):
         want = _alone(Engine(model, tokenizer), request)
         assert (tokens, masks, row.finish_reason) == want

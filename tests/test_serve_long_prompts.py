@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from chatcli.engine.batch import PREFILL_CHUNK
+from chatcli.engine.scheduler import PREFILL_CHUNK
 from chatcli.model.checkpoint import load_model
 
 pytestmark = pytest.mark.slow

@@ -33,11 +33,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from chatcli.engine.cpu_plan import SMALL_MODEL_PARAMS, ThreadChoice, available_cores
-from chatcli.engine.step_attention import attend_over_prefix, attend_rows
-from chatcli.engine.step_matrices import StepLayer, StepMatrix, kernel_model, run_on_threads
-from chatcli.kernels.rows_step import RowsModel, rows_step
+from chatcli.engine.slot_step import visible_keys
+from chatcli.engine.step_attention import attend_over_prefix, attend_rows, attend_slots
+from chatcli.engine.step_matrices import StepLayer, StepMatrix, run_on_threads
+from chatcli.kernels.panels import Matrix
+from chatcli.kernels.rows_step import RowsLayer, RowsModel, RowsStep, rows_step
 from chatcli.model.gpt import GPT, SMEAR_CHANNELS
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model.linear import is_embedding_table
@@ -151,7 +154,55 @@ class DecodeStep:
         if not (self.fold_norms and self.head_dim % 2 == 0):
             return None
         kernel = rows_step()
-        return None if kernel is None else kernel_model(self, kernel)
+        return None if kernel is None else self._kernel_model(kernel)
+
+    def _kernel_model(self, kernel: RowsStep) -> RowsModel | None:
+        """The step's model as the rows_step kernel reads it, or None where it does not apply:
+        matrices neither all fp32 and small (weight_t) nor all fp16 copies in half panels nor
+        all int8 copies in int8 panels (int4, bf16 copies; fp16 where the CPU lacks F16C, int8
+        where it lacks AVX2), tables other than fp32 or bf16."""
+        source: dict[int, Matrix] = {}
+        for m in self.matrices:
+            if m.weight_t is not None:
+                source[id(m)] = m.weight_t
+                continue
+            copies = m.copies  # one fp16 or int8 copy (a stacked one for q, k, v) keeps panels
+            one = copies[0] if len(copies) == 1 else None
+            panels = getattr(one, "half_panels", None) or getattr(one, "int8_panels", None)
+            if panels is None:
+                return None
+            source[id(m)] = panels
+        tables = {t.dtype for la in self.layers if (t := la.ve_table) is not None}
+        if not tables <= {torch.float32} and tables != {torch.bfloat16}:
+            return None
+        t = 1.0 / self.qk_scale
+        layers = [
+            RowsLayer(
+                *(source[id(m)] for m in (la.qkv, la.proj, la.fc, la.fc_proj)),
+                la.ve_gate,
+                la.ve_table,
+                window=la.window,
+                resid_lambda=la.resid_lambda,
+                x0_lambda=la.x0_lambda,
+            )
+            for la in self.layers
+        ]
+        try:
+            return kernel.model(
+                layers,
+                source[id(self.lm_head)],
+                n_head=self.n_head,
+                n_kv_head=self.n_kv_head,
+                ve_scale=self.ve_scale,
+                eps=self._eps,
+                norm_scale=t * t / self.head_dim,
+                norm_eps=self._eps * t * t,
+                softcap=self.softcap,
+                backout_layer=self.backout_layer,
+                backout_lambda=self.backout_lambda,
+            )
+        except ValueError:  # e.g. fp32 beside fp16, widths not in the kernel's blocks
+            return None
 
     def _rows_caches(
         self, cache: KVCache | SharedPrefixCache
@@ -204,7 +255,13 @@ class DecodeStep:
 
     def _embed(self, idx: torch.Tensor, prev: torch.Tensor | None, fold: bool) -> torch.Tensor:
         """The rows (N, C) the layers start from, through torch's ops: the tokens'
-        normalised embeddings, plus the smear of the previous tokens `prev` where given."""
+        normalised embeddings, plus the smear of the previous tokens `prev` where given (-1:
+        a sequence's first token, left unsmeared as the model's forward leaves it)."""
+        if prev is not None and not bool((prev >= 0).all()):
+            x = self._embed(idx, None, fold)
+            has = prev >= 0
+            x[has] = self._embed(idx[has], prev[has], fold)
+            return x
         x = self._look_up(idx, self.wte)
         x = x.mul_(self._row_scales(x)) if fold else F.rms_norm(x, (x.size(1),))
         if prev is not None:
@@ -317,10 +374,8 @@ class DecodeStep:
     ) -> torch.Tensor:
         """ids (N, 1), row i's token for slot rows.slots[i], each row at its own position
         (a slot's several rows: a prompt's chunk) -> float32 logits (len(out), vocab_size)
-        of the rows `out` names (None: all); every slot advanced by its rows (slot_step)."""
-        from chatcli.engine.slot_step import step_slots  # it builds on this module
-
-        return self._on_threads(ids.size(0), step_slots, self, ids, rows, out)
+        of the rows `out` names (None: all); every slot advanced by its rows."""
+        return self._on_threads(ids.size(0), self._step_slots, ids, rows, out)
 
     def _on_threads(self, rows: int, step: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
         """step(*args), a step of `rows` rows, on the threads chosen for that many rows."""
@@ -359,7 +414,6 @@ class DecodeStep:
                 m.threads = threads
 
     def _step(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
-        H, D = self.n_head, self.head_dim
         N = ids.size(0)
         pos = self._room_for_one(cache)
         cos_table, sin_table = self._rope_tables()
@@ -368,7 +422,6 @@ class DecodeStep:
         native = ids.device.type == "cpu" and self._kernel_takes(cache, N)
         if N == 1 and type(cache) is KVCache and ids.device.type == "cpu" and not native:
             return self._one_row(idx, cache, pos, cos, sin)
-        C = self.wte.size(1)
         fold = self.fold_norms
         smear = self.smear and pos > 0 and cache.prev_token is not None
         if native:  # every layer and the vocabulary's products in one call
@@ -387,31 +440,113 @@ class DecodeStep:
             cache.advance(1)
             return logits[:, : self.vocab_size]  # the softcap taken in the kernel
         x = self._embed(idx, cache.prev_token if smear else None, fold)
+        threads = self.wide_threads
+        if isinstance(cache, SharedPrefixCache):
+
+            def attend(i: int, window: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+                return attend_over_prefix(i, q, k, v, window, cache, pos, threads)
+
+        else:
+
+            def attend(i: int, window: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+                return attend_rows(i, q, k, v, window, cache, pos, threads)
+
+        x = self._layers(x, idx, cos, sin, attend)
+        cache.prev_token = idx
+        cache.advance(1)
+        return self._logits(x)
+
+    @torch.inference_mode()
+    def _step_slots(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor:
+        """step_rows: each row its own slot's next token, at its own position, with its own
+        rotary angles, previous token and window; a slot's several rows (a prompt's chunk)
+        each attend the ones before it. Through our kernel's rows_step_slots where it applies
+        (every row's products in one pass over the weights), else _layers, each row's keys
+        written at their positions in one indexed write and read back under a mask that
+        shows each row its own window only."""
+        N = ids.size(0)
+        if rows.batch_size != N:
+            raise ValueError(f"{N} tokens for {rows.batch_size} rows")
+        positions = rows.room(self.model.max_positions)
+        pos = torch.tensor(positions, dtype=torch.long, device=ids.device)
+        cos_table, sin_table = self._rope_tables()
+        cos, sin = cos_table[pos], sin_table[pos]  # (N, D): each row's own angles
+        idx = ids.view(N)
+        prev = rows.previous(idx) if self.smear else None  # -1: a sequence's first token
+        cache = rows.cache
+        kernel = rows_step() if self._rows_model is not None and ids.device.type == "cpu" else None
+        layout = (cache.k_cache, cache.v_cache)
+        if kernel is not None and kernel.has_slots and kernel.takes_slots(self._rows_model, layout):
+            if self._embed_native:
+                x = kernel.embed(self.wte, idx, self._eps, prev, self.smear_gate, self.smear_lambda)
+            else:
+                x = self._embed(idx, prev, self.fold_norms)
+            slots = torch.tensor(rows.slots, dtype=torch.long)
+            logits = kernel.run_slots(
+                self._rows_model, x, idx, cos, sin, slots, pos, layout, self.wide_threads, out
+            )
+            rows.advance(idx)
+            return logits[:, : self.vocab_size]  # the softcap taken in the kernel
+        heads = self.n_head + self.n_kv_head
+        # Every head of a row turns by the row's angle: (N * (H + Hkv), D), as _qk_v lays them.
+        cos, sin = cos.repeat_interleave(heads, 0), sin.repeat_interleave(heads, 0)
+        slots = torch.tensor(rows.slots, dtype=torch.long, device=idx.device)
+        cache.make_finite(rows.slots, max(positions) + 1)  # the keys the masks hide
+        masks: dict[int, tuple[int, torch.Tensor]] = {}  # window -> (first key, mask)
+        threads = self.wide_threads
+        x = self._embed(idx, prev, self.fold_norms)
+
+        def attend(i: int, window: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            if window not in masks:
+                masks[window] = visible_keys(positions, window, x.dtype, x.device)
+            first, mask = masks[window]
+            return attend_slots(i, q, k, v, cache, slots, pos, first, mask, threads)
+
+        x = self._layers(x, idx, cos, sin, attend)
+        rows.advance(idx)
+        if out is not None:  # only these rows' logits: a prompt's tokens but its last need none
+            x = x[out]
+        return self._logits(x)
+
+    def _layers(
+        self,
+        x: torch.Tensor,
+        idx: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Callable[[int, int, Tensor, Tensor, Tensor], Tensor],
+    ) -> torch.Tensor:
+        """The transformer's layers over rows x (N, C) in torch's ops: the one layer loop of
+        this step, whatever the rows are (a cache's rows at one position, sample rows over a
+        shared prompt, a server's slots); attend(layer, window, q, k, v) writes the rows'
+        keys and values where they go and returns each row's attention (N, H, D)."""
+        H, D, fold = self.n_head, self.head_dim, self.fold_norms
+        N = x.size(0)
         x0 = x
         saved = None
-        shared = isinstance(cache, SharedPrefixCache)
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
             qk, v = self._qk_v(layer, x, idx, cos, sin, fold)
-            q, k = qk[:, :H], qk[:, H:]
-            if shared:
-                y = attend_over_prefix(i, q, k, v, layer.window, cache, pos, self.wide_threads)
-            else:
-                y = attend_rows(i, q, k, v, layer.window, cache, pos, self.wide_threads)
+            y = attend(i, layer.window, qk[:, :H], qk[:, H:], v)
             x = self._mlp(layer, layer.proj.addmm(x, y.reshape(N, H * D)), fold)
             if i == self.backout_layer:
                 saved = x
         if saved is not None:
             x = torch.add(x, saved, alpha=-self.backout_lambda)
+        return x
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows' logits (N, V) from the last layer's x: the last norm, the vocabulary's
+        product, the softcap."""
         cap = self.softcap
-        cache.prev_token = idx
-        cache.advance(1)
-        if fold:  # the last norm joins the softcap's division
+        if self.fold_norms:  # the last norm joins the softcap's division
             logits = self.lm_head.mm(x)[:, : self.vocab_size]
             scales = self._row_scales(x, times=cap)
             return run_on_threads(self.wide_threads, _soft_cap, logits, cap, scales)
-        logits = self.lm_head.mm(F.rms_norm(x, (C,)))[:, : self.vocab_size].float()
+        logits = self.lm_head.mm(F.rms_norm(x, (x.size(1),)))[:, : self.vocab_size].float()
         return run_on_threads(self.wide_threads, _soft_cap, logits, cap)
 
     def _one_row(

@@ -1,9 +1,10 @@
 """The Engine: prefill a prompt, then decode one or many sample rows with the calculator tool.
 
-Owns: the one generation loop every caller runs (`Engine.generate`: a chat turn, /samples, a
-server worker's request, the bench, nanochat-style callers), with its prefill, decode, token
-budget, timings and finish reasons; the caches a generation decodes in (the caller's
-WarmCache, or one made for it); running ids through the model. Knows nothing about text
+Owns: `Engine.generate`, the nanochat-compatible way to generate (a chat turn, /samples,
+a server worker's `--batch 1` request, the bench, nanochat-style callers), a thin client of
+the one generation loop (scheduler.py: prefill, decode, token budget, timings and finish
+reasons live there); the caches a generation decodes in (the caller's WarmCache, or one made
+for it); running ids through the model, which the scheduler does through it. Knows nothing about text
 beyond the few special tokens it needs (tool_use.py follows calculator calls).
 
 It works with any model that follows the cache protocol (`config`, `get_device()`,
@@ -17,23 +18,20 @@ from __future__ import annotations
 
 import inspect
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from chatcli.engine.cpu_plan import prefill_threads, torch_threads
+from chatcli.engine.scheduler import GenerationStats, RowRequest, Scheduler, plan
 from chatcli.engine.slot_step import forward_slots
 from chatcli.engine.step_choice import Step, compiled_forward, pick_decode_step
 from chatcli.engine.tool_use import RESULT_RESERVE, RowState, ToolTokenizer, ToolUse
 from chatcli.engine.warm_cache import WarmCache
-from chatcli.errors import ContextOverflowError
 from chatcli.kernels.sample_rows import sample_rows
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
-from chatcli.model.sampling import sample_next_token
 from chatcli.model.slot_cache import SlotCache, SlotRows
 from chatcli.model.special_tokens import ASSISTANT_END
 
@@ -46,47 +44,6 @@ class CachedModel(Protocol):
     def get_device(self) -> torch.device: ...
 
     def forward(self, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor: ...
-
-
-@dataclass
-class GenerationStats:
-    """Filled in by `Engine.generate` as it runs; pass one in to read it afterwards."""
-
-    prompt_tokens: int = 0
-    prefill_tokens: int = 0  # of the prompt's, those the prefill ran (a warm cache held the rest)
-    prefill_s: float = 0.0  # the prompt's forward, waited for on a GPU
-    first_token_s: float = 0.0  # from the call to the first yielded column
-    decode_s: float = 0.0  # the decode steps, without the caller's time between them
-    steps: int = 0  # columns yielded
-    finish_reasons: list[str] = field(default_factory=list)  # per row: stop|length|context
-
-    @property
-    def prefill_tps(self) -> float:
-        """Prompt tokens a second, over the ones that ran."""
-        return self.prefill_tokens / max(self.prefill_s, 1e-9)
-
-    @property
-    def decode_tps(self) -> float:
-        """Tokens a second over the decode steps, every row's: the first column came from
-        the prefill's logits, so a generation of one column has no decode speed (0)."""
-        if self.steps < 2 or self.decode_s <= 0:
-            return 0.0
-        return len(self.finish_reasons) * (self.steps - 1) / self.decode_s
-
-
-def wait_for_device(device: torch.device | str) -> None:
-    """Wait for a CUDA device's queued work, so that a prefill's time is the prefill's and
-    not the first decode step's (whose host read would wait for it). Free: that read comes
-    next anyway. Nothing to wait for on the CPU."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class _Sampling(NamedTuple):
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    seed: int
 
 
 class Engine:
@@ -157,7 +114,8 @@ class Engine:
         generation. One row decodes in that cache, appending its tokens to warm.tokens;
         `num_samples` rows fork from it (warm.fork) and decode together, each sampling its
         own first token. A row is done at <|assistant_end|> or <|bos|> (that token is
-        yielded). Stops when every row is done, after max_tokens steps (None: no limit; a
+        yielded); while other rows go on, a done row's entry is <|assistant_end|>, mask 0.
+        Stops when every row is done, after max_tokens steps (None: no limit; a
         calculator result still queued is written whole past it), or when the context is
         full; or when the caller closes the iterator. The last yielded column is never
         written to the cache (the caller decides whether the turn goes on).
@@ -167,146 +125,41 @@ class Engine:
         use_tools off nothing is forced, so it is not used.
 
         The arguments are checked at the call, before anything runs: a ValueError, or a
-        ContextOverflowError where the prompt fills the context.
+        ContextOverflowError where the prompt fills the context. The rows run in the
+        scheduler's loop (scheduler.py), as a server's requests do.
         """
         if num_samples < 1:
             raise ValueError("num_samples must be at least 1")
-        budget = self.budget_for(tokens, max_tokens)
-        # A row cut at the budget says why: the caller's limit, or the context's room.
-        cut = "length" if max_tokens is not None and budget == max_tokens else "context"
+        request = RowRequest(
+            tokens, max_tokens, temperature, top_k, top_p, seed, use_tools, resume
+        )  # fmt: skip
+        budget, _ = plan(self.context_len, request)
         return self._generate(
-            tokens,
-            num_samples,
-            budget,
-            cut,
-            _Sampling(temperature, top_k, top_p, seed),
-            use_tools=use_tools,
-            stats=stats if stats is not None else GenerationStats(),
-            resume=resume if use_tools else None,
-            warm=warm,
+            request, num_samples, budget, stats if stats is not None else GenerationStats(), warm
         )
 
     @torch.inference_mode()
     def _generate(
         self,
-        tokens: list[int],
+        request: RowRequest,
         num_samples: int,
         budget: int,
-        cut: str,
-        sampling: _Sampling,
-        *,
-        use_tools: bool,
         stats: GenerationStats,
-        resume: RowState | None,
         warm: WarmCache | None,
     ) -> Iterator[tuple[list[int], list[int]]]:
-        stats.prompt_tokens, stats.prefill_tokens, stats.steps = len(tokens), 0, 0
-        stats.prefill_s = stats.first_token_s = stats.decode_s = 0.0
-        t_start = time.perf_counter()
-        with self._prompt_cache(warm, len(tokens), num_samples, budget) as warm:
+        """The request's rows through the scheduler, a column a step: the one loop a server's
+        requests run in too (scheduler.py)."""
+        prompt_len = len(request.tokens)
+        with self._prompt_cache(warm, prompt_len, num_samples, budget) as warm:
             try:
-                # Prefill: the prompt past what the cache holds, in one batch-1 forward.
-                logits, stats.prefill_tokens = warm.prefill(tokens)
-                wait_for_device(self.model.get_device())  # a GPU's runs on after the call
-                stats.prefill_s = time.perf_counter() - t_start
-                # Decode: one row in the cache itself, or sample rows forked from it.
-                cache = warm.cache if num_samples == 1 else warm.fork(num_samples, budget)
-                rows = [RowState() if resume is None else resume.copy() for _ in range(num_samples)]
-                stats.finish_reasons = [cut] * num_samples
-                steps = self._decode(
-                    cache, logits.expand(num_samples, -1), rows, budget, sampling, use_tools, stats
-                )
-                for column, masks in steps:
-                    if cache is warm.cache:
-                        warm.tokens.append(column[0])
-                    if stats.steps == 1:
-                        stats.first_token_s = time.perf_counter() - t_start
-                    yield column, masks
+                scheduler = Scheduler(self)
+                gen = scheduler.start(request, warm, num_samples, stats)
+                while not gen.done:
+                    scheduler.step()
+                    if gen.column is not None:
+                        yield gen.column, gen.masks
             finally:
                 warm.settle()
-
-    def _decode(
-        self,
-        cache: KVCache | SharedPrefixCache,
-        logits: torch.Tensor,
-        rows: list[RowState],
-        budget: int,
-        sampling: _Sampling,
-        use_tools: bool,
-        stats: GenerationStats,
-    ) -> Iterator[tuple[list[int], list[int]]]:
-        """Decode from a filled cache and the logits (N, V) of its last position, one step a
-        column: each row's token (_next_token) and its tool use (ToolUse.track), then one
-        forward of every row's token. A row's state is its own (`rows[i]`, its finish reason
-        in stats), so rows of different prompts could share these steps.
-
-        A calculator result is one unit: forced tokens still queued when the budget runs out
-        are yielded after it (as far as the cache has room), so a reply is never cut inside
-        one.
-        """
-        temperature, top_k, top_p, seed = sampling
-        device = self.model.get_device()
-        rng = torch.Generator(device=device)
-        rng.manual_seed(seed)
-        if budget <= 0:
-            return
-        t_decode = time.perf_counter()
-        waited = 0.0  # the caller's time between our yields: not decode time
-        while True:
-            overtime = stats.steps >= budget  # nothing is sampled any more, only queued tokens
-            drawn = None if overtime else sample_next_token(logits, rng, temperature, top_k, top_p)
-            sampled = [] if drawn is None else drawn[:, 0].tolist()  # the step's one host read
-            column, masks = [], []
-            for i, row in enumerate(rows):
-                token, mask, stopped = self.take_token(
-                    row, None if overtime else sampled[i], use_tools
-                )
-                column.append(token)
-                masks.append(mask)
-                if stopped:
-                    stats.finish_reasons[i] = "stop"
-            stats.steps += 1
-            t_yield = time.perf_counter()
-            stats.decode_s = t_yield - t_decode - waited
-            yield column, masks
-            waited += time.perf_counter() - t_yield
-            if all(row.completed for row in rows):
-                return
-            if stats.steps >= budget and not _result_pending(rows, cache):
-                return
-            if column == sampled:  # (N, 1) on the device already: no copy back from the host
-                ids = drawn
-            else:  # a calculator's forced tokens, a finished row's filler
-                ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
-            logits = self.forward_last(ids, cache)
-
-    def take_token(
-        self, row: RowState, sampled: int | None, use_tools: bool
-    ) -> tuple[int, int, bool]:
-        """A row's token of a step (_next_token: forced, sampled, or the filler past the
-        budget), its mask, and whether it stops the row (<|assistant_end|> or <|bos|>); the
-        calculator follows it where use_tools. Every generation loop's one way to take a
-        token: Engine.generate's rows and a server batch's (batch.py)."""
-        token, mask = self._next_token(row, sampled)
-        if row.completed:
-            return token, mask, False
-        if token in (self.assistant_end, self.bos):
-            row.completed = True
-            return token, mask, True
-        if use_tools:
-            self.tools.track(row, token)
-        return token, mask, False
-
-    def _next_token(self, row: RowState, sampled: int | None) -> tuple[int, int]:
-        """One row's token of a step and its mask: the calculator's next forced token, else
-        the one sampled for it; past the budget (nothing sampled) a row with nothing queued
-        is over, and gets <|assistant_end|> (mask 0) as filler, its reason the budget's."""
-        if row.forced_tokens:
-            return row.forced_tokens.popleft(), 0
-        if sampled is None:
-            row.completed = True
-            return self.assistant_end, 0
-        return sampled, 1
 
     @contextmanager
     def _prompt_cache(
@@ -365,17 +218,7 @@ class Engine:
     def budget_for(self, tokens: list[int], max_tokens: int | None) -> int:
         """The most tokens a reply to `tokens` may generate: max_tokens (None: no limit)
         within what the context leaves. Raises where the prompt fills the context."""
-        if not tokens or not all(isinstance(t, int) for t in tokens):
-            raise ValueError("tokens must be a non-empty list of ints")
-        if max_tokens is not None and max_tokens < 0:
-            raise ValueError("max_tokens must be non-negative (or None for the whole context)")
-        left = self.context_len - len(tokens)
-        if left <= 0:
-            raise ContextOverflowError(
-                f"The prompt is {len(tokens)} tokens; the model's context is "
-                f"{self.context_len}. Shorten the conversation (e.g. /clear) or the message."
-            )
-        return left if max_tokens is None else min(max_tokens, left)
+        return plan(self.context_len, RowRequest(tokens, max_tokens))[0]
 
     def replay_tool_use(self, tokens: Sequence[int]) -> tuple[RowState, list[int]]:
         """The tool-use state at the end of `tokens` (the body of an unfinished reply, after
@@ -490,11 +333,3 @@ class Engine:
         """Positions a generation's rows need past the prompt: the budget and a calculator
         result that runs past it, within the context."""
         return min(budget + RESULT_RESERVE, self.context_len - prompt_len)
-
-
-def _result_pending(rows: list[RowState], cache: KVCache | SharedPrefixCache) -> bool:
-    """Whether a row still has calculator tokens queued and the context room for one more:
-    a position for the column just yielded and one for the next."""
-    queued = any(row.forced_tokens and not row.completed for row in rows)
-    rest = cache.suffix if isinstance(cache, SharedPrefixCache) else cache
-    return queued and rest.max_seq_len - rest.get_pos() >= 2

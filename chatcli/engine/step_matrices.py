@@ -2,9 +2,9 @@
 
 Owns: StepMatrix (one matrix of the step: several modules' stacked into one, a small one's
 transposed copy, or the compact decode copies a big model's modules keep) with its products
-on the threads the step gives it, StepLayer (one layer's matrices and constants), and the
-model as our rows_step kernel reads it (kernel_model). Knows nothing about caches or
-attention (decode_step.py).
+on the threads the step gives it, and StepLayer (one layer's matrices and constants). Knows
+nothing about caches or attention (decode_step.py), nor how the kernel reads them
+(DecodeStep._kernel_model).
 """
 
 from __future__ import annotations
@@ -12,18 +12,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import torch
 
-from chatcli.kernels.panels import Matrix
-from chatcli.kernels.rows_step import RowsLayer, RowsModel, RowsStep
 from chatcli.model.gpt import Attention
 from chatcli.model.linear import linear, through_copy, weight_major
 from chatcli.model.quantize import DecodeWeight
-
-if TYPE_CHECKING:
-    from chatcli.engine.decode_step import DecodeStep
 
 # Elements of a stacked matrix (a copy of its parts): d20's q, k and v are 4.9M (20 MB).
 STACK_AT_MOST = 1 << 20
@@ -176,52 +171,3 @@ class StepLayer:
     x0_lambda: float
     ve_table: torch.Tensor | None  # (V, Hkv*D) value embedding, or None
     ve_gate: torch.Tensor | None  # (Hkv, ve_channels)
-
-
-def kernel_model(step: DecodeStep, kernel: RowsStep) -> RowsModel | None:
-    """The step's model as the rows_step kernel reads it, or None where it does not apply:
-    matrices neither all fp32 and small (weight_t) nor all fp16 copies in half panels nor
-    all int8 copies in int8 panels (int4, bf16 copies; fp16 where the CPU lacks F16C, int8
-    where it lacks AVX2), tables other than fp32 or bf16."""
-    source: dict[int, Matrix] = {}
-    for m in step.matrices:
-        if m.weight_t is not None:
-            source[id(m)] = m.weight_t
-            continue
-        copies = m.copies  # one fp16 or int8 copy (a stacked one for q, k, v) keeps panels
-        one = copies[0] if len(copies) == 1 else None
-        panels = getattr(one, "half_panels", None) or getattr(one, "int8_panels", None)
-        if panels is None:
-            return None
-        source[id(m)] = panels
-    tables = {t.dtype for la in step.layers if (t := la.ve_table) is not None}
-    if not tables <= {torch.float32} and tables != {torch.bfloat16}:
-        return None
-    t = 1.0 / step.qk_scale
-    layers = [
-        RowsLayer(
-            *(source[id(m)] for m in (la.qkv, la.proj, la.fc, la.fc_proj)),
-            la.ve_gate,
-            la.ve_table,
-            window=la.window,
-            resid_lambda=la.resid_lambda,
-            x0_lambda=la.x0_lambda,
-        )
-        for la in step.layers
-    ]
-    try:
-        return kernel.model(
-            layers,
-            source[id(step.lm_head)],
-            n_head=step.n_head,
-            n_kv_head=step.n_kv_head,
-            ve_scale=step.ve_scale,
-            eps=step._eps,
-            norm_scale=t * t / step.head_dim,
-            norm_eps=step._eps * t * t,
-            softcap=step.softcap,
-            backout_layer=step.backout_layer,
-            backout_lambda=step.backout_lambda,
-        )
-    except ValueError:  # e.g. fp32 beside fp16, widths not in the kernel's blocks
-        return None

@@ -15,18 +15,32 @@ it and decodes, appending what it writes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 
-if TYPE_CHECKING:
-    from chatcli.engine.engine import Engine
+
+class CacheRunner(Protocol):
+    """What a warm cache needs from whoever runs the model (the Engine)."""
+
+    model: Any  # get_device()
+
+    @property
+    def context_len(self) -> int: ...
+
+    def new_cache(self, batch_size: int, seq_len: int) -> KVCache: ...
+
+    def forward_prompt(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+    def fork(
+        self, prefix: KVCache, num_samples: int, budget: int
+    ) -> KVCache | SharedPrefixCache: ...
 
 
 class WarmCache:
-    def __init__(self, engine: Engine, cache: KVCache | None = None) -> None:
+    def __init__(self, engine: CacheRunner, cache: KVCache | None = None) -> None:
         """cache: the batch-1 cache to keep (empty); None makes a whole-context one at the
         first prefill."""
         self.engine = engine

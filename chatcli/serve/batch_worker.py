@@ -2,7 +2,7 @@
 
 Owns: BatchWorker, what a Worker of batch N > 1 runs its requests through. Each request's
 thread (the WorkerPool's, one a request as for batch 1) hands its prompt in and waits; one
-loop thread of the worker's own takes requests into the engine's Batch as rows come free,
+loop thread of the worker's own takes requests into the engine's Scheduler as rows come free,
 steps it, turns each row's tokens into that request's stream events (worker_pool.ReplyText)
 and ends a row when it finishes, matches a stop sequence, or its request is stopped (the
 client left, the server closes), which frees its slot before the next step. The thread runs
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatcli.chat.stream import StreamEvent
-from chatcli.engine.batch import Batch, BatchRow, RowRequest, default_prefill_chunk
 from chatcli.engine.engine import Engine
+from chatcli.engine.scheduler import Generation, RowRequest, Scheduler, default_prefill_chunk
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.serve.worker_pool import Emit, Finished, GenerationParams, ReplyText, emit_all
 
@@ -50,7 +50,7 @@ class _Job:
     pending: list[StreamEvent]  # events not yet handed over (emit_all)
     done: threading.Event = field(default_factory=threading.Event)
     started: bool = False  # some event was handed over already
-    row: BatchRow | None = None
+    row: Generation | None = None
     result: Finished | None = None
     error: Exception | None = None
 
@@ -67,11 +67,11 @@ class BatchWorker:
         prefill_chunk: int | None = None,
     ) -> None:
         chunk = prefill_chunk or default_prefill_chunk(engine.model.get_device())
-        self.batch = Batch(engine, rows, slots=cache_slots, prefill_chunk=chunk)
+        self.batch = Scheduler(engine, rows, slots=cache_slots, prefill_chunk=chunk)
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
         self._incoming: deque[_Job] = deque()
-        self._jobs: dict[BatchRow, _Job] = {}  # the loop's own: rows running now
+        self._jobs: dict[Generation, _Job] = {}  # the loop's own: rows running now
         self._loop: threading.Thread | None = None
         self._handed_at = 0.0  # when the last step's events went over
 

@@ -276,7 +276,7 @@ def serve_on_ray(
     on_ready gets {"url", "model", "devices", "cpu_threads", "ray"}, "ray" holding the
     address, the replica count, where the front runs ("here", or "head" for a ray://
     address), and the start-up's seconds (cluster, deploy)."""
-    from chatcli.engine.batch import default_rows
+    from chatcli.engine.scheduler import default_rows
     from chatcli.serve.ray_replica import ReplicaSpec
     from chatcli.serve.runner import listen
 

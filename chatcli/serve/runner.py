@@ -146,8 +146,8 @@ def serve(
     on_listening is called once the address is taken, before the models load: what must be
     said at once.
     """
-    from chatcli.engine.batch import default_rows
     from chatcli.engine.cpu_plan import apply_cpu_plan
+    from chatcli.engine.scheduler import default_rows
     from chatcli.model.checkpoint import load_model
 
     sock = listen(host, port)  # fail on a taken port before minutes of model loading
