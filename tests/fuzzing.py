@@ -168,12 +168,16 @@ def hostile_values() -> st.SearchStrategy[Any]:
         st.floats(),
         st.sampled_from([0.5, 1.5, -0.0, 1e300, float("nan"), float("inf"), float("-inf")]),
         st.text(max_size=12),
-        st.sampled_from(["", " ", "4", "1e400", "SSSL", "S", "X", "../x", "\x00", "\ud800", "a" * 500]),
+        st.sampled_from(
+            ["", " ", "4", "1e400", "SSSL", "S", "X", "../x", "\x00", "\ud800", "a" * 500]
+        ),
     )
     return st.recursive(
         leaves,
-        lambda inner: st.lists(inner, max_size=4)
-        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=4),
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=4)
+        ),
         max_leaves=8,
     )
 

@@ -14,10 +14,11 @@ import time
 
 import pytest
 
-schemathesis = pytest.importorskip("schemathesis", reason="needs the dev extra: pip install -e '.[dev]'")
+pytest.importorskip("schemathesis", reason="needs the dev extra: pip install -e '.[dev]'")
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 
 import httpx
+import schemathesis
 from fakes import reply
 from fuzzing import budget, fuzz
 from hypothesis import given
@@ -122,13 +123,17 @@ def test_streams_cut_off_and_whole_replies_leave_no_row_taken(server, steps):
     for step, cut_after, max_tokens in steps:
         body = {**QUESTION, "temperature": 1.0, "max_tokens": max_tokens}
         if step == "cut-stream":  # read a few events, then hang up mid-reply
-            with httpx.stream("POST", url, json={**body, "stream": True}, headers=AUTH, timeout=60) as r:
+            with httpx.stream(
+                "POST", url, json={**body, "stream": True}, headers=AUTH, timeout=60
+            ) as r:
                 assert r.status_code == 200
                 for n, _ in enumerate(r.iter_lines()):
                     if n >= cut_after:
                         break
         elif step == "stream":
-            with httpx.stream("POST", url, json={**body, "stream": True}, headers=AUTH, timeout=60) as r:
+            with httpx.stream(
+                "POST", url, json={**body, "stream": True}, headers=AUTH, timeout=60
+            ) as r:
                 assert r.status_code == 200
                 text = r.read().decode()
             assert text.endswith("data: [DONE]\n\n"), text[-200:]

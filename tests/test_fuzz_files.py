@@ -19,9 +19,16 @@ import pytest
 
 pytest.importorskip("hypothesis", reason="needs the dev extra: pip install -e '.[dev]'")
 
-import tiktoken
 import torch
-from fuzzing import Untouched, budget, fuzz, hostile_values, loads_or_one_error, mutated, mutated_bytes
+from fuzzing import (
+    Untouched,
+    budget,
+    fuzz,
+    hostile_values,
+    loads_or_one_error,
+    mutated,
+    mutated_bytes,
+)
 from hf_models import TOKENIZER, random_gpt, save_nanochat
 from hub_fakes import commit_of, write_hub_cache
 from hypothesis import given
@@ -116,13 +123,23 @@ def damaged_state_dicts(draw: st.DrawFn, sd: dict) -> dict:
         if how == "drop" and len(sd) > 1:
             del sd[key]
         elif how == "add":
-            sd[draw(st.sampled_from([key + ".x", "transformer.h.9.attn.c_q.weight", "x"]))] = sd[key]
+            sd[draw(st.sampled_from([key + ".x", "transformer.h.9.attn.c_q.weight", "x"]))] = sd[
+                key
+            ]
         elif how == "reshape":
             sd[key] = _reshaped(sd[key], draw) if isinstance(sd[key], torch.Tensor) else sd[key]
         elif how == "dtype" and isinstance(sd[key], torch.Tensor):
             dtype = draw(
                 st.sampled_from(
-                    [torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.bool, torch.complex64, torch.uint8]
+                    [
+                        torch.float16,
+                        torch.bfloat16,
+                        torch.float64,
+                        torch.int64,
+                        torch.bool,
+                        torch.complex64,
+                        torch.uint8,
+                    ]
                 )
             )
             sd[key] = sd[key].to(dtype)
@@ -290,13 +307,19 @@ def test_a_damaged_hub_cache_loads_lists_or_is_one_error(tmp_path_factory, nanoc
         link = snapshot / data.draw(st.sampled_from(sorted(files)))
         if how == "ref":
             ref = data.draw(st.sampled_from(["", "\n", commit[:7], "../../x", commit + "\n", "zz"]))
-            (repo / "refs" / "main").write_text(data.draw(st.text(max_size=50)) if ref == "zz" else ref)
+            (repo / "refs" / "main").write_text(
+                data.draw(st.text(max_size=50)) if ref == "zz" else ref
+            )
         elif how in ("dangling", "loop", "folder", "outside") and link.is_symlink():
             link.unlink()
             if how == "folder":
                 link.mkdir()
             else:
-                target = {"dangling": "../../blobs/gone", "loop": link.name, "outside": "/etc/hostname"}
+                target = {
+                    "dangling": "../../blobs/gone",
+                    "loop": link.name,
+                    "outside": "/etc/hostname",
+                }
                 link.symlink_to(target[how])
         elif how == "no-blob":
             blobs = sorted((repo / "blobs").iterdir())
@@ -371,7 +394,11 @@ def test_a_damaged_conversation_file_reads_back_or_is_one_error(tmp_path_factory
             loads_or_one_error(lambda: tokenizer.render_for_completion(messages))
     listed = loads_or_one_error(lambda: list_conversations(folder))
     assert isinstance(listed, list | ChatcliError)
-    found = loads_or_one_error(lambda: resolve_conversation(folder, data.draw(st.sampled_from(["c1", "a talk", "last", "x"]))))
+    found = loads_or_one_error(
+        lambda: resolve_conversation(
+            folder, data.draw(st.sampled_from(["c1", "a talk", "last", "x"]))
+        )
+    )
     assert isinstance(found, Path | ChatcliError)
     untouched.check()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis", reason="needs the dev extra: pip install -e '.[dev]'")
+pytest.importorskip("hypothesis", reason="needs the dev extra: pip install -e '.[dev]'")
 
 from fakes import SPECIAL_IDS, ByteTokenizer, ScriptedModel, reply
 from fuzzing import (
@@ -80,7 +80,7 @@ def _python_value(expr: str) -> int | float | None:
     """What Python makes of the same arithmetic (our own generated text: safe to evaluate),
     or None where the calculator must refuse (a division by zero, a value past its bound)."""
     try:
-        value = eval(expr.replace(",", ""), {"__builtins__": {}})  # noqa: S307
+        value = eval(expr.replace(",", ""), {"__builtins__": {}})
     except (ZeroDivisionError, OverflowError):
         return None
     return value
@@ -115,7 +115,22 @@ def test_any_text_the_calculator_is_given_is_a_number_or_refused(expr):
 def mutated_text(text: str) -> st.SearchStrategy[str]:
     """`text` with a piece cut, inserted or repeated: near-valid expressions."""
     pieces = st.sampled_from(
-        ["(", ")", "**", "'", '"', "\\", ",", "_", ".count(", "a", "1e999", "\x00", "lambda", "*" * 50]
+        [
+            "(",
+            ")",
+            "**",
+            "'",
+            '"',
+            "\\",
+            ",",
+            "_",
+            ".count(",
+            "a",
+            "1e999",
+            "\x00",
+            "lambda",
+            "*" * 50,
+        ]
     )
     return st.tuples(st.integers(0, len(text)), pieces, st.integers(1, 40)).map(
         lambda t: text[: t[0]] + t[1] * (t[2] if len(t[1]) == 1 else 1) + text[t[0] :]
@@ -221,7 +236,9 @@ def test_any_run_of_slash_commands_answers_each_and_writes_only_its_files(tmp_pa
 
 # ---- environment values and the config file --------------------------------------------------
 
-VALID_ENV = {env_name(name): format_setting(name, getattr(DEFAULTS, name)) for name in SETTING_NAMES}
+VALID_ENV = {
+    env_name(name): format_setting(name, getattr(DEFAULTS, name)) for name in SETTING_NAMES
+}
 VALID_ENV["CHATCLI_NO_HISTORY"] = "1"
 
 
@@ -275,7 +292,13 @@ def toml_value(value: object) -> str | None:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return "nan" if value != value else ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
+        return (
+            "nan"
+            if value != value
+            else ("inf" if value > 0 else "-inf")
+            if math.isinf(value)
+            else repr(value)
+        )
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, list):
@@ -300,7 +323,9 @@ def test_any_config_file_gives_settings_or_one_error(tmp_path_factory, config, r
     root = tmp_path_factory.mktemp("config")
     path = root / "config.toml"
     if isinstance(config, dict):
-        lines = [f"{json.dumps(str(k))} = {v}" for k, raw in config.items() if (v := toml_value(raw))]
+        lines = [
+            f"{json.dumps(str(k))} = {v}" for k, raw in config.items() if (v := toml_value(raw))
+        ]
         text = "\n".join(lines) + "\n"
     else:
         text = f"value = {toml_value(config)}\n"

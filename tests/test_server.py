@@ -340,6 +340,11 @@ BAD_REQUESTS = [
     ("max_completion_tokens true", {**HI, "max_completion_tokens": True}, "max_completion_tokens"),
     ("seed a numeric string", {**HI, "seed": "1"}, "seed"),
     ("n true", {**HI, "n": True}, "n"),
+    # Found by the schema fuzzer: the fields served only as "none" took false and "0" as 0.
+    ("presence_penalty false", {**HI, "presence_penalty": False}, "presence_penalty"),
+    ("frequency_penalty a numeric string", {**HI, "frequency_penalty": "0"}, "frequency_penalty"),
+    ("top_logprobs false", {**HI, "top_logprobs": False}, "top_logprobs"),
+    ("logprobs 0", {**HI, "logprobs": 0}, "logprobs"),
 ]
 
 

@@ -126,3 +126,22 @@ def test_hostile_pickle_runs_nothing(tmp_path):
     with pytest.raises(TokenizerError, match=r"refused to load global pathlib"):
         Tokenizer.from_file(path)
     assert not marker.exists()
+
+
+def test_a_tokenizer_pkl_that_gives_an_id_twice_is_refused_not_a_panic(tmp_path):
+    # Found by the fuzzer: tiktoken's Rust core panics on it, past any `except Exception`.
+    from chatcli.model.tokenizer import SPLIT_PATTERN
+
+    ranks = {bytes([i]): i for i in range(256)} | {b"ab": 7}
+    state = {
+        "name": "twice",
+        "pat_str": SPLIT_PATTERN,
+        "mergeable_ranks": ranks,
+        "special_tokens": {name: 256 + i for i, name in enumerate(SPECIAL_TOKENS)},
+    }
+    # As tiktoken pickles an Encoding: NEWOBJ(tiktoken.core.Encoding), BUILD(state).
+    body = pickle.dumps(state, protocol=3)[2:-1]
+    path = tmp_path / "tokenizer.pkl"
+    path.write_bytes(b"\x80\x03ctiktoken.core\nEncoding\n)\x81" + body + b"b.")
+    with pytest.raises(TokenizerError, match="gives the id 7 to more than one token"):
+        Tokenizer.from_file(path)

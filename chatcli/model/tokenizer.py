@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,14 @@ def _read_encoding_state(path: Path) -> dict[str, Any]:
         and all(isinstance(k, str) and isinstance(v, int) for k, v in specials.items())
     ):
         raise TokenizerError(f"Tokenizer file {path} has a malformed Encoding state.")
+    # tiktoken's Rust core panics (past any `except Exception`) on an id given twice.
+    ids = [*ranks.values(), *specials.values()]
+    if len(set(ids)) != len(ids):
+        twice = next(i for i, n in Counter(ids).items() if n > 1)
+        raise TokenizerError(
+            f"Tokenizer file {path} gives the id {twice} to more than one token: it is "
+            "damaged. Copy the model's tokenizer.pkl again."
+        )
     return state
 
 

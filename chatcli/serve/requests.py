@@ -126,9 +126,9 @@ class ChatRequest(BaseModel):
     frequency_penalty: float | None = None  # 0 (OpenAI's default) asks for nothing
     presence_penalty: float | None = None
 
-    @field_validator("stream", mode="before")
+    @field_validator("stream", "logprobs", mode="before")
     @classmethod
-    def _stream(cls, value: Any) -> bool:
+    def _a_bool(cls, value: Any) -> bool:
         # pydantic's lax bool would take "yes", "false" and 1 (the string "false" as False, but
         # "yes" as True): guessing a client's intent there hides its bug. null is the default.
         if value is None:
@@ -145,6 +145,9 @@ class ChatRequest(BaseModel):
         "max_completion_tokens",
         "seed",
         "n",
+        "top_logprobs",
+        "frequency_penalty",
+        "presence_penalty",
         mode="before",
     )
     @classmethod
