@@ -145,3 +145,12 @@ def test_a_tokenizer_pkl_that_gives_an_id_twice_is_refused_not_a_panic(tmp_path)
     path.write_bytes(b"\x80\x03ctiktoken.core\nEncoding\n)\x81" + body + b"b.")
     with pytest.raises(TokenizerError, match="gives the id 7 to more than one token"):
         Tokenizer.from_file(path)
+
+
+def test_a_tokenizer_pkl_that_names_a_huge_memo_index_is_refused_before_memory_is_taken(tmp_path):
+    # Found by atheris: 9 KB whose LONG_BINPUT named index 1124176973 made the unpickler take
+    # 17 GB. Here 2**26 (512 MB, were it taken).
+    path = tmp_path / "tokenizer.pkl"
+    path.write_bytes(b"\x80\x02Nr" + (2**26).to_bytes(4, "little") + b".")
+    with pytest.raises(TokenizerError, match=r"a memo index \(67108864\) past anything"):
+        Tokenizer.from_file(path)

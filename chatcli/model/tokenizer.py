@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -88,6 +89,15 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise _Refused("persistent ids are not allowed")
 
 
+def _check_memo_indices(data: bytes) -> None:
+    """Refuse a memo index past every object the pickle could have made by then: the C
+    unpickler grows its memo to the index a PUT names, so 9 bytes (LONG_BINPUT 2**30) would
+    ask for 8 GB. Reads the opcodes only (pickletools: nothing built)."""
+    for count, (op, arg, _) in enumerate(pickletools.genops(data)):
+        if op.name in ("PUT", "BINPUT", "LONG_BINPUT") and arg > count:
+            raise _Refused(f"a memo index ({arg}) past anything the file builds")
+
+
 def _read_encoding_state(path: Path) -> dict[str, Any]:
     try:
         data = read_bytes(path, TOKENIZER_MAX_BYTES)
@@ -99,6 +109,7 @@ def _read_encoding_state(path: Path) -> dict[str, Any]:
             ) from None
         raise TokenizerError(f"Tokenizer file {e}. Copy the model's tokenizer.pkl again.") from None
     try:
+        _check_memo_indices(data)
         obj = _RestrictedUnpickler(io.BytesIO(data)).load()
     except _Refused as e:
         raise TokenizerError(

@@ -139,8 +139,13 @@ _COMPLETION = {
         "usage": _USAGE,
     },
 }
-# Server-sent events: `data: {chunk}` blocks, keep-alive comments, then `data: [DONE]`.
-_EVENT_STREAM = {"type": "string"}
+# Each server-sent event: `data: {chunk}` (a chat.completion.chunk, or an error body when the
+# generation fails after the headers), the last `data: [DONE]`; keep-alive comments between.
+_EVENT_STREAM = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string", "minLength": 1}},
+}
 
 
 def request_schema(limits: Limits) -> dict[str, Any]:
