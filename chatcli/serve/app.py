@@ -52,6 +52,7 @@ from chatcli.errors import TokenizerError
 from chatcli.serve.auth import ApiKeyCheck
 from chatcli.serve.backend import Backend
 from chatcli.serve.guards import HostCheck, media_type, read_body
+from chatcli.serve.replies import Finished, GenerationParams
 from chatcli.serve.requests import (
     ChatMessage,
     ChatRequest,
@@ -59,14 +60,7 @@ from chatcli.serve.requests import (
     error_body,
     validation_error_response,
 )
-from chatcli.serve.worker_pool import (
-    Finished,
-    GenerationParams,
-    ShuttingDown,
-    Waiting,
-    Worker,
-    WorkerPool,
-)
+from chatcli.serve.worker_pool import ShuttingDown, Waiting, Worker, WorkerPool
 
 __all__ = ["Limits", "Worker", "WorkerPool", "create_app"]
 
