@@ -17,15 +17,21 @@ pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[
 pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
 
 import httpx
-from fakes import reply
+from fakes import SPECIAL_IDS, ByteTokenizer, ScriptedModel, reply
 from serving import END, scripted_worker, text_tokens
 from typer.testing import CliRunner
 
+from chatcli.chat.conversation_reader import read_conversation
+from chatcli.chat.conversation_store import ConversationFile, NewConversation
+from chatcli.chat.session import ChatSession
+from chatcli.chat.settings import Settings
+from chatcli.chat.turns import SamplingOptions
 from chatcli.cli.app import app
 from chatcli.errors import ConfigError
 from chatcli.serve.app import Limits, create_app
 from chatcli.serve.keys import KEY_FILE_MAX_BYTES, read_key_file
 from chatcli.serve.runner import BackgroundServer
+from chatcli.terminal.slash_commands import ChatCommands
 
 ROOT = Path(__file__).resolve().parent.parent
 PHRASE = "correct horse battery staple"
@@ -193,3 +199,188 @@ def test_dev_null_as_the_config_file_is_an_empty_one(tmp_path):
     from chatcli.chat.settings import DEFAULTS, load_settings
 
     assert load_settings(env={"CHATCLI_CONFIG": os.devnull}) == DEFAULTS
+
+
+# ---- conversations: rm, show and export take an id, found in the folder only -----------------
+
+
+def conversations_folder(tmp_path: Path) -> Path:
+    return tmp_path / "home" / "conversations"
+
+
+def save(folder: Path, question: str, name: str | None = None) -> Path:
+    file = ConversationFile.create(folder, model="d20")
+    file.append_message({"role": "user", "content": question})
+    file.append_message({"role": "assistant", "content": "Fine."}, {"finish_reason": "stop"})
+    if name is not None:
+        file.append_name(name)
+    return file.path
+
+
+@pytest.mark.parametrize("command", ["rm", "show", "export"])
+def test_a_path_is_never_a_conversation_and_nothing_outside_the_folder_is_touched(
+    tmp_path, monkeypatch, command
+):
+    kept = save(conversations_folder(tmp_path), "hi")
+    work = tmp_path / "work" / "deep"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    notes = work / "notes.txt"
+    notes.write_text("my notes\n")
+    above = tmp_path / "x.txt"
+    above.write_text("above\n")
+    for wanted in ("./notes.txt", str(notes), "../../x.txt", str(kept), "..", f"../{kept.name}"):
+        result = runner.invoke(app, ["conversations", command, wanted])
+        one_error_line(result, repr(wanted), "is a path", str(conversations_folder(tmp_path)))
+    assert notes.read_text() == "my notes\n" and above.read_text() == "above\n"
+    assert kept.exists()
+
+
+def test_a_file_in_the_working_directory_named_like_a_conversation_is_not_it(tmp_path, monkeypatch):
+    folder = conversations_folder(tmp_path)
+    saved = save(folder, "hi")
+    monkeypatch.chdir(tmp_path)
+    decoy = tmp_path / saved.name
+    decoy.write_text("not a conversation, and not chatcli's\n")
+    shown = runner.invoke(app, ["conversations", "show", saved.name])
+    assert shown.exit_code == 0 and "> hi" in shown.stdout
+    removed = runner.invoke(app, ["conversations", "rm", saved.name])
+    assert removed.exit_code == 0, removed.output
+    assert not saved.exists()  # the conversation went ...
+    assert decoy.read_text() == "not a conversation, and not chatcli's\n"  # ... the decoy stays
+
+
+def test_rm_leaves_a_file_of_the_folder_that_is_no_conversation(tmp_path):
+    folder = conversations_folder(tmp_path)
+    keep = save(folder, "hi")
+    stray = folder / "stray.jsonl"
+    stray.write_text('{"some": "other jsonl"}\n')
+    result = runner.invoke(app, ["conversations", "rm", keep.stem, "stray"])
+    one_error_line(result, "stray.jsonl", "is not a readable chatcli conversation")
+    assert stray.exists() and keep.exists()  # each is checked before any is removed
+
+
+def test_a_file_where_the_conversations_folder_belongs_is_said(tmp_path, monkeypatch):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop.name)
+    for folder, why in [
+        (afile, "is a file, not a folder"),
+        (afile / "sub", "is a file, not a folder"),
+        (loop, "leads back to itself"),
+    ]:
+        monkeypatch.setenv("CHATCLI_CONVERSATIONS_DIR", str(folder))
+        for args in (["conversations"], ["conversations", "show", "last"]):
+            line = one_error_line(runner.invoke(app, args), str(folder), why)
+            assert "No saved conversations" not in line
+    assert afile.read_text() == "x"
+
+
+def test_a_conversations_folder_that_cannot_be_read_is_one_line_in_the_list(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads a folder of mode 000; the same line is checked with a loop above")
+    folder = conversations_folder(tmp_path)
+    save(folder, "hi")
+    folder.chmod(0)
+    try:
+        one_error_line(runner.invoke(app, ["conversations"]), str(folder), "permission denied")
+    finally:
+        folder.chmod(0o700)
+
+
+# ---- exports never replace a file unasked ----------------------------------------------------
+
+
+def test_conversations_export_refuses_an_existing_file_without_force(tmp_path):
+    saved = save(conversations_folder(tmp_path), "hi")
+    out = tmp_path / "chat.md"
+    out.write_text("precious\n")
+    args = ["conversations", "export", saved.stem, "-o", str(out)]
+    one_error_line(runner.invoke(app, args), str(out), "exists already", "add --force")
+    assert out.read_text() == "precious\n"
+    link = tmp_path / "link.md"
+    link.symlink_to(tmp_path / "nowhere.md")  # a link to nothing is something there too
+    args[-1] = str(link)
+    one_error_line(runner.invoke(app, args), str(link), "exists already")
+    assert not (tmp_path / "nowhere.md").exists()
+    forced = runner.invoke(app, ["conversations", "export", saved.stem, "-o", str(out), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert out.read_text().startswith("**You:**\n\nhi\n")
+
+
+def chat_commands(tmp_path: Path) -> tuple[ChatCommands, ChatSession, list]:
+    """ChatCommands over a real ChatSession whose scripted model answers "fine"."""
+    model = ScriptedModel(reply([*b"fine", SPECIAL_IDS["<|assistant_end|>"]]), 256)
+    session = ChatSession(model, ByteTokenizer(), SamplingOptions(temperature=0.0, seed=1))
+    screen = RecordingScreen()
+    folder = conversations_folder(tmp_path)
+    conversation = NewConversation(folder, model="d4")
+    commands = ChatCommands(session, screen, Settings(history=False), conversation, folder, {})
+    return commands, session, screen.said
+
+
+class RecordingScreen:
+    """What a chat shows, as (kind, text); the reply's text itself is left out."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, str]] = []
+
+    def renderer(self, raw: bool = False):
+        return self
+
+    def handle(self, event) -> None:
+        pass
+
+    def finish(self, finish_reason: str) -> None:
+        pass
+
+    def status(self, stats) -> None:
+        pass
+
+    def notice(self, message: str) -> None:
+        self.said.append(("notice", message))
+
+    def error(self, message: str) -> None:
+        self.said.append(("error", message))
+
+
+def test_slash_export_refuses_an_existing_file_unless_it_ends_in_force(tmp_path):
+    commands, _, said = chat_commands(tmp_path)
+    commands.handle("hello")
+    out = tmp_path / "chat.md"
+    out.write_text("precious\n")
+    commands.handle(f"/export md {out}")
+    assert said[-1] == (
+        "error",
+        f"{out} exists already; it is left as it was. Pick another path, or end the command "
+        "with --force to replace it.",
+    )
+    assert out.read_text() == "precious\n"
+    commands.handle(f"/export md {out} --force")
+    assert said[-1] == ("notice", f"Wrote 2 messages to {out} as Markdown.")
+    assert out.read_text().startswith("**You:**\n\nhello\n")
+
+
+def test_a_chat_whose_file_was_removed_says_so_and_saves_it_anew_with_a_header(tmp_path):
+    commands, session, said = chat_commands(tmp_path)
+    commands.handle("one")
+    first = commands.conversation.path
+    first.unlink()  # chatcli conversations rm, from another terminal
+    commands.handle("two")
+    assert not first.exists()  # no headless fragment where the old file was
+    anew = commands.conversation.path
+    assert anew != first and anew.parent == first.parent
+    assert said == [
+        (
+            "notice",
+            f"{first} was removed while this chat ran; the conversation so far is saved anew "
+            f"as {anew.stem} ({anew}).",
+        )
+    ]
+    loaded = read_conversation(anew)
+    assert loaded.warnings == [] and loaded.header["type"] == "header"
+    assert loaded.messages == session.messages  # every message once, both turns
+    assert [m["content"] for m in loaded.messages if m["role"] == "user"] == ["one", "two"]
+    commands.handle("three")  # and it goes on in the new file
+    assert len(read_conversation(anew).messages) == 6
