@@ -384,3 +384,43 @@ def test_a_chat_whose_file_was_removed_says_so_and_saves_it_anew_with_a_header(t
     assert [m["content"] for m in loaded.messages if m["role"] == "user"] == ["one", "two"]
     commands.handle("three")  # and it goes on in the new file
     assert len(read_conversation(anew).messages) == 6
+
+
+# ---- request bodies -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hello():
+    worker = scripted_worker(reply([*text_tokens("Hello!"), END]))
+    server = BackgroundServer(create_app([worker], Limits(), "scripted")).start()
+    yield server
+    server.stop()
+
+
+HI = '"messages": [{"role": "user", "content": "hi"}]'
+NINES = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        f'{{{HI}, "max_tokens": {NINES}}}',
+        f'{{{HI}, "seed": -{NINES[:4301]}}}',
+        f'{{"messages": [{{"role": "user", "content": {NINES}}}]}}',
+        f'{{{HI}, "unknown": [{"7" * 100_000}]}}',
+    ],
+)
+def test_a_number_past_pythons_digit_limit_is_a_400_in_openai_shape(hello, body):
+    url, headers = f"{hello.url}/v1/chat/completions", {"Content-Type": "application/json"}
+    response = httpx.post(url, content=body, headers=headers, timeout=30)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "message": "The body holds a number with thousands of digits; no field takes one.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    ordinary = httpx.post(url, content=f"{{{HI}}}", headers=headers, timeout=30)
+    assert ordinary.status_code == 200  # the server goes on
