@@ -424,3 +424,67 @@ def test_a_number_past_pythons_digit_limit_is_a_400_in_openai_shape(hello, body)
     }
     ordinary = httpx.post(url, content=f"{{{HI}}}", headers=headers, timeout=30)
     assert ordinary.status_code == 200  # the server goes on
+
+
+# ---- standard output full or closed ---------------------------------------------------------
+
+
+def cli_writing_to(stdout, args: list[str], **popen) -> tuple[int, str]:
+    """(exit code, stderr) of chatcli in its own process, its stdout sent to `stdout`."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "chatcli", *args],
+        cwd=ROOT,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+    if stdout == subprocess.PIPE:
+        process.stdout.close()  # the reader leaves before chatcli writes a line
+    _, stderr = process.communicate(timeout=120)
+    return process.returncode, stderr
+
+
+def full_device():
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    return open("/dev/full", "w")
+
+
+FULL = (
+    "Error: Cannot write to standard output: the disk or device it goes to is full (No space "
+    "left on device). The output is incomplete.\n"
+)
+
+
+@pytest.mark.parametrize("args", [["config", "path"], ["--help"]])
+def test_stdout_full_is_one_line_and_exit_1(args):
+    with full_device() as full:
+        assert cli_writing_to(full, args) == (1, FULL)
+
+
+def test_a_reply_to_a_full_stdout_is_one_line_and_exit_1(hello):
+    with full_device() as full:
+        assert cli_writing_to(full, ["once", "hi", "--url", hello.url]) == (1, FULL)
+
+
+def test_stdout_closed_by_its_reader_is_one_line_and_exit_1():
+    code, stderr = cli_writing_to(subprocess.PIPE, ["--help"])
+    assert (code, stderr) == (
+        1,
+        "Error: Cannot write to standard output: its reader closed it before chatcli finished "
+        "writing (Broken pipe). The output is incomplete.\n",
+    )
+
+
+def test_stdout_closed_before_the_start_is_one_line_and_exit_1():
+    code, stderr = cli_writing_to(subprocess.DEVNULL, ["config", "path"], preexec_fn=_close_1)
+    assert code == 1
+    assert stderr == (
+        "Error: Standard output is closed, and chatcli writes its replies and lists there. Run "
+        "it with stdout open, or send it to /dev/null (> /dev/null) to drop them.\n"
+    )
+
+
+def _close_1() -> None:
+    os.close(1)
