@@ -488,3 +488,35 @@ def test_stdout_closed_before_the_start_is_one_line_and_exit_1():
 
 def _close_1() -> None:
     os.close(1)
+
+
+# ---- beyond the list ----------------------------------------------------------------
+
+
+def test_a_key_file_written_with_a_byte_order_mark_and_crlf_gives_its_keys(tmp_path):
+    path = tmp_path / "keys"
+    path.write_bytes(b"\xef\xbb\xbfsk-one\r\n# note\r\nsk two words\r\n")
+    assert read_key_file(path) == ["sk-one", "sk two words"]
+
+
+def test_a_huge_file_among_the_conversations_is_listed_unread(tmp_path):
+    from chatcli.chat.conversation_reader import CONVERSATION_MAX_BYTES
+
+    folder = conversations_folder(tmp_path)
+    kept = save(folder, "hi")
+    huge = folder / "huge.jsonl"
+    with huge.open("wb") as f:
+        f.truncate(CONVERSATION_MAX_BYTES + 1)  # sparse: neither disk nor memory
+    listed = runner.invoke(app, ["conversations"])
+    assert listed.exit_code == 0, listed.output
+    assert kept.stem in listed.stdout
+    assert "huge" in listed.stdout and "(unreadable:" in listed.stdout
+    one_error_line(runner.invoke(app, ["conversations", "show", "huge"]), "far more than")
+
+
+def test_an_export_onto_a_folder_says_it_is_a_folder_forced_or_not(tmp_path):
+    saved = save(conversations_folder(tmp_path), "hi")
+    args = ["conversations", "export", saved.stem, "-o", str(tmp_path)]
+    for extra in ([], ["--force"]):
+        line = one_error_line(runner.invoke(app, [*args, *extra]), str(tmp_path))
+        assert line.endswith("is a folder; give the path of a file to write.")

@@ -8,6 +8,7 @@ there already is replaced only when asked). Knows nothing about the terminal or 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -82,10 +83,12 @@ def write_export(text: str, path: Path, force: bool, how_to_force: str) -> None:
         # "x": the check and the creation are one step, so no file appears in between.
         with path.open("w" if force else "x", encoding="utf-8") as f:
             f.write(text)
-    except FileExistsError:
-        raise ChatcliError(
-            f"{path} exists already; it is left as it was. Pick another path, or {how_to_force} "
-            "to replace it."
-        ) from None
     except OSError as e:
+        if os.path.isdir(path):  # never raises, unlike Path.is_dir on a folder without access
+            raise ChatcliError(f"{path} is a folder; give the path of a file to write.") from None
+        if isinstance(e, FileExistsError):
+            raise ChatcliError(
+                f"{path} exists already; it is left as it was. Pick another path, or "
+                f"{how_to_force} to replace it."
+            ) from None
         raise ChatcliError(f"Cannot write {path} ({e}). Pick another path.") from None

@@ -71,7 +71,7 @@ def read_key_file(path: Path) -> list[str]:
             f"--api-key-file {e.path} {e.why}; it takes a file of one key a line."
         ) from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark, as Notepad writes, is no key
     except UnicodeDecodeError as e:
         raise ConfigError(
             f"--api-key-file {path} cannot be read (not UTF-8 text, byte {e.start}). Write "
