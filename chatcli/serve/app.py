@@ -284,10 +284,10 @@ def create_app(
             return JSONResponse(error_body(message), status_code=413)
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return JSONResponse(error_body("The body is not valid JSON."), status_code=400)
         except RecursionError:  # Python's JSON parser recurses once per nested [ or {
             return JSONResponse(error_body("The body's JSON is nested too deeply."), 400)
+        except ValueError as e:  # bad JSON, bytes not UTF-8, or int() past its digit limit
+            return JSONResponse(error_body(_not_json(e)), status_code=400)
         try:
             req = ChatRequest.model_validate(body, context={"limits": limits})
         except ValidationError as e:
@@ -343,6 +343,13 @@ def create_app(
         return await _complete(pool, turn, request)
 
     return app
+
+
+def _not_json(error: ValueError) -> str:
+    if isinstance(error, (json.JSONDecodeError, UnicodeDecodeError)):
+        return "The body is not valid JSON."
+    # int() refuses a number of more than 4300 digits (CVE-2020-10735): no field takes one.
+    return "The body holds a number with thousands of digits; no field takes one."
 
 
 def _shutting_down_body() -> dict[str, Any]:
