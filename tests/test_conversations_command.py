@@ -194,6 +194,17 @@ def test_rm_finds_every_one_first_and_removes_none_if_one_is_missing(folder):
     assert [s.path for s in list_conversations(folder)] == [c]
 
 
+def test_rm_takes_a_whole_id_or_name_never_a_prefix(folder):
+    # A prefix that names one conversation today is a guess: rm deletes nothing on it.
+    only = save(folder, ["a"], when=0)
+    result = runner.invoke(app, ["conversations", "rm", only.stem[:-3]])
+    assert result.exit_code == 1
+    assert "takes a whole id or name" in result.stderr and only.stem in result.stderr
+    assert only.exists()
+    assert runner.invoke(app, ["conversations", "rm", only.stem]).exit_code == 0
+    assert not only.exists()
+
+
 # ---- names --------------------------------------------------------------------------------------
 
 

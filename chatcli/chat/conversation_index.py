@@ -140,9 +140,9 @@ def resolve_conversation(directory: Path, name_or_id: str) -> Path:
     return _resolve_in(directory, name_or_id)
 
 
-def saved_conversation(directory: Path, name_or_id: str) -> Path:
-    """The saved conversation `name_or_id` names (an id, a name, a unique id prefix, or
-    `last`), found inside `directory` only and read as a conversation before it is returned:
+def saved_conversation(directory: Path, name_or_id: str, *, prefix: bool = True) -> Path:
+    """The saved conversation `name_or_id` names (an id, a name, a unique id prefix unless
+    `prefix` is off, or `last`), found inside `directory` only and read as a conversation before it is returned:
     what may be deleted or exported. A path (./notes.txt, ../x.jsonl), or a file of the
     folder that is no conversation, is a ConversationFileError; nothing outside the folder,
     the working directory included, is ever looked at."""
@@ -157,13 +157,14 @@ def saved_conversation(directory: Path, name_or_id: str) -> Path:
         if path is None:
             raise ConversationFileError(f"No saved conversation in {directory}.")
     else:
-        path = _resolve_in(directory, wanted)
+        path = _resolve_in(directory, wanted, prefix=prefix)
     read_conversation(path)  # a .jsonl of the folder that is not a conversation raises here
     return path
 
 
-def _resolve_in(directory: Path, name_or_id: str) -> Path:
-    """A conversation of `directory` by its id, its name, or a unique prefix of its id."""
+def _resolve_in(directory: Path, name_or_id: str, *, prefix: bool = True) -> Path:
+    """A conversation of `directory` by its id, its name, or (where `prefix`) a unique
+    prefix of its id."""
     wanted = name_or_id.strip()
     stems = {p.stem: p for p in _conversation_files(directory)}
     if wanted.removesuffix(SUFFIX) in stems:
@@ -182,6 +183,12 @@ def _resolve_in(directory: Path, name_or_id: str) -> Path:
         if stem in stems:
             return stems[stem]
     matches = sorted({s for s in stems for c in candidates if c and s.startswith(c)})
+    if matches and not prefix:  # what deletes takes no guess: `rm 2026` is not the only 2026...
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise ConversationFileError(
+            f"No conversation is called {name_or_id!r}; this takes a whole id or name "
+            f"(ids that start so: {shown})."
+        )
     if len(matches) == 1:
         return stems[matches[0]]
     if matches:

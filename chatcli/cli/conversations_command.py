@@ -47,10 +47,10 @@ def _folder() -> Path:
     return conversations_dir()
 
 
-def _find(folder: Path, wanted: str) -> Path:
+def _find(folder: Path, wanted: str, *, prefix: bool = True) -> Path:
     from chatcli.chat.conversation_index import saved_conversation
 
-    return saved_conversation(folder, wanted)
+    return saved_conversation(folder, wanted, prefix=prefix)
 
 
 @conversations_app.callback()
@@ -122,7 +122,9 @@ def rm(
 
     try:
         folder = _folder()
-        paths = list(dict.fromkeys(_find(folder, wanted) for wanted in conversation))
+        # Whole ids or names only: a prefix that matches one conversation today may be a
+        # guess the user did not mean, and a deletion cannot be taken back.
+        paths = list(dict.fromkeys(_find(folder, w, prefix=False) for w in conversation))
         for path in paths:
             try:
                 path.unlink()
