@@ -276,6 +276,20 @@ def test_pull_mends_a_damaged_copy_as_the_message_says(damaged, tmp_path, local_
     assert again.stdout == local_answer
 
 
+def test_a_safetensors_header_nested_past_jsons_reach_is_one_problem(tmp_path):
+    from chatcli.errors import CheckpointError
+    from chatcli.model.hub_cache import safetensors_params
+
+    header = b'{"w": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(CheckpointError) as e:
+        safetensors_params(path)
+    assert str(e.value) == (
+        f"{path} is not a readable safetensors file (its header is nested too deeply)."
+    )
+
+
 # ---- where an export may not write -------------------------------------------------------------
 
 
@@ -368,6 +382,11 @@ def test_a_killed_exports_partial_is_removed_and_a_running_ones_left(tmp_path):
         running.mkdir()
         other = tmp_path / f".other.partial-{gone.pid}"  # another OUT's: not this export's
         other.mkdir()
+        # A link named as a partial is no folder an export made: never followed nor removed.
+        mine = tmp_path / "mine"
+        (mine / "keep").mkdir(parents=True)
+        planted = tmp_path / ".out.partial-4194305"  # past any pid_max: no such process
+        planted.symlink_to(mine)
         result = runner.invoke(app, ["export", str(tmp_path / "out")])
         assert result.exit_code == 0, result.output
         assert result.stderr.splitlines()[0] == (
@@ -376,6 +395,7 @@ def test_a_killed_exports_partial_is_removed_and_a_running_ones_left(tmp_path):
         )
         assert not stale.exists()
         assert running.is_dir() and other.is_dir()
+        assert planted.is_symlink() and (mine / "keep").is_dir()
         assert (tmp_path / "out" / "model.safetensors").is_file()
     finally:
         alive.kill()

@@ -158,14 +158,14 @@ def _transformers(name: str, root: Path, files: list[str]) -> list[CachedHubMode
         problem = "no *.safetensors weights are cached"
     elif "tokenizer.json" not in files:
         problem = "no tokenizer.json is cached"
+    if problem is not None:
+        problem += f": run `chatcli pull {name}` to fetch the rest."
     params = None
     if problem is None:
         try:
             params = sum(safetensors_params(w) for w in weights)
-        except CheckpointError as e:
+        except CheckpointError as e:  # a file of the repo's as it is: pulling again won't mend it
             problem = str(e)
-    if problem is not None:
-        problem += f": run `chatcli pull {name}` to fetch the rest."
     return [CachedHubModel(name, None, params, size, root, problem)]
 
 
@@ -187,5 +187,9 @@ def safetensors_params(path: Path) -> int:
                 n *= int(dim)
             total += n
         return total
+    except RecursionError:  # a header nested past what json can parse: no tensor list
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file (its header is nested too deeply)."
+        ) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as e:
         raise CheckpointError(f"{path} is not a readable safetensors file ({e}).") from None
