@@ -221,12 +221,26 @@ def test_a_hub_cache_that_is_a_file_is_one_line_in_every_command(tmp_path):
     file.write_text("not a folder")
     env = {"HF_HUB_CACHE": str(file), "HF_HUB_OFFLINE": "1"}
     want = (
-        f"Error: The Hub cache {file} is a file, not a folder: point HF_HUB_CACHE at a folder "
-        "(or unset it)."
+        f"Error: The Hub cache {file} is a file, not a folder: point HF_HUB_CACHE at a folder, "
+        "or unset it."
     )
     for args in (["once", "--model", "hf:org/flat", "hi"], ["models"], ["pull", "hf:org/flat"]):
         assert one_line_error(run_cli(*args, home=tmp_path, **env)) == want, args
     assert file.read_text() == "not a folder"
+    # The default place, under HF_HOME: that variable is the one to change.
+    home = tmp_path / "other"
+    (home / "hf").mkdir(parents=True)
+    (home / "hf" / "hub").write_text("not a folder")
+    listed = run_cli("models", home=home)  # HF_HOME is home/hf
+    assert one_line_error(listed) == (
+        f"Error: The Hub cache {home / 'hf' / 'hub'} is a file, not a folder: set HF_HUB_CACHE to a "
+        "folder, or point HF_HOME (whose hub it is) elsewhere."
+    )
+    under = run_cli("pull", "hf:org/flat", home=tmp_path, HF_HUB_CACHE=str(file / "hub"))
+    assert one_line_error(under) == (
+        f"Error: The Hub cache {file / 'hub'} cannot be made: {file} is a file, not a folder: "
+        "point HF_HUB_CACHE at a folder, or unset it."
+    )
 
 
 @pytest.fixture

@@ -267,23 +267,24 @@ def check_cache_folder() -> Path:
     through it."""
     hf = import_hub()
     cache = Path(hf.constants.HF_HUB_CACHE).expanduser()
-    named = "HF_HUB_CACHE" if os.environ.get("HF_HUB_CACHE") else "HF_HOME (its hub folder)"
+    if os.environ.get("HF_HUB_CACHE"):
+        fix = "point HF_HUB_CACHE at a folder, or unset it"
+    elif os.environ.get("HF_HOME"):
+        fix = "set HF_HUB_CACHE to a folder, or point HF_HOME (whose hub it is) elsewhere"
+    else:
+        fix = "set HF_HUB_CACHE to a folder, or move that one away"
     try:
         if cache.exists() and not cache.is_dir():
-            raise CheckpointError(
-                f"The Hub cache {cache} is a file, not a folder: point {named} at a folder "
-                "(or unset it)."
-            )
+            raise CheckpointError(f"The Hub cache {cache} is a file, not a folder: {fix}.")
         if cache.is_symlink() and not cache.exists():
             raise CheckpointError(
                 f"The Hub cache {cache} is a link to {os.readlink(cache)}, which does not exist: "
-                f"make that folder, or point {named} at another."
+                f"make that folder, or {fix}."
             )
         parent = next((p for p in cache.parents if p.exists()), None)
         if not cache.exists() and parent is not None and not parent.is_dir():
             raise CheckpointError(
-                f"The Hub cache {cache} cannot be made: {parent} is a file, not a folder. "
-                f"Point {named} at a folder."
+                f"The Hub cache {cache} cannot be made: {parent} is a file, not a folder: {fix}."
             )
     except OSError as e:
         raise CheckpointError(f"The Hub cache: {described(e)}.") from None
