@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -414,6 +415,32 @@ def test_a_killed_exports_partial_is_removed_and_a_running_ones_left(tmp_path):
     finally:
         alive.kill()
         alive.wait()
+
+
+@pytest.mark.slow
+def test_an_export_killed_midway_is_cleaned_by_the_next(tmp_path):
+    out = tmp_path / "out"
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "chatcli", "export", str(out)],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    partial = tmp_path / f".out.partial-{killed.pid}"
+    deadline = time.monotonic() + 120
+    while not partial.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    killed.kill()  # SIGKILL: no except clause or finally runs
+    killed.wait()
+    if out.exists():
+        pytest.skip("the export finished before it could be killed")
+    assert partial.is_dir()
+    result = runner.invoke(app, ["export", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"Removed {partial}: a half-written export left by process {killed.pid}" in (
+        result.stderr
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 # ---- the exported tokenizer in transformers ----------------------------------------------------
