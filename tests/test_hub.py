@@ -391,7 +391,7 @@ def test_models_lists_the_runnable_models_of_the_hub_cache(cache, tmp_path):
     ]
     assert rows["hf:org/flat"][8] == str(snap / commit_of("flat") / EMBEDDED_MODEL.name)
     assert rows["hf:org/flat@v1"][3] == "1000"
-    assert rows["hf:org/tf"][1:8] == ["-", "-", "-", "-", "0.5M", "2.0", "MB"]
+    assert rows["hf:org/tf"][1:8] == ["-", "-", "-", "A", "0.5M", "2.0", "MB"]
     assert rows["hf:org/half"][-3:] == [
         str(cache / "models--org--half" / "snapshots" / commit_of("half") / "model_000005.pt"),
         "(not",

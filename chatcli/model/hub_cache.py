@@ -42,6 +42,7 @@ class CachedHubModel:
     size_bytes: int
     path: Path  # the model_*.pt, or the snapshot folder of a transformers one
     problem: str | None = None  # why it cannot run as it is cached (then num_params is None)
+    era: str | None = None  # a transformers folder's, as its config.json says
 
 
 def list_cached_models() -> list[CachedHubModel]:
@@ -166,7 +167,10 @@ def _transformers(name: str, root: Path, files: list[str]) -> list[CachedHubMode
             params = sum(safetensors_params(w) for w in weights)
         except CheckpointError as e:  # a file of the repo's as it is: pulling again won't mend it
             problem = str(e)
-    return [CachedHubModel(name, None, params, size, root, problem)]
+    # Era A is transformers' own nanochat; chatcli's exports of later eras name theirs.
+    era = "A" if config["model_type"] == NANOCHAT_MODEL_TYPES[0] else config.get("nanochat_era")
+    shown = era if isinstance(era, str) and len(era) == 1 else None
+    return [CachedHubModel(name, None, params, size, root, problem, shown)]
 
 
 def safetensors_params(path: Path) -> int:
