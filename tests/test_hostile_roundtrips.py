@@ -192,6 +192,27 @@ def test_export_takes_a_hub_id_as_every_other_command_does(exports, cache, tmp_p
     assert "the nanochat checkpoint hf:org/flat at commit" in (flat / "README.md").read_text()
 
 
+@pytest.mark.slow
+def test_pull_fetches_an_export_of_a_later_era_without_its_code(exports, tmp_path, local_answer):
+    main = commit_of("main")
+    files = _folder_files(exports["embedded"])
+    with FakeHub({"org/exp": FakeRepo({main: files}, {"main": main})}) as hub:
+        pulled = run_cli("pull", "hf:org/exp", home=tmp_path, HF_ENDPOINT=hub.url)
+        assert pulled.returncode == 0, pulled.stderr
+        assert sorted(hub.downloads()) == [
+            "config.json",  # read first, to check the model type; then found in the cache
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+    answer = run_cli(
+        "once", "--model", "hf:org/exp", QUESTION, "-t", "0", home=tmp_path, HF_HUB_OFFLINE="1"
+    )
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout == local_answer
+
+
 # ---- --source and --step where a folder has one checkpoint -------------------------------------
 
 
