@@ -1,14 +1,15 @@
 """`chatcli export`: a nanochat model as a transformers folder that other tools load.
 
-Owns: reading the model to export (a nanochat checkpoint, exactly as saved, or a
-transformers folder, on disk or from the Hub as hf:ORG/NAME), and writing the folder: config.json, model.safetensors (sharded past
-5 GB, with its index), generation_config.json, tokenizer.json + tokenizer_config.json (with
-the chat template), chatcli's modeling file for eras B-E, and a README.md model card. The
-folder is written beside OUT (.OUT.partial-PID) and renamed into place at the end, so a failed
-export leaves nothing half-written, and one killed before its end is removed by the next export
-into OUT. Refuses what it cannot write exactly (a tokenizer the fast tokenizer
-would not reproduce, an OUT that is not empty, a link, or under a file). Needs the hf extra (tokenizers builds the
-fast tokenizer, huggingface_hub plans the shards); knows nothing about the command line.
+Owns: reading the model to export (a nanochat checkpoint, exactly as saved, or a transformers
+folder, on disk or from the Hub as hf:ORG/NAME), and writing the folder: config.json,
+model.safetensors (sharded past 5 GB, with its index), generation_config.json, tokenizer.json
++ tokenizer_config.json (with the chat template), chatcli's modeling file for eras B-E, and a
+README.md model card. The folder is written beside OUT (.OUT.partial-PID) and renamed into
+place at the end, so a failed export leaves nothing half-written, and one killed before its
+end is removed by the next export into OUT. Refuses what it cannot write exactly (a tokenizer
+the fast tokenizer would not reproduce, an OUT that is not empty, a link, or under a file).
+Needs the hf extra (tokenizers builds the fast tokenizer, huggingface_hub plans the shards);
+knows nothing about the command line.
 """
 
 from __future__ import annotations
