@@ -3,7 +3,8 @@
 Owns: importing huggingface_hub (one line with the pip command where it is missing), listing a
 repo's files (from the Hub, or from the Hub cache when HF_HUB_OFFLINE is set or the Hub cannot
 be reached), fetching the files chatcli.model.hub_layout picks with `snapshot_download`, and
-saying in one line why a model cannot be had. The cache, resumable downloads, progress bars,
+saying in one line why a model cannot be had: a cache folder that is not one, a cached file
+whose blob is gone. The cache, resumable downloads, progress bars,
 HF_TOKEN, HF_HUB_OFFLINE, HF_HOME, HF_HUB_CACHE and HF_ENDPOINT are all huggingface_hub's: no
 HTTP is written here. Knows nothing about reading the files (chatcli.model.checkpoint's).
 """

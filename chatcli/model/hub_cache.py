@@ -4,7 +4,8 @@ Owns: walking huggingface_hub's cache (`scan_cache_dir`, through chatcli.model.h
 each cached snapshot as `--model` takes it (hf:ORG/NAME, or @REF / @COMMIT for a revision
 other than the default branch), and telling which snapshots are models chatcli runs: nanochat's
 checkpoints (summarized as local ones are, by chatcli.model.checkpoint) and transformers-format
-folders whose config.json says nanochat. Other cached repos (other architectures, datasets)
+folders whose config.json says nanochat (or chatcli_nanochat, an export of eras B-E); a
+damaged one is listed with its problem. Other cached repos (other architectures, datasets)
 are left out: they are not chatcli's to list. Knows nothing about tables or terminals.
 """
 
