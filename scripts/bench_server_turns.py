@@ -29,7 +29,8 @@ from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS, load_model
 from chatcli.model.quantize import default_half_kind
 from chatcli.model.special_tokens import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
-from chatcli.serve.worker_pool import GenerationParams, Worker
+from chatcli.serve.replies import GenerationParams
+from chatcli.serve.worker_pool import Worker
 
 REPLY_TOKENS = 16
 

@@ -7,6 +7,8 @@ few requests `snapshot_download` and `model_info` make (HF_ENDPOINT pointed at i
 info with its commit and files, the recursive tree of a commit, and each file's HEAD and GET
 under /resolve/ with the headers huggingface_hub checks (X-Repo-Commit, ETag, Content-Length),
 Range requests included; errors carry the Hub's X-Error-Code. It records every request.
+`run_cli` runs chatcli in a child process with only the Hub settings given: huggingface_hub
+reads HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_ENDPOINT and HF_TOKEN when it is imported.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 
 from chatcli.model.checkpoint_paths import EMBEDDED_DIR
 
+ROOT = Path(__file__).resolve().parents[1]
 # The embedded model's one checkpoint, whatever step it was saved at.
 [EMBEDDED_MODEL] = (EMBEDDED_DIR / "chatsft_checkpoints" / "d6").glob("model_*.pt")
 EMBEDDED_STEP = int(EMBEDDED_MODEL.stem.removeprefix("model_"))
@@ -257,3 +262,37 @@ class FakeHub:
         h.end_headers()
         if body:
             h.wfile.write(data)
+
+
+# ---- chatcli in a child process ---------------------------------------------------------------
+
+
+def run_cli(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
+    """`chatcli ARGS` in a child process (run_python's)."""
+    return run_python("-m", "chatcli", *args, home=home, **env)
+
+
+def run_python(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
+    """`python ARGS` in a child process with only these Hub settings (HF_HOME under `home`
+    unless given: no token or cache of the machine's leaks in)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "CHATCLI_"))}
+    clean.pop("TRANSFORMERS_OFFLINE", None)
+    clean.update(
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        CHATCLI_HOME=str(home / "chatcli"),
+        HF_HOME=str(home / "hf"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        **env,
+    )
+    return subprocess.run(
+        [sys.executable, *args], env=clean, capture_output=True, text=True, timeout=180, cwd=ROOT
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    """The error a failed command printed: exit code 1, one line, no traceback."""
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]

@@ -29,8 +29,8 @@ from chatcli.model.gpt import ERAS
 from chatcli.model.slot_cache import SlotRows
 from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START, SPECIAL_TOKENS
 from chatcli.serve.app import Limits, Worker, create_app
+from chatcli.serve.replies import GenerationParams
 from chatcli.serve.runner import BackgroundServer
-from chatcli.serve.worker_pool import GenerationParams
 
 BYTES = ByteTokenizer()
 

@@ -86,10 +86,12 @@ SPEC_COMMANDS = [
         ("/save my notes", Command("save", "my notes")),
         ("/load 20261121", Command("load", "20261121")),
         ("/history", Command("history")),
-        ("/export md chat.md", Command("export", ("md", "chat.md"))),
-        ("/export JSON out/chat.json", Command("export", ("json", "out/chat.json"))),
-        ("/export markdown my chat.md", Command("export", ("md", "my chat.md"))),
-        ('/export md "~/my chat.md"', Command("export", ("md", "~/my chat.md"))),
+        ("/export md chat.md", Command("export", ("md", "chat.md", False))),
+        ("/export JSON out/chat.json", Command("export", ("json", "out/chat.json", False))),
+        ("/export markdown my chat.md", Command("export", ("md", "my chat.md", False))),
+        ('/export md "~/my chat.md"', Command("export", ("md", "~/my chat.md", False))),
+        ("/export md chat.md --force", Command("export", ("md", "chat.md", True))),
+        ('/export md "my chat.md" --force', Command("export", ("md", "my chat.md", True))),
         ("/stats", Command("stats")),
         ("/tools on", Command("tools", True)),
         ("/tools off", Command("tools", False)),
@@ -155,6 +157,7 @@ def test_a_setting_command_alone_asks_to_show_the_value(name: str) -> None:
         ("/export pdf chat.pdf", "(got format 'pdf')"),
         ("/export md", "(the path is missing)"),
         ('/export md ""', "(the path is missing)"),
+        ("/export md --force", "(the path is missing)"),
         ("/clear everything", "/clear takes no arguments, got 'everything'. Usage: /clear"),
         ("/exit now", "/exit takes no arguments"),
         ("/settings all", "/settings takes no arguments"),
@@ -245,6 +248,7 @@ def test_every_command_parses_its_usage_example(name: str) -> None:
         "SETTING": "temperature",
         "VALUE": "0.7",
         "[WHAT]": "",
+        "[--force]": "--force",
     }
     words = COMMANDS[name].usage.split()
     line = " ".join([words[0], *(examples[w] for w in words[1:])])

@@ -111,7 +111,7 @@ def test_an_empty_list_says_where_it_looked(folder):
 # ---- show, export, rm -------------------------------------------------------------------------
 
 
-def test_show_finds_a_conversation_by_id_name_prefix_path_or_last(folder):
+def test_show_finds_a_conversation_by_id_name_prefix_or_last(folder):
     first = save(folder, ["What is 6*7?"], when=0)
     last = save(folder, ["How many r in strawberry?"], name="Berry Count", when=1)
     for wanted, path in [
@@ -119,7 +119,7 @@ def test_show_finds_a_conversation_by_id_name_prefix_path_or_last(folder):
         (first.stem[:-3], first),  # a unique prefix of the id
         ("berry count", last),  # a name, in any case
         ("  Berry   Count ", last),
-        (str(first), first),
+        (first.name, first),  # the file's name: the id and .jsonl
         ("last", last),
     ]:
         result = runner.invoke(app, ["conversations", "show", wanted])
@@ -177,7 +177,7 @@ def test_export_writes_markdown_or_json_to_stdout_or_a_file(folder, tmp_path):
     assert out.read_text() == md.stdout
     assert to_file.stderr == f"Wrote 2 messages to {out}.\n"
     bad = runner.invoke(app, ["conversations", "export", "calc", "-o", str(tmp_path / "no" / "x")])
-    assert bad.exit_code == 1 and "Pick another --output" in bad.stderr
+    assert bad.exit_code == 1 and "Pick another path" in bad.stderr
 
 
 def test_rm_finds_every_one_first_and_removes_none_if_one_is_missing(folder):
@@ -192,6 +192,17 @@ def test_rm_finds_every_one_first_and_removes_none_if_one_is_missing(folder):
     assert result.stderr.splitlines() == [f"Removed {a.stem} ({a}).", f"Removed {b.stem} ({b})."]
     assert not a.exists() and not b.exists() and c.exists()
     assert [s.path for s in list_conversations(folder)] == [c]
+
+
+def test_rm_takes_a_whole_id_or_name_never_a_prefix(folder):
+    # A prefix that names one conversation today is a guess: rm deletes nothing on it.
+    only = save(folder, ["a"], when=0)
+    result = runner.invoke(app, ["conversations", "rm", only.stem[:-3]])
+    assert result.exit_code == 1
+    assert "takes a whole id or name" in result.stderr and only.stem in result.stderr
+    assert only.exists()
+    assert runner.invoke(app, ["conversations", "rm", only.stem]).exit_code == 0
+    assert not only.exists()
 
 
 # ---- names --------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ pytest.importorskip("hypothesis", reason="needs the dev extra: pip install -e '.
 
 from fuzzing import Hang, Untouched, loads_or_one_error, mutated, mutated_bytes
 from hypothesis import given
-from hypothesis import strategies as st
 
 from chatcli.errors import ChatcliError, ConfigError
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +23,9 @@ from hub_fakes import (
     base_dir_files,
     commit_of,
     flat_files,
+    one_line_error,
+    run_cli,
+    run_python,
     safetensors_bytes,
     write_hub_cache,
 )
@@ -43,7 +44,6 @@ EMBEDDED_MB = f"{EMBEDDED_MODEL.stat().st_size / 1e6:.1f}"
 huggingface_hub = pytest.importorskip(
     "huggingface_hub", reason="needs the hf extra: pip install 'chatcli[hf]'"
 )
-ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is 2+3?"
 runner = CliRunner()
 
@@ -59,37 +59,6 @@ def isolated_home(tmp_path, monkeypatch):
         "CHATCLI_STEP",
     ):
         monkeypatch.delenv(name, raising=False)
-
-
-def run_cli(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
-    """`chatcli ARGS` in a child process (run_python's)."""
-    return run_python("-m", "chatcli", *args, home=home, **env)
-
-
-def run_python(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
-    """`python ARGS` in a child process with only these Hub settings (HF_HOME under `home`
-    unless given: no token or cache of the machine's leaks in)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "CHATCLI_"))}
-    clean.pop("TRANSFORMERS_OFFLINE", None)
-    clean.update(
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-        CHATCLI_HOME=str(home / "chatcli"),
-        HF_HOME=str(home / "hf"),
-        HF_HUB_DISABLE_TELEMETRY="1",
-        **env,
-    )
-    return subprocess.run(
-        [sys.executable, *args], env=clean, capture_output=True, text=True, timeout=180, cwd=ROOT
-    )
-
-
-def one_line_error(result: subprocess.CompletedProcess) -> str:
-    """The error a failed command printed: exit code 1, one line, no traceback."""
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -422,7 +391,7 @@ def test_models_lists_the_runnable_models_of_the_hub_cache(cache, tmp_path):
     ]
     assert rows["hf:org/flat"][8] == str(snap / commit_of("flat") / EMBEDDED_MODEL.name)
     assert rows["hf:org/flat@v1"][3] == "1000"
-    assert rows["hf:org/tf"][1:8] == ["-", "-", "-", "-", "0.5M", "2.0", "MB"]
+    assert rows["hf:org/tf"][1:8] == ["-", "-", "-", "A", "0.5M", "2.0", "MB"]
     assert rows["hf:org/half"][-3:] == [
         str(cache / "models--org--half" / "snapshots" / commit_of("half") / "model_000005.pt"),
         "(not",

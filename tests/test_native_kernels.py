@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from chatcli.kernels import build as kernel_build
+from chatcli.kernels import rows_step as rows_step_module
 from chatcli.kernels import rows_step_reference
 from chatcli.kernels.build import build, library_path
 from chatcli.kernels.f16_matvec import F16Matvec, f16_matvec
@@ -506,7 +507,7 @@ def test_a_rows_step_that_answers_fp16_wrongly_is_not_used(fresh, monkeypatch):
     def fp16_wrong(kernel: RowsStep, **case: object) -> list[float]:
         return [1.0, 0.0, 0.0] if case.get("half") else errors(kernel, **case)
 
-    monkeypatch.setattr(rows_step_reference, "rows_step_errors", fp16_wrong)
+    monkeypatch.setattr(rows_step_module, "rows_step_errors", fp16_wrong)
     assert rows_step() is None
     assert "fp16" in kernel_build.unavailable_reason("rows_step")
 
@@ -592,7 +593,7 @@ def test_a_rows_step_that_answers_int8_wrongly_is_not_used(fresh, monkeypatch):
     def int8_wrong(kernel: RowsStep, **case: object) -> list[float]:
         return [1.0, 0.0, 0.0] if case.get("int8") else errors(kernel, **case)
 
-    monkeypatch.setattr(rows_step_reference, "rows_step_errors", int8_wrong)
+    monkeypatch.setattr(rows_step_module, "rows_step_errors", int8_wrong)
     assert rows_step() is None
     assert "int8" in kernel_build.unavailable_reason("rows_step")
 

@@ -45,9 +45,10 @@ from chatcli.serve.ray_cluster import (
     live_replicas,
 )
 from chatcli.serve.ray_replica import ReplicaSpec
+from chatcli.serve.replies import GenerationParams
 from chatcli.serve.requests import ChatMessage, Limits
 from chatcli.serve.runner import BackgroundServer
-from chatcli.serve.worker_pool import GenerationParams, Worker
+from chatcli.serve.worker_pool import Worker
 
 pytestmark = pytest.mark.slow
 

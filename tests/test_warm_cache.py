@@ -13,7 +13,8 @@ from fakes import ByteTokenizer
 from chatcli.engine.engine import Engine
 from chatcli.engine.warm_cache import WarmCache, choose
 from chatcli.model.kv_cache import SharedPrefixCache
-from chatcli.serve.worker_pool import GenerationParams, Worker
+from chatcli.serve.replies import GenerationParams
+from chatcli.serve.worker_pool import Worker
 
 
 def prompt_of(*pieces: list[int]) -> list[int]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from chatcli.terminal.render_panels import render_table
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from chatcli.terminal.render import Console
 
 
 def render_bench(console: Console, result: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ SYSTEM_CLEAR = "clear"  # Command("system", SYSTEM_CLEAR) removes the system pro
 # nothing. Not None, which /seed's "random" parses to.
 SHOW_SETTING = object()
 EXPORT_FORMATS = ("md", "json")
+EXPORT_FORCE = "--force"  # /export md chat.md --force: replace chat.md
 SAMPLES_MIN, SAMPLES_MAX = 2, 8
 
 _COMMAND_LINE = re.compile(r"/(?P<word>\S+)(?:\s+(?P<rest>.*))?\Z", re.DOTALL)
@@ -102,8 +103,12 @@ def _unquote(text: str) -> str:
     return text
 
 
-def _export(spec: CommandSpec, rest: str) -> tuple[str, str]:
+def _export(spec: CommandSpec, rest: str) -> tuple[str, str, bool]:
+    """(format, path, force): a last word --force replaces a file that is there already."""
     needs = "/export needs a format (md or json) and a path, e.g. /export md chat.md"
+    force = rest == EXPORT_FORCE or rest.endswith(" " + EXPORT_FORCE)
+    if force:
+        rest = rest.removesuffix(EXPORT_FORCE).rstrip()
     parts = rest.split(maxsplit=1)
     if not parts:
         raise CommandError(needs)
@@ -115,7 +120,7 @@ def _export(spec: CommandSpec, rest: str) -> tuple[str, str]:
     path = _unquote(parts[1].strip()) if len(parts) == 2 else ""
     if not path:
         raise CommandError(f"{needs} (the path is missing)")
-    return fmt, path
+    return fmt, path, force
 
 
 def _samples(spec: CommandSpec, rest: str) -> int:
@@ -303,9 +308,10 @@ _SPECS = (
     CommandSpec("history", "/history", "List the saved conversations", _no_argument),
     CommandSpec(
         "export",
-        "/export md|json PATH",
+        "/export md|json PATH [--force]",
         "Write the conversation to PATH as Markdown or JSON",
         _export,
+        details="A file at PATH already is left alone; --force at the end replaces it.",
     ),
     CommandSpec("stats", "/stats", "Show timings and token counts for each turn", _no_argument),
     CommandSpec(

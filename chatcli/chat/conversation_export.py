@@ -1,14 +1,19 @@
 """A conversation exported for reading elsewhere: Markdown, or nanochat's JSON (/export).
 
 Owns how each message reads in Markdown (calculator calls as `calc EXPR -> RESULT` code
-spans) and the JSON form. Knows nothing about files on disk beyond the text it returns.
+spans) and the JSON form, and writing an export where nothing is yet (`write_export`: a file
+there already is replaced only when asked). Knows nothing about the terminal or commands.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 from typing import Any
+
+from chatcli.errors import ChatcliError
 
 
 def _code_span(text: str) -> str:
@@ -69,3 +74,21 @@ def export_markdown(messages: list[dict[str, Any]]) -> str:
 def export_json(messages: list[dict[str, Any]]) -> str:
     """The conversation as nanochat's JSON: {"messages": [...]}, indented."""
     return json.dumps({"messages": messages}, ensure_ascii=False, indent=2) + "\n"
+
+
+def write_export(text: str, path: Path, force: bool, how_to_force: str) -> None:
+    """Write `text` to `path`, a new file; one there already (or a link, even to nothing) is
+    a ChatcliError unless `force`. `how_to_force` completes the refusal ("add --force")."""
+    try:
+        # "x": the check and the creation are one step, so no file appears in between.
+        with path.open("w" if force else "x", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        if os.path.isdir(path):  # never raises, unlike Path.is_dir on a folder without access
+            raise ChatcliError(f"{path} is a folder; give the path of a file to write.") from None
+        if isinstance(e, FileExistsError):
+            raise ChatcliError(
+                f"{path} exists already; it is left as it was. Pick another path, or "
+                f"{how_to_force} to replace it."
+            ) from None
+        raise ChatcliError(f"Cannot write {path} ({e}). Pick another path.") from None

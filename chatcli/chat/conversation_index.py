@@ -18,6 +18,7 @@ from pathlib import Path
 from chatcli.chat.conversation_format import LATEST, SUFFIX, snippet
 from chatcli.chat.conversation_reader import read_conversation
 from chatcli.chat.conversation_store import sanitize_name
+from chatcli.chat.user_dirs import ENV_CONVERSATIONS_DIR
 from chatcli.errors import ConversationFileError
 from chatcli.model.data_files import UnreadableFileError, described, list_folder
 
@@ -39,18 +40,23 @@ class ConversationSummary:
 
 
 def _conversation_files(directory: Path) -> list[Path]:
-    """The *.jsonl files in `directory`, newest first (ties: by name, descending)."""
+    """The *.jsonl files in `directory`, newest first (ties: by name, descending); none when
+    the folder is not there yet. A file, a link loop or a folder that cannot be listed where
+    the folder belongs is a ConversationFileError that says so: it would look empty else."""
     try:
-        if not directory.is_dir():
-            return []
+        entries = list_folder(directory)
+    except UnreadableFileError as e:  # glob would make a folder without permission look empty
+        if e.missing:
+            return []  # no conversation saved yet: the first chat creates the folder
+        raise ConversationFileError(
+            f"The conversations folder {e}. Point {ENV_CONVERSATIONS_DIR} (or CHATCLI_HOME) "
+            "at a folder you may read, or fix this one."
+        ) from None
+    try:
         files = [
-            p
-            for p in list_folder(directory)
-            if p.suffix == SUFFIX and not p.name.startswith(".") and p.is_file()
+            p for p in entries if p.suffix == SUFFIX and not p.name.startswith(".") and p.is_file()
         ]
         return sorted(files, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
-    except UnreadableFileError as e:  # glob would make a folder without permission look empty
-        raise ConversationFileError(f"The conversations folder {e}.") from None
     except OSError as e:
         raise ConversationFileError(f"The conversations folder: {described(e)}.") from None
 
@@ -131,6 +137,35 @@ def resolve_conversation(directory: Path, name_or_id: str) -> Path:
     as_path = Path(wanted).expanduser()
     if (os.sep in wanted or wanted.endswith(SUFFIX)) and as_path.is_file():
         return as_path
+    return _resolve_in(directory, name_or_id)
+
+
+def saved_conversation(directory: Path, name_or_id: str, *, prefix: bool = True) -> Path:
+    """The saved conversation `name_or_id` names (an id, a name, a unique id prefix unless
+    `prefix` is off, or `last`), found inside `directory` only and read as a conversation before it is returned:
+    what may be deleted or exported. A path (./notes.txt, ../x.jsonl), or a file of the
+    folder that is no conversation, is a ConversationFileError; nothing outside the folder,
+    the working directory included, is ever looked at."""
+    wanted = name_or_id.strip()
+    if any(sep in wanted for sep in {"/", os.sep, os.altsep} - {None}) or wanted in (".", ".."):
+        raise ConversationFileError(
+            f"{name_or_id!r} is a path; this takes a saved conversation's id, name or "
+            f"{LATEST!r}, found in {directory} only. chatcli conversations lists them."
+        )
+    if wanted.lower() == LATEST:
+        path = latest_conversation(directory)
+        if path is None:
+            raise ConversationFileError(f"No saved conversation in {directory}.")
+    else:
+        path = _resolve_in(directory, wanted, prefix=prefix)
+    read_conversation(path)  # a .jsonl of the folder that is not a conversation raises here
+    return path
+
+
+def _resolve_in(directory: Path, name_or_id: str, *, prefix: bool = True) -> Path:
+    """A conversation of `directory` by its id, its name, or (where `prefix`) a unique
+    prefix of its id."""
+    wanted = name_or_id.strip()
     stems = {p.stem: p for p in _conversation_files(directory)}
     if wanted.removesuffix(SUFFIX) in stems:
         return stems[wanted.removesuffix(SUFFIX)]
@@ -148,6 +183,12 @@ def resolve_conversation(directory: Path, name_or_id: str) -> Path:
         if stem in stems:
             return stems[stem]
     matches = sorted({s for s in stems for c in candidates if c and s.startswith(c)})
+    if matches and not prefix:  # what deletes takes no guess: `rm 2026` is not the only 2026...
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise ConversationFileError(
+            f"No conversation is called {name_or_id!r}; this takes a whole id or name "
+            f"(ids that start so: {shown})."
+        )
     if len(matches) == 1:
         return stems[matches[0]]
     if matches:

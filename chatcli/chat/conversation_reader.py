@@ -26,6 +26,10 @@ from chatcli.model.data_files import (
     shown,
 )
 
+# A long chat is a few megabytes; past this a .jsonl in the folder is something else (a log,
+# a sparse file), which a listing would otherwise read whole into memory.
+CONVERSATION_MAX_BYTES = 256 << 20
+
 
 def _set_system(messages: list[dict[str, Any]], text: str | None) -> None:
     if messages and messages[0]["role"] == "system":
@@ -88,7 +92,7 @@ def read_conversation(path: Path) -> LoadResult:
     cannot be opened, or one in which no line is a conversation's record raises
     ConversationFileError."""
     try:
-        data = read_bytes(path)
+        data = read_bytes(path, CONVERSATION_MAX_BYTES)
     except UnreadableFileError as e:
         if e.missing:
             raise ConversationFileError(

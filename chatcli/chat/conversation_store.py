@@ -95,6 +95,14 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+class ConversationFileRemoved(ConversationFileError):
+    """The conversation's file is gone (removed while the chat ran): nothing was written."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"{path} was removed while this chat ran.")
+        self.path = path
+
+
 class ConversationFile:
     """An open conversation file that events are appended to."""
 
@@ -233,7 +241,14 @@ class ConversationFile:
     def _append(self, record: dict[str, Any]) -> None:
         data = _encode(record)
         try:
-            with self.path.open("a+b") as f:
+            # Never O_CREAT: a file removed meanwhile must not come back as a headless fragment.
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            raise ConversationFileRemoved(self.path) from None
+        except OSError as e:
+            raise self._cannot_save(e) from None
+        try:
+            with os.fdopen(fd, "r+b") as f:
                 # A process killed mid-write leaves a last line without its newline: start
                 # on a fresh line so the new record stays readable on its own.
                 size = f.seek(0, os.SEEK_END)
@@ -241,14 +256,17 @@ class ConversationFile:
                     f.seek(size - 1)
                     if f.read(1) != b"\n":
                         data = b"\n" + data
-                f.write(data)  # "a" mode: always at the end, whatever the position
+                f.write(data)  # O_APPEND: always at the end, whatever the position
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
-            raise ConversationFileError(
-                f"Cannot save to {self.path} ({e}). Check free space and permissions, "
-                "or set CHATCLI_CONVERSATIONS_DIR."
-            ) from None
+            raise self._cannot_save(e) from None
+
+    def _cannot_save(self, error: OSError) -> ConversationFileError:
+        return ConversationFileError(
+            f"Cannot save to {self.path} ({error}). Check free space and permissions, "
+            "or set CHATCLI_CONVERSATIONS_DIR."
+        )
 
 
 class ConversationSink(Protocol):

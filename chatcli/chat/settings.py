@@ -32,9 +32,11 @@ from chatcli.chat.user_dirs import (  # noqa: F401
     user_dir,
 )
 from chatcli.errors import ConfigError
-from chatcli.model.data_files import UnreadableFileError, parse_toml, read_bytes, shown
+from chatcli.model.data_files import UnreadableFileError, parse_toml, read_small_file, shown
 
 ENV_PREFIX = "CHATCLI_"
+# A config file sets a dozen keys: a megabyte is a file that is not one (/dev/zero, a log).
+CONFIG_MAX_BYTES = 1 << 20
 ENV_NO_HISTORY = "CHATCLI_NO_HISTORY"
 # The CHATCLI_* variables that are not a setting's (CHATCLI_<SETTING>): read elsewhere, named
 # here so that a misspelt variable is told apart from them (a test finds every one in use).
@@ -323,7 +325,7 @@ def read_config_file(path: Path, named_by: str | None = None) -> dict[str, objec
     variable (`named_by`, CHATCLI_CONFIG) named it: then that path is a mistake to report."""
     source = f"config file {path}"
     try:
-        text = read_bytes(path).decode("utf-8")
+        text = read_small_file(path, CONFIG_MAX_BYTES).decode("utf-8")
     except UnreadableFileError as e:
         if not e.missing:  # a folder, a link to nothing or to itself, no permission
             raise ConfigError(

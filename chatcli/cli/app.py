@@ -2,7 +2,8 @@
 path; -h and --version.
 
 Owns: the Typer app and its subcommands' registration, the root options, and `main` (choosing
-how OpenMP threads wait before torch loads). Each command lives in its own module
+how OpenMP threads wait before torch loads; stdout full or closed as one line,
+`output_stream`). Each command lives in its own module
 (`chat_commands`, `models_command`, `pull_command`, `serve_command`, `bench_command`,
 `export_command`, `conversations_command`); the shared options and click's one-line errors
 live in `options`, settings and session loading in `session_setup`.
@@ -28,8 +29,10 @@ from chatcli.cli.options import (
     HELP_OPTIONS,
     Command,
     OneLineErrors,
+    fail,
     print_version,
 )
+from chatcli.cli.output_stream import CLOSED_AT_START, OutputFailed, drop_stdout, guard_stdout
 from chatcli.cli.pull_command import pull
 from chatcli.cli.serve_command import SERVE_HELP, serve
 
@@ -80,7 +83,13 @@ def main() -> None:
     # Before torch loads: OpenMP threads spin a bounded while between parallel regions,
     # rather than sleeping (a wake per product) or spinning ~3 ms (openmp_wait.py).
     choose_openmp_wait()
-    app(args=bare_resume_means_last(sys.argv[1:]), prog_name="chatcli")
+    if not guard_stdout():
+        sys.exit(fail(CLOSED_AT_START).exit_code)
+    try:
+        app(args=bare_resume_means_last(sys.argv[1:]), prog_name="chatcli")
+    except OutputFailed as e:  # stdout full or closed: one line on stderr, not a traceback
+        drop_stdout()
+        sys.exit(fail(str(e)).exit_code)
 
 
 app.command(cls=Command)(chat)

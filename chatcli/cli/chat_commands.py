@@ -38,7 +38,7 @@ from chatcli.cli.options import (
 from chatcli.errors import ChatcliError, ConversationFileError, UsageError
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from chatcli.terminal.render import Console
 from chatcli.cli.session_setup import (
     load_session,
     move_old_files_saying,

@@ -3,10 +3,11 @@
     chatcli conversations                      list them: id, name, date, turns, first question
     chatcli conversations show ID              one, as the chat showed it
     chatcli conversations rm ID [ID...]        delete them
-    chatcli conversations export ID --format md|json [--output PATH]
+    chatcli conversations export ID --format md|json [--output PATH [--force]]
 
-ID is what `chat --resume` takes: an id, a name given by /save NAME, a unique id prefix, a
-file's path, or `last`. Finding and reading the files is chatcli.chat's; drawing, render's.
+ID is a saved conversation's id, its name given by /save NAME, a unique id prefix, or `last`,
+always found in the conversations folder: never a path, so `rm ./notes.txt` deletes nothing.
+Finding and reading the files is chatcli.chat's; drawing, render's.
 """
 
 from __future__ import annotations
@@ -46,15 +47,10 @@ def _folder() -> Path:
     return conversations_dir()
 
 
-def _find(folder: Path, wanted: str) -> Path:
-    from chatcli.chat.conversation_index import latest_conversation, resolve_conversation
+def _find(folder: Path, wanted: str, *, prefix: bool = True) -> Path:
+    from chatcli.chat.conversation_index import saved_conversation
 
-    if wanted.strip().lower() == LATEST:
-        path = latest_conversation(folder)
-        if path is None:
-            raise ConversationFileError(f"No saved conversation in {folder}.")
-        return path
-    return resolve_conversation(folder, wanted)
+    return saved_conversation(folder, wanted, prefix=prefix)
 
 
 @conversations_app.callback()
@@ -66,8 +62,11 @@ def conversations(ctx: typer.Context) -> None:
     from chatcli.terminal.render import make_console, render_notice
     from chatcli.terminal.render_panels import render_table
 
-    folder = _folder()
-    summaries = list_conversations(folder)
+    try:
+        folder = _folder()
+        summaries = list_conversations(folder)
+    except ChatcliError as e:
+        raise fail_with(e) from None
     if not summaries:
         render_notice(
             make_console(file=sys.stderr),
@@ -123,7 +122,9 @@ def rm(
 
     try:
         folder = _folder()
-        paths = list(dict.fromkeys(_find(folder, wanted) for wanted in conversation))
+        # Whole ids or names only: a prefix that matches one conversation today may be a
+        # guess the user did not mean, and a deletion cannot be taken back.
+        paths = list(dict.fromkeys(_find(folder, w, prefix=False) for w in conversation))
         for path in paths:
             try:
                 path.unlink()
@@ -145,9 +146,12 @@ def export(
         Path | None,
         typer.Option("--output", "-o", metavar="PATH", help="Write there (default: stdout)."),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the --output file if it exists.")
+    ] = False,
 ) -> None:
     """Write a conversation out as Markdown or JSON."""
-    from chatcli.chat.conversation_export import export_json, export_markdown
+    from chatcli.chat.conversation_export import export_json, export_markdown, write_export
     from chatcli.chat.conversation_reader import read_conversation
     from chatcli.errors import UsageError
     from chatcli.terminal.render import make_console, render_notice
@@ -162,10 +166,7 @@ def export(
         if output is None:
             sys.stdout.write(text)
             return
-        try:
-            output.write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise ChatcliError(f"Cannot write {output} ({e}). Pick another --output.") from None
+        write_export(text, output, force, "add --force")
         count = sum(m["role"] != "system" for m in messages)
         render_notice(make_console(file=sys.stderr), f"Wrote {count} messages to {output}.")
     except ChatcliError as e:

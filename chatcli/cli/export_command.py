@@ -57,12 +57,19 @@ def export(
             check_out_folder,
             export_model,
             read_source,
+            remove_stale_partials,
             require_hf_extra,
         )
 
         require_hf_extra()  # these before reading gigabytes
         check_dtype(dtype)
         check_out_folder(out)
+        for path, pid in remove_stale_partials(out):
+            typer.echo(
+                f"Removed {path}: a half-written export left by process {pid}, which is no "
+                "longer running.",
+                err=True,
+            )
         src = read_source(settings.model, settings.source, settings.step, softcap)
         typer.echo(f"Exporting era {src.arch.era} from {src.origin}…", err=True)
         defaults = GenerationDefaults(DEFAULTS.temperature, DEFAULTS.top_k or None)

@@ -87,7 +87,7 @@ def _hub_row(m: CachedHubModel) -> tuple[str, ...]:
     params = f"{m.num_params / 1e6:.1f}M" if m.num_params is not None else "-"
     path = str(m.path) if m.problem is None else f"{m.path} (not runnable)"
     if c is None:
-        return (m.name, "-", "-", "-", "-", params, f"{m.size_bytes / 1e6:.1f} MB", path)
+        return (m.name, "-", "-", "-", m.era or "-", params, f"{m.size_bytes / 1e6:.1f} MB", path)
     return (
         m.name,
         c.source or "-",

@@ -92,15 +92,19 @@ def serve(
         list[str] | None,
         typer.Option(
             "--api-key",
-            envvar="CHATCLI_API_KEY",
             metavar="KEY",
-            help="Let in only requests with Authorization: Bearer KEY (repeat for more keys); "
-            "/health and the chat page's HTML stay open.",
+            help="Let in only requests with Authorization: Bearer KEY (repeat for more keys; "
+            "without it, CHATCLI_API_KEY holds one key, spaces inside kept); /health and the "
+            "chat page's HTML stay open.",
         ),
     ] = None,
     api_key_file: Annotated[
         Path | None,
-        typer.Option(metavar="PATH", help="Keys to let in, one a line (# starts a comment)."),
+        typer.Option(
+            metavar="PATH",
+            help="Keys to let in, one a line (# starts a comment); readable by you alone "
+            "(chmod 600), or the server warns.",
+        ),
     ] = None,
     ray: Annotated[
         str | None,
@@ -120,7 +124,8 @@ def serve(
     """Serve an OpenAI-compatible API (/v1/chat/completions) and a chat page (/)."""
     try:
         from chatcli.serve.app import Limits
-        from chatcli.serve.auth import api_keys, open_server_warning
+        from chatcli.serve.auth import open_server_warning
+        from chatcli.serve.keys import api_keys, env_key, key_file_warning
         from chatcli.serve.runner import MAX_PORT
         from chatcli.serve.runner import serve as run_server
     except ImportError:
@@ -141,8 +146,13 @@ def serve(
             keys = api_keys(api_key or (), None)
         except ChatcliError as e:
             raise UsageError(str(e)) from None
+        if not api_key:  # the variable is read whole here: click would split it at spaces
+            keys = api_keys([key] if (key := env_key()) is not None else [])
         if api_key_file is not None:
             keys = api_keys(keys, api_key_file)
+            loose = key_file_warning(api_key_file)
+            if loose is not None:
+                render_notice(make_console(file=sys.stderr), loose)
         warning = open_server_warning(host, port, keys)
 
         def warn() -> None:  # once it listens, before the model loads: not minutes later

@@ -1,10 +1,10 @@
 """The static decode step for rows of independent sequences, and its CUDA graphs by batch size.
 
-Owns: forward_slots_static (StaticDecodeStep's arithmetic for SlotRows: every shape fixed by
-the SlotCache and the number of rows, each row's position, slot and previous token a tensor,
-so nothing depends on a host value) and SlotGraphs (that step captured once per bucket of
-rows, 1, 2, 4, 8, ... up to the cache's slots, and replayed: a server's GPU batch decodes in
-one launch a step whatever its rows' lengths). Knows nothing about sampling or about which
+Owns: SlotGraphs (the static step over SlotRows, StaticDecodeStep.forward_static with each
+row's position, slot and previous token a tensor, so nothing depends on a host value,
+captured once per bucket of rows, 1, 2, 4, 8, ... up to the cache's slots, and replayed: a
+server's GPU batch decodes in one launch a step whatever its rows' lengths) and CAPTURE, the
+process's one lock around a CUDA graph capture. Knows nothing about sampling or about which
 conversation a slot holds.
 
 A step of n rows runs in the smallest bucket that holds them; the rows past n repeat the
@@ -16,68 +16,34 @@ eagerly over the same buffers (capture=False): the CPU stand-in the tests hold t
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 
-from chatcli.model.gpt import SMEAR_CHANNELS
 from chatcli.model.slot_cache import SlotCache, SlotRows
 
-if TYPE_CHECKING:
-    from chatcli.engine.static_step import StaticDecodeStep
+# One capture at a time in a process (torch.cuda.CUDAGraph's rule): a server's workers, one a
+# GPU, each capture on their own thread (CudaGraphStep's one-row graphs and these).
+CAPTURE = threading.Lock()
 
 
-def forward_slots_static(
-    step: StaticDecodeStep,
-    ids: torch.Tensor,
-    pos: torch.Tensor,
-    prev: torch.Tensor,
-    slots: torch.Tensor,
-    k_all: torch.Tensor,
-    v_all: torch.Tensor,
-) -> torch.Tensor:
-    """ids, pos, prev, slots (B,): row i's token, its position, the token before it and its
-    slot of k_all/v_all ((L, S, T, Hkv, D), written at (slot, pos)). Returns logits
-    (B, vocab_size). Every row continues a prompt (pos >= 1), so the smear always applies."""
-    H, Hkv, D = step.n_head, step.n_kv_head, step.head_dim
-    B, T = ids.size(0), k_all.size(2)
-    C = step.wte.size(1)
-    cos = step.cos_table.index_select(0, pos).repeat_interleave(H + Hkv, 0)  # (B*(H+Hkv), D)
-    sin = step.sin_table.index_select(0, pos).repeat_interleave(H + Hkv, 0)
-    x = F.rms_norm(step._look_up(ids, step.wte), (C,))
-    if step.smear:
-        prev_x = F.rms_norm(step._look_up(prev, step.wte), (C,))
-        gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], step.smear_gate)) * step.smear_lambda
-        x = torch.addcmul(x, prev_x, gate.unsqueeze(1))
-    x0 = x
-    saved = None
-    keys = torch.arange(T, device=ids.device)
-    at = pos.unsqueeze(1)
-    masks: dict[int, torch.Tensor] = {}
-    for i, layer in enumerate(step.layers):
-        if step.lambdas:
-            x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
-        qk, v = step._qk_v(layer, x, ids, cos, sin)
-        k_cache, v_cache = k_all[i], v_all[i]  # (S, T, Hkv, D)
-        k_cache.index_put_((slots, pos), qk[:, H:])
-        v_cache.index_put_((slots, pos), v)
-        if layer.window not in masks:
-            masks[layer.window] = ((keys <= at) & (keys >= at - layer.window)).view(B, 1, 1, T)
-        y = F.scaled_dot_product_attention(
-            qk[:, :H].unsqueeze(2),
-            k_cache.index_select(0, slots).transpose(1, 2),
-            v_cache.index_select(0, slots).transpose(1, 2),
-            attn_mask=masks[layer.window],
-            enable_gqa=Hkv != H,
-        )
-        x = step._mlp(layer, layer.proj.addmm(x, y.reshape(B, H * D)))
-        if i == step.backout_layer:
-            saved = x
-    if saved is not None:
-        x = torch.add(x, saved, alpha=-step.backout_lambda)
-    return step._capped_logits(x)
+class StaticRows(Protocol):
+    """The static step as SlotGraphs runs it (StaticDecodeStep)."""
+
+    model: Any  # max_positions
+
+    def forward_static(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        prev: torch.Tensor,
+        has_prev: torch.Tensor,
+        k_all: torch.Tensor,
+        v_all: torch.Tensor,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
 
 
 def buckets_for(slots: int) -> list[int]:
@@ -105,12 +71,12 @@ class SlotGraphs:
     """The static slot step of one SlotCache, a CUDA graph per bucket of rows, each captured
     at its first use and replayed after (capture=False: run eagerly over the same buffers)."""
 
-    # One capture at a time in a process (torch.cuda.CUDAGraph's rule), as CudaGraphStep's.
-    def __init__(self, step: StaticDecodeStep, cache: SlotCache, capture: bool = True) -> None:
+    def __init__(self, step: StaticRows, cache: SlotCache, capture: bool = True) -> None:
         self.step, self.cache, self.capture = step, cache, capture
         self.device = cache.k_cache.device
         self.sizes = buckets_for(len(cache))
         self.buckets: dict[int, _Bucket] = {}
+        self._has_prev = torch.ones(1, device=self.device)
 
     def bucket_for(self, rows: int) -> int:
         return next(b for b in self.sizes if b >= rows)
@@ -154,9 +120,10 @@ class SlotGraphs:
         return bucket.logits[:n].clone()
 
     def _run(self, bucket: _Bucket) -> torch.Tensor:
-        return forward_slots_static(
-            self.step, bucket.ids, bucket.pos, bucket.prev, bucket.slots,
-            self.cache.k_cache, self.cache.v_cache,
+        # Every row continues its sequence (pos >= 1): the smear always applies.
+        return self.step.forward_static(
+            bucket.ids, bucket.pos, bucket.prev, self._has_prev, self.cache.k_cache,
+            self.cache.v_cache, bucket.slots,
         )  # fmt: skip
 
     def _prepare(self, bucket: _Bucket) -> None:
@@ -169,8 +136,6 @@ class SlotGraphs:
 
             bucket.replay = eager
             return
-        from chatcli.engine.static_step import CudaGraphStep
-
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -178,7 +143,7 @@ class SlotGraphs:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with (
-            CudaGraphStep._capturing,
+            CAPTURE,
             torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"),
         ):
             bucket.logits = self._run(bucket)

@@ -2,14 +2,15 @@
 
 Owns: StaticDecodeStep (the fused step's arithmetic with every shape fixed by the cache, so
 that nothing depends on a host value), CudaGraphStep (that step captured once a cache and
-replayed every token; a server's slot rows through static_slots.SlotGraphs), ModuleStep (the model's own forward as a step) and StepWithFallback
-(the graph, or the module's forward for good once the graph fails). Every form equals
+replayed every token; a server's slot rows through static_slots.SlotGraphs), ModuleStep
+(the model's own forward as a step) and StepWithFallback (the graph, or the module's forward
+for good once the graph fails). StaticDecodeStep.forward_static is the static step's one
+layer loop: a cache's rows at one position, or a server's slots each at its own. Every form equals
 model.forward to float rounding. Knows nothing about sampling or the generation loop.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import torch
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from chatcli.engine.decode_step import DecodeStep, has_decode_copies
 from chatcli.engine.fallback import Fallback
 from chatcli.engine.slot_step import forward_slots
-from chatcli.engine.static_slots import SlotGraphs, forward_slots_static
+from chatcli.engine.static_slots import CAPTURE, SlotGraphs
 from chatcli.model.gpt import GPT, SMEAR_CHANNELS
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model.slot_cache import SlotRows
@@ -57,15 +58,21 @@ class StaticDecodeStep(DecodeStep):
         has_prev: torch.Tensor,
         k_all: torch.Tensor,
         v_all: torch.Tensor,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """ids (N,) at position pos (a 1-element long tensor), prev (N,) the tokens before
-        them, used only where has_prev (a 1-element 0/1 tensor) is 1; k_all/v_all the
-        cache's (L, N, T, Hkv, D) tensors, written at pos. Returns logits (N, vocab_size)."""
+        """The one layer loop of the static step: ids (N,), their tokens before `prev` (N,),
+        used where has_prev (1 or N 0/1 values) is 1; k_all/v_all a cache's (L, S, T, Hkv,
+        D) tensors. Without `slots`, the rows are the cache's rows, all at position pos (a
+        1-element long tensor), and read their keys in place; with slots (N,), row i is
+        slot slots[i] at position pos[i] (a server's batch, static_slots.SlotGraphs), its
+        keys gathered. Returns logits (N, vocab_size)."""
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         N, T = ids.size(0), k_all.size(2)
         C = self.wte.size(1)
-        cos = self.cos_table.index_select(0, pos)  # (1, D)
+        cos = self.cos_table.index_select(0, pos)  # (1 or N, D)
         sin = self.sin_table.index_select(0, pos)
+        if slots is not None:  # each row's heads its own angle: (N*(H+Hkv), D), as _qk_v lays them
+            cos, sin = cos.repeat_interleave(H + Hkv, 0), sin.repeat_interleave(H + Hkv, 0)
         x = F.rms_norm(self._look_up(ids, self.wte), (C,))
         if self.smear:
             prev_x = F.rms_norm(self._look_up(prev, self.wte), (C,))
@@ -75,22 +82,28 @@ class StaticDecodeStep(DecodeStep):
         x0 = x
         saved = None
         keys = torch.arange(T, device=ids.device)
+        at = pos.unsqueeze(1)  # (1 or N, 1)
         masks: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
             qk, v = self._qk_v(layer, x, ids, cos, sin)
-            k_cache, v_cache = k_all[i], v_all[i]  # (N, T, Hkv, D)
-            k_cache.index_copy_(1, pos, qk[:, H:].unsqueeze(1))
-            v_cache.index_copy_(1, pos, v.unsqueeze(1))
+            k_cache, v_cache = k_all[i], v_all[i]  # (S, T, Hkv, D)
+            if slots is None:
+                k_cache.index_copy_(1, pos, qk[:, H:].unsqueeze(1))
+                v_cache.index_copy_(1, pos, v.unsqueeze(1))
+                k_rows, v_rows = k_cache, v_cache
+            else:
+                k_cache.index_put_((slots, pos), qk[:, H:])
+                v_cache.index_put_((slots, pos), v)
+                k_rows, v_rows = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
             if layer.window not in masks:
-                masks[layer.window] = ((keys <= pos) & (keys >= pos - layer.window)).view(
-                    1, 1, 1, T
-                )
+                seen = (keys <= at) & (keys >= at - layer.window)
+                masks[layer.window] = seen.view(seen.size(0), 1, 1, T)
             y = F.scaled_dot_product_attention(
                 qk[:, :H].unsqueeze(2),
-                k_cache.transpose(1, 2),
-                v_cache.transpose(1, 2),
+                k_rows.transpose(1, 2),
+                v_rows.transpose(1, 2),
                 attn_mask=masks[layer.window],
                 enable_gqa=Hkv != H,
             )
@@ -111,15 +124,17 @@ class StaticDecodeStep(DecodeStep):
     def step_rows(
         self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
     ) -> torch.Tensor:
-        """The static step over slot rows (static_slots.py), eagerly: one row a slot."""
+        """The static step over slot rows, eagerly: one row a slot, each continuing its
+        sequence (a prompt runs through the model's forward: takes_prompt_rows is False)."""
         if rows.chained:
             raise ValueError("the static slot step takes one row a slot")
         positions = rows.room(self.model.max_positions)
         device = ids.device
         idx = ids.view(-1)
-        logits = forward_slots_static(
-            self, idx, torch.tensor(positions, device=device), rows.previous(idx),
-            torch.tensor(rows.slots, device=device), rows.cache.k_cache, rows.cache.v_cache,
+        logits = self.forward_static(
+            idx, torch.tensor(positions, device=device), rows.previous(idx),
+            torch.ones(1, device=device), rows.cache.k_cache, rows.cache.v_cache,
+            torch.tensor(rows.slots, device=device),
         )  # fmt: skip
         rows.advance(idx)
         return logits if out is None else logits[out]
@@ -151,9 +166,6 @@ class CudaGraphStep:
     wants_full_cache = True
     reads_whole_cache = True
     takes_prompt_rows = False
-    # One capture at a time in a process (torch.cuda.CUDAGraph's rule): a server's workers,
-    # one a GPU, each capture a new request's cache on their own thread.
-    _capturing = threading.Lock()
 
     def __init__(self, step: StaticDecodeStep) -> None:
         self.step = step
@@ -199,7 +211,7 @@ class CudaGraphStep:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with (
-            self._capturing,
+            CAPTURE,
             torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"),
         ):
             self._logits = run()

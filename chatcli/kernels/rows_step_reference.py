@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from chatcli.kernels.panels import HalfPanels, Int8Panels, Matrix, int8_rows
-from chatcli.kernels.rows_step import RowsLayer, RowsModel, RowsStep
+from chatcli.kernels.rows_library import RowsLayer, RowsModel, RowsStep
 
 
 def _rope_norm(

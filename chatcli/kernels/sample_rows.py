@@ -13,7 +13,7 @@ import functools
 import torch
 
 from chatcli.kernels.build import checked
-from chatcli.kernels.rows_step import DECODE_OPS_SOURCE
+from chatcli.kernels.rows_library import DECODE_OPS_SOURCE
 
 
 class SampleRows:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -382,9 +382,19 @@ def load_model(
         hub = fetch_model(str(path), source=source, tag=tag, step=step)
         path = hub.local_path
     if path is not None and is_hf_folder(path):  # config.json + safetensors + tokenizer.json
-        return load_hf_model(
-            Path(path), step=step, device=device, dtype=dtype, softcap=softcap, quantize=quantize
+        model, tokenizer, meta = load_hf_model(
+            Path(path),
+            # A Hub model's source and step picked its files already.
+            source="sft" if hub else source,
+            step=None if hub else step,
+            device=device,
+            dtype=dtype,
+            softcap=softcap,
+            quantize=quantize,
         )
+        if hub:  # the snapshot folder is named by its commit: name it by the repo
+            model.info = replace(model.info, tag=hub.hub.name)
+        return model, tokenizer, meta
     ref = resolve_checkpoint(path, source=source, tag=tag, step=step)
     meta, config = read_meta(ref.meta_file)
     tokenizer = read_tokenizer_for(ref, config)

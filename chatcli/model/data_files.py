@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,61 @@ def read_bytes(path: Path, max_bytes: int | None = None) -> bytes:
     except OSError as e:
         missing = isinstance(e, FileNotFoundError) and not path.is_symlink()
         raise UnreadableFileError(path, why_unreadable(path, e), missing) from None
+
+
+def read_small_file(path: Path, max_bytes: int) -> bytes:
+    """A small file a person names (a config or key file), whole (/dev/null: empty);
+    UnreadableFileError for anything else but a regular file of at most `max_bytes`. Never
+    waits, never reads past the cap: a FIFO would block open() until someone writes to it,
+    and /dev/zero never ends."""
+    try:
+        # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        missing = isinstance(e, FileNotFoundError) and not path.is_symlink()
+        raise UnreadableFileError(path, why_unreadable(path, e), missing) from None
+    try:
+        info = os.fstat(fd)
+        if _is_devnull(info):
+            return b""  # the one device that means "nothing here", as GIT_CONFIG=/dev/null
+        if not stat.S_ISREG(info.st_mode):
+            raise UnreadableFileError(path, f"is {_kind(info.st_mode)}, not a file")
+        chunks: list[bytes] = []
+        left = max_bytes + 1  # one past the cap: a file that grows while read is cut too
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as e:
+        raise UnreadableFileError(path, why_unreadable(path, e)) from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise UnreadableFileError(
+            path, f"is more than {max_bytes:,} bytes, far more than a file of its kind holds"
+        )
+    return data
+
+
+def _is_devnull(info: os.stat_result) -> bool:
+    if not stat.S_ISCHR(info.st_mode):
+        return False
+    try:
+        return info.st_rdev == os.stat(os.devnull).st_rdev
+    except OSError:
+        return False
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
 
 
 def check_readable(path: Path) -> None:

@@ -24,11 +24,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from chatcli.model import quantize
 from chatcli.model.attention import attend, attend_shared
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model.linear import Linear, embedding, through_copy
-from chatcli.model.quantize import DecodeWeight
+from chatcli.model.quantize import DecodeWeight, make_decode_weight, supports
 from chatcli.model.sampling import sample_next_token
 
 SOFTCAP = 15.0
@@ -320,15 +319,15 @@ class GPT(nn.Module):
             if isinstance(module, Attention):
                 parts = (module.c_q, module.c_k, module.c_v)
                 qkv = torch.cat([m.weight.detach() for m in parts])  # fp32, freed right after
-                if qkv.numel() >= 4096 and quantize.supports(qkv, kind):
-                    module.qkv_decode_weight = quantize.make_decode_weight(qkv, kind)
+                if qkv.numel() >= 4096 and supports(qkv, kind):
+                    module.qkv_decode_weight = make_decode_weight(qkv, kind)
                 del qkv
         stacked = self.stacked_linears()
         for module in self.modules():
             if isinstance(module, Linear) and id(module) not in stacked:
                 large = module.weight.numel() >= 4096
-                if large and quantize.supports(module.weight, kind):
-                    module.decode_weight = quantize.make_decode_weight(module.weight, kind)
+                if large and supports(module.weight, kind):
+                    module.decode_weight = make_decode_weight(module.weight, kind)
 
     def stacked_linears(self) -> set[int]:
         """ids of the Linear modules whose decode reads their attention's stacked copy."""

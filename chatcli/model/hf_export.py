@@ -1,19 +1,22 @@
 """`chatcli export`: a nanochat model as a transformers folder that other tools load.
 
-Owns: reading the model to export (a nanochat checkpoint, exactly as saved, or a
-transformers folder), and writing the folder: config.json, model.safetensors (sharded past
-5 GB, with its index), generation_config.json, tokenizer.json + tokenizer_config.json (with
-the chat template), chatcli's modeling file for eras B-E, and a README.md model card. The
-folder is written beside OUT and renamed into place at the end, so a failed export leaves
-nothing half-written. Refuses what it cannot write exactly (a tokenizer the fast tokenizer
-would not reproduce, an OUT that is not empty). Needs the hf extra (tokenizers builds the
-fast tokenizer, huggingface_hub plans the shards); knows nothing about the command line.
+Owns: reading the model to export (a nanochat checkpoint, exactly as saved, or a transformers
+folder, on disk or from the Hub as hf:ORG/NAME), and writing the folder: config.json,
+model.safetensors (sharded past 5 GB, with its index), generation_config.json, tokenizer.json
++ tokenizer_config.json (with the chat template), chatcli's modeling file for eras B-E, and a
+README.md model card. The folder is written beside OUT (.OUT.partial-PID) and renamed into
+place at the end, so a failed export leaves nothing half-written, and one killed before its
+end is removed by the next export into OUT. Refuses what it cannot write exactly (a tokenizer
+the fast tokenizer would not reproduce, an OUT that is not empty, a link, or under a file).
+Needs the hf extra (tokenizers builds the fast tokenizer, huggingface_hub plans the shards);
+knows nothing about the command line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -33,7 +36,7 @@ from chatcli.model.checkpoint_paths import resolve_checkpoint
 from chatcli.model.gpt import GPT, Architecture, GPTConfig, infer_architecture
 from chatcli.model.hf_chat_template import chat_template
 from chatcli.model.hf_config import CODE_FILES, TokenIds, hf_config, uses_native_class
-from chatcli.model.hf_load import is_hf_folder, read_hf_folder
+from chatcli.model.hf_load import check_one_checkpoint, is_hf_folder, read_hf_folder
 from chatcli.model.hf_model_card import model_card
 from chatcli.model.hf_tokenizer import agreement, probe_texts, write_hf_tokenizer
 from chatcli.model.hf_weights import (
@@ -43,6 +46,8 @@ from chatcli.model.hf_weights import (
     to_hf_names,
     write_safetensors,
 )
+from chatcli.model.hub import fetch_model
+from chatcli.model.hub_layout import is_hub_id
 from chatcli.model.special_tokens import ASSISTANT_END
 from chatcli.model.tokenizer import Tokenizer
 
@@ -80,6 +85,7 @@ class ExportResult:
     num_params: int
     size_bytes: int
     seconds: float
+    removed: list[tuple[Path, int]]  # stale half-written exports removed, with their PIDs
 
 
 def require_hf_extra() -> None:
@@ -100,24 +106,119 @@ def check_dtype(dtype: str) -> None:
 
 
 def check_out_folder(out: Path) -> Path:
-    """OUT as an absolute path, where it is free: missing, or an empty folder."""
+    """OUT as an absolute path, where an export may write it: missing (its folders are made)
+    or an empty folder, never a link (the export would land elsewhere), under folders that
+    exist or can be made and written."""
     out = out.expanduser().absolute()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ChatcliError(f"{out} exists and is not an empty folder: pick a new OUT folder.")
+    try:
+        if out.is_symlink():
+            target = os.readlink(out)
+            real = Path(os.path.normpath(out.parent / target))
+            fix = (
+                f"Pass the folder it leads to ({real}), or a new OUT"
+                if real.exists()
+                else "Remove the link, or pass a new OUT"
+            )
+            raise ChatcliError(
+                f"{out} is a link to {target}"
+                + ("" if real.exists() else ", which does not exist")
+                + f": chatcli export writes a new folder, never through a link. {fix}."
+            )
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ChatcliError(f"{out} exists and is not an empty folder: pick a new OUT folder.")
+        _check_parent(out)
+    except OSError as e:
+        raise ChatcliError(f"{out} cannot be written: {_why(e)}. Pick another OUT.") from None
     return out
+
+
+def _check_parent(out: Path) -> None:
+    """The nearest folder above OUT that exists must be one this process can write in."""
+    above = out.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    if above.is_symlink() and not above.exists():
+        raise ChatcliError(
+            f"{out} cannot be made: {above} is a link to {os.readlink(above)}, which does not "
+            "exist. Make that folder, or pick another OUT."
+        )
+    if not above.is_dir():
+        raise ChatcliError(
+            f"{out} cannot be made: {above} is a file, not a folder. Pick an OUT inside a folder."
+        )
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ChatcliError(
+            f"{out} cannot be made: {above} is not writable by this user. Pick an OUT in a "
+            "folder you can write to."
+        )
+
+
+def _why(e: OSError) -> str:
+    where = f" ({os.fsdecode(e.filename)})" if e.filename is not None else ""
+    return f"{e.strerror or e}{where}"
+
+
+def remove_stale_partials(out: Path) -> list[tuple[Path, int]]:
+    """Remove the half-written exports into `out` (.OUT.partial-PID beside it) whose process
+    is no longer running: what an export killed before its end leaves. Returns them, with
+    their PIDs. A running export's folder is left alone."""
+    out = out.expanduser().absolute()
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.partial-(\d+)")
+    try:
+        entries = sorted(out.parent.iterdir())
+    except OSError:  # no parent yet, or one that cannot be listed: nothing of ours there
+        return []
+    removed = []
+    for path in entries:
+        m = pattern.fullmatch(path.name)
+        if m is None or path.is_symlink() or not path.is_dir():
+            continue  # not a folder an export made
+        pid = int(m[1])
+        if pid <= 0 or (pid != os.getpid() and _running(pid)):
+            continue
+        try:
+            shutil.rmtree(path)
+        except OSError as e:
+            raise ChatcliError(
+                f"{path} is a half-written export left by process {pid}, which is no longer "
+                f"running, and it cannot be removed ({_why(e)}): remove it yourself."
+            ) from None
+        removed.append((path, pid))
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process `pid` exists (signal 0 checks without sending anything; POSIX)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    except (OverflowError, ValueError, OSError):  # not a PID this system can have
+        return False
+    return True
 
 
 def read_source(
     model: str | Path | None, source: str, step: int | None, softcap: float | None
 ) -> ExportSource:
-    """The model as saved: a nanochat checkpoint (what load_model would run) or a
-    transformers folder. Checked as load_model checks it; nothing is cast."""
+    """The model as saved: a nanochat checkpoint (what load_model would run), a transformers
+    folder, or either of them from the Hub (hf:ORG/NAME, as load_model fetches it). Checked as
+    load_model checks it; nothing is cast."""
+    hub = None
+    if is_hub_id(model):
+        hub = fetch_model(str(model), source=source, step=step)
+        model, source, step = hub.local_path, "sft", None  # the files are picked
     if model is not None and is_hf_folder(model):
-        if step is not None:
-            raise CheckpointError(f"{model} is a transformers-format model: it has no steps.")
         folder = Path(model).expanduser()
+        check_one_checkpoint(folder.absolute(), source, step)
         found = read_hf_folder(folder, softcap)
-        origin = f"the transformers-format folder {folder.absolute().name}"
+        origin = (
+            f"the transformers-format folder {folder.absolute().name}"
+            if hub is None
+            else f"the transformers-format model {hub.hub} at commit {hub.commit[:12]}"
+        )
         return ExportSource(found.state_dict, found.config, found.arch, found.tokenizer, origin)
     ref = resolve_checkpoint(model, source=source, step=step)
     _, config = read_meta(ref.meta_file)
@@ -131,6 +232,8 @@ def read_source(
     # Said without the local path, which is the exporter's business, not the card's reader's.
     if model is None:
         origin = f"chatcli's embedded demo model (step {ref.step})"
+    elif hub is not None:
+        origin = f"the nanochat checkpoint {hub.hub} at commit {hub.commit[:12]}, step {ref.step}"
     else:
         origin = f"the {ref.source or 'nanochat'} checkpoint {ref.tag} at step {ref.step}"
     return ExportSource(sd, config, arch, tokenizer, origin)
@@ -151,16 +254,24 @@ def export_model(
     t0 = time.perf_counter()
     check_dtype(dtype)
     out = check_out_folder(out)
+    removed = remove_stale_partials(out)
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
+    try:
+        partial.mkdir(parents=True)
+    except OSError as e:
+        raise ChatcliError(f"{out} cannot be written: {_why(e)}. Pick another OUT.") from None
     try:
         native = uses_native_class(src.arch) and not remote_code
         _write(partial, src, generation, dtype, native, max_shard_size)
-        if out.exists():
-            out.rmdir()
+        if out.exists() and not out.is_symlink():
+            out.rmdir()  # still empty: checked above; another writer's files make this fail
         partial.rename(out)
+    except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ChatcliError(
+            f"Writing {out} failed: {_why(e)}. Nothing was left behind; free the space or fix "
+            "the folder, then export again."
+        ) from None
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -173,6 +284,7 @@ def export_model(
         num_params=sum(v.numel() for v in src.state_dict.values()),
         size_bytes=sum(p.stat().st_size for p in out.iterdir()),
         seconds=time.perf_counter() - t0,
+        removed=removed,
     )
 
 

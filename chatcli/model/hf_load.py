@@ -99,9 +99,26 @@ def read_hf_folder(folder: Path, softcap: float | None = None) -> HFFolder:
     return HFFolder(folder, sd, config, arch, tokenizer, described.native)
 
 
+def check_one_checkpoint(folder: Path, source: str, step: int | None) -> None:
+    """Refuse a step or a source other than the default for a transformers folder: it holds
+    one set of weights, and a choice it cannot make would be ignored in silence."""
+    if step is not None:
+        raise CheckpointError(
+            f"{folder} is a transformers-format model: it holds one set of weights, not steps. "
+            "Leave the step out (--step, CHATCLI_STEP or the config's step)."
+        )
+    if source != "sft":
+        raise CheckpointError(
+            f"{folder} is a transformers-format model: it holds one set of weights, not "
+            f"checkpoints of sft, base, ...; source {source!r} picks nothing. Leave the source at "
+            "sft (--source, CHATCLI_SOURCE or the config's source)."
+        )
+
+
 def load_hf_model(
     folder: Path,
     *,
+    source: str = "sft",
     step: int | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -120,11 +137,7 @@ def load_hf_model(
 
     t0 = time.perf_counter()
     folder = folder.expanduser().absolute()
-    if step is not None:
-        raise CheckpointError(
-            f"{folder} is a transformers-format model: it holds one set of weights, not steps. "
-            "Leave the step out (--step, CHATCLI_STEP or the config's step)."
-        )
+    check_one_checkpoint(folder, source, step)
     found = read_hf_folder(folder, softcap)
     dev = pick_device(device)
     precision = pick_precision(dev, dtype, saved_matrix_params(found.state_dict), quantize)

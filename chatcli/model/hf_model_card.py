@@ -47,7 +47,11 @@ def model_card(config: dict[str, Any], origin: str, num_params: int, dtype: str)
             f"Era {era} adds {_ERA_PARTS[era]} to the original nanochat GPT, which "
             "transformers' own `NanoChatForCausalLM` does not compute, so this folder carries "
             "chatcli's modeling code (`modeling_chatcli_nanochat.py` and its config's file, loaded with "
-            "`trust_remote_code=True`). It computes exactly what nanochat computes."
+            "`trust_remote_code=True`). It computes exactly what nanochat computes. The "
+            "tokenizer is transformers' built-in `PreTrainedTokenizerFast`: "
+            "`PreTrainedTokenizerFast.from_pretrained(PATH)` loads it without any code; "
+            "`AutoTokenizer` reads config.json first, so it asks for `trust_remote_code=True` "
+            "too (it runs the config's file only)."
         )
     if era == "E":
         serve = (
@@ -85,7 +89,7 @@ PATH is this folder, or its repository id on the Hugging Face Hub.
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-tokenizer = AutoTokenizer.from_pretrained("PATH")
+tokenizer = AutoTokenizer.from_pretrained("PATH"{remote})
 model = AutoModelForCausalLM.from_pretrained("PATH"{remote})
 messages = [{{"role": "user", "content": "What is 12 * 7?"}}]
 inputs = tokenizer.apply_chat_template(

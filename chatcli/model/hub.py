@@ -3,7 +3,8 @@
 Owns: importing huggingface_hub (one line with the pip command where it is missing), listing a
 repo's files (from the Hub, or from the Hub cache when HF_HUB_OFFLINE is set or the Hub cannot
 be reached), fetching the files chatcli.model.hub_layout picks with `snapshot_download`, and
-saying in one line why a model cannot be had. The cache, resumable downloads, progress bars,
+saying in one line why a model cannot be had: a cache folder that is not one, a cached file
+whose blob is gone. The cache, resumable downloads, progress bars,
 HF_TOKEN, HF_HUB_OFFLINE, HF_HOME, HF_HUB_CACHE and HF_ENDPOINT are all huggingface_hub's: no
 HTTP is written here. Knows nothing about reading the files (chatcli.model.checkpoint's).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,10 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from chatcli.errors import CheckpointError
+from chatcli.model.data_files import described
 from chatcli.model.hub_layout import HubFiles, HubId, parse_hub_id, pick_files
 
 HF_EXTRA = "pip install 'chatcli[hf]'"
 OFFLINE = "HF_HUB_OFFLINE is set"
+# config.json's model_type of the transformers-format models chatcli runs: transformers' own
+# nanochat (era A) and chatcli's export of eras B-E (chatcli.model.hf_config's names; that
+# module needs torch, which listing the Hub cache does not).
+NANOCHAT_MODEL_TYPES = ("nanochat", "chatcli_nanochat")
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ def fetch_model(
     as they do on disk. Raises CheckpointError, in one line, where it cannot be had."""
     hub = parse_hub_id(model)
     hf = import_hub()
+    check_cache_folder()
     with _plain_errors(hub):
         cache_only = OFFLINE if hf.constants.HF_HUB_OFFLINE else None
         remote = None if cache_only else _remote_listing(hf, hub)
@@ -164,9 +172,9 @@ def _check_model_type(hf: Any, hub: HubId, revision: str | None, offline: bool) 
     )
     try:
         model_type = json.loads(Path(config).read_text(encoding="utf-8")).get("model_type")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError) as e:
         raise CheckpointError(f"{hub}'s config.json is not readable JSON ({e}).") from None
-    if model_type != "nanochat":
+    if model_type not in NANOCHAT_MODEL_TYPES:
         raise CheckpointError(
             f"{hub} is a {model_type or 'untyped'} model (config.json's model_type); chatcli "
             "runs nanochat models only."
@@ -237,11 +245,12 @@ def _plain_errors(hub: HubId) -> Iterator[None]:
 def cached_revision(hub: HubId) -> Any | None:
     """The cached snapshot (huggingface_hub's CachedRevisionInfo) of `hub`'s revision: the
     branch or tag its refs name, or the commit (a unique prefix of 7+ hex digits will do);
-    None where the cache does not hold it."""
+    None where the cache does not hold it. A copy with a file whose blob is gone is said so."""
     hf = import_hub()
     wanted = hub.revision or hf.constants.DEFAULT_REVISION
     repo = next((r for r in scan_cache() if r.repo_id == hub.repo_id), None)
     if repo is None:
+        _check_not_damaged(hub)
         return None
     for revision in repo.revisions:
         if wanted in revision.refs or revision.commit_hash == wanted:
@@ -253,16 +262,50 @@ def cached_revision(hub: HubId) -> Any | None:
     return None
 
 
+def check_cache_folder() -> Path:
+    """The Hub cache's folder, where it is one (or not made yet); else one line saying which
+    variable names what instead. huggingface_hub would raise a ValueError, or make folders
+    through it."""
+    hf = import_hub()
+    cache = Path(hf.constants.HF_HUB_CACHE).expanduser()
+    if os.environ.get("HF_HUB_CACHE"):
+        fix = "point HF_HUB_CACHE at a folder, or unset it"
+    elif os.environ.get("HF_HOME"):
+        fix = "set HF_HUB_CACHE to a folder, or point HF_HOME (whose hub it is) elsewhere"
+    else:
+        fix = "set HF_HUB_CACHE to a folder, or move that one away"
+    try:
+        if cache.exists() and not cache.is_dir():
+            raise CheckpointError(f"The Hub cache {cache} is a file, not a folder: {fix}.")
+        if cache.is_symlink() and not cache.exists():
+            raise CheckpointError(
+                f"The Hub cache {cache} is a link to {os.readlink(cache)}, which does not exist: "
+                f"make that folder, or {fix}."
+            )
+        parent = next((p for p in cache.parents if p.exists()), None)
+        if not cache.exists() and parent is not None and not parent.is_dir():
+            raise CheckpointError(
+                f"The Hub cache {cache} cannot be made: {parent} is a file, not a folder: {fix}."
+            )
+    except OSError as e:
+        raise CheckpointError(f"The Hub cache: {described(e)}.") from None
+    return cache
+
+
 def scan_cache() -> list[Any]:
     """The model repos in the Hub cache (huggingface_hub's CachedRepoInfo), none where the
-    cache folder does not exist yet. A repo the scan finds damaged is left out."""
+    cache folder does not exist yet. A repo the scan finds damaged is left out (see
+    damaged_files)."""
     hf = import_hub()
     from huggingface_hub.errors import CacheNotFound
 
+    check_cache_folder()
     try:
         info = hf.scan_cache_dir()
     except CacheNotFound:
         return []
+    except OSError as e:  # a folder in it that cannot be listed
+        raise CheckpointError(f"The Hub cache cannot be read: {described(e)}.") from None
     return sorted((r for r in info.repos if r.repo_type == "model"), key=lambda r: r.repo_id)
 
 
@@ -270,3 +313,42 @@ def cached_files(revision: Any) -> list[str]:
     """A cached snapshot's files, as repo paths ("/"-separated)."""
     root = Path(revision.snapshot_path)
     return sorted(Path(f.file_path).relative_to(root).as_posix() for f in revision.files)
+
+
+def repo_folder(repo_id: str) -> Path:
+    """Where the Hub cache keeps a model repo: <cache>/models--ORG--NAME."""
+    cache = Path(import_hub().constants.HF_HUB_CACHE).expanduser()
+    return cache / ("models--" + repo_id.replace("/", "--"))
+
+
+def damaged_files(repo_id: str) -> list[tuple[Path, str]]:
+    """The files of a cached repo whose link leads nowhere (a blob deleted, a copy cut short):
+    (snapshot folder, repo path). huggingface_hub's scan leaves such a repo out whole."""
+    snapshots = repo_folder(repo_id) / "snapshots"
+    found = []
+    try:
+        for snapshot in sorted(p for p in snapshots.iterdir() if p.is_dir()):
+            for path in sorted(snapshot.rglob("*")):
+                if path.is_symlink() and not path.exists():
+                    found.append((snapshot, path.relative_to(snapshot).as_posix()))
+    except OSError:  # no snapshots, or a folder that cannot be listed: nothing to name
+        return found
+    return found
+
+
+def _check_not_damaged(hub: HubId) -> None:
+    """Where the cache holds `hub` but a file of it leads nowhere, say which file and how to
+    mend it, rather than that the model is not cached."""
+    damaged = damaged_files(hub.repo_id)
+    if not damaged:
+        return
+    snapshot, path = damaged[0]
+    link = snapshot / path
+    blob = os.path.normpath(link.parent / os.readlink(link))
+    more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+    raise CheckpointError(
+        f"The Hub cache's copy of {hub} is damaged: {path} (in {link.parent}) links to {blob}, "
+        f"which is missing{more}. Run `chatcli pull {hub}` where "
+        "the Hub can be reached to download it again (or delete "
+        f"{repo_folder(hub.repo_id)} and pull it afresh)."
+    )

@@ -53,6 +53,7 @@ from chatcli.serve.auth import ApiKeyCheck
 from chatcli.serve.backend import Backend
 from chatcli.serve.guards import HostCheck, media_type, read_body
 from chatcli.serve.openapi import openapi_document
+from chatcli.serve.replies import Finished, GenerationParams
 from chatcli.serve.requests import (
     ChatMessage,
     ChatRequest,
@@ -60,14 +61,7 @@ from chatcli.serve.requests import (
     error_body,
     validation_error_response,
 )
-from chatcli.serve.worker_pool import (
-    Finished,
-    GenerationParams,
-    ShuttingDown,
-    Waiting,
-    Worker,
-    WorkerPool,
-)
+from chatcli.serve.worker_pool import ShuttingDown, Waiting, Worker, WorkerPool
 
 __all__ = ["Limits", "Worker", "WorkerPool", "create_app"]
 
@@ -293,10 +287,10 @@ def create_app(
             return JSONResponse(error_body(message), status_code=413)
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return JSONResponse(error_body("The body is not valid JSON."), status_code=400)
         except RecursionError:  # Python's JSON parser recurses once per nested [ or {
             return JSONResponse(error_body("The body's JSON is nested too deeply."), 400)
+        except ValueError as e:  # bad JSON, bytes not UTF-8, or int() past its digit limit
+            return JSONResponse(error_body(_not_json(e)), status_code=400)
         try:
             req = ChatRequest.model_validate(body, context={"limits": limits})
         except ValidationError as e:
@@ -352,6 +346,13 @@ def create_app(
         return await _complete(pool, turn, request)
 
     return app
+
+
+def _not_json(error: ValueError) -> str:
+    if isinstance(error, (json.JSONDecodeError, UnicodeDecodeError)):
+        return "The body is not valid JSON."
+    # int() refuses a number of more than 4300 digits (CVE-2020-10735): no field takes one.
+    return "The body holds a number with thousands of digits; no field takes one."
 
 
 def _shutting_down_body() -> dict[str, Any]:

@@ -1,7 +1,6 @@
 """Who may use a server: API keys.
 
-Owns: reading the keys a server takes (`--api-key`, CHATCLI_API_KEY, `--api-key-file` with one
-key a line), the check every request passes on its way in (ApiKeyCheck, ASGI middleware: the
+Owns: the check every request passes on its way in (ApiKeyCheck, ASGI middleware: the
 header `Authorization: Bearer KEY` compared in constant time against every key), its 401 in
 OpenAI's error shape, and the warning for a server open to the network without a key.
 
@@ -11,82 +10,23 @@ Everything else needs one: every /v1 route, /stats, an unknown path, and any rou
 the app later, whichever back end answers it. chatcli.serve.app puts the check in front of the
 whole app, once.
 
-Knows nothing of models, workers or the terminal.
+Where the keys come from, and what a key may be, is chatcli.serve.keys'. Knows nothing of
+models, workers or the terminal.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import re
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from chatcli.errors import ConfigError
 from chatcli.serve.guards import hosts_to_check
 from chatcli.serve.requests import error_body
 
 OPEN_PATHS = frozenset({"/", "/health"})
-# What a key may hold: the visible ASCII characters, which every HTTP client sends unchanged
-# in a header (a space would end the token; non-ASCII is encoded differently by each).
-_KEY = re.compile(r"[\x21-\x7e]+")
-KEY_FILE_COMMENT = "#"
-
-
-def _check_key(key: str, where: str) -> str:
-    if not _KEY.fullmatch(key):
-        raise ConfigError(
-            f"{where}: an API key is letters, digits and punctuation (visible ASCII, no "
-            "spaces), as an Authorization header carries it. Pick another key."
-        )
-    return key
-
-
-def read_key_file(path: Path) -> list[str]:
-    """The keys in a file of one key a line; blank lines and lines starting with # are
-    skipped. A missing, unreadable or keyless file is a ConfigError that names it."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"--api-key-file {path}: no such file. Write one key a line into it."
-        ) from None
-    except IsADirectoryError:
-        raise ConfigError(
-            f"--api-key-file {path} is a folder; it takes a file of one key a line."
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--api-key-file {path} cannot be read ({e}).") from None
-    keys = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        key = line.strip()
-        if key and not key.startswith(KEY_FILE_COMMENT):
-            # The line, never the key: an error message may end up in a shared log.
-            keys.append(_check_key(key, f"--api-key-file {path}, line {number}"))
-    if not keys:
-        raise ConfigError(
-            f"--api-key-file {path} holds no key. Write one key a line (# starts a comment)."
-        )
-    return keys
-
-
-def api_keys(given: Iterable[str] = (), key_file: Path | None = None) -> tuple[str, ...]:
-    """Every key a server takes: those given (--api-key, or CHATCLI_API_KEY) and those in
-    `key_file`, each once, in order. Empty: the server takes requests without a key."""
-    keys: list[str] = []
-    for key in given:
-        if not key.strip():
-            raise ConfigError(
-                "--api-key (or CHATCLI_API_KEY) is empty. Give a key, or leave it out to "
-                "serve without one."
-            )
-        keys.append(_check_key(key.strip(), "--api-key (or CHATCLI_API_KEY)"))
-    if key_file is not None:
-        keys += read_key_file(key_file)
-    return tuple(dict.fromkeys(keys))
 
 
 def _digest(key: bytes) -> bytes:

@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from chatcli.chat.stream import StreamEvent
-from chatcli.serve.worker_pool import Finished, GenerationParams, Waiting
+from chatcli.serve.replies import Finished, GenerationParams
+from chatcli.serve.worker_pool import Waiting
 
 # What a generation yields: batches of events, Waiting while it is queued (when asked), and
 # one Finished last.

@@ -26,7 +26,7 @@ from chatcli.chat.stream import StreamEvent
 from chatcli.engine.engine import Engine
 from chatcli.engine.scheduler import Generation, RowRequest, Scheduler, default_prefill_chunk
 from chatcli.engine.warm_cache import WarmCache
-from chatcli.serve.worker_pool import Emit, Finished, GenerationParams, ReplyText, emit_all
+from chatcli.serve.replies import Emit, Finished, GenerationParams, ReplyText, emit_all
 
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ from chatcli.chat.turns import (
 )
 from chatcli.errors import ChatcliError
 from chatcli.serve.completion_events import StreamedReply, sse_payloads
+from chatcli.serve.keys import check_key
 
 # Waiting for a busy server's queue can take a while; a dead connection is found much sooner.
 TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=10.0)
@@ -63,6 +64,8 @@ class RemoteSession:
 
     def __post_init__(self) -> None:
         self.url = _base_url(self.url)
+        if self.api_key is not None:  # as a server reads it: whole, trimmed, sendable
+            self.api_key = check_key(self.api_key, "--api-key (or CHATCLI_API_KEY)")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
         self._entries: list[Message] = []

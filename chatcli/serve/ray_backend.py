@@ -26,7 +26,8 @@ from ray.serve.exceptions import ReplicaUnavailableError
 
 from chatcli.serve.backend import Item, conversation_key
 from chatcli.serve.ray_replica import Accepted, ModelCard, Report
-from chatcli.serve.worker_pool import Finished, GenerationParams, ShuttingDown, Waiting
+from chatcli.serve.replies import Finished, GenerationParams
+from chatcli.serve.worker_pool import ShuttingDown, Waiting
 
 log = logging.getLogger(__name__)
 

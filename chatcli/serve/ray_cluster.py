@@ -36,12 +36,11 @@ import ray
 from ray import serve
 
 from chatcli.errors import ChatcliError, ConfigError
+from chatcli.serve.ray_names import APP, DEPLOYMENT, live_replicas
 from chatcli.serve.requests import Limits
 
 log = logging.getLogger(__name__)
 
-APP = "chatcli"  # the Serve application's name on the cluster
-DEPLOYMENT = "ChatReplica"
 ROUTER = "chatcli.serve.ray_router.ConversationRouter"
 # A local cluster's shared-memory object store: replicas send only token ids and text.
 LOCAL_OBJECT_STORE_BYTES = 100 * 1024 * 1024
@@ -191,16 +190,6 @@ def deploy(spec: Any, count: ReplicaCount, gpus: bool, replica_cpus: float, app:
         logging_config=quiet,
     )
     return handle
-
-
-def live_replicas(app: str = APP) -> list[str]:
-    """The actor names of the deployment's live replicas. Serve names a replica's actor
-    SERVE_REPLICA::APP#DEPLOYMENT#ID in the "serve" namespace (it offers no public list)."""
-    prefix = f"SERVE_REPLICA::{app}#{DEPLOYMENT}#"
-    named = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(
-        a["name"] for a in named if a["namespace"] == "serve" and a["name"].startswith(prefix)
-    )
 
 
 def disconnect(local: bool, app: str = APP) -> None:

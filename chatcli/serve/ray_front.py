@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from chatcli.serve.app import create_app
 from chatcli.serve.guards import hosts_to_check
 from chatcli.serve.ray_backend import RayBackend
+from chatcli.serve.ray_names import live_replicas
 from chatcli.serve.requests import Limits
 from chatcli.serve.runner import BackgroundServer
 
@@ -38,8 +39,6 @@ class RemoteFront:
         api_keys: tuple[str, ...] = (),
     ) -> None:
         from ray import serve
-
-        from chatcli.serve.ray_cluster import live_replicas
 
         handle = serve.get_app_handle(app)
         card = handle.card.remote().result()

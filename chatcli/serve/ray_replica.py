@@ -29,7 +29,8 @@ import ray
 from ray import serve
 
 from chatcli.model.special_tokens import USER_END
-from chatcli.serve.worker_pool import Finished, GenerationParams, Waiting, Worker, WorkerPool
+from chatcli.serve.replies import Finished, GenerationParams
+from chatcli.serve.worker_pool import Waiting, Worker, WorkerPool
 
 # The least time between two batches of a reply's tokens sent to the front.
 STREAM_EVERY_S = 0.01

@@ -19,6 +19,7 @@ from typing import Any
 
 from chatcli.chat.command_parsing import (
     COMMANDS,
+    EXPORT_FORCE,
     SHOW_SETTING,
     SYSTEM_CLEAR,
     CommandError,
@@ -28,7 +29,7 @@ from chatcli.chat.command_parsing import (
     parse_command,
     unescape_message,
 )
-from chatcli.chat.conversation_export import export_json, export_markdown
+from chatcli.chat.conversation_export import export_json, export_markdown, write_export
 from chatcli.chat.conversation_index import (
     check_name_free,
     list_conversations,
@@ -79,6 +80,7 @@ class ChatCommands(TurnRunner):
         self.settings = settings
         self.conversations_dir = conversations_dir
         self.model_info = dict(model_info or {})
+        self.file_model = _json_value(self.model_info.get("path"))
         self._set_session_raw(self.raw)
         self.samples_next: int | None = None  # /samples N: the next message gets N replies
         self.handlers: dict[str, Callable[[Any], bool]] = {
@@ -387,18 +389,15 @@ class ChatCommands(TurnRunner):
         self.screen.table(("id", "name", "modified", "messages", "preview"), rows)
         return True
 
-    def cmd_export(self, arg: tuple[str, str]) -> bool:
-        fmt, where = arg
+    def cmd_export(self, arg: tuple[str, str, bool]) -> bool:
+        fmt, where, force = arg
         path = Path(where).expanduser()
         messages, _ = self.session.transcript
         count = sum(m["role"] != "system" for m in messages)  # as /save and /load count
         if not count:
             raise ChatcliError("Nothing to export yet: the conversation has no messages.")
         text = export_markdown(messages) if fmt == "md" else export_json(messages)
-        try:
-            path.write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise ChatcliError(f"Cannot write {path} ({e}). Pick another path.") from None
+        write_export(text, path, force, f"end the command with {EXPORT_FORCE}")
         kind = "Markdown" if fmt == "md" else "JSON"
         self.screen.notice(f"Wrote {count} messages to {path} as {kind}.")
         return True

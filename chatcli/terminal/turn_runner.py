@@ -10,11 +10,17 @@ Screen it is given).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chatcli.chat.command_parsing import CommandError, is_command, parse_command
-from chatcli.chat.conversation_store import ConversationSink
+from chatcli.chat.conversation_store import (
+    ConversationFile,
+    ConversationFileRemoved,
+    ConversationSink,
+)
 from chatcli.chat.stream import StreamEvent
 from chatcli.errors import ChatcliError, ConversationFileError
 from chatcli.terminal.keyboard import interrupts_held, quiet_keyboard
@@ -66,6 +72,9 @@ class TurnRunner:
         self.conversation = conversation  # None: not saved (or no longer: a write failed)
         self.raw = raw  # show replies as their exact token text, where the session can
         self.retries = 0  # /retry's of the last reply so far: a fixed seed moves on by one each
+        self.file_model: object = None  # the header's model, for a file started anew
+        # (messages, finishes) a file saved anew holds: writes of what it holds already skip.
+        self._saved_anew: tuple[list[dict[str, Any]], list[str | None]] | None = None
 
     # ---- turns ----------------------------------------------------------------------------------
 
@@ -172,13 +181,37 @@ class TurnRunner:
     def _save(self, write: Callable[[ConversationSink], None]) -> None:
         if self.conversation is None:
             return
+        if self._saved_anew is not None and self._saved_anew == self.session.transcript:
+            return  # the file saved anew holds this already (a question and its reply at once)
+        self._saved_anew = None
         try:
             write(self.conversation)
+        except ConversationFileRemoved as e:
+            self._save_anew(e.path)
         except ConversationFileError as e:
             # Saving is a convenience: a full disk or an unwritable folder should not end
             # the chat, nor repeat its error at every turn.
             self.conversation = None
             self.screen.error(f"{one_line(e)} This conversation is not saved from here on.")
+
+    def _save_anew(self, gone: Path) -> None:
+        """The conversation's file was removed while the chat ran: a new file in its folder,
+        its header first, holds the whole conversation so far (what the failed write held
+        too), and one line says so."""
+        messages, finishes = self.session.transcript
+        try:
+            anew = ConversationFile.create(gone.parent, model=self.file_model)
+            anew.append_all(messages, finishes)
+        except ConversationFileError as e:
+            self.conversation = None
+            self.screen.error(f"{one_line(e)} This conversation is not saved from here on.")
+            return
+        self.conversation = anew
+        self._saved_anew = (copy.deepcopy(messages), list(finishes))
+        self.screen.notice(
+            f"{gone} was removed while this chat ran; the conversation so far is saved anew "
+            f"as {anew.id} ({anew.path})."
+        )
 
     def show_notices(self) -> None:
         for notice in self.session.take_notices():
