@@ -126,6 +126,14 @@ def check_out_folder(out: Path) -> Path:
             )
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ChatcliError(f"{out} exists and is not an empty folder: pick a new OUT folder.")
+        here = Path.cwd().resolve()
+        if out.exists() and (here == out.resolve() or out.resolve() in here.parents):
+            # The export is renamed into OUT's place: the shell would be left in a folder
+            # that no longer exists.
+            raise ChatcliError(
+                f"{out} is the folder you are in: chatcli export puts a new folder in OUT's "
+                "place. Pick a new OUT folder (e.g. ./model)."
+            )
         _check_parent(out)
     except OSError as e:
         raise ChatcliError(f"{out} cannot be written: {_why(e)}. Pick another OUT.") from None
