@@ -26,12 +26,7 @@ from typing import Any
 import torch
 
 from chatcli.errors import ChatcliError, CheckpointError, TokenizerError
-from chatcli.model.checkpoint import (
-    check_state_dict,
-    read_meta,
-    read_state_dict,
-    read_tokenizer_for,
-)
+from chatcli.model.checkpoint import read_meta, read_state_dict, read_tokenizer_for
 from chatcli.model.checkpoint_paths import resolve_checkpoint
 from chatcli.model.gpt import GPT, Architecture, GPTConfig, infer_architecture
 from chatcli.model.hf_chat_template import chat_template
@@ -48,6 +43,7 @@ from chatcli.model.hf_weights import (
 )
 from chatcli.model.hub import fetch_model
 from chatcli.model.hub_layout import is_hub_id
+from chatcli.model.model_build import check_state_dict
 from chatcli.model.special_tokens import ASSISTANT_END
 from chatcli.model.tokenizer import Tokenizer
 

@@ -25,6 +25,14 @@ from chatcli.model.gpt import Architecture, GPTConfig, infer_era
 from chatcli.model.hf_config import read_hf_config
 from chatcli.model.hf_tokenizer import TOKENIZER_FILE, read_hf_tokenizer
 from chatcli.model.hf_weights import from_hf_names, read_weights, weight_files
+from chatcli.model.model_build import (
+    ModelInfo,
+    build_model,
+    narrow_dtype,
+    pick_device,
+    pick_precision,
+    saved_matrix_params,
+)
 from chatcli.model.softcap import checked_softcap
 from chatcli.model.tokenizer import Tokenizer
 
@@ -131,15 +139,6 @@ def load_hf_model(
     quantize: str = "none",
 ) -> tuple[Any, Tokenizer, dict[str, Any]]:
     """load_model for a transformers folder: (model, tokenizer, meta)."""
-    from chatcli.model.checkpoint import (
-        ModelInfo,
-        _narrow_dtype,
-        build_model,
-        pick_device,
-        pick_precision,
-        saved_matrix_params,
-    )
-
     t0 = time.perf_counter()
     folder = folder.expanduser().absolute()
     check_one_checkpoint(folder, source, step)
@@ -157,7 +156,7 @@ def load_hf_model(
         era=model.arch.era,
         num_params=model.num_params(),
         device=str(dev),
-        dtype=precision.describe(_narrow_dtype(model)),
+        dtype=precision.describe(narrow_dtype(model)),
         sequence_len=found.config.sequence_len,
         load_s=time.perf_counter() - t0,
         embedded=False,
