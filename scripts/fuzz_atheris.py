@@ -23,7 +23,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 try:
     import atheris
 except ImportError:
-    sys.exit("atheris is not installed: pip install atheris (Linux or macOS, CPython < 3.14)")
+    sys.exit(
+        "atheris is not installed: pip install atheris (wheels for Linux x86-64, CPython 3.11-3.13)"
+    )
 
 with atheris.instrument_imports(include=["chatcli"]):
     import fuzz_targets
