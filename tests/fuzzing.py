@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,7 +80,8 @@ def loads_or_one_error(
 ) -> T | ChatcliError:
     """call()'s value, or the ChatcliError it raised (its message must say something, on one
     line where `one_line`). Any other exception, or a hang, propagates: a finding."""
-    with time_limit(seconds):
+    with time_limit(seconds), warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
         try:
             return call()
         except ChatcliError as e:
@@ -89,6 +91,12 @@ def loads_or_one_error(
             if one_line:
                 assert "\n" not in message, f"a message of several lines: {message!r}"
             return e
+        finally:
+            # Python prints these on stderr, beside (or instead of) chatcli's one line.
+            seen = [w for w in shown if issubclass(w.category, (UserWarning, RuntimeWarning))]
+            assert not seen, (
+                f"a warning a user would see: {seen[0].category.__name__}: {seen[0].message}"
+            )
 
 
 class Untouched:

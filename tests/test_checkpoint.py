@@ -544,3 +544,28 @@ def test_listing_a_base_dir_with_weights_at_its_top_too_keeps_its_sources(tmp_pa
     listed = {(c.source, c.tag, c.step) for c in list_checkpoints(odd) if c.name != "embedded"}
     assert listed == {("sft", "d4", 650)}
     assert resolve_checkpoint(odd).source == "sft"
+
+
+def test_weights_pickled_oddly_give_no_warning_of_torchs(tmp_path):
+    # Found by the fuzzer: a damaged protocol byte made torch warn on stderr ("Detected pickle
+    # protocol 75 ... please file an issue") beside chatcli's own line.
+    import warnings
+    import zipfile
+
+    path = tmp_path / "model_000001.pt"
+    torch.save({"w": torch.zeros(2)}, path)
+    with zipfile.ZipFile(path) as z:
+        files = {n: z.read(n) for n in z.namelist()}
+    pkl = next(n for n in files if n.endswith("data.pkl"))
+    files[pkl] = b"\x80\x4b" + files[pkl][2:]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        try:  # torch reads it despite the byte, or chatcli says it cannot: either is fine
+            outcome = read_state_dict(path)
+        except CheckpointError as e:
+            outcome = e
+    assert isinstance(outcome, dict | CheckpointError)
+    assert [str(w.message) for w in shown] == []

@@ -84,3 +84,14 @@ def test_mutations_damage_a_copy_and_mostly_change_it():
     collect()
     assert VALID == {"a": [1, 2, {"b": "c"}], "d": 4.5}  # the valid value itself is untouched
     assert sum(changed) > len(changed) / 2 and sum(bytes_changed) > len(bytes_changed) / 2
+
+
+def test_a_warning_a_user_would_see_fails_the_contract():
+    import warnings
+
+    def call():
+        warnings.warn("please file an issue", UserWarning, stacklevel=1)
+        return 1
+
+    with pytest.raises(AssertionError, match="a warning a user would see"):
+        loads_or_one_error(call)

@@ -11,6 +11,7 @@ chatcli.model.checkpoint_listing's. Knows nothing about generation or the termin
 from __future__ import annotations
 
 import time
+import warnings
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -76,10 +77,15 @@ def read_state_dict(model_file: Path) -> dict[str, torch.Tensor]:
     except UnreadableFileError as e:
         raise CheckpointError(f"{e}. Copy or download the weights again.") from None
     try:
-        if zipfile.is_zipfile(model_file):
-            sd = torch.load(model_file, map_location="cpu", weights_only=True, mmap=True)
-        else:  # torch's legacy format (before 1.6, or saved so): read whole, no mmap
-            sd = torch.load(model_file, map_location="cpu", weights_only=True)
+        # torch warns of what it reads oddly (a pickle protocol it did not write) and then
+        # reads it or fails: either way what it says is no use to the person, and the
+        # failure is said below in one line.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if zipfile.is_zipfile(model_file):
+                sd = torch.load(model_file, map_location="cpu", weights_only=True, mmap=True)
+            else:  # torch's legacy format (before 1.6, or saved so): read whole, no mmap
+                sd = torch.load(model_file, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for truncated zips and foreign pickles
         raise CheckpointError(_unreadable_weights(model_file, e)) from e
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
