@@ -26,7 +26,8 @@ import torch
 from chatcli.bench.models import synthetic_model
 from chatcli.bench.roofline import weight_bytes_per_token
 from chatcli.engine.cpu_plan import apply_cpu_plan
-from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS, load_model
+from chatcli.model.checkpoint import load_model
+from chatcli.model.model_build import LARGE_MODEL_MATRIX_PARAMS
 from chatcli.model.quantize import default_half_kind
 from chatcli.model.special_tokens import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
 from chatcli.serve.replies import GenerationParams

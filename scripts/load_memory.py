@@ -28,13 +28,9 @@ from chatcli.bench.models import SyntheticTokenizer, synthetic_config, synthetic
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine
 from chatcli.model import checkpoint
-from chatcli.model.checkpoint import (
-    build_model,
-    pick_precision,
-    read_state_dict,
-    saved_matrix_params,
-)
+from chatcli.model.checkpoint import read_state_dict
 from chatcli.model.linear import is_embedding_table
+from chatcli.model.model_build import build_model, pick_precision, saved_matrix_params
 
 FIELDS = ("VmHWM", "RssAnon", "RssFile")
 

@@ -333,8 +333,8 @@ def serve_synthetic(depth: str, port: int, batch: int) -> None:
     from chatcli.bench.models import synthetic_model
     from chatcli.bench.roofline import weight_bytes_per_token
     from chatcli.engine.cpu_plan import apply_cpu_plan
-    from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS
     from chatcli.model.linear import is_embedding_table
+    from chatcli.model.model_build import LARGE_MODEL_MATRIX_PARAMS
     from chatcli.model.quantize import default_half_kind
     from chatcli.serve.app import Limits, Worker, create_app
     from chatcli.serve.runner import listen, run_app

@@ -15,16 +15,9 @@ from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine
 from chatcli.errors import CheckpointError
 from chatcli.kernels.rows_step import rows_step
-from chatcli.model.checkpoint import (
-    Precision,
-    build_model,
-    load_model,
-    pick_device,
-    pick_precision,
-    read_state_dict,
-    resolve_checkpoint,
-)
+from chatcli.model.checkpoint import load_model, read_state_dict, resolve_checkpoint
 from chatcli.model.checkpoint_listing import list_checkpoints
+from chatcli.model.model_build import Precision, build_model, pick_device, pick_precision
 
 FIXTURES = REFERENCE
 PROMPT = torch.tensor([[503, 504, 87, 459, 349, 32, 49, 505, 506]])
@@ -444,7 +437,7 @@ def test_embedding_tables_do_not_count_toward_a_large_model():
     them beside 50M of embedding tables, and get the 16-bit copies (measured 2x faster at
     batch 1 there); the embedded model's 2.7M keep fp32."""
     from chatcli.bench.models import synthetic_model
-    from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS, saved_matrix_params
+    from chatcli.model.model_build import LARGE_MODEL_MATRIX_PARAMS, saved_matrix_params
 
     model, _ = synthetic_model("d4")
     sd = model.state_dict()

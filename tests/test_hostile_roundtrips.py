@@ -379,6 +379,19 @@ def test_an_export_under_a_file_is_refused_before_the_model_is_read(tmp_path):
     assert file.read_text() == "mine"
 
 
+def test_an_export_into_the_folder_one_is_in_is_refused(tmp_path, monkeypatch):
+    # It would be renamed into place: the shell left in a folder that no longer exists.
+    here = tmp_path / "empty"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for out in (Path("."), here, Path("..") / "empty"):
+        assert export_to(out).endswith(
+            "is the folder you are in: chatcli export puts a new folder in OUT's place. Pick "
+            "a new OUT folder (e.g. ./model)."
+        )
+    assert here.is_dir() and list(here.iterdir()) == []
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder")
 def test_an_export_into_a_folder_it_may_not_write_is_refused(tmp_path):
     locked = tmp_path / "locked"

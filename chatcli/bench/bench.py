@@ -39,8 +39,8 @@ from chatcli.engine.cpu_plan import CpuPlan, apply_cpu_plan, torch_threads
 from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.static_step import StepWithFallback
-from chatcli.model.checkpoint import LARGE_MODEL_MATRIX_PARAMS
 from chatcli.model.gpt import GPT
+from chatcli.model.model_build import LARGE_MODEL_MATRIX_PARAMS
 from chatcli.model.quantize import QUANTIZE_KINDS, default_half_kind
 
 DECODE_TOKENS = 48

@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from chatcli.model.checkpoint import native_bf16
 from chatcli.model.gpt import ERAS, GPT, GPTConfig
+from chatcli.model.model_build import native_bf16
 from chatcli.model.special_tokens import SPECIAL_TOKENS
 
 SYNTHETIC_DEPTHS = {"d4": 4, "d12": 12, "d20": 20}

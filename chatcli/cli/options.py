@@ -9,7 +9,6 @@ tokens, -s system). Typer and click live in this package only.
 from __future__ import annotations
 
 import difflib
-import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from chatcli import __version__
 from chatcli.errors import ChatcliError, UsageError
+from chatcli.model.softcap import softcap_problem
 
 try:  # typer 0.2x carries its own copy of click; its errors derive from TyperException
     from typer import TyperException as _ClickError
@@ -241,8 +241,9 @@ CompileOpt = Annotated[
 
 
 def _softcap(value: float | None) -> float | None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"must be a number above 0 (nanochat's is 15), not {value}")
+    problem = None if value is None else softcap_problem(value)
+    if problem is not None:
+        raise typer.BadParameter(problem)
     return value
 
 

@@ -216,3 +216,28 @@ def shown(value: object, limit: int = 60) -> str:
     except RecursionError:
         return f"a {type(value).__name__} nested too deeply to show"
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def regular_file(path: Path) -> Path:
+    """`path`, where it is a plain file (through any links) that can be opened; otherwise
+    UnreadableFileError saying what is there instead: a folder, a link loop or a link to
+    nothing, a named pipe or a device (which are never opened: reading one can wait forever
+    or never end), a file without permission."""
+    try:
+        kind = os.stat(path).st_mode
+    except OSError as e:
+        missing = isinstance(e, FileNotFoundError) and not path.is_symlink()
+        raise UnreadableFileError(path, why_unreadable(path, e), missing) from None
+    if stat.S_ISDIR(kind):
+        raise UnreadableFileError(path, "is a folder, not a file")
+    if not stat.S_ISREG(kind):
+        what = (
+            "a named pipe (FIFO)"
+            if stat.S_ISFIFO(kind)
+            else "a socket"
+            if stat.S_ISSOCK(kind)
+            else "a device"
+        )
+        raise UnreadableFileError(path, f"is {what}, not a file")
+    check_readable(path)
+    return path

@@ -29,8 +29,8 @@ from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model.linear import Linear, embedding, through_copy
 from chatcli.model.quantize import DecodeWeight, make_decode_weight, supports
 from chatcli.model.sampling import sample_next_token
+from chatcli.model.softcap import SOFTCAP, checked_softcap
 
-SOFTCAP = 15.0
 SMEAR_CHANNELS = 24
 
 
@@ -108,7 +108,7 @@ def infer_architecture(
 ) -> Architecture:
     arch = ERAS[infer_era(state_dict, config)]
     padded = state_dict["transformer.wte.weight"].shape[0]
-    return replace(arch, softcap=softcap or SOFTCAP, padded_vocab_size=padded)
+    return replace(arch, softcap=checked_softcap(softcap), padded_vocab_size=padded)
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from chatcli.errors import CheckpointError
+from chatcli.model.checkpoint_checks import CONFIG_MAX
+from chatcli.model.data_files import shown
 from chatcli.model.gpt import (
     ERAS,
     SMEAR_CHANNELS,
@@ -29,6 +31,7 @@ from chatcli.model.gpt import (
     has_value_embed,
     window_sizes,
 )
+from chatcli.model.softcap import softcap_problem
 
 NATIVE_MODEL_TYPE = "nanochat"  # transformers' own, era A
 OUR_MODEL_TYPE = "chatcli_nanochat"  # eras B-E, through our modeling file
@@ -65,6 +68,17 @@ _ARCHITECTURE_FIELDS = (
     "smear_channels",
     "backout_layer",
 )
+
+
+# The config's sizes, by the name nanochat's meta gives each (checkpoint_checks' limits).
+_NANOCHAT_NAMES = {
+    "max_position_embeddings": "sequence_len",
+    "vocab_size": "vocab_size",
+    "num_hidden_layers": "n_layer",
+    "num_attention_heads": "n_head",
+    "num_key_value_heads": "n_kv_head",
+    "hidden_size": "n_embd",
+}
 
 
 @dataclass(frozen=True)
@@ -181,38 +195,61 @@ def _extras_of(arch: Architecture) -> str:
 # ---- reading ------------------------------------------------------------------------------
 
 
-def read_hf_config(cfg: dict[str, Any], where: str) -> HFModel:
-    """The nanochat model a config.json describes. `where` names the file in errors."""
+def read_hf_config(cfg: dict[str, Any], where: str, softcap: float | None = None) -> HFModel:
+    """The nanochat model a config.json describes. `where` names the file in errors; softcap
+    (checked by the caller) stands in for the config's final_logit_softcapping."""
     model_type = cfg.get("model_type")
     if model_type == NATIVE_MODEL_TYPE:
-        return _read_native(cfg, where)
+        return _read_native(cfg, where, softcap)
     if model_type == OUR_MODEL_TYPE:
-        return _read_ours(cfg, where)
+        return _read_ours(cfg, where, softcap)
     raise CheckpointError(
-        f"{where} has model_type {model_type!r}; chatcli runs {NATIVE_MODEL_TYPE!r} "
+        f"{where} has model_type {shown(model_type)}; chatcli runs {NATIVE_MODEL_TYPE!r} "
         f"(transformers' nanochat) and {OUR_MODEL_TYPE!r} (chatcli's export of later eras)."
     )
 
 
-def _int(cfg: dict[str, Any], key: str, where: str) -> int:
+def _int(cfg: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    """A positive whole number: a string, a bool or 4.0 is the wrong type, said as such."""
     value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise CheckpointError(f"{where}: {key} must be a positive integer, not {value!r}.")
+    if value is None and default is not None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckpointError(
+            f"{where}: {key} must be a whole number written without quotes, not "
+            f"{shown(value)} ({_json_type(value)})."
+        )
+    most = CONFIG_MAX[_NANOCHAT_NAMES[key]]
+    if not 1 <= value <= most:
+        raise CheckpointError(
+            f"{where}: {key} is {value:,}, outside 1 to {most:,}: no nanochat model has that. "
+            "The config is damaged or belongs to something else."
+        )
     return value
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a value's type, as the file's writer sees it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    names = {str: "a string", int: "a whole number", float: "a fraction", list: "a list"}
+    return names.get(type(value), "an object")
 
 
 def _shape(cfg: dict[str, Any], where: str) -> GPTConfig:
     C, H = _int(cfg, "hidden_size", where), _int(cfg, "num_attention_heads", where)
-    Hkv = cfg.get("num_key_value_heads") or H
+    Hkv = _int(cfg, "num_key_value_heads", where, default=H)
     config = GPTConfig(
         sequence_len=_int(cfg, "max_position_embeddings", where),
         vocab_size=_int(cfg, "vocab_size", where),
         n_layer=_int(cfg, "num_hidden_layers", where),
         n_head=H,
-        n_kv_head=Hkv if isinstance(Hkv, int) and not isinstance(Hkv, bool) else -1,
+        n_kv_head=Hkv,
         n_embd=C,
     )
-    if config.n_kv_head <= 0 or C % H or H % config.n_kv_head:
+    if C % H or H % Hkv:
         raise CheckpointError(
             f"{where}: hidden_size ({C}) must divide by num_attention_heads ({H}) and that by "
             f"num_key_value_heads ({Hkv})."
@@ -220,21 +257,24 @@ def _shape(cfg: dict[str, Any], where: str) -> GPTConfig:
     return config
 
 
-def _softcap(cfg: dict[str, Any], where: str) -> float:
+def _softcap(cfg: dict[str, Any], where: str, override: float | None) -> float:
+    if override is not None:
+        return float(override)
     cap = cfg.get("final_logit_softcapping", SOFTCAP)
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+    problem = softcap_problem(cap)
+    if problem is not None:
         raise CheckpointError(
-            f"{where}: final_logit_softcapping is {cap!r}; nanochat models cap their logits "
-            "(15, or 20 for a March 2026 variant). Set it, or pass --softcap."
+            f"{where}: final_logit_softcapping {problem}. Set it to the model's cap, or pass "
+            "--softcap."
         )
     return float(cap)
 
 
-def _read_native(cfg: dict[str, Any], where: str) -> HFModel:
+def _read_native(cfg: dict[str, Any], where: str, softcap: float | None) -> HFModel:
     config = _shape(cfg, where)
     rope = cfg.get("rope_parameters") or {}
     if not isinstance(rope, dict):
-        raise CheckpointError(f"{where}: rope_parameters is {rope!r}, not an object.")
+        raise CheckpointError(f"{where}: rope_parameters is {shown(rope)}, not an object.")
     theta = rope.get("rope_theta", cfg.get("rope_theta", ERAS["A"].rope_base))
     wanted = {
         "hidden_act": ("relu2", cfg.get("hidden_act", "relu2")),
@@ -246,19 +286,23 @@ def _read_native(cfg: dict[str, Any], where: str) -> HFModel:
         "rope_parameters.rope_theta": (ERAS["A"].rope_base, theta),
     }
     _refuse_differences(wanted, where, "transformers' nanochat as nanochat trained it")
-    arch = replace(ERAS["A"], softcap=_softcap(cfg, where), padded_vocab_size=config.vocab_size)
+    arch = replace(
+        ERAS["A"], softcap=_softcap(cfg, where, softcap), padded_vocab_size=config.vocab_size
+    )
     return HFModel(config, arch, native=True)
 
 
-def _read_ours(cfg: dict[str, Any], where: str) -> HFModel:
+def _read_ours(cfg: dict[str, Any], where: str, softcap: float | None) -> HFModel:
     era = cfg.get("nanochat_era")
-    if era not in ERAS:
+    if not isinstance(era, str) or era not in ERAS:
         raise CheckpointError(
-            f"{where}: nanochat_era is {era!r}; expected one of {', '.join(ERAS)}. Export the "
+            f"{where}: nanochat_era is {shown(era)}; expected one of {', '.join(ERAS)}. Export the "
             "model again with chatcli export."
         )
     shape = _shape(cfg, where)
-    arch = replace(ERAS[era], softcap=_softcap(cfg, where), padded_vocab_size=shape.vocab_size)
+    arch = replace(
+        ERAS[era], softcap=_softcap(cfg, where, softcap), padded_vocab_size=shape.vocab_size
+    )
     pattern = _window_pattern(cfg.get("layer_windows"), shape, arch, where)
     config = replace(shape, window_pattern=pattern)
     ids = TokenIds(0, 0, 0)  # not compared
@@ -283,7 +327,7 @@ def _window_pattern(windows: object, shape: GPTConfig, arch: Architecture, where
 
 def _refuse_differences(wanted: dict[str, tuple[object, object]], where: str, what: str) -> None:
     bad = [
-        f"{k} is {got!r} (expected {want!r})"
+        f"{k} is {shown(got)} (expected {want!r})"
         for k, (want, got) in wanted.items()
         if not _same(want, got)
     ]

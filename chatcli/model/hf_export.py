@@ -26,12 +26,7 @@ from typing import Any
 import torch
 
 from chatcli.errors import ChatcliError, CheckpointError, TokenizerError
-from chatcli.model.checkpoint import (
-    check_state_dict,
-    read_meta,
-    read_state_dict,
-    read_tokenizer_for,
-)
+from chatcli.model.checkpoint import read_meta, read_state_dict, read_tokenizer_for
 from chatcli.model.checkpoint_paths import resolve_checkpoint
 from chatcli.model.gpt import GPT, Architecture, GPTConfig, infer_architecture
 from chatcli.model.hf_chat_template import chat_template
@@ -48,6 +43,7 @@ from chatcli.model.hf_weights import (
 )
 from chatcli.model.hub import fetch_model
 from chatcli.model.hub_layout import is_hub_id
+from chatcli.model.model_build import check_state_dict
 from chatcli.model.special_tokens import ASSISTANT_END
 from chatcli.model.tokenizer import Tokenizer
 
@@ -126,6 +122,14 @@ def check_out_folder(out: Path) -> Path:
             )
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ChatcliError(f"{out} exists and is not an empty folder: pick a new OUT folder.")
+        here = Path.cwd().resolve()
+        if out.exists() and (here == out.resolve() or out.resolve() in here.parents):
+            # The export is renamed into OUT's place: the shell would be left in a folder
+            # that no longer exists.
+            raise ChatcliError(
+                f"{out} is the folder you are in: chatcli export puts a new folder in OUT's "
+                "place. Pick a new OUT folder (e.g. ./model)."
+            )
         _check_parent(out)
     except OSError as e:
         raise ChatcliError(f"{out} cannot be written: {_why(e)}. Pick another OUT.") from None

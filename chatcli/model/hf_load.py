@@ -10,7 +10,7 @@ chatcli computes the era itself, and reads weights from safetensors only.
 
 from __future__ import annotations
 
-import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,19 +20,31 @@ import torch
 
 from chatcli.errors import CheckpointError, TokenizerError
 from chatcli.model.checkpoint_paths import steps_in
+from chatcli.model.data_files import UnreadableFileError, read_json_file, regular_file
 from chatcli.model.gpt import Architecture, GPTConfig, infer_era
 from chatcli.model.hf_config import read_hf_config
 from chatcli.model.hf_tokenizer import TOKENIZER_FILE, read_hf_tokenizer
 from chatcli.model.hf_weights import from_hf_names, read_weights, weight_files
+from chatcli.model.model_build import (
+    ModelInfo,
+    build_model,
+    narrow_dtype,
+    pick_device,
+    pick_precision,
+    saved_matrix_params,
+)
+from chatcli.model.softcap import checked_softcap
 from chatcli.model.tokenizer import Tokenizer
 
 CONFIG_FILE = "config.json"
+MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is a few KB
 
 
 def is_hf_folder(path: str | Path) -> bool:
-    """A folder with a config.json and no nanochat model_*.pt (which would win)."""
+    """A folder with a config.json and no nanochat model_*.pt (which would win). A config.json
+    that is a folder or a broken link counts: reading it then says what is wrong with it."""
     p = Path(path).expanduser()
-    return p.is_dir() and (p / CONFIG_FILE).is_file() and not steps_in(p)
+    return p.is_dir() and os.path.lexists(p / CONFIG_FILE) and not steps_in(p)
 
 
 @dataclass(frozen=True)
@@ -53,16 +65,19 @@ class HFFolder:
 
 def read_hf_folder(folder: Path, softcap: float | None = None) -> HFFolder:
     """Read and cross-check a transformers folder. softcap overrides the config's."""
+    checked_softcap(softcap)
     config_file = folder / CONFIG_FILE
     try:
-        raw = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raw = read_json_file(regular_file(config_file), MAX_CONFIG_BYTES)
+    except UnreadableFileError as e:
+        raise CheckpointError(f"{e}: a transformers folder's config.json is a JSON file.") from None
+    except ValueError as e:
         raise CheckpointError(f"{config_file} is not readable JSON ({e}).") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{config_file} does not hold a JSON object.")
-    described = read_hf_config(raw, str(config_file))
+    described = read_hf_config(raw, str(config_file), softcap)
     tokenizer_file = folder / TOKENIZER_FILE
-    if not tokenizer_file.is_file():
+    if not os.path.lexists(tokenizer_file):
         raise CheckpointError(
             f"No {TOKENIZER_FILE} in {folder}: chatcli needs the fast tokenizer's file beside "
             "config.json (transformers' save_pretrained writes it)."
@@ -94,8 +109,6 @@ def read_hf_folder(folder: Path, softcap: float | None = None) -> HFFolder:
             f"{config_file} describes a nanochat of era {arch.era}, but the weights in {folder} "
             f"are those of era {era}: the config belongs to another model."
         )
-    if softcap is not None:
-        arch = Architecture(**{**asdict(arch), "softcap": softcap})
     return HFFolder(folder, sd, config, arch, tokenizer, described.native)
 
 
@@ -126,15 +139,6 @@ def load_hf_model(
     quantize: str = "none",
 ) -> tuple[Any, Tokenizer, dict[str, Any]]:
     """load_model for a transformers folder: (model, tokenizer, meta)."""
-    from chatcli.model.checkpoint import (
-        ModelInfo,
-        _narrow_dtype,
-        build_model,
-        pick_device,
-        pick_precision,
-        saved_matrix_params,
-    )
-
     t0 = time.perf_counter()
     folder = folder.expanduser().absolute()
     check_one_checkpoint(folder, source, step)
@@ -152,7 +156,7 @@ def load_hf_model(
         era=model.arch.era,
         num_params=model.num_params(),
         device=str(dev),
-        dtype=precision.describe(_narrow_dtype(model)),
+        dtype=precision.describe(narrow_dtype(model)),
         sequence_len=found.config.sequence_len,
         load_s=time.perf_counter() - t0,
         embedded=False,

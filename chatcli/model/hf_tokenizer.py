@@ -24,12 +24,16 @@ from typing import Any, TypeVar
 import tiktoken
 
 from chatcli.errors import TokenizerError
+from chatcli.model.data_files import UnreadableFileError, read_json_file, regular_file, shown
 from chatcli.model.special_tokens import ASSISTANT_END, BOS, SPECIAL_TOKENS
 from chatcli.model.tokenizer import Tokenizer
 
 T = TypeVar("T", str, bytes)
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# nanochat's 65,536 tokens with every split as a merge are tens of MB; a file far past that
+# is not a tokenizer of a model chatcli runs.
+MAX_TOKENIZER_BYTES = 1 << 30
 
 
 def byte_alphabet() -> dict[int, str]:
@@ -200,14 +204,18 @@ def read_hf_tokenizer(path: Path) -> Tokenizer:
     """Our Tokenizer from a byte-level BPE tokenizer.json that tiktoken reproduces exactly
     (the shape this module writes, and transformers' conversion of a tiktoken tokenizer)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        data = read_json_file(regular_file(path), MAX_TOKENIZER_BYTES)
+    except UnreadableFileError as e:
+        raise TokenizerError(f"{e}: a tokenizer.json is a JSON file.") from None
+    except ValueError as e:
         raise TokenizerError(f"Cannot read {path} as JSON ({e}).") from None
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise TokenizerError(f"{path} is not a tokenizers tokenizer.json (no model).")
     model = data["model"]
     if model.get("type") != "BPE":
-        raise TokenizerError(f"{path}: a {model.get('type')} model; nanochat's is byte-level BPE.")
+        raise TokenizerError(
+            f"{path}: a {shown(model.get('type'))} model; nanochat's is byte-level BPE."
+        )
     pattern = _split_pattern(data, path)
     vocab = model.get("vocab")
     if not isinstance(vocab, dict) or not all(
@@ -218,12 +226,19 @@ def read_hf_tokenizer(path: Path) -> Tokenizer:
         ranks = {_bytes_of(text): rank for text, rank in vocab.items()}
     except KeyError:
         raise TokenizerError(f"{path}: the vocab is not byte-level (GPT-2's alphabet).") from None
+    added = data.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise TokenizerError(
+            f"{path}: added_tokens is {shown(added)}, not a list of tokens; nanochat's special "
+            "tokens are listed there."
+        )
     specials = {
         t["content"]: t["id"]
-        for t in data.get("added_tokens") or []
+        for t in added
         if isinstance(t, dict)
         and isinstance(t.get("content"), str)
         and isinstance(t.get("id"), int)
+        and not isinstance(t.get("id"), bool)
     }
     _check_merges(model, vocab, path)
     ids = sorted([*ranks.values(), *specials.values()])
@@ -241,18 +256,27 @@ def read_hf_tokenizer(path: Path) -> Tokenizer:
     return Tokenizer(enc)
 
 
+_PRE = "nanochat's are a Sequence of a regex Split then ByteLevel"
+
+
 def _split_pattern(data: dict[str, Any], path: Path) -> str:
     if data.get("normalizer") is not None:
         raise TokenizerError(f"{path}: has a normalizer; nanochat's tokenizer has none.")
     pre = data.get("pre_tokenizer") or {}
-    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    kinds = [s.get("type") if isinstance(s, dict) else None for s in steps]
-    if kinds != ["Split", "ByteLevel"]:
+    if not isinstance(pre, dict):
+        raise TokenizerError(f"{path}: pre_tokenizer is {shown(pre)}, not an object; {_PRE}.")
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
         raise TokenizerError(
-            f"{path}: pre-tokenizers {kinds}; nanochat's are a regex Split then ByteLevel."
+            f"{path}: the pre_tokenizer's pretokenizers are {shown(steps)}, not a list of "
+            f"objects; {_PRE}."
         )
+    kinds = [s.get("type") for s in steps]
+    if kinds != ["Split", "ByteLevel"]:
+        raise TokenizerError(f"{path}: pre-tokenizers {shown(kinds)}; {_PRE}.")
     split, byte_level = steps
-    regex = (split.get("pattern") or {}).get("Regex")
+    pattern = split.get("pattern")
+    regex = pattern.get("Regex") if isinstance(pattern, dict) else None
     ok = (
         isinstance(regex, str)
         and split.get("behavior") == "Isolated"

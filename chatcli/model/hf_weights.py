@@ -6,34 +6,47 @@ style), the vocabulary padding (left out on export: no token reaches those rows 
 logits are cut off, so the model computes exactly the same), writing safetensors files
 (sharded past max_shard_size, with transformers' index) and reading them back.
 
-Both directions are ours, not the safetensors package's. Writing puts every tensor on a
-64-byte boundary (write_aligned says why). Reading checks the header (size, dtypes, shapes,
-offsets inside the file, an index that names only files beside it) and makes each tensor a
-view of the file mapped copy-on-write, as `torch.load(mmap=True)` gives for nanochat's files,
-so loading costs no copy and big embedding tables stay in the page cache. Nothing in a
-safetensors file can run code. Knows nothing about configs or tokenizers.
+Reading is the safetensors package's (`safe_open`): it checks the header (size, JSON, dtypes
+and shapes against offsets, tensors that overlap or leave gaps, a file cut short) and gives
+each tensor as a view of the file mapped copy-on-write, as `torch.load(mmap=True)` gives for
+nanochat's files, so loading costs no copy and big embedding tables stay in the page cache.
+Here: an index that names only plain files beside it, nanochat's dtypes, and every failure as
+one CheckpointError naming the file. Writing is ours, on a 64-byte boundary per tensor
+(write_aligned says why; the package's own layout cannot give it, and reading its files
+costs a copy of every misaligned matrix: docs/robustness.md has the numbers), and each file
+written is read back by the package before the export goes on. Nothing in a safetensors
+file can run code. Knows nothing about configs or tokenizers.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
-import mmap
+import os
 import re
 import struct
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from chatcli.errors import CheckpointError
+from chatcli.model.data_files import (
+    UnreadableFileError,
+    described,
+    read_json_file,
+    regular_file,
+    shown,
+)
+from chatcli.model.hub import HF_EXTRA
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 MAX_SHARD_SIZE = "5GB"  # transformers' default: the Hub's largest comfortable file
 # The dtypes a nanochat weight may have, by safetensors' names.
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+MAX_INDEX_BYTES = 64 * 2**20  # an index of thousands of weights is a few hundred KB
 ALIGN = 64  # bytes: where torch's CPU allocator starts every tensor
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -151,6 +164,7 @@ def write_safetensors(
     plan = split_torch_state_dict_into_shards(sd, max_shard_size=max_shard_size)
     for filename, names in plan.filename_to_tensors.items():
         write_aligned(folder / filename, {n: sd[n] for n in names})
+        read_safetensors(folder / filename)  # a file the package would refuse is never left
     if plan.is_sharded:
         index = {"metadata": plan.metadata, "weight_map": plan.tensor_to_filename}
         (folder / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
@@ -195,29 +209,13 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a transformers folder: the index's shards, or the one file."""
+    """The safetensors files of a transformers folder: the index's shards, or the one file.
+    Each is checked to be a readable plain file (not a folder, a link to nothing, a FIFO)."""
     index = folder / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index} is not a safetensors index ({e}).") from None
-        bad = [n for n in names if not isinstance(n, str) or Path(n).name != n]
-        if bad:
-            raise CheckpointError(
-                f"{index} names files outside its folder ({bad[0]!r}); an index names the "
-                "shards beside it."
-            )
-        missing = [n for n in names if not (folder / n).is_file()]
-        if missing:
-            raise CheckpointError(
-                f"{index} names {', '.join(missing)}, not in {folder}: copy or download "
-                "every shard."
-            )
-        return [folder / n for n in names]
-    if (folder / SINGLE_FILE).is_file():
-        return [folder / SINGLE_FILE]
+    if os.path.lexists(index):
+        return [_weight_file(folder / n, index) for n in _shard_names(index, folder)]
+    if os.path.lexists(folder / SINGLE_FILE):
+        return [_weight_file(folder / SINGLE_FILE, None)]
     pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(
         p.name for p in folder.glob("*.pt")
     )
@@ -231,68 +229,79 @@ def weight_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"No {SINGLE_FILE} (or {INDEX_FILE}) in {folder}.{hint}")
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of one safetensors file, as views of the file mapped copy-on-write."""
+def _shard_names(index: Path, folder: Path) -> list[str]:
+    """The shard files an index names, each a plain name of a file beside it."""
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(0)
-            head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointError(_broken(path, "shorter than a safetensors header"))
-            (n,) = struct.unpack("<Q", head)
-            if n > min(MAX_HEADER_BYTES, size - 8):
-                raise CheckpointError(_broken(path, f"a header of {n:,} bytes"))
-            try:
-                header = json.loads(f.read(n))
-            except (UnicodeDecodeError, ValueError) as e:
-                raise CheckpointError(_broken(path, f"a header that is not JSON ({e})")) from None
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > 8 + n else b""
+        data = read_json_file(regular_file(index), MAX_INDEX_BYTES)
+    except UnreadableFileError as e:
+        raise CheckpointError(f"{e}: copy or download the model again.") from None
+    except ValueError as e:
+        raise CheckpointError(f"{index} is not readable JSON ({e}).") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise CheckpointError(
+            f"{index} is not a safetensors index: its weight_map must be an object naming, "
+            f"for each weight, the file that holds it (it is {shown(weight_map)}). Copy or "
+            "download the model again."
+        )
+    names = sorted(set(weight_map.values()))
+    bad = [n for n in names if Path(n).name != n or n in ("", ".", "..")]
+    if bad:
+        raise CheckpointError(
+            f"{index} names files outside its folder ({shown(bad[0])}); an index names the "
+            "shards beside it."
+        )
+    missing = [n for n in names if not os.path.lexists(folder / n)]
+    if missing:
+        raise CheckpointError(
+            f"{index} names {', '.join(missing)}, not in {folder}: copy or download every shard."
+        )
+    return names
+
+
+def _weight_file(path: Path, index: Path | None) -> Path:
+    try:
+        return regular_file(path)
+    except UnreadableFileError as e:
+        named = f" (named by {index.name})" if index is not None else ""
+        raise CheckpointError(f"{e}{named}: copy or download the model again.") from None
+
+
+def _package() -> tuple[Any, type[Exception]]:
+    """safetensors' safe_open and its error type, or one line saying how to install it."""
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:
+        raise CheckpointError(
+            f"Reading a transformers folder's weights needs the safetensors package: {HF_EXTRA}"
+        ) from None
+    return safe_open, SafetensorError
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file, read by the safetensors package: views of the
+    file mapped copy-on-write (no copy, writes never reach the file). The package refuses a
+    header that is not whole (sizes, JSON, shapes against offsets, tensors that overlap or
+    leave gaps); here only nanochat's dtypes are let through."""
+    safe_open, SafetensorError = _package()
+    try:
+        with safe_open(path, framework="pt") as f:
+            names = list(f.keys())
+            for name in names:
+                kind = f.get_slice(name).get_dtype()
+                if kind not in DTYPES:
+                    raise CheckpointError(
+                        f"{path}: {shown(name)} is {kind}; nanochat weights are "
+                        f"{', '.join(DTYPES)}."
+                    )
+            return {name: f.get_tensor(name) for name in names}
+    except SafetensorError as e:
+        said = str(e).removeprefix("Error while deserializing header: ")
+        raise CheckpointError(_broken(path, f"a header safetensors refuses ({said})")) from None
     except OSError as e:
-        raise CheckpointError(f"Cannot read {path}: {e.strerror or e}.") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(_broken(path, "a header that is not a JSON object"))
-    start, end = 8 + n, size
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        out[name] = _tensor(buf, path, name, info, start, end)
-    return out
-
-
-def _tensor(
-    buf: mmap.mmap | bytes, path: Path, name: str, info: object, start: int, end: int
-) -> torch.Tensor:
-    if not isinstance(info, dict):
-        raise CheckpointError(_broken(path, f"an entry for {name} that is not an object"))
-    dtype = DTYPES.get(info.get("dtype"))  # type: ignore[arg-type]
-    shape, offsets = info.get("shape"), info.get("data_offsets")
-    if dtype is None:
-        raise CheckpointError(
-            f"{path}: {name} is {info.get('dtype')!r}; nanochat weights are {', '.join(DTYPES)}."
-        )
-    ints = lambda xs, k: (  # noqa: E731
-        isinstance(xs, list)
-        and len(xs) in k
-        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs)
-    )
-    if not ints(shape, range(0, 9)) or not ints(offsets, (2,)):
-        raise CheckpointError(_broken(path, f"a bad shape or offsets for {name}"))
-    count = 1
-    for d in shape:
-        count *= d
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    begin, stop = offsets
-    if stop - begin != count * itemsize or start + stop > end:
-        raise CheckpointError(
-            _broken(path, f"{name}'s data at bytes {begin}-{stop}, which do not hold {shape}")
-        )
-    if count == 0:
-        return torch.empty(shape, dtype=dtype)
-    t = torch.frombuffer(buf, dtype=dtype, count=count, offset=start + begin).view(shape)
-    # A tensor after an odd-length bf16 one may sit off its alignment: copied, not viewed.
-    return t if (start + begin) % itemsize == 0 else t.clone()
+        raise CheckpointError(f"{described(e)}: copy or download the model again.") from None
 
 
 def _broken(path: Path, what: str) -> str:
@@ -309,6 +318,6 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
             if name in out:
                 raise CheckpointError(f"{folder}: {name} is in two of its safetensors files.")
             table = name != "lm_head.weight" and _VOCAB_ROWS.fullmatch(name)
-            aligned = tensor.data_ptr() % ALIGN == 0
-            out[name] = tensor if aligned or table else tensor.clone()
+            aligned = tensor.data_ptr() % (tensor.element_size() if table else ALIGN) == 0
+            out[name] = tensor if aligned else tensor.clone()
     return out

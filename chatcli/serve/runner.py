@@ -43,7 +43,7 @@ def worker_devices(device: str = "auto", workers: int | None = None) -> list[str
     (or MPS) worker unless `workers` asks for more replicas."""
     import torch
 
-    from chatcli.model.checkpoint import pick_device
+    from chatcli.model.model_build import pick_device
 
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be at least 1 (got {workers}).")

@@ -259,7 +259,8 @@ def _count(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from chatcli.model.checkpoint import QUANTIZE_CHOICES, load_model
+    from chatcli.model.checkpoint import load_model
+    from chatcli.model.model_build import QUANTIZE_CHOICES
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
