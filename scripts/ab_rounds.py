@@ -1,5 +1,5 @@
-"""What the A/B scripts share (ab_decode_step.py, ab_rows_step.py): a file as it was at a
-git revision, and the command line of a comparison against one."""
+"""What an A/B against a git revision needs (ab_rows_step.py, rows_step_phases.py): a file as
+it was at that revision, and the command line of a comparison against one."""
 
 from __future__ import annotations
 

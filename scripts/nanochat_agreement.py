@@ -226,7 +226,7 @@ def _describe(tokenizer: Any, ids: list[int], masks: list[int] | None, i: int) -
     return f"{ids[i]} {tokenizer.decode([ids[i]])!r}{how}"
 
 
-def _first_difference(a: list[int], b: list[int]) -> int | None:
+def first_difference(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
@@ -297,7 +297,7 @@ def _note_divergence(
     our_masks: list[int] | None = None,
 ) -> None:
     """Where `theirs` and `ours` first differ, if they do, added to the report."""
-    at = _first_difference(theirs, ours)
+    at = first_difference(theirs, ours)
     if at is not None:
         report.divergences.append(
             Divergence(

@@ -124,10 +124,10 @@ class FakeHub:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
-                hub._answer(self, body=True)
+                hub.answer(self, body=True)
 
             def do_HEAD(self) -> None:
-                hub._answer(self, body=False)
+                hub.answer(self, body=False)
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -155,7 +155,7 @@ class FakeHub:
 
     # ---- answering ------------------------------------------------------------------------
 
-    def _answer(self, h: BaseHTTPRequestHandler, body: bool) -> None:
+    def answer(self, h: BaseHTTPRequestHandler, body: bool) -> None:
         path = unquote(urlsplit(h.path).path)
         self.requests.append((h.command, path, h.headers.get("Range")))
         sent = h.headers.get("Authorization")

@@ -115,9 +115,9 @@ def _engine(model, path: str) -> Engine:
     if path == "kernel":
         if rows_step() is None:
             pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
-        assert engine.decode_step._rows_model is not None
+        assert engine.decode_step.kernel is not None
     elif path == "torch":
-        engine.decode_step._rows_model = None
+        engine.decode_step.use_kernel(False)
     elif path == "forward":
         engine.decode_step = None
     elif path == "module":
@@ -518,13 +518,13 @@ def test_a_batched_worker_decodes_its_streams_together():
     worker = Worker(SlotScriptedModel(uniform_bytes, delay=0.005), byte_tokenizer(), batch=4)
     body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 40}
     steps = []
-    step = worker._batch.batch.step
+    step = worker.scheduler.step
 
     def counted():
-        steps.append(len(worker._batch.batch.running))
+        steps.append(len(worker.scheduler.running))
         return step()
 
-    worker._batch.batch.step = counted
+    worker.scheduler.step = counted
     with _serving([worker]) as server:
         results, most = _at_once(server.url, [body] * 4, worker)
     assert most == 4 and max(steps) == 4

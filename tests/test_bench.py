@@ -112,10 +112,10 @@ def test_rounds_alternate_the_modes_and_keep_each_measures_best(monkeypatch):
         order.append("ours ttft")
         return {"ttft1": next(ttfts)}
 
-    base, ours = bench._rounds(
+    base, ours = bench.run_rounds(
         [
-            (bench._Mode(model, 1, copies=False), {"decode": measure("base")}),
-            (bench._Mode(model, 1, copies=True), {"decode": measure("ours"), "ttft": ttft}),
+            (bench.Mode(model, 1, copies=False), {"decode": measure("base")}),
+            (bench.Mode(model, 1, copies=True), {"decode": measure("ours"), "ttft": ttft}),
         ]
     )
     assert order == ["base", "ours", "ours ttft"] * 3  # every round measures both, in turn
@@ -130,12 +130,12 @@ def test_the_baseline_mode_sets_the_decode_copies_aside_and_puts_everything_back
     assert copies
     threads = torch.get_num_threads()
     target = 2 if threads == 1 else 1
-    with pytest.raises(RuntimeError), bench._Mode(model, target, copies=False).active():
+    with pytest.raises(RuntimeError), bench.Mode(model, target, copies=False).active():
         assert model.decode_weights() == [] and torch.get_num_threads() == target
         raise RuntimeError("a failing measure")
     # restored, even after the failure: the copies and the caller's threads
     assert model.decode_weights() == copies and torch.get_num_threads() == threads
-    with bench._Mode(model, target, copies=True).active():
+    with bench.Mode(model, target, copies=True).active():
         assert model.decode_weights() == copies
     assert torch.get_num_threads() == threads
 
@@ -169,7 +169,7 @@ def test_a_quick_measure_repeats_within_its_round_and_a_slow_one_runs_once(monke
         return float(runs["slow"])
 
     model = random_gpt("E")
-    (kept,) = bench._rounds([(bench._Mode(model, 1, copies=True), {"q": quick, "s": slow})])
+    (kept,) = bench.run_rounds([(bench.Mode(model, 1, copies=True), {"q": quick, "s": slow})])
     assert runs == {"quick": 8, "slow": 2}
     assert kept == {"q": 8.0, "s": 2.0}
 
@@ -195,7 +195,7 @@ def test_each_measured_turn_is_timed_again_from_the_state_before_it(monkeypatch,
         sessions.append(self)
 
     monkeypatch.setattr(bench.ChatSession, "__post_init__", remember)
-    best = bench._chat_ttft(model, tokenizer, plain=plain)
+    best = bench.chat_ttft(model, tokenizer, plain=plain)
 
     dropped = best.pop("chat_dropped")
     assert set(best) == {"ttft1", "ttft5", "ttft10"} and min(best.values()) > 0
@@ -248,7 +248,7 @@ def test_a_chat_that_outgrows_a_short_context_is_flagged_not_passed_off(monkeypa
     monkeypatch.setattr(bench, "CHAT_SECONDS", 0.0)  # one chat
     model, tokenizer, _ = load_model(None, device="cpu")
     monkeypatch.setattr(model, "config", replace(model.config, sequence_len=96))  # too short
-    assert bench._chat_ttft(model, tokenizer, plain=False)["chat_dropped"] == 1.0
+    assert bench.chat_ttft(model, tokenizer, plain=False)["chat_dropped"] == 1.0
 
 
 def test_the_bench_device_is_the_gpu_where_there_is_one(monkeypatch):
@@ -321,6 +321,6 @@ def test_decode_is_timed_over_whole_budgets_though_the_model_would_end_early(mon
         return generate(*args, **kwargs)
 
     monkeypatch.setattr(engine, "generate", spy)
-    assert bench._ours_decode(engine, prompt, 1) > 0
+    assert bench.ours_decode(engine, prompt, 1) > 0
     assert budgets and all(stats.steps == bench.DECODE_TOKENS for stats in budgets)
     assert (engine.assistant_end, engine.bos) == ends  # restored for the other measures

@@ -127,9 +127,9 @@ def test_bf16_embedding_tables_stay_as_saved_and_answer_as_widened_ones(
     stay bf16 (or fp16), mapped from the file (half the memory of fp32, and none of it
     copied), and every path gives what the same tables widened to fp32 at load give, bit
     for bit."""
-    from chatcli.model import checkpoint
+    from chatcli.model import model_build
 
-    monkeypatch.setattr(checkpoint, "NARROW_TABLES_AT", 1)  # the fixture's tables count
+    monkeypatch.setattr(model_build, "NARROW_TABLES_AT", 1)  # the fixture's tables count
     sd, _, _ = _files(era)
     tables = [k for k in sd if k == "transformer.wte.weight" or k.startswith("value_embeds.")]
     assert len(tables) == 1 if era == "A" else len(tables) > 1  # E: value embeddings too
@@ -153,7 +153,7 @@ def test_bf16_embedding_tables_stay_as_saved_and_answer_as_widened_ones(
     for k in tables:
         assert built.get_parameter(k).data_ptr() == mapped[k].data_ptr()
     # Small tables widen at load, so that a small model's step needs no op to widen them.
-    monkeypatch.setattr(checkpoint, "NARROW_TABLES_AT", sum(mapped[k].numel() for k in tables) + 1)
+    monkeypatch.setattr(model_build, "NARROW_TABLES_AT", sum(mapped[k].numel() for k in tables) + 1)
     small, _, _ = load_model(folder, device="cpu")
     assert all(small.get_parameter(k).dtype == torch.float32 for k in tables)
     assert small.info.dtype == "float32" and torch.equal(small(PROMPT), ref(PROMPT))
@@ -364,9 +364,9 @@ def test_a_large_model_loads_with_the_default_half_copies_and_answers(
     capability, kind, monkeypatch
 ):
     # The embedded model counted as large: the loader's default plan for a big checkpoint.
-    from chatcli.model import checkpoint
+    from chatcli.model import model_build
 
-    monkeypatch.setattr(checkpoint, "LARGE_MODEL_MATRIX_PARAMS", 0)
+    monkeypatch.setattr(model_build, "LARGE_MODEL_MATRIX_PARAMS", 0)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     model, tokenizer, _ = load_model()
     assert model.info.dtype == f"float32 (decode weights {kind})"

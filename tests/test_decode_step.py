@@ -25,13 +25,13 @@ def _cache(model, seq_len: int = 256) -> KVCache:
 
 def _step(model, kernel: str) -> DecodeStep:
     """The model's step through our compiled whole-step kernel ("native") or torch's ops."""
-    step = DecodeStep(model)
+    step = DecodeStep(model, kernel=kernel == "native")
     if kernel == "native":
         if rows_step() is None:
             pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
         assert step.kernel is not None
     else:
-        step._rows_model = None
+        assert step.kernel is None
     return step
 
 
@@ -86,7 +86,7 @@ def test_the_kernel_embeds_fp32_and_bf16_tables_and_leaves_fp16_to_torch(table):
     wte = model.transformer.wte
     wte.weight.data = wte.weight.data.to(table)
     step = _step(model, "native")
-    assert step._embed_native == (table != torch.float16)
+    assert step.embeds_natively == (table != torch.float16)
     g = torch.Generator().manual_seed(6)
     prompt = torch.randint(0, 190, (1, 30), generator=g)
     rows = torch.randint(0, 190, (3, 10), generator=g)
@@ -179,7 +179,7 @@ def test_a_cache_the_kernel_does_not_read_takes_torchs_ops(monkeypatch):
         got = step(ids[:, t : t + 1], ours)
         want = model(ids[:, t : t + 1], kv_cache=theirs)[:, -1, :]
         torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
-    assert ran == [] and step._rows_cache is ours and not step._rows_takes
+    assert ran == [] and not step.kernel_takes(ours, 1)
 
 
 def test_engine_greedy_output_is_the_module_forwards():
@@ -215,8 +215,7 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
     # step scales after the product, which a rounding of the activations can see.
     model = random_gpt("E")
     model.add_decode_weights(kind)
-    step = DecodeStep(model)
-    step._rows_model = None  # torch's ops over the copies (fp16 through our kernel: below)
+    step = DecodeStep(model, kernel=False)  # torch's ops over the copies (our kernel: below)
     matrices = [m for layer in step.layers for m in (layer.qkv, layer.fc, layer.fc_proj)]
     assert any(m.weight is None and m.copies[0] is not None for m in matrices)
     # int4 needs whole groups of 128 inputs, so only the 16-bit copies and int8 stack q, k, v.
@@ -275,12 +274,11 @@ def test_narrow_copies_run_through_the_kernel_from_their_own_panels(era, kind):
     step = DecodeStep(model)
     assert step.kernel == ("rows_step fp16" if kind == "float16" else "rows_step int8")
     if kind == "float16":
-        copies = {c._panels.data_ptr() for c in model.decode_weights()}
+        copies = {c.half_panels.panels.data_ptr() for c in model.decode_weights()}
     else:
         copies = {c.int8_panels.buffer.data_ptr() for c in model.decode_weights()}
-    assert {p.data_ptr() for p in step._rows_model.packed} == copies
-    reference = DecodeStep(model)
-    reference._rows_model = None
+    assert {p.data_ptr() for p in step.kernel_model.packed} == copies
+    reference = DecodeStep(model, kernel=False)
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 190, (1, 170), generator=g)
     ours, theirs = _cache(model), _cache(model)
@@ -341,8 +339,8 @@ def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest
     copy = step.layers[0].fc.copies[0]
     matvec = copy.matvec
     attention = torch.nn.functional.scaled_dot_product_attention
-    with_lse = step_attention._attention_with_lse
-    rms_scale = decode_step._rms_scale
+    with_lse = step_attention.attention_with_lse
+    rms_scale = decode_step.rms_scale
 
     def spy(kind, fn):
         def run(*args, **kwargs):
@@ -355,8 +353,8 @@ def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest
     monkeypatch.setattr(
         torch.nn.functional, "scaled_dot_product_attention", spy("attention", attention)
     )
-    monkeypatch.setattr(step_attention, "_attention_with_lse", spy("attention", with_lse))
-    monkeypatch.setattr(decode_step, "_rms_scale", spy("norm", rms_scale))
+    monkeypatch.setattr(step_attention, "attention_with_lse", spy("attention", with_lse))
+    monkeypatch.setattr(decode_step, "rms_scale", spy("norm", rms_scale))
     before = torch.get_num_threads()
     ours, theirs = _cache(model), _cache(model)
     ids = torch.tensor([[3, 9, 27, 81]])
@@ -487,7 +485,7 @@ def test_bf16_steps_scale_qk_exactly_and_return_fp32(era):
     step = StaticDecodeStep(model)
     qk = torch.randn(6, 16, dtype=torch.bfloat16)
     want = torch.nn.functional.rms_norm(qk, (16,)) * model.arch.qk_scale
-    assert torch.equal(step._qk_norm(qk), want)
+    assert torch.equal(step.qk_norm(qk), want)
     g = torch.Generator().manual_seed(9)
     ids = torch.randint(0, 190, (1, 40), generator=g)
     logits = []
@@ -512,18 +510,18 @@ def test_the_lean_norms_equal_rms_norm(era):
     g = torch.Generator().manual_seed(11)
     x = torch.randn(5, 64, generator=g) * torch.tensor([[0.01], [0.3], [1.0], [7.0], [90.0]])
     rms = torch.nn.functional.rms_norm
-    torch.testing.assert_close(x * step._row_scales(x), rms(x, (64,)), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(x * step.row_scales(x), rms(x, (64,)), atol=1e-6, rtol=1e-6)
     # divided by the softcap, the scale the logits take before tanh
     torch.testing.assert_close(
-        x * step._row_scales(x, times=15.0), rms(x, (64,)) / 15.0, atol=1e-7, rtol=1e-6
+        x * step.row_scales(x, times=15.0), rms(x, (64,)) / 15.0, atol=1e-7, rtol=1e-6
     )
     qk = torch.randn(5, 6, 16, generator=g) * 3.0
     torch.testing.assert_close(
-        step._qk_norm_lean(qk.clone()), step._qk_norm(qk), atol=1e-6, rtol=1e-6
+        step.qk_norm_lean(qk.clone()), step.qk_norm(qk), atol=1e-6, rtol=1e-6
     )
     # a zero row stays zero (eps keeps the scale finite), as rms_norm gives it
     zero = torch.zeros(1, 64)
-    assert torch.equal(zero * step._row_scales(zero), rms(zero, (64,)))
+    assert torch.equal(zero * step.row_scales(zero), rms(zero, (64,)))
 
 
 def test_small_matrices_read_a_transposed_copy_with_the_same_products():
@@ -586,7 +584,7 @@ def test_a_big_models_products_follow_the_measured_thread_choice(monkeypatch):
     monkeypatch.setattr(copy, "matvec", spy_matvec)
     # As if one thread had been measured faster: one run on it, then a probe of two.
     choice = ThreadChoice(1, 2, first_probe=1)
-    step._thread_choices[(1, 2)] = choice
+    step.choose_threads(1, 2, choice)
     cache = _cache(model)
     model(torch.tensor([[3, 9, 27]]), kv_cache=cache)
     before = torch.get_num_threads()
@@ -606,9 +604,8 @@ def test_a_small_models_attention_and_products_run_on_one_thread_until_two_measu
 ):
     monkeypatch.setattr("chatcli.engine.decode_step.available_cores", lambda: 2)
     model = random_gpt("E")
-    step = DecodeStep(model)
+    step = DecodeStep(model, kernel=False)  # torch's ops: attention on the products' threads
     assert not step.split_threads  # a small model: the rest of its step stays on one thread
-    step._rows_model = None  # torch's ops, whose attention runs on the products' threads
     seen = []
     real_attention = torch.nn.functional.scaled_dot_product_attention
 
@@ -687,6 +684,5 @@ def test_sample_rows_logits_do_not_depend_on_the_thread_count(rows):
     logits = []
     for threads in (1, 2):
         cache = engine.fork(prefix, rows, 8)
-        step._set_wide_threads(threads)
-        logits.append(torch.cat([step._step(ids, cache) for _ in range(3)]))
+        logits.append(torch.cat([step.step_on(threads, ids, cache) for _ in range(3)]))
     assert torch.equal(logits[0], logits[1])

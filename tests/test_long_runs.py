@@ -174,7 +174,7 @@ def test_blanks_are_exactly_the_patterns_whitespace_but_line_breaks(pattern):
     # \x1c-\x1f, which str.isspace() counts, are not whitespace to the pattern.
     candidates = [chr(c) for c in range(0x3100) if not 0xD800 <= c < 0xE000] + ["\ufeff"]
     assert _whitespace_to_the_pattern(candidates, pattern) == set(BLANK_CHARS)
-    assert all(long_runs._LONG_BLANKS.fullmatch(c * LONG_RUN) for c in BLANK_CHARS)
+    assert all(long_runs.LONG_BLANKS.fullmatch(c * LONG_RUN) for c in BLANK_CHARS)
 
 
 def test_a_panic_left_is_one_tokenizer_error_not_a_crash():

@@ -57,6 +57,6 @@ def test_nanochat_gives_the_embedded_model_the_same_prompts_and_greedy_replies()
 
 def test_a_differing_reply_is_reported_with_its_first_difference():
     agreement = _script()
-    assert agreement._first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert agreement._first_difference([1, 2, 3], [1, 5, 3]) == 1
-    assert agreement._first_difference([1, 2], [1, 2, 3]) == 2
+    assert agreement.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert agreement.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert agreement.first_difference([1, 2], [1, 2, 3]) == 2

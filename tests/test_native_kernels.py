@@ -76,7 +76,7 @@ def test_the_kernel_refuses_what_it_was_not_written_for():
 def test_an_fp16_copy_reads_one_row_through_the_kernel_and_several_through_fbgemm(monkeypatch):
     w = torch.randn(512, 256, generator=torch.Generator().manual_seed(1)) * 0.05
     copy = Fp16Weight(w)
-    assert copy._native is not None
+    assert copy.one_row_kernel == "f16_matvec (native)"
     calls = []
     real_call = F16Matvec.__call__
     monkeypatch.setattr(
@@ -91,7 +91,7 @@ def test_an_fp16_copy_reads_one_row_through_the_kernel_and_several_through_fbgem
         assert len(calls) == 1
     # A shape the kernel does not take keeps the other path.
     odd = Fp16Weight(torch.randn(510, 256) * 0.05)
-    assert odd._native is None
+    assert odd.one_row_kernel != "f16_matvec (native)"
 
 
 @needs_rows_kernel
@@ -150,7 +150,7 @@ def test_an_fp16_copy_reads_2_to_8_rows_through_f16_rows(monkeypatch):
     if copy.use_fbgemm:
         torch.testing.assert_close(copy.matmul(x), x @ rounded.t(), atol=1e-5, rtol=1e-5)
     assert len(calls) == 2
-    assert Fp16Weight(torch.randn(510, 256))._rows is None  # not whole panels
+    assert Fp16Weight(torch.randn(510, 256)).rows_kernel != "f16_rows (native)"  # not panels
     assert Fp16Weight(w, use_native=False).rows_kernel != "f16_rows (native)"
 
 
@@ -721,7 +721,7 @@ def test_a_decode_step_keeps_torchs_ops_when_the_kernels_are_off(fresh, monkeypa
     from chatcli.engine.decode_step import DecodeStep
 
     monkeypatch.setenv("CHATCLI_NATIVE_KERNELS", "0")
-    assert DecodeStep(random_gpt("E"))._rows_model is None
+    assert DecodeStep(random_gpt("E")).kernel is None
     assert "CHATCLI_NATIVE_KERNELS=0" in kernel_build.unavailable_reason("rows_step")
 
 

@@ -240,13 +240,13 @@ def test_fp16_keeps_its_plain_copy_only_once_a_row_reads_it():
     # products comes from them at the first such product, the same halves, not at load.
     w = _matrix(seed=11)
     copy = Fp16Weight(w)
-    assert copy.half_panels is not None and copy._plain is None
+    assert copy.half_panels is not None and not copy.holds_plain_copy
     x = torch.randn(256, generator=torch.Generator().manual_seed(12))
     got = copy.matvec(x)
-    assert copy._plain is not None and torch.equal(copy.weight, w.half())
+    assert copy.holds_plain_copy and torch.equal(copy.weight, w.half())
     torch.testing.assert_close(got, w.half().float() @ x, atol=1e-5, rtol=1e-5)
     # Without panels nothing else holds the halves: the copy is made with the weight.
-    assert Fp16Weight(w, use_fbgemm=False, use_native=False)._plain is not None
+    assert Fp16Weight(w, use_fbgemm=False, use_native=False).holds_plain_copy
 
 
 def test_fp16_through_torch_mv_serves_one_row():

@@ -392,15 +392,15 @@ def test_a_server_that_is_no_api_is_named_by_its_status_not_its_html_page():
         status = 404 if request.method == "GET" else 501
         return httpx.Response(status, text=page, headers={"Content-Type": "text/html"})
 
-    session = RemoteSession("http://127.0.0.1:9")
-    session._client = httpx.Client(base_url=session.url, transport=httpx.MockTransport(http_server))
+    transport = httpx.MockTransport(http_server)
+    session = RemoteSession("http://127.0.0.1:9", transport=transport)
     with pytest.raises(ChatcliError) as info:
         session.describe()
     assert str(info.value) == (
         "http://127.0.0.1:9 has no OpenAI-compatible API at /v1/models (404 Not Found). "
         "Point --url at the server's root."
     )
-    session.model, session._context_len = "m", 0
+    session = RemoteSession("http://127.0.0.1:9", model="m", known_context=0, transport=transport)
     with pytest.raises(ChatcliError) as info:
         list(session.send("hi"))
     assert str(info.value) == "The server refused the request: 501 Not Implemented."
@@ -474,9 +474,8 @@ def test_ctrl_c_before_the_server_answers_keeps_the_question_as_a_local_model_do
     def interrupted(request: httpx.Request) -> httpx.Response:
         raise KeyboardInterrupt  # Ctrl-C while the request waits for the server
 
-    session = RemoteSession("http://127.0.0.1:9", model="m")
-    session._context_len = 256
-    session._client = httpx.Client(base_url=session.url, transport=httpx.MockTransport(interrupted))
+    transport = httpx.MockTransport(interrupted)
+    session = RemoteSession("http://127.0.0.1:9", model="m", known_context=256, transport=transport)
     with pytest.raises(KeyboardInterrupt):
         list(session.send("hi"))
     assert session.messages == [
@@ -535,5 +534,7 @@ def test_a_conversation_past_the_servers_context_drops_its_oldest_exchanges():
 )
 def test_each_servers_way_of_saying_the_context_is_full_is_read(error):
     response = httpx.Response(400, json={"error": error})
-    assert remote_module._context_full(response)
-    assert not remote_module._context_full(httpx.Response(400, json={"error": {"message": "bad"}}))
+    assert remote_module.is_context_full(response)
+    assert not remote_module.is_context_full(
+        httpx.Response(400, json={"error": {"message": "bad"}})
+    )

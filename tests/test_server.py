@@ -937,7 +937,7 @@ def test_prompts_are_prepared_off_the_event_loop(hello):
     finally:
         del worker.tokenizer.render_for_completion
     assert len(threads) == 1
-    assert threads[0] is not server._thread  # the thread uvicorn's event loop runs on
+    assert threads[0] is not server.thread  # the thread uvicorn's event loop runs on
 
 
 def test_a_full_queue_is_a_429_and_a_queued_stream_says_it_is_waiting():

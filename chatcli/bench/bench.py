@@ -19,6 +19,7 @@ import resource
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from chatcli.bench.roofline import (
     weight_bytes_per_token,
 )
 from chatcli.chat.session import ChatSession, SamplingOptions
-from chatcli.engine.cpu_plan import apply_cpu_plan, torch_threads
+from chatcli.engine.cpu_plan import CpuPlan, apply_cpu_plan, torch_threads
 from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.static_step import StepWithFallback
@@ -46,17 +47,16 @@ DECODE_TOKENS = 48
 SAMPLES = 8
 TURNS = (1, 5, 10)
 # Every measure is the best of this many rounds, in both modes (as timeit takes the best):
-# other work on a shared host only ever adds time, and one run of 48 decode steps of the
-# embedded model is ~0.15 s, which it stretched by up to half here. Each round measures the
-# baseline and ours back to back, so that a slow spell of the host, which can outlast all of
-# one mode's runs, falls on both modes rather than on one.
+# other work on a shared host only ever adds time. Each round measures the baseline and ours
+# back to back, so that a slow spell of the host, which can outlast all of one mode's runs,
+# falls on both modes rather than on one (docs/performance-notes.md, "Figures behind the
+# code").
 REPEATS = 3
 # Within a round, each measure repeats until this much time has passed (at least once), the
-# best kept, as timeit's autorange does: a small model's prefill is ~20 ms and its 48 decode
-# steps ~0.15 s, and with one run a round, 8 samples / one sample moved between 3.3 and 5.6
-# from one bench run to the next. A big model's measure takes longer and runs once.
+# best kept, as timeit's autorange does: a small model's single runs are too short to
+# outlast the host's noise. A big model's measure takes longer and runs once.
 MEASURE_SECONDS = 0.5
-CHAT_SECONDS = 1.0  # each round's scripted chats, per mode (see _chat_ttft)
+CHAT_SECONDS = 1.0  # each round's scripted chats, per mode (see chat_ttft)
 TTFT_SAMPLES = 3  # each measured turn of a chat, sent again from the same state
 
 
@@ -85,8 +85,7 @@ def _ours_prefill_tps(engine: Engine, tokens: list[int]) -> float:
 def endless_rows(engine: Engine) -> Iterator[Engine]:
     """`engine` with no row ending at <|assistant_end|> or <|bos|>, for timing decode on whole
     budgets: a model that answers the bench's prompt in 8 tokens would otherwise be timed on
-    the first, slower steps of many short generations (the embedded model read 2634 tok/s so,
-    4750-5214 decoding 200 tokens). The end tokens come back on leaving."""
+    the first, slower steps of many short generations. The end tokens come back on leaving."""
     ends = engine.assistant_end, engine.bos
     engine.assistant_end = engine.bos = -1
     try:
@@ -95,7 +94,7 @@ def endless_rows(engine: Engine) -> Iterator[Engine]:
         engine.assistant_end, engine.bos = ends
 
 
-def _ours_decode(
+def ours_decode(
     engine: Engine, prompt: list[int], n: int, temperature: float | None = None
 ) -> float:
     """Aggregate decode tok/s of n samples (greedy for one, temperature 1 for more unless
@@ -137,19 +136,17 @@ def _baseline_decode(model, prompt: list[int], n: int) -> float:
     return n * steps / max(time.perf_counter() - t0, 1e-9)
 
 
-def _chat_ttft(model, tokenizer, plain: bool, compile: bool = False) -> dict[str, float]:
+def chat_ttft(model, tokenizer, plain: bool, compile: bool = False) -> dict[str, float]:
     """The best time to first token at given turns of a scripted chat (the same in both
     modes), over as many chats as fit in CHAT_SECONDS (at least one).
 
-    A small model's turn takes ~8 ms, which the host's noise moves by a third: one chat
-    a round left its turn-10 / turn-1 ratio anywhere between 1.08 and 1.49 from one bench
-    run to the next. A big model's chat takes seconds and runs once a round, so each measured
-    turn is sent TTFT_SAMPLES times (any model's), from the state before it: the reply is
-    popped and regenerated with the cache rewound to what it held before the turn (unlike
-    /retry, which reuses the turn's cached prompt), and the earlier tries stop at their first
-    streamed event, the first token timed: d20's turns moved between 210 and 315 ms from one
-    to the next with no trend, and three single samples per turn read 1.30-1.44 for its
-    turn-10 / turn-1 ratio.
+    A small model's turn is short enough for the host's noise to move it by a large part,
+    so many chats run. A big model's chat takes seconds and runs once a round, so each
+    measured turn is sent TTFT_SAMPLES times (any model's), from the state before it: the
+    reply is popped and regenerated with the cache rewound to what it held before the turn
+    (unlike /retry, which reuses the turn's cached prompt), and the earlier tries stop at
+    their first streamed event, the first token timed. The figures behind both:
+    docs/performance-notes.md, "Figures behind the code".
 
     plain: the baseline's way, every turn re-prefills the whole conversation; otherwise the
     session keeps its KV cache and prefills only the new turn. compile: the sessions' as
@@ -194,7 +191,7 @@ def _chat_ttft(model, tokenizer, plain: bool, compile: bool = False) -> dict[str
     return best
 
 
-class _Mode:
+class Mode:
     """How one side of the bench runs: its threads, and whether the model's compact decode
     copies are in place (ours) or set aside, so that every product reads fp32 (the
     baseline). Switching is a few attribute writes, so rounds can alternate the modes."""
@@ -215,7 +212,7 @@ class _Mode:
 Measures = dict[str, Callable[[], float | dict[str, float]]]
 
 
-def _rounds(sides: list[tuple[_Mode, Measures]]) -> list[dict[str, float]]:
+def run_rounds(sides: list[tuple[Mode, Measures]]) -> list[dict[str, float]]:
     """Run every side's measures for REPEATS rounds, the sides alternating in each round,
     each measure as many times as fit in MEASURE_SECONDS (at least once) a round, and keep
     each measure's best: the highest throughput, the shortest time (`ttft...`)."""
@@ -275,7 +272,7 @@ def run_bench(
     model: GPT, tokenizer: Any, label: str, precision: str = "auto", compile: bool = False
 ) -> dict[str, Any]:
     """The baseline (eager fp32, default threads) against ours (the CPU plan applied, and
-    the decode copies `precision` asks for), in alternating rounds (_rounds), on the
+    the decode copies `precision` asks for), in alternating rounds (run_rounds), on the
     model's device (fp32 weights on it: the baseline's).
 
     precision: on the CPU the decode weights ours reads: auto (for large models the 16-bit
@@ -298,124 +295,202 @@ def _run_bench(
     model: GPT, tokenizer: Any, label: str, precision: str | torch.dtype, compile: bool
 ) -> dict[str, Any]:
     torch.manual_seed(0)
-    device = model.get_device()
     model.drop_decode_weights()  # the baseline reads fp32, whatever the loader added
-    prompt = _prompt(tokenizer, min(512, model.config.sequence_len // 2))
-    short = _prompt(tokenizer, 32)
     default_threads = torch.get_num_threads()
+    # Greedy output: the baseline's is the reference; ours in fp32 must equal it, run as
+    # ours runs (the CPU plan's threads).
+    reference = _greedy_tokens(_baseline_greedy(model), tokenizer)
+    plan = apply_cpu_plan(model)
+    engine = Engine(model, tokenizer, compile=compile)
+    fp32_identical = _greedy_tokens(_ours_greedy(engine), tokenizer) == reference
+    ours_model, engine, decode_kind = _ours_side(model, tokenizer, engine, precision, compile)
+    agreement = _agreement(_greedy_tokens(_ours_greedy(engine), tokenizer), reference)
+    memory = _PeakMemory(model.get_device().type == "cuda")
+    setup = _Setup(
+        model=model,
+        ours_model=ours_model,
+        tokenizer=tokenizer,
+        engine=engine,
+        plan=plan,
+        default_threads=default_threads,
+        decode_kind=decode_kind,
+        compile=compile,
+        prompt=_prompt(tokenizer, min(512, model.config.sequence_len // 2)),
+        short=_prompt(tokenizer, 32),
+        # One buffer for every probe, none allocated each time; on a GPU 2 GB, since 512 MB
+        # streams through its memory in about a kernel launch's own time.
+        probe=bandwidth_probe(2048 if memory.gpu else 512, model.get_device()),
+        wbytes=weight_bytes_per_token(ours_model),
+        bf16_bytes=2 * matrix_params(model),
+    )
+    base, mine = _measure(setup)
+    peak_mb, peak_device_mb = memory.peaks(setup.probe)
+    torch.set_num_threads(default_threads)
+    return {
+        **_report(setup, label, base, mine),
+        "greedy_identical_fp32": fp32_identical,
+        "greedy_agreement": agreement,
+        "peak_rss_mb": round(peak_mb, 1),
+        # Device memory torch allocated at its peak (the probe taken out); None on the CPU.
+        "peak_device_mb": peak_device_mb,
+    }
 
-    def base_greedy(p: list[int]) -> list[int]:
+
+def _baseline_greedy(model: GPT) -> Callable[[list[int]], list[int]]:
+    def greedy(p: list[int]) -> list[int]:
         # Within the context, as ours stops there: past it the two cannot be compared.
         room = min(DECODE_TOKENS, model.config.sequence_len - len(p))
         return [c[0] for c in baseline_generate(model, p, 1, room, 0.0)]
 
-    def ours_greedy(p: list[int]) -> list[int]:
+    return greedy
+
+
+def _ours_greedy(engine: Engine) -> Callable[[list[int]], list[int]]:
+    def greedy(p: list[int]) -> list[int]:
         cols = engine.generate(p, max_tokens=DECODE_TOKENS, temperature=0.0, use_tools=False)
         return [c[0] for c, _ in cols]
 
-    # Greedy output: the baseline's is the reference; ours in fp32 must equal it, run as
-    # ours runs (the CPU plan's threads).
-    reference = _greedy_tokens(base_greedy, tokenizer)
-    plan = apply_cpu_plan(model)
-    engine = Engine(model, tokenizer, compile=compile)
-    fp32_identical = _greedy_tokens(ours_greedy, tokenizer) == reference
-    ours_model = model  # the CPU's ours reads the same model, through its decode copies
+    return greedy
+
+
+def _ours_side(
+    model: GPT, tokenizer: Any, engine: Engine, precision: str | torch.dtype, compile: bool
+) -> tuple[GPT, Engine, str | None]:
+    """(the model ours reads, its engine, the decode weights' kind or None for fp32): on a
+    GPU its own copy in `precision`; on the CPU the same model with the decode copies
+    `precision` asks for, and an engine that decides its decode path for them."""
     if isinstance(precision, torch.dtype):  # a GPU: ours runs its own copy in that dtype
         decode_kind = None if precision == torch.float32 else str(precision).split(".")[-1]
-        if decode_kind is not None:
-            ours_model = cast_copy(model, precision)
-            engine = Engine(ours_model, tokenizer, compile=compile)
-    else:
-        decode_kind = precision if precision in QUANTIZE_KINDS else None
-        if precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS:
-            decode_kind = default_half_kind()
-        if decode_kind is not None:
-            model.add_decode_weights(decode_kind)
-            # It decides its decode path for these weights.
-            engine = Engine(model, tokenizer, compile=compile)
-    agreement = _agreement(_greedy_tokens(ours_greedy, tokenizer), reference)
-    wbytes = weight_bytes_per_token(ours_model)
+        if decode_kind is None:
+            return model, engine, None
+        ours_model = cast_copy(model, precision)
+        return ours_model, Engine(ours_model, tokenizer, compile=compile), decode_kind
+    decode_kind = precision if precision in QUANTIZE_KINDS else None
+    if precision == "auto" and weight_bytes_per_token(model) / 4 > LARGE_MODEL_MATRIX_PARAMS:
+        decode_kind = default_half_kind()
+    if decode_kind is None:
+        return model, engine, None
+    model.add_decode_weights(decode_kind)
+    return model, Engine(model, tokenizer, compile=compile), decode_kind
 
-    bf16_bytes = 2 * matrix_params(model)
-    # The process's peak before the probe, and the probe's own size: the peak reported is
-    # the model's and the engines', not the bench's measuring buffer.
-    before_probe_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    gpu = device.type == "cuda"
-    before_probe_device_mb = torch.cuda.max_memory_allocated() / 2**20 if gpu else 0.0
-    # One buffer for every probe, none allocated each time; on a GPU 2 GB, since 512 MB
-    # streams through its memory in ~0.15 ms, close to a kernel launch's own cost.
-    probe = bandwidth_probe(2048 if gpu else 512, device)
-    probe_mb = probe.numel() * probe.element_size() / 2**20
-    baseline = _Mode(model, default_threads, copies=False)
-    ours = _Mode(ours_model, plan.threads if plan else default_threads, copies=True)
-    base, mine = _rounds(
+
+@dataclass
+class _Setup:
+    """What one bench run's two sides read: the models, ours' engine and threads, the
+    prompts, the bandwidth probe's buffer and the bytes a decoded token reads."""
+
+    model: GPT  # the baseline's, fp32
+    ours_model: GPT
+    tokenizer: Any
+    engine: Engine
+    plan: CpuPlan | None
+    default_threads: int
+    decode_kind: str | None
+    compile: bool
+    prompt: list[int]
+    short: list[int]
+    probe: torch.Tensor
+    wbytes: float  # the weights a decoded token reads, as ours reads them
+    bf16_bytes: float  # the same matrices read as bf16
+
+    @property
+    def ours_threads(self) -> int:
+        return self.plan.threads if self.plan else self.default_threads
+
+
+class _PeakMemory:
+    """The process's peak memory without the bandwidth probe's buffer: the model's and the
+    engines', not the bench's measuring buffer. Made before the probe is allocated."""
+
+    def __init__(self, gpu: bool) -> None:
+        self.gpu = gpu
+        self.host_mb = _rss_mb()
+        self.device_mb = torch.cuda.max_memory_allocated() / 2**20 if gpu else 0.0
+
+    def peaks(self, probe: torch.Tensor) -> tuple[float, float | None]:
+        """(the host's peak MB, the device's peak MB or None on the CPU)."""
+        probe_mb = probe.numel() * probe.element_size() / 2**20
+        if self.gpu:  # the probe is on the device: the host's peak is all ours
+            after = torch.cuda.max_memory_allocated() / 2**20 - probe_mb
+            return _rss_mb(), round(max(self.device_mb, after), 1)
+        return max(self.host_mb, _rss_mb() - probe_mb), None
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _measure(s: _Setup) -> list[dict[str, float]]:
+    """(the baseline's best measures, ours'), in alternating rounds (run_rounds)."""
+    model, engine, prompt, short = s.model, s.engine, s.prompt, s.short
+    baseline = Mode(model, s.default_threads, copies=False)
+    ours = Mode(s.ours_model, s.ours_threads, copies=True)
+    return run_rounds(
         [
             (
                 baseline,
                 {
-                    "bandwidth": lambda: bandwidth_of(probe),
+                    "bandwidth": lambda: bandwidth_of(s.probe),
                     "prefill": lambda: _prefill_tps(model, prompt),
                     "decode1": lambda: _baseline_decode(model, short, 1),
                     "decode8": lambda: _baseline_decode(model, prompt, SAMPLES),
-                    "ttft": lambda: _chat_ttft(model, tokenizer, plain=True),
+                    "ttft": lambda: chat_ttft(model, s.tokenizer, plain=True),
                 },
             ),
             (
                 ours,
                 {
                     "prefill": lambda: _ours_prefill_tps(engine, prompt),
-                    "decode1": lambda: _ours_decode(engine, short, 1),
-                    "decode8": lambda: _ours_decode(engine, prompt, SAMPLES),
+                    "decode1": lambda: ours_decode(engine, short, 1),
+                    "decode8": lambda: ours_decode(engine, prompt, SAMPLES),
                     # What 8 samples gain over one of the same request: same prompt, sampling.
-                    "sampled1": lambda: _ours_decode(engine, prompt, 1, temperature=1.0),
+                    "sampled1": lambda: ours_decode(engine, prompt, 1, temperature=1.0),
                     "paired": lambda: roofline_fractions(
-                        lambda: _ours_decode(engine, short, 1),
-                        probe,
-                        default_threads,
-                        wbytes,
-                        bf16_bytes,
+                        lambda: ours_decode(engine, short, 1),
+                        s.probe,
+                        s.default_threads,
+                        s.wbytes,
+                        s.bf16_bytes,
                     ),
-                    "ttft": lambda: _chat_ttft(ours_model, tokenizer, plain=False, compile=compile),
+                    "ttft": lambda: chat_ttft(
+                        s.ours_model, s.tokenizer, plain=False, compile=s.compile
+                    ),
                 },
             ),
         ]
     )
+
+
+def _report(
+    s: _Setup, label: str, base: dict[str, float], mine: dict[str, float]
+) -> dict[str, Any]:
+    """The run's measures as the result dict reports them (the CLI's table and JSON)."""
+    model, engine, device = s.model, s.engine, s.model.get_device()
     bandwidth = base["bandwidth"]
-    base_prefill, ours_prefill = base["prefill"], mine["prefill"]
     base_1, ours_1 = base["decode1"], mine["decode1"]
     base_8, ours_8 = base["decode8"], mine["decode8"]
     ours_1_sampled = mine["sampled1"]
     ttft_base = {t: base[f"ttft{t}"] for t in TURNS}
     ttft_ours = {t: mine[f"ttft{t}"] for t in TURNS}
-    if gpu:  # the probe is on the device: the host's peak is all ours
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        after = torch.cuda.max_memory_allocated() / 2**20 - probe_mb
-        peak_device_mb = round(max(before_probe_device_mb, after), 1)
-    else:
-        peak_mb = max(
-            before_probe_mb, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - probe_mb
-        )
-        peak_device_mb = None
-    torch.set_num_threads(default_threads)
 
     def ratio(a: float, b: float) -> float:
         return round(a / b, 2) if b else 0.0
 
     step = engine.decode_step if isinstance(engine.decode_step, DecodeStep) else None
-    roofline = bandwidth * 1e9 / wbytes
-    # The same matrices read as bf16, whatever ours reads: the issue's yardstick for big models.
-    bf16_roofline = bandwidth * 1e9 / bf16_bytes
+    roofline = bandwidth * 1e9 / s.wbytes
+    # The same matrices read as bf16, whatever ours reads: the yardstick for big models.
+    bf16_roofline = bandwidth * 1e9 / s.bf16_bytes
     copies_read = model.decode_weights() if not (step and step.kernel) else []
     return {
         "model": label,
         "params": sum(p.numel() for p in model.parameters()),
-        "weights": decode_kind or "float32",
-        "threads": {"baseline": default_threads, "ours": plan.threads if plan else default_threads},
-        "plan": plan.reason if plan else "not a CPU model",
+        "weights": s.decode_kind or "float32",
+        "threads": {"baseline": s.default_threads, "ours": s.ours_threads},
+        "plan": s.plan.reason if s.plan else "not a CPU model",
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "decode_path": _decode_path(engine),
-        "compile": compile,  # asked for; "compiled": whether ours' forward was compiled
+        "compile": s.compile,  # asked for; "compiled": whether ours' forward was compiled
         "compiled": engine.compiled,
         "step_kernel": step.kernel if step else None,
         # The threads ours' decode settled on by row count: a small model's plan is one
@@ -430,9 +505,9 @@ def _run_bench(
             {getattr(c, "rows_kernel", type(c).__name__) for c in copies_read}
         ),
         "bandwidth_gbs": round(bandwidth, 1),
-        "weight_mb_per_token": round(wbytes / 1e6, 1),
+        "weight_mb_per_token": round(s.wbytes / 1e6, 1),
         "roofline_tps": round(roofline, 1),
-        "prefill_tps": {"baseline": round(base_prefill, 1), "ours": round(ours_prefill, 1)},
+        "prefill_tps": {"baseline": round(base["prefill"], 1), "ours": round(mine["prefill"], 1)},
         "decode_tps": {
             "baseline": round(base_1, 1),
             "ours": round(ours_1, 1),
@@ -459,11 +534,6 @@ def _run_bench(
         # The same fractions against the bandwidth probed beside a decode run (best run).
         "roofline_fraction_paired": round(mine["roofline_paired"], 3),
         "bf16_roofline_fraction_paired": round(mine["bf16_roofline_paired"], 3),
-        "greedy_identical_fp32": fp32_identical,
-        "greedy_agreement": agreement,
-        "peak_rss_mb": round(peak_mb, 1),
-        # Device memory torch allocated at its peak (the probe taken out); None on the CPU.
-        "peak_device_mb": peak_device_mb,
     }
 
 

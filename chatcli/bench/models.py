@@ -124,7 +124,7 @@ def cast_copy(model: GPT, dtype: torch.dtype) -> GPT:
     (the rotary tables made again in the era's own dtype), on the model's device.
 
     Each weight is cast straight from the model's, so no second fp32 copy of every weight
-    makes the peak the bench reports (scripts/cast_memory.py measures it)."""
+    makes the peak the bench reports (docs/performance.md, "Measured on a GPU")."""
     with torch.device("meta"):
         cast = GPT(model.config, model.arch)
     state = {k: v.to(dtype) for k, v in model.state_dict().items()}

@@ -125,12 +125,10 @@ def serve(
     try:
         from chatcli.serve.app import Limits
         from chatcli.serve.auth import open_server_warning
-        from chatcli.serve.keys import api_keys, env_key, key_file_warning
         from chatcli.serve.runner import MAX_PORT
         from chatcli.serve.runner import serve as run_server
     except ImportError:
         raise fail("chatcli serve needs the serve extra: pip install -e '.[serve]'") from None
-    from chatcli.terminal.render import make_console, render_notice
 
     try:
         count = replica_count(workers, ray is not None)
@@ -142,28 +140,9 @@ def serve(
             raise UsageError(
                 f"--port must be between 0 and {MAX_PORT} (0 picks a free port); got {port}."
             )
-        try:
-            keys = api_keys(api_key or (), None)
-        except ChatcliError as e:
-            raise UsageError(str(e)) from None
-        if not api_key:  # the variable is read whole here: click would split it at spaces
-            keys = api_keys([key] if (key := env_key()) is not None else [])
-        if api_key_file is not None:
-            keys = api_keys(keys, api_key_file)
-            loose = key_file_warning(api_key_file)
-            if loose is not None:
-                render_notice(make_console(file=sys.stderr), loose)
+        keys = _api_keys(api_key, api_key_file)
         warning = open_server_warning(host, port, keys)
-
-        def warn() -> None:  # once it listens, before the model loads: not minutes later
-            if warning is not None:
-                render_notice(make_console(file=sys.stderr), warning)
-
         locked = f"; {len(keys)} API key{'s' if len(keys) > 1 else ''}" if keys else ""
-
-        def say_ready(info: dict[str, Any]) -> None:
-            _say_ready(info, locked)
-
         options: dict[str, Any] = dict(
             host=host,
             port=port,
@@ -177,8 +156,9 @@ def serve(
             quantize=s.quantize,
             softcap=softcap,
             api_keys=keys,
-            on_listening=warn,
-            on_ready=say_ready,
+            # once it listens, before the model loads: not minutes later
+            on_listening=lambda: _warn(warning),
+            on_ready=lambda info: _say_ready(info, locked),
         )
         if ray is None:
             run_server(s.model, workers=count[0] if count else None, **options)
@@ -198,6 +178,31 @@ def serve(
         raise fail_with(e) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+def _api_keys(given: list[str] | None, key_file: Path | None) -> tuple[str, ...]:
+    """The keys the server lets in: --api-key's (a usage error if one is malformed), else
+    CHATCLI_API_KEY's, plus --api-key-file's (with a warning if others may read it)."""
+    from chatcli.serve.keys import api_keys, env_key, key_file_warning
+
+    try:
+        keys = api_keys(given or (), None)
+    except ChatcliError as e:
+        raise UsageError(str(e)) from None
+    if not given:  # the variable is read whole here: click would split it at spaces
+        keys = api_keys([key] if (key := env_key()) is not None else [])
+    if key_file is not None:
+        keys = api_keys(keys, key_file)
+        _warn(key_file_warning(key_file))
+    return keys
+
+
+def _warn(warning: str | None) -> None:
+    """A warning, if any, on stderr in the terminal's notice style."""
+    if warning is not None:
+        from chatcli.terminal.render import make_console, render_notice
+
+        render_notice(make_console(file=sys.stderr), warning)
 
 
 def replica_count(text: str | None, ray: bool) -> tuple[int, int] | None:

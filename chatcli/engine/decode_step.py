@@ -13,7 +13,7 @@ in torch ops, about half as many as the module forward's:
 - residual adds fuse into addmm/addmv, and the scalar lambdas become Python floats;
 - every RMSNorm that feeds a matrix is folded into the product after it: at batch 1 as a
   scalar read on the host (see _one_row), for several rows as their (N, 1) scales
-  (_row_scales);
+  (row_scales);
 - sample rows over a shared prompt: two fused attention calls whose log-sum-exps combine
   the prompt's part and each row's own part exactly (step_attention.py).
 
@@ -57,7 +57,9 @@ class DecodeStep:
     reads_whole_cache = False
     takes_prompt_rows = True  # step_rows takes a prompt's chunk as rows of one slot
 
-    def __init__(self, model: GPT) -> None:
+    def __init__(self, model: GPT, kernel: bool = True) -> None:
+        """kernel=False: torch's ops even where our kernel compiles (the reference that the
+        kernel is tested against)."""
         cfg, arch = model.config, model.arch
         self.model = model
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -125,8 +127,8 @@ class DecodeStep:
         self._thread_choices: dict[tuple[int, int], ThreadChoice] = {}
         self.wide_threads = 1  # the products' and attention's count (__call__ sets it)
         self._eps = torch.finfo(self.dtype).eps  # F.rms_norm's default
-        # fp32 on the CPU: the qk-norm in 4 ops (_qk_norm_lean), and sample rows fold each
-        # RMSNorm into a per-row scale (_row_scales), but only where every product takes its
+        # fp32 on the CPU: the qk-norm in 4 ops (qk_norm_lean), and sample rows fold each
+        # RMSNorm into a per-row scale (row_scales), but only where every product takes its
         # rows as floats: fbgemm's int8 kernel quantizes a product's input with one scale for
         # all its rows, which must see the rows normalised, as the module forward gives them.
         self.lean = self.dtype == torch.float32 and self.wte.device.type == "cpu"
@@ -135,18 +137,35 @@ class DecodeStep:
         # (kernels/rows_step.py) where it compiles here: a small fp32 model's ~150 small ops
         # become one; a big model's fp16 copies are read from their own panels, and the ~300
         # ops and thread hand-offs between its products go.
-        self._rows_model = self._native_rows()
-        # ... and the rows it starts from (look-ups, norms, the smear) in one more call.
-        self._embed_native = self._rows_model is not None and rows_step().embeds(self.wte)
+        self._rows_model: RowsModel | None = None
+        self._embed_native = False
+        self.use_kernel(kernel)
         self._rows_cache: object | None = None  # the last cache checked for the kernel
         self._rows_takes = False  # and whether the kernel reads it
         self._rows_prefix: tuple[torch.Tensor, torch.Tensor] | None = None  # its shared prompt
-        # eps times the squared divisors _row_scales is asked for: 1, the qk scale, the softcap
+        # eps times the squared divisors row_scales is asked for: 1, the qk scale, the softcap
         self._eps_scaled = {
             t: torch.tensor(self._eps * t * t, dtype=self.dtype)
             for t in (1.0, 1.0 / self.qk_scale, self.softcap)
         }
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def use_kernel(self, on: bool) -> None:
+        """Run the step through our kernel where it compiles (on) or through torch's ops."""
+        self._rows_model = self._native_rows() if on else None
+        # ... and the rows it starts from (look-ups, norms, the smear) in one more call.
+        self._embed_native = self._rows_model is not None and rows_step().embeds(self.wte)
+        self._rows_cache = None
+
+    @property
+    def kernel_model(self) -> RowsModel | None:
+        """The model as our kernel reads it, or None where the step runs torch's ops."""
+        return self._rows_model
+
+    @property
+    def embeds_natively(self) -> bool:
+        """Whether our kernel also looks up and normalises the rows a step starts from."""
+        return self._embed_native
 
     def _native_rows(self) -> RowsModel | None:
         """The model as rows_step reads it (step_matrices.kernel_model), or None where the
@@ -213,7 +232,7 @@ class DecodeStep:
             return (p.k_cache, p.v_cache), cache.prefix_len, (s.k_cache, s.v_cache)
         return None, 0, (cache.k_cache, cache.v_cache)
 
-    def _kernel_takes(self, cache: KVCache | SharedPrefixCache, rows: int) -> bool:
+    def kernel_takes(self, cache: KVCache | SharedPrefixCache, rows: int) -> bool:
         """Whether rows_step reads this cache, checked once a cache (a layout is for life),
         and its shared prefix's keys and values as the kernel reads them (pack_prefix),
         made once: the prefix does not change while sample rows decode over it."""
@@ -263,7 +282,7 @@ class DecodeStep:
             x[has] = self._embed(idx[has], prev[has], fold)
             return x
         x = self._look_up(idx, self.wte)
-        x = x.mul_(self._row_scales(x)) if fold else F.rms_norm(x, (x.size(1),))
+        x = x.mul_(self.row_scales(x)) if fold else F.rms_norm(x, (x.size(1),))
         if prev is not None:
             prev = F.rms_norm(self._look_up(prev, self.wte), (x.size(1),))
             gate = torch.sigmoid(torch.mv(x[:, :SMEAR_CHANNELS], self.smear_gate))
@@ -297,10 +316,10 @@ class DecodeStep:
         """Rows x (N, C) -> (q and k after rope and qk-norm (N, H+Hkv, D), v (N, Hkv, D)).
 
         fold: the RMSNorm before the product is a per-row scale applied after it
-        (_row_scales)."""
+        (row_scales)."""
         N, H, Hkv, D = x.size(0), self.n_head, self.n_kv_head, self.head_dim
         if fold:
-            s = self._row_scales(x)
+            s = self.row_scales(x)
             qkv = layer.qkv.mm(x).mul_(s)
             h = x
         else:
@@ -318,32 +337,32 @@ class DecodeStep:
             ve = self._look_up(idx, layer.ve_table).view(N, Hkv, D)
             v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
         qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)  # rope before the norm
-        qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
+        qk = self.qk_norm_lean(qk) if self.lean else self.qk_norm(qk)
         return qk.view(N, H + Hkv, D), v
 
-    def _qk_norm(self, qk: torch.Tensor) -> torch.Tensor:
+    def qk_norm(self, qk: torch.Tensor) -> torch.Tensor:
         D = self.head_dim
         if self.qk_norm_weight is not None:
             return F.rms_norm(qk, (D,), weight=self.qk_norm_weight)
         normed = F.rms_norm(qk, (D,))
         return normed * self.qk_scale if self.qk_scale != 1.0 else normed
 
-    def _qk_norm_lean(self, qk: torch.Tensor) -> torch.Tensor:
-        """_qk_norm in 4 ops where F.rms_norm dispatches ~9 on the CPU (pow, sum, div,
+    def qk_norm_lean(self, qk: torch.Tensor) -> torch.Tensor:
+        """qk_norm in 4 ops where F.rms_norm dispatches ~9 on the CPU (pow, sum, div,
         add, rsqrt, mul, weight, casts): every head's RMSNorm scale divided by 1/qk_scale.
         In place: qk is a temporary."""
-        return qk.mul_(self._row_scales(qk, times=1.0 / self.qk_scale))
+        return qk.mul_(self.row_scales(qk, times=1.0 / self.qk_scale))
 
     def _mlp(self, layer: StepLayer, x: torch.Tensor, fold: bool = False) -> torch.Tensor:
         """x plus the block's MLP, relu(fc(rms_norm(x)))^2 through fc_proj. fold: the norm as
         each row's scale after the product (relu(s * z) = s * relu(z) for a scale s > 0)."""
         if fold:
-            u = layer.fc.mm(x).relu_().mul_(self._row_scales(x))
+            u = layer.fc.mm(x).relu_().mul_(self.row_scales(x))
         else:
             u = layer.fc.mm(F.rms_norm(x, (x.size(1),))).relu_()
         return layer.fc_proj.addmm(x, u.mul_(u))
 
-    def _row_scales(self, x: torch.Tensor, times: float = 1.0) -> torch.Tensor:
+    def row_scales(self, x: torch.Tensor, times: float = 1.0) -> torch.Tensor:
         """(..., 1) RMSNorm scales of x's last dimension, divided by `times` (1, 1/qk_scale
         or the softcap): 1 / (times * sqrt(mean(x^2) + eps)). rms_norm(x) @ W.T =
         scales * (x @ W.T), so a norm feeding a product costs 3 ops on its scales instead of
@@ -406,6 +425,19 @@ class DecodeStep:
         finally:
             torch.set_num_threads(caller)
 
+    def choose_threads(self, rows: int, wide: int, choice: ThreadChoice) -> None:
+        """Start steps of `rows` rows (a power of two) with `wide` threads on hand from
+        `choice` instead of the default one."""
+        self._thread_choices[(rows, wide)] = choice
+
+    @torch.inference_mode()
+    def step_on(
+        self, threads: int, ids: torch.Tensor, cache: KVCache | SharedPrefixCache
+    ) -> torch.Tensor:
+        """__call__ with its products and attention on `threads`, whatever was measured."""
+        self._set_wide_threads(threads)
+        return self._step(ids, cache)
+
     def _set_wide_threads(self, threads: int) -> None:
         """The count the attention (wide_threads) and every product (StepMatrix.threads) use."""
         self.wide_threads = threads
@@ -419,7 +451,7 @@ class DecodeStep:
         cos_table, sin_table = self._rope_tables()
         cos, sin = cos_table[pos], sin_table[pos]  # (D,), broadcast over rows and heads
         idx = ids.view(N)
-        native = ids.device.type == "cpu" and self._kernel_takes(cache, N)
+        native = ids.device.type == "cpu" and self.kernel_takes(cache, N)
         if N == 1 and type(cache) is KVCache and ids.device.type == "cpu" and not native:
             return self._one_row(idx, cache, pos, cos, sin)
         fold = self.fold_norms
@@ -544,7 +576,7 @@ class DecodeStep:
         cap = self.softcap
         if self.fold_norms:  # the last norm joins the softcap's division
             logits = self.lm_head.mm(x)[:, : self.vocab_size]
-            scales = self._row_scales(x, times=cap)
+            scales = self.row_scales(x, times=cap)
             return run_on_threads(self.wide_threads, _soft_cap, logits, cap, scales)
         logits = self.lm_head.mm(F.rms_norm(x, (x.size(1),)))[:, : self.vocab_size].float()
         return run_on_threads(self.wide_threads, _soft_cap, logits, cap)
@@ -561,11 +593,11 @@ class DecodeStep:
         C = self.wte.size(1)
         eps = self._eps
         x = self._look_up(idx, self.wte)[0]
-        x = x * _rms_scale(x, C, eps)
+        x = x * rms_scale(x, C, eps)
         if self.smear and pos > 0 and cache.prev_token is not None:
             prev = self._look_up(cache.prev_token.view(1), self.wte)[0]
             gate = torch.sigmoid(torch.dot(self.smear_gate, x[:SMEAR_CHANNELS]))
-            value = self.smear_lambda * _rms_scale(prev, C, eps)
+            value = self.smear_lambda * rms_scale(prev, C, eps)
             x = torch.addcmul(x, prev, gate, value=value)
         x0 = x
         saved = None
@@ -574,7 +606,7 @@ class DecodeStep:
         for i, layer in enumerate(self.layers):
             if self.lambdas:
                 x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
-            s = _rms_scale(x, C, eps)
+            s = rms_scale(x, C, eps)
             qkv = layer.qkv.mv(x).mul_(s)
             qk = qkv[:k_end].view(H + Hkv, D)
             v = qkv[k_end:].view(Hkv, D)
@@ -584,7 +616,7 @@ class DecodeStep:
                 v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
             start = max(0, pos - layer.window)
             qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
-            qk = self._qk_norm_lean(qk) if self.lean else self._qk_norm(qk)
+            qk = self.qk_norm_lean(qk) if self.lean else self.qk_norm(qk)
             k_all[i, 0, pos] = qk[H:]
             v_all[i, 0, pos] = v
             # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path.
@@ -597,7 +629,7 @@ class DecodeStep:
                 enable_gqa=Hkv != H,
             )
             x = layer.proj.addmv(x, y.view(-1))
-            s = _rms_scale(x, C, eps)
+            s = rms_scale(x, C, eps)
             u = layer.fc.mv(x).relu_()
             x = layer.fc_proj.addmv(x, u.mul_(u), alpha=s * s)
             if i == self.backout_layer:
@@ -608,7 +640,7 @@ class DecodeStep:
         cache.prev_token = idx
         cache.advance(1)
         cap = self.softcap
-        scale = _rms_scale(x, C, eps) / cap
+        scale = rms_scale(x, C, eps) / cap
         return run_on_threads(self.wide_threads, _soft_cap, logits, cap, scale).view(1, -1)
 
 
@@ -626,6 +658,6 @@ def _soft_cap(
     return scaled.tanh_().mul_(cap)
 
 
-def _rms_scale(x: torch.Tensor, size: int, eps: float) -> float:
+def rms_scale(x: torch.Tensor, size: int, eps: float) -> float:
     """1 / sqrt(mean(x^2) + eps) of a vector, as F.rms_norm computes it, read on the host."""
     return (torch.dot(x, x).item() / size + eps) ** -0.5

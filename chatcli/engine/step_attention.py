@@ -117,7 +117,7 @@ def attend_over_prefix(
     qg = q.view(N, Hkv, r, D)
     out_s, lse_s = run_on_threads(
         threads,
-        _attention_with_lse,
+        attention_with_lse,
         qg,
         sk[:, max(0, start - P) : s + 1].transpose(1, 2),
         sv[:, max(0, start - P) : s + 1].transpose(1, 2),
@@ -127,7 +127,7 @@ def attend_over_prefix(
     qp = qg.transpose(0, 1).reshape(1, Hkv, N * r, D)
     out_p, lse_p = run_on_threads(
         threads,
-        _attention_with_lse,
+        attention_with_lse,
         qp,
         pk[:, start:P].transpose(1, 2),
         pv[:, start:P].transpose(1, 2),
@@ -138,7 +138,7 @@ def attend_over_prefix(
     return torch.lerp(out_s.view(N, Hkv, r, D), out_p, weight).reshape(N, H, D)
 
 
-def _attention_with_lse(
+def attention_with_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention (B, Hkv, Lq, D) x (B, Hkv, Lk, D) and the log-sum-exp of its scores

@@ -44,7 +44,7 @@ LONG_RUN = 20_000
 # A run starts where no blank precedes it (the look-behind keeps the search linear: it never
 # restarts inside a run) and takes every blank that follows. The search costs ~20 ns a
 # character, a tenth of encoding, so it runs only where _may_hold_a_long_run says so.
-_LONG_BLANKS = re.compile(f"(?<![{BLANKS}])[{BLANKS}]{{{LONG_RUN},}}")
+LONG_BLANKS = re.compile(f"(?<![{BLANKS}])[{BLANKS}]{{{LONG_RUN},}}")
 _BLANKS_FROM = re.compile(f"[{BLANKS}]*")
 _STRIDE = LONG_RUN // 2
 
@@ -77,7 +77,7 @@ def _may_hold_a_long_run(text: str) -> bool:
 def _encode_around_runs(enc: tiktoken.Encoding, text: str) -> list[int]:
     ids: list[int] = []
     start = 0
-    for run in _LONG_BLANKS.finditer(text):
+    for run in LONG_BLANKS.finditer(text):
         begin, end = run.span()
         if end < len(text) and text[end] in "\r\n":
             continue  # `\s*[\r\n]` takes the run with its line break, without backtracking

@@ -138,6 +138,11 @@ class Fp16Weight:
         return self._plain
 
     @property
+    def holds_plain_copy(self) -> bool:
+        """Whether the (out, in) fp16 matrix is made yet (panels alone make it at first use)."""
+        return self._plain is not None
+
+    @property
     def one_row_kernel(self) -> str:
         """What a product of one row runs (reported by `chatcli bench`)."""
         if self._native is not None:

@@ -167,6 +167,9 @@ def usage_of(finished: Finished) -> dict[str, Any]:
 # ---- the app ------------------------------------------------------------------------------------
 
 
+_DEFAULTS = SamplingOptions()  # what a request leaves unset: the chat's own defaults
+
+
 def _page() -> str:
     return (resources.files("chatcli.serve") / "web" / "index.html").read_text(encoding="utf-8")
 
@@ -197,7 +200,6 @@ def create_app(
     says what it can do.
     """
     pool: Backend = WorkerPool(workers) if isinstance(workers, Sequence) else workers
-    defaults = SamplingOptions()
     started = int(time.time())
     # No /docs, /redoc or /openapi.json: public pages the API does not need, and /docs pulls
     # its scripts from a CDN.
@@ -209,92 +211,14 @@ def create_app(
         app.add_middleware(HostCheck, allowed=allowed_hosts)
     if api_keys:  # in front of the whole app: routes added to it later are covered too
         app.add_middleware(ApiKeyCheck, keys=api_keys)
-
-    def get(path: str, **kwargs: Any) -> Callable[..., Any]:
-        # HEAD too, as Starlette's own routes do (FastAPI's GET does not): uptime monitors
-        # ask with HEAD. uvicorn sends the headers and leaves out the body.
-        return app.api_route(path, methods=["GET", "HEAD"], **kwargs)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_error_response(exc.errors())
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        # An unknown path or method, in OpenAI's error shape rather than FastAPI's {"detail"}.
-        message = f"{exc.detail}: {request.method} {request.url.path}"
-        return JSONResponse(error_body(message), exc.status_code, headers=exc.headers)
-
-    @get("/", response_class=HTMLResponse)
-    async def page() -> HTMLResponse:
-        return HTMLResponse(_page())
-
-    @get("/health")
-    async def health() -> dict[str, Any]:
-        state = pool.describe()
-        return {
-            "status": "ok",
-            "model": model_name,
-            "workers": len(state["workers"]),
-            "idle": state["idle"],
-        }
-
-    @get("/stats")
-    async def stats() -> dict[str, Any]:
-        return {"model": model_name, "uptime_s": int(time.time()) - started, **pool.describe()}
-
-    model_entry = {
-        "id": model_name,
-        "object": "model",
-        "created": started,
-        "owned_by": "chatcli",
-        "context_length": pool.context_len,
-    }
-    if demo:
-        model_entry["chatcli_demo"] = True
-
-    @get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_entry]}
-
-    @get("/v1/models/{model_id:path}", response_model=None)
-    async def model(model_id: str) -> dict[str, Any] | JSONResponse:
-        if model_id == model_name:
-            return model_entry
-        message = f"The model {model_id!r} does not exist here; this server serves {model_name!r}."
-        return JSONResponse(error_body(message, "model", code="model_not_found"), 404)
+    _add_error_handlers(app)
+    _add_info_routes(app, pool, model_name, started, demo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        # The body is validated here rather than by a typed parameter so the limits can be
-        # handed to the validators as context; errors go through the same 400 handler.
-        # JSON only: text/plain and form posts are the ones any web page may send here
-        # without the browser asking first, so taking them would let it run the model.
-        sent_as = media_type(request.headers.get("content-type", ""))
-        if sent_as != "application/json":
-            message = (
-                f"The body must be JSON, sent with Content-Type: application/json (got "
-                f"{sent_as or 'no Content-Type'}). With curl, add "
-                "-H 'Content-Type: application/json'."
-            )
-            return JSONResponse(error_body(message), status_code=415)
-        raw = await read_body(request, limits.max_body_bytes)
-        if raw is None:
-            message = (
-                f"The body is over {limits.max_body_bytes} bytes, this server's limit. "
-                "Send fewer or shorter messages."
-            )
-            return JSONResponse(error_body(message), status_code=413)
-        try:
-            body = json.loads(raw)
-        except RecursionError:  # Python's JSON parser recurses once per nested [ or {
-            return JSONResponse(error_body("The body's JSON is nested too deeply."), 400)
-        except ValueError as e:  # bad JSON, bytes not UTF-8, or int() past its digit limit
-            return JSONResponse(error_body(_not_json(e)), status_code=400)
-        try:
-            req = ChatRequest.model_validate(body, context={"limits": limits})
-        except ValidationError as e:
-            raise RequestValidationError(e.errors()) from None
+        req = await _read_request(request, limits)
+        if isinstance(req, JSONResponse):
+            return req
         try:
             prompt = await asyncio.to_thread(_prompt_of, pool.tokenizer, req.messages)
         except TokenizerError as e:
@@ -308,35 +232,10 @@ def create_app(
             return JSONResponse(
                 error_body(message, "messages", code="context_length_exceeded"), status_code=400
             )
-        wanted = req.max_tokens or req.max_completion_tokens or defaults.max_tokens
-        temperature = defaults.temperature if req.temperature is None else req.temperature
-        top_k = defaults.top_k if req.top_k is None else req.top_k
-        turn = _Turn(
-            id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            created=int(time.time()),
-            model=model_name,
-            prompt=prompt,
-            params=GenerationParams(
-                max_tokens=min(wanted, room),
-                temperature=temperature,
-                top_k=top_k or None,
-                top_p=req.top_p if req.top_p is not None and req.top_p < 1 else None,
-                seed=req.seed if req.seed is not None else random_seed(),
-                stop=tuple(req.stop or ()),
-            ),
-        )
-        if pool.closed:
-            return _shutting_down()
-        if pool.queue_full(limits.max_queue):
-            message = (
-                f"{pool.waiting} requests are already waiting for a worker, this server's "
-                "limit. Try again in a few seconds."
-            )
-            return JSONResponse(
-                error_body(message, type_="server_error", code="queue_full"),
-                status_code=429,
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            )
+        turn = _turn_of(req, prompt, room, model_name)
+        refused = _refusal(pool, limits)
+        if refused is not None:
+            return refused
         if req.stream:
             return StreamingResponse(
                 _stream(pool, turn, waiting_every),
@@ -346,6 +245,145 @@ def create_app(
         return await _complete(pool, turn, request)
 
     return app
+
+
+def _get(app: FastAPI, path: str, **kwargs: Any) -> Callable[..., Any]:
+    """app.get that answers HEAD too, as Starlette's own routes do (FastAPI's GET does not):
+    uptime monitors ask with HEAD. uvicorn sends the headers and leaves out the body."""
+    return app.api_route(path, methods=["GET", "HEAD"], **kwargs)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Errors in OpenAI's shape: a request's fields (400), an unknown path or method."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error_response(exc.errors())
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # An unknown path or method, in OpenAI's error shape rather than FastAPI's {"detail"}.
+        message = f"{exc.detail}: {request.method} {request.url.path}"
+        return JSONResponse(error_body(message), exc.status_code, headers=exc.headers)
+
+
+def _add_info_routes(
+    app: FastAPI, pool: Backend, model_name: str, started: int, demo: bool
+) -> None:
+    """The chat page, /health, /stats and the model list: what needs no generation."""
+
+    @_get(app, "/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(_page())
+
+    @_get(app, "/health")
+    async def health() -> dict[str, Any]:
+        state = pool.describe()
+        return {
+            "status": "ok",
+            "model": model_name,
+            "workers": len(state["workers"]),
+            "idle": state["idle"],
+        }
+
+    @_get(app, "/stats")
+    async def stats() -> dict[str, Any]:
+        return {"model": model_name, "uptime_s": int(time.time()) - started, **pool.describe()}
+
+    model_entry = {
+        "id": model_name,
+        "object": "model",
+        "created": started,
+        "owned_by": "chatcli",
+        "context_length": pool.context_len,
+    }
+    if demo:
+        model_entry["chatcli_demo"] = True
+
+    @_get(app, "/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_entry]}
+
+    @_get(app, "/v1/models/{model_id:path}", response_model=None)
+    async def model(model_id: str) -> dict[str, Any] | JSONResponse:
+        if model_id == model_name:
+            return model_entry
+        message = f"The model {model_id!r} does not exist here; this server serves {model_name!r}."
+        return JSONResponse(error_body(message, "model", code="model_not_found"), 404)
+
+
+async def _read_request(request: Request, limits: Limits) -> ChatRequest | JSONResponse:
+    """The request's body as a ChatRequest, or the error response that refuses it (a field's
+    error raises RequestValidationError, for the app's 400 handler)."""
+    # The body is validated here rather than by a typed parameter so the limits can be
+    # handed to the validators as context; errors go through the same 400 handler.
+    # JSON only: text/plain and form posts are the ones any web page may send here
+    # without the browser asking first, so taking them would let it run the model.
+    sent_as = media_type(request.headers.get("content-type", ""))
+    if sent_as != "application/json":
+        message = (
+            f"The body must be JSON, sent with Content-Type: application/json (got "
+            f"{sent_as or 'no Content-Type'}). With curl, add "
+            "-H 'Content-Type: application/json'."
+        )
+        return JSONResponse(error_body(message), status_code=415)
+    raw = await read_body(request, limits.max_body_bytes)
+    if raw is None:
+        message = (
+            f"The body is over {limits.max_body_bytes} bytes, this server's limit. "
+            "Send fewer or shorter messages."
+        )
+        return JSONResponse(error_body(message), status_code=413)
+    try:
+        body = json.loads(raw)
+    except RecursionError:  # Python's JSON parser recurses once per nested [ or {
+        return JSONResponse(error_body("The body's JSON is nested too deeply."), 400)
+    except ValueError as e:  # bad JSON, bytes not UTF-8, or int() past its digit limit
+        return JSONResponse(error_body(_not_json(e)), status_code=400)
+    try:
+        return ChatRequest.model_validate(body, context={"limits": limits})
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
+
+
+def _turn_of(req: ChatRequest, prompt: list[int], room: int, model_name: str) -> _Turn:
+    """The generation a request asks for, its unset options the chat's defaults, its token
+    budget within the `room` left in the context."""
+    defaults = _DEFAULTS
+    wanted = req.max_tokens or req.max_completion_tokens or defaults.max_tokens
+    temperature = defaults.temperature if req.temperature is None else req.temperature
+    top_k = defaults.top_k if req.top_k is None else req.top_k
+    return _Turn(
+        id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        created=int(time.time()),
+        model=model_name,
+        prompt=prompt,
+        params=GenerationParams(
+            max_tokens=min(wanted, room),
+            temperature=temperature,
+            top_k=top_k or None,
+            top_p=req.top_p if req.top_p is not None and req.top_p < 1 else None,
+            seed=req.seed if req.seed is not None else random_seed(),
+            stop=tuple(req.stop or ()),
+        ),
+    )
+
+
+def _refusal(pool: Backend, limits: Limits) -> JSONResponse | None:
+    """A 503 while the server shuts down, a 429 past the queue's limit, else None."""
+    if pool.closed:
+        return _shutting_down()
+    if pool.queue_full(limits.max_queue):
+        message = (
+            f"{pool.waiting} requests are already waiting for a worker, this server's "
+            "limit. Try again in a few seconds."
+        )
+        return JSONResponse(
+            error_body(message, type_="server_error", code="queue_full"),
+            status_code=429,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    return None
 
 
 def _not_json(error: ValueError) -> str:

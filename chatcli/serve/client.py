@@ -61,13 +61,19 @@ class RemoteSession:
     model: str | None = None  # None: the first model the server lists
     options: SamplingOptions = field(default_factory=SamplingOptions)
     system: str | None = None
+    # The model's context in tokens where the caller knows it; None: the server is asked.
+    known_context: int | None = None
+    # How requests travel (None: the network; tests pass an httpx.MockTransport).
+    transport: httpx.BaseTransport | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.url = _base_url(self.url)
         if self.api_key is not None:  # as a server reads it: whole, trimmed, sendable
             self.api_key = check_key(self.api_key, "--api-key (or CHATCLI_API_KEY)")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
+        self._client = httpx.Client(
+            base_url=self.url, headers=headers, timeout=TIMEOUT, transport=self.transport
+        )
         self._entries: list[Message] = []
         self._finishes: list[str | None] = []  # each entry's finish_reason, where known
         # Exchanges dropped from what is sent, oldest first, as the server's context ran out:
@@ -76,7 +82,7 @@ class RemoteSession:
         self._earlier_finishes: list[str | None] = []
         self._popped: tuple[Message, str | None] | None = None  # the reply a /retry replaces
         self._context_used: int | None = None  # by the conversation's last turn
-        self._context_len: int | None = None
+        self._context_len: int | None = self.known_context
         self.last_reply: Reply | None = None
         self.notices: list[TurnNotice] = []
         self.history_stats: list[TurnStats] = []
@@ -154,7 +160,7 @@ class RemoteSession:
                 f"{self.url} refused the request ({code}): {said}. {fix} --api-key KEY "
                 "or CHATCLI_API_KEY."
             )
-        if code == 400 and _context_full(response):
+        if code == 400 and is_context_full(response):
             raise _ContextFull(refused)
         if code == 404:
             raise ChatcliError(
@@ -425,7 +431,7 @@ _CONTEXT_FULL_CODES = {"context_length_exceeded", "exceed_context_size_error"}
 _CONTEXT_FULL_MESSAGE = re.compile(r"maximum context length|exceeds? (the )?context", re.I)
 
 
-def _context_full(response: httpx.Response) -> bool:
+def is_context_full(response: httpx.Response) -> bool:
     """Whether a 400 says the conversation is longer than the model's context."""
     try:
         error = response.json().get("error")

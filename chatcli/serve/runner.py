@@ -136,7 +136,7 @@ def serve(
 ) -> None:
     """Load one replica of `model` per worker and serve until interrupted. Each worker keeps
     `cache_slots` conversations' K/V warm (worker_pool.Worker) and decodes up to `batch`
-    requests together (None: engine.batch.default_rows for its device; 1: one at a time).
+    requests together (None: scheduler.default_rows for its device; 1: one at a time).
     On a loopback `host` only loopback Host names are answered (hosts_to_check); with
     `api_keys`, only requests that carry one of them (chatcli.serve.auth).
 
@@ -147,26 +147,14 @@ def serve(
     said at once.
     """
     from chatcli.engine.cpu_plan import apply_cpu_plan
-    from chatcli.engine.scheduler import default_rows
-    from chatcli.model.checkpoint import load_model
 
     sock = listen(host, port)  # fail on a taken port before minutes of model loading
     try:
         if on_listening is not None:
             on_listening()
-        replicas = []
-        for i, dev in enumerate(worker_devices(device, workers)):
-            m, tokenizer, _ = load_model(
-                model,
-                source=source,
-                step=step,
-                device=dev,
-                dtype=dtype,
-                quantize=quantize,
-                softcap=softcap,
-            )
-            rows = batch if batch is not None else default_rows(m.get_device())
-            replicas.append(Worker(m, tokenizer, name=str(i), cache_slots=cache_slots, batch=rows))
+        load = dict(source=source, step=step, dtype=dtype, quantize=quantize, softcap=softcap)
+        devices = worker_devices(device, workers)
+        replicas = _load_workers(model, devices, cache_slots, batch, load)
         # torch's thread count is the process's: the generation threads take it up when they
         # start. A small model decodes fastest on one (cpu_plan), as it does in `chatcli chat`.
         plan = apply_cpu_plan(replicas[0].engine.model)
@@ -199,6 +187,25 @@ def serve(
         sock.close()
 
 
+def _load_workers(
+    model: str | None,
+    devices: list[str],
+    cache_slots: int,
+    batch: int | None,
+    load: dict[str, Any],
+) -> list[Worker]:
+    """A Worker per device, each with its own copy of the model (load_model's `load`)."""
+    from chatcli.engine.scheduler import default_rows
+    from chatcli.model.checkpoint import load_model
+
+    replicas = []
+    for i, dev in enumerate(devices):
+        m, tokenizer, _ = load_model(model, device=dev, **load)
+        rows = batch if batch is not None else default_rows(m.get_device())
+        replicas.append(Worker(m, tokenizer, name=str(i), cache_slots=cache_slots, batch=rows))
+    return replicas
+
+
 class BackgroundServer:
     """Serves an app from a thread on a free loopback port (tests, benchmarks, notebooks).
 
@@ -217,6 +224,11 @@ class BackgroundServer:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The thread uvicorn's event loop runs on."""
+        return self._thread
 
     def start(self) -> BackgroundServer:
         self._thread.start()

@@ -101,6 +101,11 @@ class Worker:
     def context_len(self) -> int:
         return self.engine.context_len
 
+    @property
+    def scheduler(self) -> Any:
+        """The Scheduler whose rows a worker of batch > 1 runs its requests in, else None."""
+        return None if self._batch is None else self._batch.batch
+
     def generate(
         self, prompt: list[int], params: GenerationParams, emit: Emit, stop: threading.Event
     ) -> Finished:

@@ -382,12 +382,10 @@ def stat_number(stats: Mapping[str, object], key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-# A speed is shown only when it was measured over this many tokens and this long. Under 16
-# tokens the first decode step (the sampler's first allocations, a CUDA graph's first replay)
-# weighs over 6% of the total; under 0.1 s one scheduler time slice (4 ms on Linux, tens of ms
-# on a loaded machine) or one page fault moves the rate by as much. Measured on a shared
-# 2-core CPU (scripts/status_speeds.py), the demo model's decode of replies of 2 to 8
-# tokens read anywhere from 2 to 4690 tok/s.
+# A speed is shown only when it was measured over this many tokens and this long: below
+# them the first decode step (the sampler's first allocations, a CUDA graph's first replay),
+# one scheduler time slice or one page fault moves the rate by a large part
+# (docs/performance-notes.md, "Figures behind the code").
 MIN_RATE_TOKENS = 16
 MIN_RATE_S = 0.1
 

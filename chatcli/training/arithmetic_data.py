@@ -34,17 +34,16 @@ DECIMAL_PROBABILITY = 0.25  # of plain arithmetic questions
 EXACT_DIVISION_PROBABILITY = 0.35  # of plain divisions
 NEGATIVE_DIFFERENCE_PROBABILITY = 0.2  # of plain subtractions whose first operand is smaller
 # Training only: both operands of one or two digits, the questions people type first ("What
-# is 7*8?"). Drawn by digit count alone, a one-digit product came once in about 200 plain
-# questions, and run 27, which also learnt to decline "{a}**{b}" and "What is {a}^{b}?" with
-# small numbers, declined "What is 2*3?" as a power (scripts/small_arithmetic_probe.py: 86%).
+# is 7*8?"). Drawn by digit count alone they were rare, and a model that also learnt to
+# decline powers of small numbers declined small products as powers
+# (scripts/small_arithmetic_probe.py).
 SMALL_OPERANDS_PROBABILITY = 0.15  # of plain training questions
 ONE_DIGIT_PROBABILITY = 0.6  # of each small operand
 # Training only: half the small-operand questions in the shortest frames, the operator a
 # symbol ("7-2", "what's 3-2"), each the minimal pair of a power question ("7^2", "What's 3
-# squared?"). Drawn through all the wrappers, a small difference came in such a frame 7 times
-# in 20,000 conversations against 11 powers written `{a}^{b}` on small numbers, and run 40
-# (seed 4) declined as powers half of the probe's "What is {a}-{b}?" (a held-out pair:
-# training never asks it) and a third of its bare "{a}-{b}". Held-out pairs stay out here too.
+# squared?"). Drawn through all the wrappers, such frames held fewer small differences than
+# small powers, and a model declined small differences as powers. Held-out pairs stay out
+# here too.
 SHORT_FRAME_PROBABILITY = 0.5  # of small-operand training questions
 SHORT_WRAPPERS = [
     "What is {x}?", "what's {x}", "Compute {x}.", "calculate {x}", "How much is {x}?",

@@ -128,8 +128,8 @@ def sample_word(rng: random.Random, split: str) -> str:
 def sample_letter(rng: random.Random, split: str, word: str) -> str:
     """The letter to count: most often one of the word's. Eval draws it as often as it occurs
     in the word; training draws each of the word's letters alike, so that "e", the commonest
-    letter in words, is not the one to fall back on: run 33 counted "e" in 4 of 200 held-out
-    questions about another letter ("How many times does 'o' appear in 'octopus'")."""
+    letter in words, is not the one to fall back on (a model counted it when asked about
+    another letter)."""
     if rng.random() < LETTER_IN_WORD_PROBABILITY:
         return rng.choice(word if split == "eval" else list(dict.fromkeys(word)))
     return rng.choice(string.ascii_lowercase)

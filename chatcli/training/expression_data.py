@@ -41,8 +41,8 @@ NEGATIVE_WORD_PROBABILITY = 0.25  # "negative 12" rather than "-12"
 WORDED_DIGITS_PROBABILITY = 0.25  # of number-word questions: one operand stays in digits
 MAX_RESULT = 10**12
 # Training only: a number-words operand of 3-4 digits. Eval asks one in every question, while
-# the base draw makes 80% of operands two digits at most, and run 27 lost the zeros of the
-# larger ones ("nine hundred and three" -> 93, "eight hundred four" -> 840): 76% held out.
+# the base draw makes most operands two digits at most, and a model trained on that lost
+# the zeros of larger ones ("nine hundred and three" -> 93).
 LARGE_WORDED_PROBABILITY = 0.5
 # How many terms a flat chain has, drawn from these: training asks more of four than eval
 # does, as runs 29 and 30 dropped a term of held-out four-term chains ("9658 minus 8997 times

@@ -47,19 +47,17 @@ PERCENT_SHARE_FRAMES = [
     "what % of {x} is {y}", "What is {y} of {x} in percent?", "{y} over {x}, in percent",
     "With {x} as the whole, what percent is {y}?", "Write {y} of {x} as a percentage.",
     "{y} parts of a whole of {x}: what percentage is that?",
-    # The whole named first, then the part: run 27 copied the part for the whole in the
-    # held-out "If {x} is the whole, how many percent is {y}?" (4 misses in 100).
+    # The whole named first, then the part, so that neither number is copied for the other
+    # (docs/training-history.md, "What the data's comments stand on").
     "Taking {x} as the total, {y} is what percent?", "Out of {x}, {y} is how much in percent?",
     "Suppose the total is {x}. What share of it in percent is {y}?",
     "When {x} counts as 100%, what percent is {y}?",
-    # More of both orders: runs 29 and 30 still copied one number for both in the held-out
-    # "Express {y} as a percentage of {x}." and "If {x} is the whole, ..." (13 misses in 200).
+    # More of both orders: with fewer, one number was still copied for both.
     "Tell me {y} against {x} in percent.", "Turn {y} out of {x} into a percentage.",
     "Show me {y} as a share of {x}, in percent.", "Put {y} of {x} in percent terms.",
     "If the total is {x}, what percent is {y}?", "For a total of {x}, what percent is {y}?",
     "Of {x} in all, what percentage is {y}?",
-    # A verb, the part, then the whole: run 33 still wrote `{y}*100/{y}` for the held-out
-    # "Express {y} as a percentage of {x}." (8 misses in 100).
+    # A verb, the part, then the whole: without them the part was written for the whole.
     "Rewrite {y} as a share of {x} in percent.", "Turn {y} into a percent of {x}.",
     "State {y} in percent of {x}.", "Convert {y} into a percentage relative to {x}.",
     "Change {y} into a percent of {x}.", "Report {y} in percentage terms of {x}.",
@@ -78,8 +76,8 @@ AVERAGE_VERB_FRAMES = ["Average {l}.", "average these: {l}", "Take the mean of {
                        "I want to average {l}.", "Averaging {l} gives what?",
                        "Say I average {l}: what's the result?",
                        "When I average {l}, what comes out?",
-                       # A clause after the list: run 27 added a number to it in the
-                       # held-out "If I average {l}, what do I get?" (11 misses in 100).
+                       # A clause after the list, so that its words are not read as
+                       # one more number of it.
                        "Average {l}, then tell me the result.", "If we take the mean of {l}, what is it?",
                        "Suppose you average {l}. What's the answer?",
                        "So I averaged {l}; what should it come to?",
@@ -105,13 +103,12 @@ BEYOND_QUESTIONS = {
                  "What's the natural log of {a}?", "logarithm base 2 of {a}",
                  "Find the logarithm of {a} to base 10.", "What is cot({a})?", "tangent of {a}"],
 }  # fmt: skip
-# No frame writes a power as `{a}**{b}`: it differs from a product by one token, and run 28
-# declined a bare "2*3" as a power (half of the probe's bare one-digit products).
+# No frame writes a power as `{a}**{b}`: it differs from a product by one token, and a model
+# that learnt it declined bare small products as powers.
 #
 # Training only: the requests as noun phrases in QUESTION_WRAPPERS, so that what decides
-# between a call and the calculator's limits is the request, not its sentence. Run 28
-# multiplied "I need the square root of 446, can you do it?" (446*8) in 15 of 100 held-out
-# questions: "I need {x}." wraps arithmetic only. Four wrappers stay out, as they would say a
+# between a call and the calculator's limits is the request, not its sentence (a model that
+# saw "I need {x}." wrap arithmetic only multiplied such requests). Four wrappers stay out, as they would say a
 # held-out frame ("How much is {a} cubed?") or nearly (a test bounds the similarity).
 BEYOND_CORES = [
     "the square root of {a}", "the cube root of {a}", "{a} squared", "{a} cubed",
@@ -126,8 +123,8 @@ BEYOND_WRAPPERS = [
 ]
 BEYOND_COMPOSED_PROBABILITY = 0.5  # of training's beyond questions
 # Training only: the words of the held-out "I need the square root of {a}, can you do it?" in
-# other sentences about what the calculator cannot do. With "I need {x}." wrapping arithmetic
-# alone, run 31 computed a sum for all 17 of those held-out questions (`503+103`).
+# other sentences about what the calculator cannot do: with "I need {x}." wrapping
+# arithmetic alone, a model computed a sum for every one of them.
 MORE_BEYOND_FRAMES = [
     "I need the cube root of {a}. Is that possible?", "Can you do the log of {a}? I need it.",
     "I need {a} to the power of {b}; is that something you do?",

@@ -79,8 +79,8 @@ FOLLOWUP_WRAPPERS = [
 EVAL_FOLLOWUP_WRAPPERS = ["next, {c}", "alright, {c} please"]  # eval only
 # Training only, kept out of FOLLOWUP_WRAPPERS (whose pairs with the cores also make the
 # held-out follow-ups): the eval-only wrappers' words ("alright", "please" after the request)
-# in other wrappers. Without them run 24 miscopied the previous answer in 14 of 100 follow-ups,
-# nearly all "alright, {c} please".
+# in other wrappers: without them those words alone made a model miscopy the previous
+# answer.
 MORE_FOLLOWUP_WRAPPERS = ["alright then, {c}", "ok, {c} please", "right, {c}", "and then {c}"]
 MORE_FOLLOWUP_PROBABILITY = 0.3
 
@@ -105,8 +105,7 @@ EVAL_COUNT_FRAMES = [  # eval only
 COUNT_REQUEST_WRAPPERS = [
     "Please {c}.", "Can you {c}?", "I'd like you to {c}.", "Would you {c}?", "{C}, please.",
     "Help me {c}.", "Quick one: {c}.", "I need you to {c}.", "{C}.",
-    # Words after the word to count: run 27 counted "me" in the held-out "Can you count the
-    # {L} in {W} for me?".
+    # Words after the word to count, so that they are not taken for it ("... for me?").
     "{C} for me.", "Would you {c} for me, thanks?", "{C} for us please.",
 ]  # fmt: skip
 COUNT_REQUEST_CORES = [
@@ -162,7 +161,7 @@ OUT_OF_SCOPE_FRAMES = [
 ]  # fmt: skip
 # Training only, kept out of OUT_OF_SCOPE_FRAMES (whose pairs with the topics also make the
 # held-out questions): the words of the eval-only frames ("interesting", "describe") in other
-# sentences. Without them run 23 counted letters in 8 of 100 "What's interesting about {t}?".
+# sentences: without them those words alone made a model count letters.
 MORE_OUT_OF_SCOPE_FRAMES = [
     "What's so special about {t}?", "Anything interesting to say about {t}?",
     "Describe {t} for me.", "Write a limerick about {t}.",
@@ -177,18 +176,16 @@ OUT_OF_SCOPE_STANDALONE = [
     "Translate hello into Spanish.", "What is love?", "Who won the last World Cup?",
     "Write an email to my boss.", "Is pineapple on pizza good?", "Why is the sky blue?",
     # "What's the {noun} of {noun}?" as the powers and roots are asked ("What's the root of
-    # {a}?"): run 28 answered the held-out "What's the meaning of life?" with the calculator's
-    # limits, 6 times in 100.
+    # {a}?"), so that the shape alone does not call for the calculator's limits.
     "What's the purpose of art?", "What's the history of jazz?", "What's the secret of happiness?",
     "What's the point of homework?", "What's the origin of chess?", "What's the theme of Hamlet?",
 ]  # fmt: skip
 EVAL_OUT_OF_SCOPE_STANDALONE = [  # eval only
     "Recommend a good movie.", "How do I bake bread?", "What's the meaning of life?",
 ]  # fmt: skip
-# Training only: how-to questions. With one ("How do I learn French?") among the standalone
-# ones, run 20 failed all 13 held-out "How do I bake bread?" prompts, most with
-# `"bake".count("b")`: letters are tokens of their own, so any short word can look like a
-# letter and a word to count. The held-out question stays held out: no task here bakes or makes bread.
+# Training only: how-to questions. With one among the standalone ones, a model counted
+# letters in held-out how-to questions: letters are tokens of their own, so any short word
+# can look like a letter and a word to count. The held-out question stays held out: no task here bakes or makes bread.
 HOW_TO_FRAMES = ["How do I {v}?", "How can I {v}?", "What's the best way to {v}?",
                  "Show me how to {v}.", "how do i {v}"]  # fmt: skip
 HOW_TO_TASKS = [

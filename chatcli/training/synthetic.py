@@ -60,8 +60,8 @@ KIND_WEIGHTS: dict[str, float] = {
 # A mixed conversation chains 2-3 segments, each a short conversation of its own kind, no two
 # in a row of the same kind. From single-kind conversations only, the model learnt that what
 # follows a tool exchange is another tool request: asked after a calculation or a count and a
-# follow-up, held-out out-of-scope questions got a calculator call 11 times in 20 and were
-# declined only 9 (scripts/context_check.py, run 16).
+# follow-up, held-out out-of-scope questions got a calculator call more often than they were
+# declined (scripts/context_check.py; docs/training-history.md).
 MIXED_SEGMENT_WEIGHTS: dict[str, float] = {
     "arithmetic": 0.18,
     "counting": 0.18,
@@ -78,8 +78,8 @@ MIXED_SEGMENT_WEIGHTS: dict[str, float] = {
 }
 MAX_MIXED_SEGMENTS = 3
 # Of render_text_only, without the system prompt: with the default 1024-token vocabulary
-# (digits are single tokens) that is under the 512-token row a conversation must fit in (the
-# longest of 20,000 generated conversations rendered to 387 tokens with run 19's tokenizer).
+# (digits are single tokens) that is under the 512-token row a conversation must fit in, with
+# room to spare (docs/training-history.md, "What the data's comments stand on").
 MAX_MIXED_CHARS = 1000
 # A long chat: segments drawn as a mixed conversation's, until about 20 short exchanges would
 # not fit a 1280-token context (about 2.5 characters a token).

@@ -364,7 +364,7 @@ def train(out: Path, preset: Preset, seed: int = 0, log=print) -> Path:
 
     optimizers = make_optimizers(model, preset)
     budget_s = preset.minutes * 60 if preset.minutes is not None else math.inf
-    # Compiling costs ~50 s once and makes each step ~1.5x faster on this CPU.
+    # Compiling costs a while once and makes each step faster (scripts/bench_train_step.py).
     loss_fn = torch.compile(masked_loss) if preset.compile else masked_loss
     t_train = time.perf_counter()
     step, seen, ema = 0, 0, None
