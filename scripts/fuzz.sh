@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A long fuzz run, for before a release: `bash scripts/fuzz.sh --minutes 60`.
 #
-# Half the time goes to the Hypothesis and Schemathesis targets (the fuzz tests, each with 20
-# times the suite's examples, run again and again with fresh ones until their half is up), half
+# Half the time goes to the Hypothesis and Schemathesis targets (the fuzz tests with --scale
+# times the suite's examples, a third of the minutes by default, so a round takes about half
+# the run; rounds repeat with fresh examples until their half is up), half
 # to atheris on each byte-level parser (tests/fuzz_targets.py), its corpus kept in fuzz-corpus/
 # so one run starts where the last stopped. Any finding stops the run and fails it: Hypothesis
 # prints the example and its @reproduce_failure line (and keeps it in .hypothesis/ to try first
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 minutes=10
-scale=20
+scale=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
@@ -20,6 +21,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--minutes N] [--scale X]" >&2; exit 2 ;;
   esac
 done
+scale=${scale:-$((minutes / 3 > 1 ? minutes / 3 : 1))}
 python=${PYTHON:-python}
 export OMP_WAIT_POLICY=PASSIVE
 half=$((minutes * 30))  # seconds
