@@ -19,10 +19,14 @@ from torch import nn
 from chatcli.chat.stream import TextDelta
 from chatcli.model.special_tokens import (
     ASSISTANT_END,
+    ASSISTANT_START,
+    BOS,
     OUTPUT_END,
     PYTHON_END,
     PYTHON_START,
     SPECIAL_TOKENS,
+    USER_END,
+    USER_START,
 )
 from chatcli.model.tokenizer import Tokenizer
 
@@ -30,6 +34,14 @@ N_BYTES = 256
 VOCAB_SIZE = N_BYTES + len(SPECIAL_TOKENS)  # 265
 SPECIAL_IDS = {name: N_BYTES + i for i, name in enumerate(SPECIAL_TOKENS)}
 PEAK = 50.0  # a logit this far above the rest leaves them ~e^-50 of the mass: never drawn
+# One user turn asking for the calculator, rendered for completion in the byte layout.
+CHAT_PROMPT = [
+    SPECIAL_IDS[BOS],
+    SPECIAL_IDS[USER_START],
+    *b"what is 12*7?",
+    SPECIAL_IDS[USER_END],
+    SPECIAL_IDS[ASSISTANT_START],
+]
 
 
 class ByteTokenizer:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from builders import random_gpt
 from fakes import (
+    CHAT_PROMPT,
     DONE,
     SPECIAL_IDS,
     ByteTokenizer,
@@ -35,25 +36,16 @@ from chatcli.model.gpt import GPT
 from chatcli.model.kv_cache import KVCache, SharedPrefixCache
 from chatcli.model.special_tokens import (
     ASSISTANT_END,
-    ASSISTANT_START,
     BOS,
     OUTPUT_END,
     OUTPUT_START,
     PYTHON_END,
     PYTHON_START,
-    USER_END,
-    USER_START,
 )
 
 TOK = ByteTokenizer()
 END = SPECIAL_IDS[ASSISTANT_END]
-PROMPT = [
-    SPECIAL_IDS[BOS],
-    SPECIAL_IDS[USER_START],
-    *TOK.encode("what is 12*7?"),
-    SPECIAL_IDS[USER_END],
-    SPECIAL_IDS[ASSISTANT_START],
-]
+PROMPT = CHAT_PROMPT
 
 
 def run(model, tokens=PROMPT, **kwargs) -> list[tuple[list[int], list[int]]]:

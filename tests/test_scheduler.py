@@ -9,6 +9,7 @@ import pytest
 import torch
 from builders import random_gpt
 from fakes import (
+    CHAT_PROMPT,
     DONE,
     SPECIAL_IDS,
     ByteTokenizer,
@@ -21,17 +22,11 @@ from fakes import (
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.scheduler import RowRequest, Scheduler
 from chatcli.errors import ContextOverflowError
-from chatcli.model.special_tokens import ASSISTANT_END, ASSISTANT_START, BOS, USER_END, USER_START
+from chatcli.model.special_tokens import ASSISTANT_END, BOS
 
 TOK = ByteTokenizer()
 END = SPECIAL_IDS[ASSISTANT_END]
-PROMPT = [
-    SPECIAL_IDS[BOS],
-    SPECIAL_IDS[USER_START],
-    *TOK.encode("what is 12*7?"),
-    SPECIAL_IDS[USER_END],
-    SPECIAL_IDS[ASSISTANT_START],
-]
+PROMPT = CHAT_PROMPT
 
 
 def _batched(engine: Engine, request: RowRequest, wait_s: float = 0.0):

@@ -293,7 +293,7 @@ class DecodeStep:
         rows = F.embedding(idx, table)
         return rows if table.dtype == self.dtype else rows.to(self.dtype)
 
-    def _room_for_one(self, cache: KVCache | SharedPrefixCache) -> int:
+    def room_for_one(self, cache: KVCache | SharedPrefixCache) -> int:
         """The position the next token goes to; a ValueError if the model or cache is full
         (said before anything is written, as KVCache.advance would say it after)."""
         pos = cache.get_pos()
@@ -447,7 +447,7 @@ class DecodeStep:
 
     def _step(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         N = ids.size(0)
-        pos = self._room_for_one(cache)
+        pos = self.room_for_one(cache)
         cos_table, sin_table = self._rope_tables()
         cos, sin = cos_table[pos], sin_table[pos]  # (D,), broadcast over rows and heads
         idx = ids.view(N)

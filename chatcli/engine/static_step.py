@@ -143,7 +143,7 @@ class StaticDecodeStep(DecodeStep):
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         if not isinstance(cache, KVCache):
             return super().__call__(ids, cache)
-        pos = self._room_for_one(cache)
+        pos = self.room_for_one(cache)
         device = ids.device
         idx = ids.view(-1)
         pos_t = torch.tensor([pos], device=device)
@@ -226,7 +226,7 @@ class CudaGraphStep:
     def __call__(self, ids: torch.Tensor, cache: KVCache | SharedPrefixCache) -> torch.Tensor:
         if not isinstance(cache, KVCache):
             return self.step(ids, cache)  # sample rows: the dynamic step
-        pos = self.step._room_for_one(cache)
+        pos = self.step.room_for_one(cache)
         idx = ids.view(-1)
         with torch.cuda.device(cache.k_cache.device):
             if self._captured_on is not cache.k_cache:

@@ -105,7 +105,7 @@ def _tag_names(checkpoints_dir: Path) -> str:
     return ", ".join(p.name for p in _tag_folders(checkpoints_dir))
 
 
-def _find_tokenizer(folder: Path) -> Path:
+def find_tokenizer(folder: Path) -> Path:
     candidates = [
         folder / "tokenizer.pkl",
         folder / "tokenizer" / "tokenizer.pkl",
@@ -150,7 +150,7 @@ def ref_in_folder(
         except UnreadableFileError as e:
             raise CheckpointError(f"{e}. Copy or download the weights again.") from None
     meta_file = _meta_file(model_file)
-    tokenizer_file = _find_tokenizer(folder)
+    tokenizer_file = find_tokenizer(folder)
     if model_file.exists() and not os.path.lexists(meta_file):
         # nanochat writes the weights before the meta: a run stopped between the two, or a
         # download that missed the meta, leaves this. Loading an older step unasked would

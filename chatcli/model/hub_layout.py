@@ -231,7 +231,7 @@ def _name(path: str) -> str:
 
 
 def _tokenizer(files: set[str], folder: str, shown: str) -> str:
-    """The tokenizer.pkl the local loader finds for `folder` (checkpoint_paths._find_tokenizer's
+    """The tokenizer.pkl the local loader finds for `folder` (checkpoint_paths.find_tokenizer's
     places, first found wins), so that the downloaded files load as they would on disk."""
     prefix = f"{folder}/" if folder else ""
     candidates = [f"{prefix}tokenizer.pkl", f"{prefix}tokenizer/tokenizer.pkl"]
