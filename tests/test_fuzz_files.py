@@ -40,7 +40,7 @@ from chatcli.chat.conversation_index import list_conversations, resolve_conversa
 from chatcli.chat.conversation_reader import read_conversation
 from chatcli.errors import ChatcliError
 from chatcli.model.checkpoint import load_model
-from chatcli.model.tokenizer import Tokenizer
+from chatcli.model.tokenizer import Tokenizer, encoding_parts
 
 pytestmark = fuzz
 META, WEIGHTS = "meta_000007.json", "model_000007.pt"
@@ -177,11 +177,12 @@ def pickled_encoding(state: object) -> bytes:
 
 def _tokenizer_state() -> dict:
     enc = Tokenizer.from_file(TOKENIZER).enc
+    parts = encoding_parts(enc)
     return {
         "name": enc.name,
-        "pat_str": enc._pat_str,
-        "mergeable_ranks": dict(enc._mergeable_ranks),
-        "special_tokens": dict(enc._special_tokens),
+        "pat_str": parts.pat_str,
+        "mergeable_ranks": dict(parts.mergeable_ranks),
+        "special_tokens": dict(parts.special_tokens),
     }
 
 

@@ -25,7 +25,7 @@ from chatcli.model.hf_tokenizer import (  # noqa: E402
     read_hf_tokenizer,
     write_hf_tokenizer,
 )
-from chatcli.model.tokenizer import SPLIT_PATTERN, Tokenizer  # noqa: E402
+from chatcli.model.tokenizer import SPLIT_PATTERN, Tokenizer, encoding_parts  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +96,15 @@ def test_transformers_own_conversion_of_the_tokenizer_is_read_too(ours, tmp_path
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     ranks = tmp_path / "ranks.tiktoken"
-    lines = [f"{base64.b64encode(t).decode()} {r}" for t, r in ours.enc._mergeable_ranks.items()]
+    lines = [
+        f"{base64.b64encode(t).decode()} {r}"
+        for t, r in encoding_parts(ours.enc).mergeable_ranks.items()
+    ]
     ranks.write_text("\n".join(lines) + "\n")
     converter = TikTokenConverter(
         vocab_file=str(ranks),
-        pattern=ours.enc._pat_str,
-        extra_special_tokens=ours.enc._special_tokens,
+        pattern=encoding_parts(ours.enc).pat_str,
+        extra_special_tokens=encoding_parts(ours.enc).special_tokens,
     )
     converter.converted().save(str(tmp_path / "tokenizer.json"))
     back = read_hf_tokenizer(tmp_path / "tokenizer.json")

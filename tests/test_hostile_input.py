@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from chatcli.cli.app import app
 from chatcli.model import data_files
+from chatcli.model.tokenizer import encoding_parts
 
 FIXTURE = REFERENCE / "E"
 ROOT = Path(__file__).resolve().parent.parent
@@ -314,8 +315,8 @@ def test_a_tokenizer_with_a_foreign_split_pattern_is_refused_at_load(tmp_path, p
     foreign = tiktoken.Encoding(
         name="foreign",
         pat_str=pattern,
-        mergeable_ranks=state._mergeable_ranks,
-        special_tokens=state._special_tokens,
+        mergeable_ranks=encoding_parts(state).mergeable_ranks,
+        special_tokens=encoding_parts(state).special_tokens,
     )
     (folder / "tokenizer.pkl").write_bytes(pickle.dumps(foreign))
     one_error_line([*ONCE, str(folder)], "tokenizer.pkl splits text with the pattern", "refused")

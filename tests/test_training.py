@@ -15,6 +15,7 @@ from chatcli.engine.engine import Engine
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import ERAS, GPT, GPTConfig
 from chatcli.model.special_tokens import SPECIAL_TOKENS
+from chatcli.model.tokenizer import encoding_parts
 from chatcli.training.train import PRESETS, WeightAverage, main, train
 
 
@@ -63,7 +64,7 @@ def test_tokenizer_is_a_tiktoken_encoding_with_specials_last(tiny_run):
     with open(out / "tokenizer" / "tokenizer.pkl", "rb") as f:
         enc = pickle.load(f)  # our own file: a plain load is what nanochat does
     n = enc.n_vocab
-    assert [enc._special_tokens[t] for t in SPECIAL_TOKENS] == list(range(n - 9, n))
+    assert [encoding_parts(enc).special_tokens[t] for t in SPECIAL_TOKENS] == list(range(n - 9, n))
 
 
 def test_loss_falls_and_the_checkpoint_loads_and_generates(tiny_run):

@@ -26,7 +26,7 @@ import tiktoken
 from chatcli.errors import TokenizerError
 from chatcli.model.data_files import UnreadableFileError, read_json_file, regular_file, shown
 from chatcli.model.special_tokens import ASSISTANT_END, BOS, SPECIAL_TOKENS
-from chatcli.model.tokenizer import Tokenizer
+from chatcli.model.tokenizer import Tokenizer, encoding_parts
 
 T = TypeVar("T", str, bytes)
 TOKENIZER_FILE = "tokenizer.json"
@@ -93,18 +93,20 @@ def build_fast_tokenizer(tokenizer: Tokenizer) -> Any:
     from tokenizers import Tokenizer as FastTokenizer
 
     enc = tokenizer.enc
-    ranks: dict[bytes, int] = enc._mergeable_ranks
+    ranks: dict[bytes, int] = encoding_parts(enc).mergeable_ranks
     vocab = {_text_of(token): rank for token, rank in ranks.items()}
     merges = [(_text_of(a), _text_of(b)) for a, b in all_merges(ranks)]
     fast = FastTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True, fuse_unk=False))
     fast.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(enc._pat_str), behavior="isolated", invert=False),
+            pre_tokenizers.Split(
+                Regex(encoding_parts(enc).pat_str), behavior="isolated", invert=False
+            ),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     fast.decoder = decoders.ByteLevel()
-    specials = sorted(enc._special_tokens.items(), key=lambda kv: kv[1])
+    specials = sorted(encoding_parts(enc).special_tokens.items(), key=lambda kv: kv[1])
     # Added in id order past the vocabulary, each takes its own id (checked below).
     fast.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, _ in specials])
     wrong = [t for t, i in specials if fast.token_to_id(t) != i]
@@ -170,7 +172,7 @@ def probe_texts(tokenizer: Tokenizer, extra: int = 2000, seed: int = 0) -> list[
         texts += [ch * n for n in range(1, 41)]
         texts += [f"x{ch * n}y" for n in range(1, 41)]
     pieces = []
-    for token in tokenizer.enc._mergeable_ranks:
+    for token in encoding_parts(tokenizer.enc).mergeable_ranks:
         try:
             pieces.append(token.decode("utf-8"))
         except UnicodeDecodeError:

@@ -18,7 +18,7 @@ import pickletools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import tiktoken
 
@@ -147,6 +147,23 @@ def _read_encoding_state(path: Path) -> dict[str, Any]:
     return state
 
 
+class EncodingParts(NamedTuple):
+    """What a tiktoken Encoding is made of: its split pattern, its merges and its special
+    tokens (what nanochat pickles, what an export converts)."""
+
+    pat_str: str
+    mergeable_ranks: dict[bytes, int]
+    special_tokens: dict[str, int]
+
+
+def encoding_parts(encoding: tiktoken.Encoding) -> EncodingParts:
+    """An Encoding's parts. tiktoken keeps them as private attributes and offers no public
+    way to read them back; this is the one place that reads them."""
+    return EncodingParts(
+        encoding._pat_str, encoding._mergeable_ranks, encoding._special_tokens
+    )  # fmt: skip
+
+
 def _check_pattern(pattern: str, what: str) -> None:
     if pattern not in KNOWN_SPLIT_PATTERNS:
         raise TokenizerError(
@@ -160,12 +177,13 @@ class Tokenizer:
     """A tiktoken Encoding with nanochat's special tokens and chat rendering."""
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
-        _check_pattern(encoding._pat_str, "The tokenizer")
-        missing = [t for t in SPECIAL_TOKENS if t not in encoding._special_tokens]
+        parts = encoding_parts(encoding)
+        _check_pattern(parts.pat_str, "The tokenizer")
+        missing = [t for t in SPECIAL_TOKENS if t not in parts.special_tokens]
         if missing:
             raise TokenizerError(f"Tokenizer lacks nanochat special tokens: {', '.join(missing)}.")
         self.enc = encoding
-        self._special = {name: encoding._special_tokens[name] for name in SPECIAL_TOKENS}
+        self._special = {name: parts.special_tokens[name] for name in SPECIAL_TOKENS}
         self._special_by_id = {i: name for name, i in self._special.items()}
 
     @classmethod
