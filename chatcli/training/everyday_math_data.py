@@ -19,8 +19,9 @@ from chatcli.training.expression_data import small_operand
 from chatcli.training.held_out import operands_in_split, sample_decimal, sample_int
 
 PERCENT_FORM_WEIGHTS = {"of": 0.5, "change": 0.25, "share": 0.25}
-# Training asks more shares and longer lists than eval does: they are where runs 29 and 30
-# missed (a share's part copied for its whole, a list of 4 divided by 5).
+# Training asks more shares and longer lists than eval does: they are where earlier recipes
+# missed (a share's part copied for its whole, a list of 4 divided by 5;
+# docs/training-history.md).
 TRAIN_PERCENT_FORM_WEIGHTS = {"of": 0.4, "change": 0.2, "share": 0.4}
 DECIMAL_PERCENT_PROBABILITY = 0.15  # 12.5% rather than 12%
 AVERAGE_SIZE_WEIGHTS = {2: 1, 3: 4, 4: 3, 5: 2}

@@ -45,8 +45,8 @@ MAX_RESULT = 10**12
 # the zeros of larger ones ("nine hundred and three" -> 93).
 LARGE_WORDED_PROBABILITY = 0.5
 # How many terms a flat chain has, drawn from these: training asks more of four than eval
-# does, as runs 29 and 30 dropped a term of held-out four-term chains ("9658 minus 8997 times
-# 400 times 801" -> 9658-8997*4001).
+# does, as models trained on fewer dropped a term of held-out four-term chains ("9658 minus
+# 8997 times 400 times 801" -> 9658-8997*4001; docs/training-history.md).
 FLAT_TERMS = {"train": (3, 4), "eval": (3, 3, 4)}
 
 

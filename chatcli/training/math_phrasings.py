@@ -81,8 +81,9 @@ AVERAGE_VERB_FRAMES = ["Average {l}.", "average these: {l}", "Take the mean of {
                        "Average {l}, then tell me the result.", "If we take the mean of {l}, what is it?",
                        "Suppose you average {l}. What's the answer?",
                        "So I averaged {l}; what should it come to?",
-                       # A clause, then a question: runs 29 and 30 still miscounted the list
-                       # or declined in the held-out "If I average {l}, what do I get?".
+                       # A clause, then a question: earlier recipes still miscounted the list
+                       # or declined in the held-out "If I average {l}, what do I get?"
+                       # (docs/training-history.md).
                        "If you average {l}, what's the answer?",
                        "When we average {l}, what do we have?",
                        "Once I average {l}, what is the mean?"]  # fmt: skip

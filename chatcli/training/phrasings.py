@@ -51,8 +51,9 @@ VERB_WRAPPERS = [
 EVAL_VERB_WRAPPERS = ["Could you {v}, please?", "If I {v}, what do I get?"]  # eval only
 # Training only, kept out of VERB_WRAPPERS (whose pairs with the verbs also make the held-out
 # questions): a clause with the request, then a question about its result. Only average
-# questions were asked that way ("When I average {l}, what comes out?"), and runs 29 and 30
-# read the held-out "If I multiply {a} and {b}, what do I get?" as an average, `(a*b)/2`.
+# questions were asked that way ("When I average {l}, what comes out?"), and a model trained
+# so read the held-out "If I multiply {a} and {b}, what do I get?" as an average, `(a*b)/2`
+# (docs/training-history.md).
 MORE_VERB_WRAPPERS = [
     "When I {v}, what comes out?", "Say I {v}: what's the result?", "If we {v}, what is it?",
     "Suppose you {v}. What's the answer?", "If you {v}, what's the answer?",

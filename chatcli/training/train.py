@@ -61,8 +61,8 @@ class Preset:
     compile: bool = False
     # Off by default (the shipped model is a last-step checkpoint): save a moving average of
     # the weights from this fraction of the budget on instead. Tried because held-out scores
-    # of otherwise identical runs moved by 10+ points; it did not narrow that
-    # (docs/training-history.md, runs 8-10).
+    # of otherwise identical runs moved widely; it did not narrow that
+    # (docs/training-history.md).
     average_from: float | None = None
     average_decay: float = 0.995
     # "muon": hidden-layer matrices step with Muon at matrix_lr (training/muon.py), the rest
