@@ -4,7 +4,7 @@ import pytest
 import torch
 from builders import random_gpt
 
-from chatcli.engine import decode_step, step_attention
+from chatcli.engine import step_attention
 from chatcli.engine.cpu_plan import ThreadChoice
 from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine
@@ -340,7 +340,7 @@ def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest
     matvec = copy.matvec
     attention = torch.nn.functional.scaled_dot_product_attention
     with_lse = step_attention.attention_with_lse
-    rms_scale = decode_step.rms_scale
+    row_scales = step.row_scales
 
     def spy(kind, fn):
         def run(*args, **kwargs):
@@ -354,7 +354,7 @@ def test_a_big_models_products_and_attention_run_on_the_callers_threads_the_rest
         torch.nn.functional, "scaled_dot_product_attention", spy("attention", attention)
     )
     monkeypatch.setattr(step_attention, "attention_with_lse", spy("attention", with_lse))
-    monkeypatch.setattr(decode_step, "rms_scale", spy("norm", rms_scale))
+    monkeypatch.setattr(step, "row_scales", spy("norm", row_scales))
     before = torch.get_num_threads()
     ours, theirs = _cache(model), _cache(model)
     ids = torch.tensor([[3, 9, 27, 81]])

@@ -11,9 +11,8 @@ in torch ops, about half as many as the module forward's:
 - the qk-norm of all heads is 4 ops on their norms, the era's qk scale folded in (fp32 on
   the CPU; elsewhere rms_norm, the scale its weight in fp32 or multiplied after in bf16);
 - residual adds fuse into addmm/addmv, and the scalar lambdas become Python floats;
-- every RMSNorm that feeds a matrix is folded into the product after it: at batch 1 as a
-  scalar read on the host (see _one_row), for several rows as their (N, 1) scales
-  (row_scales);
+- every RMSNorm that feeds a matrix is folded into the product after it, as the rows'
+  (N, 1) scales (row_scales), one row or many alike;
 - sample rows over a shared prompt: two fused attention calls whose log-sum-exps combine
   the prompt's part and each row's own part exactly (step_attention.py).
 
@@ -452,8 +451,6 @@ class DecodeStep:
         cos, sin = cos_table[pos], sin_table[pos]  # (D,), broadcast over rows and heads
         idx = ids.view(N)
         native = ids.device.type == "cpu" and self.kernel_takes(cache, N)
-        if N == 1 and type(cache) is KVCache and ids.device.type == "cpu" and not native:
-            return self._one_row(idx, cache, pos, cos, sin)
         fold = self.fold_norms
         smear = self.smear and pos > 0 and cache.prev_token is not None
         if native:  # every layer and the vocabulary's products in one call
@@ -581,68 +578,6 @@ class DecodeStep:
         logits = self.lm_head.mm(F.rms_norm(x, (x.size(1),)))[:, : self.vocab_size].float()
         return run_on_threads(self.wide_threads, _soft_cap, logits, cap)
 
-    def _one_row(
-        self, idx: torch.Tensor, cache: KVCache, pos: int, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
-        """Batch 1 on the CPU, where a host read costs ~3 us: every RMSNorm that feeds a
-        matrix becomes a scalar, rms_scale(x) = 1/sqrt(mean(x^2) + eps), computed on the host
-        and folded into what follows: W @ norm(x) = s * (W @ x); in the MLP relu(s*z)^2 =
-        s^2 * relu(z)^2, so the scale rides in addmv's alpha; before the vocabulary it joins
-        the softcap's division. ~13 norm kernels per step become a dot product each."""
-        H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
-        C = self.wte.size(1)
-        eps = self._eps
-        x = self._look_up(idx, self.wte)[0]
-        x = x * rms_scale(x, C, eps)
-        if self.smear and pos > 0 and cache.prev_token is not None:
-            prev = self._look_up(cache.prev_token.view(1), self.wte)[0]
-            gate = torch.sigmoid(torch.dot(self.smear_gate, x[:SMEAR_CHANNELS]))
-            value = self.smear_lambda * rms_scale(prev, C, eps)
-            x = torch.addcmul(x, prev, gate, value=value)
-        x0 = x
-        saved = None
-        k_end = (H + Hkv) * D
-        k_all, v_all = cache.k_cache, cache.v_cache
-        for i, layer in enumerate(self.layers):
-            if self.lambdas:
-                x = torch.add(x * layer.resid_lambda, x0, alpha=layer.x0_lambda)
-            s = rms_scale(x, C, eps)
-            qkv = layer.qkv.mv(x).mul_(s)
-            qk = qkv[:k_end].view(H + Hkv, D)
-            v = qkv[k_end:].view(Hkv, D)
-            if layer.ve_table is not None:
-                gate = torch.sigmoid(torch.mv(layer.ve_gate, x[: self.ve_channels]).mul_(s))
-                ve = self._look_up(idx, layer.ve_table).view(Hkv, D)
-                v = torch.addcmul(v, gate.unsqueeze(-1), ve, value=self.ve_scale)
-            start = max(0, pos - layer.window)
-            qk = torch.addcmul(qk * cos, qk @ self.rotate_half, sin)
-            qk = self.qk_norm_lean(qk) if self.lean else self.qk_norm(qk)
-            k_all[i, 0, pos] = qk[H:]
-            v_all[i, 0, pos] = v
-            # 4-D, so that it is one fused kernel: 3-D inputs take the unfused math path.
-            y = run_on_threads(
-                self.wide_threads,
-                F.scaled_dot_product_attention,
-                qk[:H].view(1, H, 1, D),
-                k_all[i, :1, start : pos + 1].transpose(1, 2),
-                v_all[i, :1, start : pos + 1].transpose(1, 2),
-                enable_gqa=Hkv != H,
-            )
-            x = layer.proj.addmv(x, y.view(-1))
-            s = rms_scale(x, C, eps)
-            u = layer.fc.mv(x).relu_()
-            x = layer.fc_proj.addmv(x, u.mul_(u), alpha=s * s)
-            if i == self.backout_layer:
-                saved = x
-        if saved is not None:
-            x = torch.add(x, saved, alpha=-self.backout_lambda)
-        logits = self.lm_head.mv(x)[: self.vocab_size]
-        cache.prev_token = idx
-        cache.advance(1)
-        cap = self.softcap
-        scale = rms_scale(x, C, eps) / cap
-        return run_on_threads(self.wide_threads, _soft_cap, logits, cap, scale).view(1, -1)
-
 
 def has_decode_copies(model: GPT) -> bool:
     return bool(model.decode_weights())
@@ -656,8 +591,3 @@ def _soft_cap(
     products' threads."""
     scaled = logits.div_(cap) if scale is None else logits.mul_(scale)
     return scaled.tanh_().mul_(cap)
-
-
-def rms_scale(x: torch.Tensor, size: int, eps: float) -> float:
-    """1 / sqrt(mean(x^2) + eps) of a vector, as F.rms_norm computes it, read on the host."""
-    return (torch.dot(x, x).item() / size + eps) ** -0.5
