@@ -35,7 +35,7 @@ from chatcli.model.model_build import build_model, pick_precision, saved_matrix_
 FIELDS = ("VmHWM", "RssAnon", "RssFile")
 
 
-def _status() -> dict[str, float]:
+def memory_status() -> dict[str, float]:
     """GB of each FIELDS entry of this process."""
     out = {}
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -65,7 +65,7 @@ def _child(path: Path, depth: str, widen: bool) -> None:
     precision = pick_precision(torch.device("cpu"), "auto", saved_matrix_params(sd))
     model = build_model(sd, config, path, torch.device("cpu"), precision)
     del sd
-    loaded = _status()
+    loaded = memory_status()
     load_s = time.perf_counter() - t0
     apply_cpu_plan(model)
     engine = Engine(model, SyntheticTokenizer(config.vocab_size))
@@ -73,7 +73,7 @@ def _child(path: Path, depth: str, widen: bool) -> None:
     t0 = time.perf_counter()
     n = sum(1 for _ in engine.generate(prompt, max_tokens=16, temperature=0.0, use_tools=False))
     decode_s = time.perf_counter() - t0
-    decoded = _status()
+    decoded = memory_status()
     what = "widened" if widen else "as saved"
     tables = str(model.transformer.wte.weight.dtype).removeprefix("torch.")
     print(

@@ -24,24 +24,14 @@ import time
 from pathlib import Path
 
 import torch
+from load_memory import memory_status  # this folder: the same /proc reading
 
 from chatcli.bench.models import synthetic_config
 from chatcli.model.gpt import ERAS, GPT
 from chatcli.model.hf_export import read_source
 from chatcli.model.hf_weights import read_weights, to_hf_names, write_safetensors
 
-FIELDS = ("VmHWM", "RssAnon", "RssFile")
 WRITERS = ("chatcli", "package")
-
-
-def _status() -> dict[str, float]:
-    """GB of each FIELDS entry of this process."""
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in FIELDS:
-            out[name] = int(value.split()[0]) / 2**20  # kB -> GB
-    return out
 
 
 def _write(depth: str, era: str, root: Path) -> None:
@@ -72,7 +62,7 @@ def _child(folder: Path) -> None:
     assert all(bool(torch.isfinite(t).all()) for t in sd.values())
     total_s = time.perf_counter() - t0
     params = sum(t.numel() for t in sd.values())
-    status = "  ".join(f"{k} {v:5.2f} GB" for k, v in _status().items())
+    status = "  ".join(f"{k} {v:5.2f} GB" for k, v in memory_status().items())
     print(f"{folder.name:>8}'s file: read {read_s:.2f} s, every value {total_s:.2f} s, {params:,}")
     print(f"{'':>16}{status}")
 
