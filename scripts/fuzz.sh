@@ -24,6 +24,7 @@ done
 scale=${scale:-$((minutes / 3 > 1 ? minutes / 3 : 1))}
 python=${PYTHON:-python}
 export OMP_WAIT_POLICY=PASSIVE
+export CHATCLI_FUZZ_RANDOM=1  # fresh examples each round (the suite draws the same ones)
 half=$((minutes * 30))  # seconds
 targets=(safetensors tokenizer conversation calculator)
 

@@ -336,6 +336,19 @@ def test_unknown_and_missing_keys_are_listed(tmp_path):
 
 
 @needs_reference
+def test_a_key_with_a_newline_is_shown_escaped_on_one_line(tmp_path):
+    # Found by the fuzzer: a key renamed to hold a newline split the message over two lines.
+    sd, _, _ = _files()
+    renamed = {
+        ("s\nmear" if k == "transformer.h.2.mlp.c_fc.weight" else k): v for k, v in sd.items()
+    }
+    with pytest.raises(CheckpointError) as e:
+        load_model(_flat(tmp_path, sd=renamed))
+    assert "\n" not in str(e.value)
+    assert "unknown keys 's\\nmear'" in str(e.value)
+
+
+@needs_reference
 def test_hostile_tokenizer_pickle_is_refused_and_runs_nothing(tmp_path):
     folder = _flat(tmp_path)
     marker = tmp_path / "pwned"

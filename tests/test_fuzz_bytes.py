@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("hypothesis", reason="needs the dev extra: pip install -e '.[dev]'")
 
 import fuzz_targets
-from fuzzing import SCALE, budget, fuzz, mutated_bytes, time_limit
+from fuzzing import RANDOM, SCALE, budget, fuzz, mutated_bytes, time_limit
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -53,6 +53,7 @@ def test_a_byte_parser_survives_a_short_coverage_guided_run(target, tmp_path):
             f"-max_total_time={seconds}",
             f"-artifact_prefix={tmp_path}/",
             "-print_final_stats=1",
+            *([] if RANDOM else ["-seed=1"]),
         ],
         capture_output=True,
         text=True,

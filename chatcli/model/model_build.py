@@ -17,6 +17,7 @@ import torch
 
 from chatcli.errors import CheckpointError
 from chatcli.model.checkpoint_checks import check_config_against_weights, check_finite
+from chatcli.model.data_files import shown
 from chatcli.model.gpt import GPT, GPTConfig, infer_architecture
 from chatcli.model.linear import is_embedding_table
 from chatcli.model.quantize import default_half_kind
@@ -180,7 +181,11 @@ def check_state_dict(
 
 
 def short_keys(keys: list[str]) -> str:
-    return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
+    """The first five keys for a message. A key read from a damaged file may hold a newline
+    or control characters: those are shown quoted and escaped, so the message stays one
+    line."""
+    names = [k if k.isprintable() else shown(k) for k in keys[:5]]
+    return ", ".join(names) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
 
 
 def saved_matrix_params(sd: dict[str, torch.Tensor]) -> int:
