@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from chatcli.engine.cpu_plan import prefill_threads, torch_threads
+from chatcli.engine.logprobs import LogprobRecord
 from chatcli.engine.scheduler import GenerationStats, RowRequest, Scheduler, plan
 from chatcli.engine.slot_step import forward_slots
 from chatcli.engine.step_choice import Step, compiled_forward, pick_decode_step
@@ -106,6 +107,7 @@ class Engine:
         stats: GenerationStats | None = None,
         resume: RowState | None = None,
         warm: WarmCache | None = None,
+        logprobs: LogprobRecord | None = None,
     ) -> Iterator[tuple[list[int], list[int]]]:
         """Yield (token_column, token_masks), one entry per sample row, each step.
 
@@ -124,18 +126,27 @@ class Engine:
         reply (`replay_tool_use` of its body): every row starts from a copy of it. With
         use_tools off nothing is forced, so it is not used.
 
+        `logprobs`: each step's column's log-probabilities are appended to its `columns`
+        before the column is yielded (logprobs.py says which distribution).
+
         The arguments are checked at the call, before anything runs: a ValueError, or a
         ContextOverflowError where the prompt fills the context. The rows run in the
         scheduler's loop (scheduler.py), as a server's requests do.
         """
         if num_samples < 1:
             raise ValueError("num_samples must be at least 1")
+        top = logprobs.top if logprobs is not None else None
         request = RowRequest(
-            tokens, max_tokens, temperature, top_k, top_p, seed, use_tools, resume
+            tokens, max_tokens, temperature, top_k, top_p, seed, use_tools, resume, top
         )  # fmt: skip
         budget, _ = plan(self.context_len, request)
         return self._generate(
-            request, num_samples, budget, stats if stats is not None else GenerationStats(), warm
+            request,
+            num_samples,
+            budget,
+            stats if stats is not None else GenerationStats(),
+            warm,
+            logprobs,
         )
 
     @torch.inference_mode()
@@ -146,6 +157,7 @@ class Engine:
         budget: int,
         stats: GenerationStats,
         warm: WarmCache | None,
+        record: LogprobRecord | None = None,
     ) -> Iterator[tuple[list[int], list[int]]]:
         """The request's rows through the scheduler, a column a step: the one loop a server's
         requests run in too (scheduler.py)."""
@@ -157,6 +169,8 @@ class Engine:
                 while not gen.done:
                     scheduler.step()
                     if gen.column is not None:
+                        if record is not None and gen.logprobs is not None:
+                            record.columns.append(gen.logprobs)
                         yield gen.column, gen.masks
             finally:
                 warm.settle()

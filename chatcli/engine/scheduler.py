@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from chatcli.engine.logprobs import TokenLogprob, check_top, column_logprobs, distributions
 from chatcli.engine.tool_use import RowState, ToolUse
 from chatcli.engine.warm_cache import CacheRunner, WarmCache, choose
 from chatcli.errors import ContextOverflowError
@@ -110,6 +111,9 @@ class RowRequest:
     seed: int = 42
     use_tools: bool = True
     resume: RowState | None = None  # the tool-use state `tokens` end in (an unfinished reply)
+    # The log-probability of each produced token and this many alternatives (0 to 20);
+    # None: not asked, and nothing is computed (logprobs.py).
+    logprobs: int | None = None
 
 
 def plan(context_len: int, request: RowRequest) -> tuple[int, str]:
@@ -124,6 +128,7 @@ def plan(context_len: int, request: RowRequest) -> tuple[int, str]:
         raise ValueError("max_tokens must be non-negative (or None for the whole context)")
     if request.temperature < 0:
         raise ValueError("temperature must be non-negative")
+    check_top(request.logprobs)
     left = context_len - len(tokens)
     if left <= 0:
         raise ContextOverflowError(
@@ -158,6 +163,8 @@ class Generation:
     masks: list[int] = field(default_factory=list)
     ids: torch.Tensor | None = None  # the column on the device, to run next
     first_at: int = -1  # the scheduler's step that produced its first column
+    # The last column's log-probabilities, an entry a row, where the request asked for them.
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def decoding(self) -> bool:
@@ -435,10 +442,14 @@ class Scheduler:
         """Each row's next token from its logits: drawn with its generation's settings and
         generator (nothing past the budget, nothing for a row that is over), or forced by
         the calculator; then whether each generation ends."""
+        # Before the draw, from the logits as the model gave them (temperature 1).
+        dists = [None if g.request.logprobs is None else distributions(x) for g, x in ran]
         sampled = _sample(ran)
         now = time.perf_counter()
-        for (gen, _), drawn in zip(ran, sampled, strict=True):
+        for (gen, _), drawn, dist in zip(ran, sampled, dists, strict=True):
             column, masks = self._take(gen, drawn)
+            if dist is not None:
+                gen.logprobs = column_logprobs(dist, column, masks, gen.request.logprobs or 0)
             stats = gen.stats
             stats.steps += 1
             gen.column, gen.masks = column, masks
