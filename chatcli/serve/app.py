@@ -46,8 +46,10 @@ from pydantic import (
 from starlette.exceptions import HTTPException
 
 from chatcli.chat.calc_markers import format_marker, parts_from_text
+from chatcli.chat.logprob_shapes import chat_logprobs
 from chatcli.chat.stream import StreamEvent, TextDelta, ToolResult
 from chatcli.chat.turns import SamplingOptions, random_seed
+from chatcli.engine.logprobs import TokenLogprob
 from chatcli.errors import TokenizerError
 from chatcli.serve.auth import ApiKeyCheck
 from chatcli.serve.backend import Backend
@@ -365,6 +367,7 @@ def _turn_of(req: ChatRequest, prompt: list[int], room: int, model_name: str) ->
             top_p=req.top_p if req.top_p is not None and req.top_p < 1 else None,
             seed=req.seed if req.seed is not None else random_seed(),
             stop=tuple(req.stop or ()),
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         ),
     )
 
@@ -401,6 +404,22 @@ def _shutting_down() -> JSONResponse:
     return JSONResponse(_shutting_down_body(), status_code=503)
 
 
+def _with_logprobs(
+    pool: Backend, turn: _Turn, chunks: list[dict[str, Any]], events: Sequence[Any]
+) -> list[dict[str, Any]]:
+    """The chunks of one batch of events, the first carrying the batch's tokens'
+    logprobs where the request asked (a chunk of its own where the text is held back)."""
+    if turn.params.logprobs is None:
+        return chunks
+    content = chat_logprobs(pool.tokenizer, (e for e in events if isinstance(e, TokenLogprob)))
+    if not content:
+        return chunks
+    if not chunks:
+        chunks = [turn.chunk({"content": ""})]
+    chunks[0]["choices"][0]["logprobs"] = {"content": content}
+    return chunks
+
+
 async def _stream(pool: Backend, turn: _Turn, waiting_every: float) -> AsyncIterator[str]:
     """The SSE body. When the client disconnects, Starlette cancels this generator at its
     current await; leaving `pool.generate` then stops the generation and frees the worker."""
@@ -413,8 +432,9 @@ async def _stream(pool: Backend, turn: _Turn, waiting_every: float) -> AsyncIter
                 reason = FINISH_REASONS.get(item.finish_reason, item.finish_reason)
                 yield sse(turn.chunk({}, finish_reason=reason, usage=usage_of(item)))
             else:
-                for delta in deltas_of(item):
-                    yield sse(turn.chunk(delta))
+                chunks = [turn.chunk(delta) for delta in deltas_of(item)]
+                for chunk in _with_logprobs(pool, turn, chunks, item):
+                    yield sse(chunk)
     except ShuttingDown:  # the headers are gone: report in-band, as OpenAI servers do
         yield sse(_shutting_down_body())
     except Exception as e:
@@ -458,21 +478,21 @@ async def _complete(pool: Backend, turn: _Turn, request: Request) -> Response:
     tools = [d["chatcli_tool"] for d in deltas if "chatcli_tool" in d]
     if tools:
         message["chatcli_tools"] = tools
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": FINISH_REASONS.get(finished.finish_reason, finished.finish_reason),
+    }
+    if turn.params.logprobs is not None:
+        entries = (e for e in events if isinstance(e, TokenLogprob))
+        choice["logprobs"] = {"content": chat_logprobs(pool.tokenizer, entries)}
     return JSONResponse(
         {
             "id": turn.id,
             "object": "chat.completion",
             "created": turn.created,
             "model": turn.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "finish_reason": FINISH_REASONS.get(
-                        finished.finish_reason, finished.finish_reason
-                    ),
-                }
-            ],
+            "choices": [choice],
             "usage": usage_of(finished),
         }
     )

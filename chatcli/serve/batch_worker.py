@@ -22,11 +22,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatcli.chat.stream import StreamEvent
 from chatcli.engine.engine import Engine
 from chatcli.engine.scheduler import Generation, RowRequest, Scheduler, default_prefill_chunk
 from chatcli.engine.warm_cache import WarmCache
-from chatcli.serve.replies import Emit, Finished, GenerationParams, ReplyText, emit_all
+from chatcli.serve.replies import Emit, Finished, GenerationParams, ReplyEvent, ReplyText, emit_all
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ class _Job:
     stop: threading.Event
     emit: Emit
     reply: ReplyText
-    pending: list[StreamEvent]  # events not yet handed over (emit_all)
+    pending: list[ReplyEvent]  # events not yet handed over (emit_all)
     done: threading.Event = field(default_factory=threading.Event)
     started: bool = False  # some event was handed over already
     row: Generation | None = None
@@ -84,7 +83,7 @@ class BatchWorker:
     ) -> Finished:
         """Worker.generate for one row of the batch: joins at the next step where a row is
         free, returns when the row is over (raises what its generation raised)."""
-        pending: list[StreamEvent] = []
+        pending: list[ReplyEvent] = []
         reply = ReplyText(self.tokenizer, params.stop, pending.extend)
         job = _Job(prompt, params, stop, emit, reply, pending)
         with self._lock:
@@ -145,7 +144,8 @@ class BatchWorker:
                 self._end(job, e)
             return True
         for row, token, mask in stepped.tokens:  # one token a row at most
-            if self._jobs[row].reply.feed(token, mask) and not row.done:
+            logprob = row.logprobs[0] if row.logprobs is not None else None
+            if self._jobs[row].reply.feed(token, mask, logprob) and not row.done:
                 self.batch.leave(row, "stop")  # a stop sequence: the row ends here
                 stepped.finished.append(row)
         jobs = list(self._jobs.values())
@@ -166,7 +166,9 @@ class BatchWorker:
             job.done.set()
             return
         p = job.params
-        request = RowRequest(job.prompt, p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed)
+        request = RowRequest(
+            job.prompt, p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, logprobs=p.logprobs
+        )
         try:
             job.row = self.batch.join(request)
         except Exception as e:  # the request's own fault (ContextOverflowError, ValueError)

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from chatcli.engine.logprobs import MAX_TOP_LOGPROBS
 from chatcli.serve.auth import OPEN_PATHS
 from chatcli.serve.requests import MAX_SEED, Limits
 
@@ -106,6 +107,37 @@ _USAGE = {
         "chatcli_decode_s": {"type": "number", "minimum": 0},
     },
 }
+_BYTES = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}}
+_ALTERNATIVE = {
+    "type": "object",
+    "required": ["token", "bytes", "logprob"],
+    "properties": {"token": {"type": "string"}, "bytes": _BYTES, "logprob": {"type": "number"}},
+}
+# choices[].logprobs where the request asked: a token the calculator forced has no logprob.
+_LOGPROBS = {
+    "type": "object",
+    "required": ["content"],
+    "properties": {
+        "content": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["token", "bytes", "logprob", "top_logprobs"],
+                "properties": {
+                    "token": {"type": "string"},
+                    "bytes": _BYTES,
+                    "logprob": {"type": ["number", "null"], "maximum": 0},
+                    "top_logprobs": {
+                        "type": "array",
+                        "maxItems": MAX_TOP_LOGPROBS,
+                        "items": _ALTERNATIVE,
+                    },
+                    "chatcli_forced": {"const": True},
+                },
+            },
+        }
+    },
+}
 _COMPLETION = {
     "type": "object",
     "required": ["id", "object", "created", "model", "choices", "usage"],
@@ -133,6 +165,7 @@ _COMPLETION = {
                         },
                     },
                     "finish_reason": {"enum": ["stop", "length"]},
+                    "logprobs": _LOGPROBS,
                 },
             },
         },
@@ -213,8 +246,12 @@ def request_schema(limits: Limits) -> dict[str, Any]:
             },
             "tools": {"type": ["array", "null"], "maxItems": 0},
             "tool_choice": {"enum": ["none", "auto", None]},
-            "logprobs": {"enum": [False, None]},
-            "top_logprobs": nothing,
+            "logprobs": {"type": ["boolean", "null"]},
+            "top_logprobs": {
+                "type": ["integer", "null"],
+                "minimum": 0,
+                "maximum": MAX_TOP_LOGPROBS,
+            },
             "response_format": {
                 "anyOf": [
                     {

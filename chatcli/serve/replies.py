@@ -17,6 +17,7 @@ from typing import Any
 
 from chatcli.chat.stop_text import StopText
 from chatcli.chat.stream import StreamEvent, TokenDecoder
+from chatcli.engine.logprobs import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class GenerationParams:
     top_p: float | None  # None: off
     seed: int
     stop: tuple[str, ...] = ()  # the reply ends before the first of these in its text
+    # Each token's log-probability and this many alternatives (0 to 20); None: not asked.
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,10 @@ class Finished:
     decode_s: float = 0.0
 
 
-Emit = Callable[[list[StreamEvent]], None]
+# A reply's events: the text's, and each token's TokenLogprob where the request asked (after
+# the token's text events; not passed through the stop text, whose held text it would free).
+ReplyEvent = StreamEvent | TokenLogprob
+Emit = Callable[[list[ReplyEvent]], None]
 
 
 class ReplyText:
@@ -60,10 +66,13 @@ class ReplyText:
         """Whether a stop sequence ended the reply."""
         return self.stop_text.stopped
 
-    def feed(self, token: int, mask: int) -> bool:
-        """One token of the reply; True once a stop sequence ended it."""
+    def feed(self, token: int, mask: int, logprob: TokenLogprob | None = None) -> bool:
+        """One token of the reply (and its log-probability, where asked); True once a stop
+        sequence ended it."""
         self.generated += 1
-        events = self.stop_text.feed(self.decoder.feed(token, mask))
+        events: list[ReplyEvent] = [*self.stop_text.feed(self.decoder.feed(token, mask))]
+        if logprob is not None:
+            events.append(logprob)
         if events:
             self.emit(events)
         return self.stop_text.stopped
@@ -87,16 +96,16 @@ class ToLoop:
     ) -> None:
         self.loop, self.items, self.stop = loop, items, stop
 
-    def __call__(self, events: list[StreamEvent]) -> None:
+    def __call__(self, events: list[ReplyEvent]) -> None:
         emit_all([(self, events)])
 
 
-def emit_all(pending: Sequence[tuple[Emit, list[StreamEvent]]]) -> None:
+def emit_all(pending: Sequence[tuple[Emit, list[ReplyEvent]]]) -> None:
     """Hand each Emit its events: those of one event loop (ToLoop) in one call_soon_threadsafe,
     any other Emit called as it is. Each such call wakes the loop's thread, which then takes
     the GIL from the generation's thread: a batch's eight rows, handed over one by one,
     spent a fifth of the step's thread's time waiting to get it back."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[ToLoop, list[StreamEvent]]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[ToLoop, list[ReplyEvent]]]] = {}
     for emit, events in pending:
         if isinstance(emit, ToLoop):
             by_loop.setdefault(emit.loop, []).append((emit, events))
@@ -110,6 +119,6 @@ def emit_all(pending: Sequence[tuple[Emit, list[StreamEvent]]]) -> None:
                 emit.stop.set()
 
 
-def _put_all(group: list[tuple[ToLoop, list[StreamEvent]]]) -> None:
+def _put_all(group: list[tuple[ToLoop, list[ReplyEvent]]]) -> None:
     for emit, events in group:
         emit.items.put_nowait(events)

@@ -24,6 +24,8 @@ from pydantic import (
     field_validator,
 )
 
+from chatcli.engine.logprobs import MAX_TOP_LOGPROBS
+
 MAX_SEED = 2**63 - 1
 
 
@@ -120,6 +122,7 @@ class ChatRequest(BaseModel):
     # client that relies on them learns it at once.
     tools: list[Any] | None = None
     tool_choice: Any = None
+    # Each token's log-probability and top_logprobs alternatives (0 to 20) in the reply.
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
@@ -258,12 +261,10 @@ class ChatRequest(BaseModel):
             raise ValueError('function tools are not supported: leave it out, "none" or "auto"')
         return value
 
-    @field_validator("logprobs", "top_logprobs")
+    @field_validator("top_logprobs")
     @classmethod
-    def _logprobs(cls, value: Any) -> Any:
-        if value:
-            raise ValueError("log probabilities are not supported")
-        return value
+    def _top_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return top_logprobs_checked(value, bool(info.data.get("logprobs")))
 
     @field_validator("frequency_penalty", "presence_penalty")
     @classmethod
@@ -288,6 +289,17 @@ class ChatRequest(BaseModel):
         if value is not None and value != 1:
             raise ValueError("only n=1 is supported")
         return value
+
+
+def top_logprobs_checked(value: int | None, asked: bool) -> int | None:
+    """top_logprobs within 0..20, and only beside logprobs: true (OpenAI's rule)."""
+    if value is None:
+        return None
+    if not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"must be between 0 and {MAX_TOP_LOGPROBS}")
+    if not asked:
+        raise ValueError("needs logprobs: true beside it (or leave top_logprobs out)")
+    return value
 
 
 def _merged(messages: list[ChatMessage]) -> list[ChatMessage]:

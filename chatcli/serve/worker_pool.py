@@ -25,6 +25,7 @@ from typing import Any
 
 from chatcli.chat.stream import StreamEvent
 from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.logprobs import LogprobRecord
 from chatcli.engine.warm_cache import WarmCache, choose
 from chatcli.serve.replies import (
     Emit,
@@ -120,6 +121,7 @@ class Worker:
         self.warm = choose(self.slots, prompt)
         reply = ReplyText(self.tokenizer, params.stop, emit)
         stats = GenerationStats()
+        record = None if params.logprobs is None else LogprobRecord(params.logprobs)
         steps = self.engine.generate(
             prompt,
             max_tokens=params.max_tokens,
@@ -129,10 +131,12 @@ class Worker:
             seed=params.seed,
             stats=stats,
             warm=self.warm,
+            logprobs=record,
         )
         with contextlib.closing(steps):
             for column, masks in steps:
-                if stop.is_set() or reply.feed(column[0], masks[0]):
+                logprob = record.columns[-1][0] if record is not None else None
+                if stop.is_set() or reply.feed(column[0], masks[0], logprob):
                     break
 
         def finished(reason: str) -> Finished:

@@ -1,0 +1,85 @@
+"""Log-probabilities as clients read them: OpenAI's shapes, from the engine's entries.
+
+Owns: turning TokenLogprob entries (engine/logprobs.py) into the chat completions shape
+(`{"content": [{token, bytes, logprob, top_logprobs}]}`, which `chatcli once --logprobs
+--json` prints too) and the legacy completions shape (`{tokens, token_logprobs,
+top_logprobs, text_offset}`). A token's text is its bytes decoded on their own, a part of
+a multi-byte character as U+FFFD; `bytes` holds its exact bytes. A calculator-forced token
+has `logprob` null, no alternatives and `chatcli_forced: true`. The token that ends the
+reply (<|assistant_end|>, <|bos|>) is not listed, as OpenAI lists no end token.
+
+Knows nothing of HTTP, torch or the terminal.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from chatcli.engine.logprobs import TokenLogprob
+from chatcli.model.special_tokens import ASSISTANT_END
+
+
+class TokenBytes(Protocol):
+    def decode_bytes(self, ids: list[int]) -> bytes: ...
+
+    def encode_special(self, name: str) -> int: ...
+
+    def get_bos_token_id(self) -> int: ...
+
+
+def listed(tokenizer: TokenBytes, entries: Iterable[TokenLogprob]) -> list[TokenLogprob]:
+    """The entries a client sees: all but the reply's end token."""
+    ends = {tokenizer.encode_special(ASSISTANT_END), tokenizer.get_bos_token_id()}
+    return [e for e in entries if e.token not in ends]
+
+
+def _alternative(tokenizer: TokenBytes, token: int, logprob: float) -> dict[str, Any]:
+    raw = tokenizer.decode_bytes([token])
+    return {"token": raw.decode("utf-8", errors="replace"), "bytes": list(raw), "logprob": logprob}
+
+
+def chat_entry(tokenizer: TokenBytes, entry: TokenLogprob) -> dict[str, Any]:
+    """One token in the chat completions shape."""
+    out = _alternative(tokenizer, entry.token, entry.logprob)  # type: ignore[arg-type]
+    out["top_logprobs"] = [_alternative(tokenizer, t, v) for t, v in entry.top]
+    if entry.forced:
+        out["chatcli_forced"] = True
+    return out
+
+
+def chat_logprobs(tokenizer: TokenBytes, entries: Iterable[TokenLogprob]) -> list[dict[str, Any]]:
+    """choices[].logprobs.content of a chat completion (or of one chunk's tokens)."""
+    return [chat_entry(tokenizer, e) for e in listed(tokenizer, entries)]
+
+
+class LegacyLogprobs:
+    """A completion's `logprobs` in the legacy shape, a chunk of tokens at a time (a whole
+    reply is one chunk). text_offset: where each token's text starts in the completion's
+    text, counting whole characters as the text decodes, across a stream's chunks."""
+
+    def __init__(self, tokenizer: TokenBytes) -> None:
+        self.tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._at = 0
+
+    def chunk(self, entries: Iterable[TokenLogprob]) -> dict[str, Any]:
+        tokenizer = self.tokenizer
+        tokens, values, tops, offsets = [], [], [], []
+        for e in listed(tokenizer, entries):
+            raw = tokenizer.decode_bytes([e.token])
+            tokens.append(raw.decode("utf-8", errors="replace"))
+            values.append(e.logprob)
+            top: dict[str, float] = {}
+            for t, v in e.top:  # tokens of the same text keep the likelier's value
+                top.setdefault(tokenizer.decode_bytes([t]).decode("utf-8", errors="replace"), v)
+            tops.append(None if e.forced else top)
+            offsets.append(self._at)
+            self._at += len(self._utf8.decode(raw))
+        return {
+            "tokens": tokens,
+            "token_logprobs": values,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
