@@ -41,6 +41,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import (
+    BaseModel,
     ValidationError,
 )
 from starlette.exceptions import HTTPException
@@ -53,6 +54,7 @@ from chatcli.engine.logprobs import TokenLogprob
 from chatcli.errors import TokenizerError
 from chatcli.serve.auth import ApiKeyCheck
 from chatcli.serve.backend import Backend
+from chatcli.serve.completions import Completion, CompletionRequest, params_of, prompt_tokens
 from chatcli.serve.guards import HostCheck, media_type, read_body
 from chatcli.serve.openapi import openapi_document
 from chatcli.serve.replies import Finished, GenerationParams
@@ -215,6 +217,7 @@ def create_app(
         app.add_middleware(ApiKeyCheck, keys=api_keys)
     _add_error_handlers(app)
     _add_info_routes(app, pool, model_name, started, demo)
+    _add_completions_route(app, pool, limits, model_name, waiting_every)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -314,9 +317,11 @@ def _add_info_routes(
         return JSONResponse(error_body(message, "model", code="model_not_found"), 404)
 
 
-async def _read_request(request: Request, limits: Limits) -> ChatRequest | JSONResponse:
-    """The request's body as a ChatRequest, or the error response that refuses it (a field's
-    error raises RequestValidationError, for the app's 400 handler)."""
+async def _read_request(
+    request: Request, limits: Limits, schema: type[BaseModel] = ChatRequest
+) -> Any:
+    """The request's body as a `schema` (a ChatRequest), or the error response that refuses
+    it (a field's error raises RequestValidationError, for the app's 400 handler)."""
     # The body is validated here rather than by a typed parameter so the limits can be
     # handed to the validators as context; errors go through the same 400 handler.
     # JSON only: text/plain and form posts are the ones any web page may send here
@@ -343,7 +348,7 @@ async def _read_request(request: Request, limits: Limits) -> ChatRequest | JSONR
     except ValueError as e:  # bad JSON, bytes not UTF-8, or int() past its digit limit
         return JSONResponse(error_body(_not_json(e)), status_code=400)
     try:
-        return ChatRequest.model_validate(body, context={"limits": limits})
+        return schema.model_validate(body, context={"limits": limits})
     except ValidationError as e:
         raise RequestValidationError(e.errors()) from None
 
@@ -443,12 +448,15 @@ async def _stream(pool: Backend, turn: _Turn, waiting_every: float) -> AsyncIter
     yield sse("[DONE]")
 
 
-async def _complete(pool: Backend, turn: _Turn, request: Request) -> Response:
-    """A whole reply as one chat.completion; a client that leaves meanwhile stops it."""
+async def _collected(
+    pool: Backend, prompt: list[int], params: GenerationParams, request: Request
+) -> tuple[list[StreamEvent], Finished] | Response:
+    """A whole reply's events and its Finished, or the response that ends it instead (the
+    client left meanwhile, which stops it; the server shuts down; the generation failed)."""
 
     async def collect() -> tuple[list[StreamEvent], Finished]:
         events: list[StreamEvent] = []
-        async for item in pool.generate(turn.prompt, turn.params):
+        async for item in pool.generate(prompt, params):
             if isinstance(item, Finished):
                 return events, item
             assert not isinstance(item, Waiting)  # only sent when asked for
@@ -462,7 +470,7 @@ async def _complete(pool: Backend, turn: _Turn, request: Request) -> Response:
             task.cancel()
             return Response(status_code=499)
     try:
-        events, finished = task.result()
+        return task.result()
     except ShuttingDown:
         return _shutting_down()
     except Exception as e:
@@ -470,6 +478,14 @@ async def _complete(pool: Backend, turn: _Turn, request: Request) -> Response:
         return JSONResponse(
             error_body(f"Generation failed: {e}", type_="server_error"), status_code=500
         )
+
+
+async def _complete(pool: Backend, turn: _Turn, request: Request) -> Response:
+    """A whole reply as one chat.completion; a client that leaves meanwhile stops it."""
+    collected = await _collected(pool, turn.prompt, turn.params, request)
+    if isinstance(collected, Response):
+        return collected
+    events, finished = collected
     deltas = deltas_of(events)
     message: dict[str, Any] = {
         "role": "assistant",
@@ -496,3 +512,72 @@ async def _complete(pool: Backend, turn: _Turn, request: Request) -> Response:
             "usage": usage_of(finished),
         }
     )
+
+
+# ---- /v1/completions: raw text in, text out -------------------------------------------------------
+
+
+def _add_completions_route(
+    app: FastAPI, pool: Backend, limits: Limits, model_name: str, waiting_every: float
+) -> None:
+    """POST /v1/completions (completions.py: the request, the prompt, the answer's shape),
+    behind the same guards, queue and error bodies as chat completions."""
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = await _read_request(request, limits, CompletionRequest)
+        if isinstance(req, JSONResponse):
+            return req
+        prompt = await asyncio.to_thread(prompt_tokens, pool.tokenizer, req.prompt)
+        room = pool.context_len - len(prompt)
+        if room < 1:
+            message = (
+                f"The prompt is {len(prompt)} tokens; the model's context is "
+                f"{pool.context_len}. Send a shorter prompt."
+            )
+            return JSONResponse(
+                error_body(message, "prompt", code="context_length_exceeded"), status_code=400
+            )
+        completion = Completion(model_name, prompt, params_of(req, room), pool.tokenizer)
+        refused = _refusal(pool, limits)
+        if refused is not None:
+            return refused
+        if req.stream:
+            return StreamingResponse(
+                _stream_completion(pool, completion, waiting_every),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await _complete_text(pool, completion, request)
+
+
+async def _stream_completion(
+    pool: Backend, completion: Completion, waiting_every: float
+) -> AsyncIterator[str]:
+    """A completion's SSE body: a chunk a batch of events, the last with the finish reason
+    and usage, then [DONE]; a failure after the headers is reported in-band, as for chat."""
+    try:
+        async for item in pool.generate(completion.prompt, completion.params, waiting_every):
+            if isinstance(item, Waiting):
+                yield WAITING_COMMENT
+            elif isinstance(item, Finished):
+                reason = FINISH_REASONS.get(item.finish_reason, item.finish_reason)
+                yield sse(completion.chunk([], reason, usage_of(item)))
+            else:
+                yield sse(completion.chunk(item))
+    except ShuttingDown:
+        yield sse(_shutting_down_body())
+    except Exception as e:
+        log.exception("generation failed")
+        yield sse(error_body(f"Generation failed: {e}", type_="server_error"))
+    yield sse("[DONE]")
+
+
+async def _complete_text(pool: Backend, completion: Completion, request: Request) -> Response:
+    """A whole completion as one text_completion; a client that leaves meanwhile stops it."""
+    collected = await _collected(pool, completion.prompt, completion.params, request)
+    if isinstance(collected, Response):
+        return collected
+    events, finished = collected
+    reason = FINISH_REASONS.get(finished.finish_reason, finished.finish_reason)
+    return JSONResponse(completion.chunk(list(events), reason, usage_of(finished)))

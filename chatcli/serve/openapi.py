@@ -172,6 +172,45 @@ _COMPLETION = {
         "usage": _USAGE,
     },
 }
+_LEGACY_LOGPROBS = {
+    "type": "object",
+    "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+    "properties": {
+        "tokens": {"type": "array", "items": {"type": "string"}},
+        "token_logprobs": {"type": "array", "items": {"type": ["number", "null"], "maximum": 0}},
+        "top_logprobs": {
+            "type": "array",
+            "items": {"type": ["object", "null"], "additionalProperties": {"type": "number"}},
+        },
+        "text_offset": {"type": "array", "items": _COUNT},
+    },
+}
+_TEXT_COMPLETION = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices", "usage"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^cmpl-"},
+        "object": {"const": "text_completion"},
+        "created": _COUNT,
+        "model": {"type": "string"},
+        "choices": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["text", "index", "logprobs", "finish_reason"],
+                "properties": {
+                    "text": {"type": "string"},
+                    "index": {"const": 0},
+                    "logprobs": {"anyOf": [_LEGACY_LOGPROBS, {"type": "null"}]},
+                    "finish_reason": {"enum": ["stop", "length"]},
+                },
+            },
+        },
+        "usage": _USAGE,
+    },
+}
 # Each server-sent event: `data: {chunk}` (a chat.completion.chunk, or an error body when the
 # generation fails after the headers), the last `data: [DONE]`; keep-alive comments between.
 _EVENT_STREAM = {
@@ -268,6 +307,31 @@ def request_schema(limits: Limits) -> dict[str, Any]:
     }
 
 
+def completion_request_schema(limits: Limits) -> dict[str, Any]:
+    """The /v1/completions body as `CompletionRequest` validates it (serve/completions.py):
+    the sampling fields as chat's; one prompt string, or a list of one."""
+    chat = request_schema(limits)["properties"]
+    prompt = {"type": "string", "maxLength": limits.max_total_chars}
+    shared = ("model", "stream", "temperature", "top_k", "top_p", "max_tokens", "seed", "n")
+    return {
+        "type": "object",
+        "required": ["prompt"],
+        "properties": {
+            "prompt": {
+                "anyOf": [prompt, {"type": "array", "minItems": 1, "maxItems": 1, "items": prompt}]
+            },
+            **{name: chat[name] for name in shared},
+            "stop": chat["stop"],
+            "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+            "echo": {"enum": [False, None]},
+            "best_of": {"enum": [1, None]},
+            "suffix": {"enum": ["", None]},
+            "frequency_penalty": chat["frequency_penalty"],
+            "presence_penalty": chat["presence_penalty"],
+        },
+    }
+
+
 def _json(schema: dict[str, Any], what: str) -> dict[str, Any]:
     return {"description": what, "content": {"application/json": {"schema": schema}}}
 
@@ -306,6 +370,21 @@ _ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
         "500": _json(_ERROR, "The generation failed"),
         "503": _json(_ERROR, "The server is shutting down"),
     },
+    ("/v1/completions", "post"): {
+        "200": {
+            "description": "The continuation, whole or streamed as server-sent events",
+            "content": {
+                "application/json": {"schema": _TEXT_COMPLETION},
+                "text/event-stream": {"schema": _EVENT_STREAM},
+            },
+        },
+        "400": _json(_ERROR, "A field is wrong, or the prompt does not fit the context"),
+        "413": _json(_ERROR, "The body is over the server's limit"),
+        "415": _json(_ERROR, "The body is not sent as JSON"),
+        "429": _json(_ERROR, "Too many requests are waiting; try again after Retry-After"),
+        "500": _json(_ERROR, "The generation failed"),
+        "503": _json(_ERROR, "The server is shutting down"),
+    },
 }
 
 
@@ -334,5 +413,10 @@ def openapi_document(app: FastAPI, limits: Limits, keys: bool) -> dict[str, Any]
                 operation["requestBody"] = {
                     "required": True,
                     "content": {"application/json": {"schema": request_schema(limits)}},
+                }
+            if (path, method) == ("/v1/completions", "post"):
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": completion_request_schema(limits)}},
                 }
     return doc
