@@ -27,8 +27,10 @@ from chatcli.chat.turns import (
     TurnStats,
     readable_text,
     split_system,
+    turn_stats,
 )
 from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.logprobs import LogprobRecord, TokenLogprob
 from chatcli.engine.tool_use import RowState
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.errors import ChatcliError, ContextOverflowError
@@ -41,6 +43,9 @@ from chatcli.model.special_tokens import (
 )
 from chatcli.model.tokenizer import Tokenizer
 
+# The alternatives a chat records beside each token of its replies, for /probs: the cost is a
+# log_softmax and a top-k over the vocabulary a token, lost in the step's noise.
+CHAT_TOP_LOGPROBS = 5
 # A system prompt must leave at least this many tokens for a message and as many for a reply.
 SYSTEM_MIN_ROOM = 16
 CONTEXT_REFILL_FRACTION = 0.75  # after dropping old exchanges, the prompt + reply budget use this
@@ -73,6 +78,8 @@ class ChatSession:
     system: str | None = None
     raw: bool = False  # stream special tokens as they are (/raw on)
     compile: bool = False  # run the model through torch.compile (--compile)
+    # Each reply's tokens' logprobs and this many alternatives (Reply.logprobs); None: none.
+    logprobs: int | None = CHAT_TOP_LOGPROBS
 
     def __post_init__(self) -> None:
         self.engine = Engine(self.model, self.tokenizer, compile=self.compile)
@@ -398,7 +405,9 @@ class ChatSession:
         seed = self.options.turn_seed()
         prompt = self.prompt_tokens()
         gen = GenerationStats()
-        columns = list(self._generate(prompt, n, seed, gen))  # the warm cache stays the prompt
+        record = self._record()
+        # The warm cache stays the prompt.
+        columns = list(self._generate(prompt, n, seed, gen, record=record))
         end, bos = self._ids[ASSISTANT_END], self.tokenizer.get_bos_token_id()
         replies = []
         for i in range(n):
@@ -410,7 +419,10 @@ class ChatSession:
                 masks.append(column_masks[i])
             stats = self._turn_stats(gen, len(prompt), len(tokens), gen.finish_reasons[i], seed)
             parts = decode_assistant_parts(tokens, masks, self.tokenizer)
-            replies.append(Reply(parts, tokens, masks, stats))
+            logprobs = None
+            if record is not None:
+                logprobs = [c[i] for c in record.columns[: len(tokens)]]
+            replies.append(Reply(parts, tokens, masks, stats, logprobs))
         self._forked = replies, prompt
         return replies
 
@@ -447,9 +459,10 @@ class ChatSession:
         seed: int,
         gen: GenerationStats,
         resume: RowState | None = None,
+        record: LogprobRecord | None = None,
     ) -> Iterator[tuple[list[int], list[int]]]:
         """The engine's generation of n rows after `prompt`, over the warm cache, with the
-        session's sampling options."""
+        session's sampling options (and each step's logprobs into `record`)."""
         opts = self.options
         return self.engine.generate(
             prompt,
@@ -463,7 +476,11 @@ class ChatSession:
             stats=gen,
             resume=resume,
             warm=self.warm,
+            logprobs=record,
         )
+
+    def _record(self) -> LogprobRecord | None:
+        return None if self.logprobs is None else LogprobRecord(self.logprobs)
 
     def _stream(
         self, prefix: list[int] | None = None, prefix_masks: list[int] | None = None
@@ -477,6 +494,9 @@ class ChatSession:
         tokens: list[int] = list(prefix)
         kept = prefix_masks is not None and len(prefix_masks) == len(prefix)
         masks: list[int] = list(prefix_masks) if kept else [1] * len(prefix)  # type: ignore[arg-type]
+        record = self._record()
+        # A continued reply's earlier tokens: their logprobs went with the reply they were.
+        logprobs: list[TokenLogprob | None] = [None] * len(prefix)
         gen = GenerationStats()
         seed = self.options.turn_seed()
         prompt: list[int] = []
@@ -490,10 +510,13 @@ class ChatSession:
                 masks = replayed  # else as generated: the model may have written an output
             decoder = TokenDecoder(self.tokenizer, raw=self.raw, tools=self.options.tools)
             decoder.resume(prefix, masks)
-            with contextlib.closing(self._generate(prompt, 1, seed, gen, resume)) as steps:
+            steps = self._generate(prompt, 1, seed, gen, resume, record)
+            with contextlib.closing(steps):
                 for column, column_masks in steps:
                     tokens.append(column[0])
                     masks.append(column_masks[0])
+                    if record is not None:
+                        logprobs.append(record.columns[-1][0])
                     yield from decoder.feed(column[0], column_masks[0])
             finish = gen.finish_reasons[0]
         except Exception:
@@ -503,7 +526,7 @@ class ChatSession:
             # Runs on normal completion, on Ctrl-C (GeneratorExit) and on errors alike: the
             # partial reply is kept and the turn is closed with <|assistant_end|>.
             stats = self._turn_stats(gen, len(prompt), len(tokens) - len(prefix), finish, seed)
-            self._close_turn(tokens, masks, stats)
+            self._close_turn(tokens, masks, stats, logprobs if record is not None else None)
         yield from decoder.flush()
 
     def _turn_stats(
@@ -511,20 +534,15 @@ class ChatSession:
     ) -> TurnStats:
         """A reply's statistics from its generation's: a prompt of `tokens_in`, `tokens_out`
         of its own."""
-        return TurnStats(
-            ttft_s=gen.first_token_s,
-            prefill_tokens=gen.prefill_tokens,
-            prefill_tps=gen.prefill_tps,
-            decode_tps=gen.decode_tps,
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
-            context_used=tokens_in + tokens_out,
-            context_len=self.context_len,
-            finish_reason=finish,
-            seed=seed,
-        )
+        return turn_stats(gen, tokens_in, tokens_out, finish, seed, self.context_len)
 
-    def _close_turn(self, tokens: list[int], masks: list[int], stats: TurnStats) -> None:
+    def _close_turn(
+        self,
+        tokens: list[int],
+        masks: list[int],
+        stats: TurnStats,
+        logprobs: list[TokenLogprob | None] | None = None,
+    ) -> None:
         """Record the reply (a continued one includes what it continued) and its statistics."""
         end = self._ids[ASSISTANT_END]
         # The engine ends a reply at <|assistant_end|> or <|bos|>: neither is the reply's.
@@ -532,7 +550,8 @@ class ChatSession:
         body = tokens[:-1] if ended else tokens
         parts = decode_assistant_parts(body, masks[: len(body)], self.tokenizer)
         self._warn_if_nearly_full(stats)
-        reply = Reply(parts, list(body), masks[: len(body)], stats)
+        kept = logprobs[: len(body)] if logprobs is not None else None
+        reply = Reply(parts, list(body), masks[: len(body)], stats, kept)
         self.last_reply = reply
         self.history_stats.append(stats)
         entry_tokens = [self._ids[ASSISTANT_START], *body, end]

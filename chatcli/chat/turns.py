@@ -10,7 +10,10 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chatcli.engine.logprobs import TokenLogprob
 
 Message = dict[str, Any]
 _ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")
@@ -82,6 +85,9 @@ class Reply:
     tokens: list[int]
     masks: list[int]
     stats: TurnStats
+    # Each token's log-probability and likeliest alternatives, as generated (None for the
+    # tokens of a reply a /continue went on from, and for a reply whose were not recorded).
+    logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def text(self) -> str:
@@ -90,6 +96,25 @@ class Reply:
     @property
     def message(self) -> Message:
         return {"role": "assistant", "content": self.parts}
+
+
+def turn_stats(
+    gen: Any, tokens_in: int, tokens_out: int, finish: str, seed: int, context_len: int
+) -> TurnStats:
+    """A reply's statistics from its generation's (the engine's GenerationStats): a prompt
+    of `tokens_in`, `tokens_out` of its own."""
+    return TurnStats(
+        ttft_s=gen.first_token_s,
+        prefill_tokens=gen.prefill_tokens,
+        prefill_tps=gen.prefill_tps,
+        decode_tps=gen.decode_tps,
+        tokens_in=tokens_in,
+        tokens_out=tokens_out,
+        context_used=tokens_in + tokens_out,
+        context_len=context_len,
+        finish_reason=finish,
+        seed=seed,
+    )
 
 
 @dataclass

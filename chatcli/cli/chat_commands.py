@@ -193,6 +193,21 @@ def once(
     api_key: ApiKeyOpt = None,
     compile_model: CompileOpt = False,
     softcap: SoftcapOpt = None,
+    raw_text: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Continue the text as it is, no chat template: how a base checkpoint runs.",
+        ),
+    ] = False,
+    logprobs: Annotated[
+        int | None,
+        typer.Option(
+            "--logprobs",
+            help="With --json: each token's logprob and its K likeliest alternatives (0-20).",
+            metavar="K",
+        ),
+    ] = None,
 ) -> None:
     """Answer one message and exit."""
     from chatcli.terminal.render import make_console
@@ -200,11 +215,14 @@ def once(
     url = server_url(url)
     local_flags = local_model_flags(locals())
     try:
+        _check_once_flags(raw_text, logprobs, as_json, url, system)
         settings = settings_from(**setting_flags(locals()))
         text = _read_prompt(prompt)
         session, info = load_session(
             settings, softcap, url, api_key, model, compile_model, local_flags
         )
+        if url is None:
+            session = _local_once(session, raw_text, logprobs)
         console = make_console()
         if as_json:
             _once_json(session, info, text)
@@ -214,6 +232,37 @@ def once(
         raise fail_with(e) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+def _check_once_flags(
+    raw_text: bool, logprobs: int | None, as_json: bool, url: str | None, system: str | None
+) -> None:
+    """What once's --raw and --logprobs go with, refused before the model loads."""
+    from chatcli.engine.logprobs import MAX_TOP_LOGPROBS
+
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise UsageError(f"--logprobs {logprobs} is out of range: give 0 to {MAX_TOP_LOGPROBS}.")
+    if logprobs is not None and not as_json:
+        raise UsageError("--logprobs is printed in the JSON: add --json.")
+    if url is not None and (raw_text or logprobs is not None):
+        flag = "--raw" if raw_text else "--logprobs"
+        raise UsageError(
+            f"{flag} runs on a local model; with a server, ask /v1/completions or "
+            "/v1/chat/completions (logprobs) directly, or drop --url."
+        )
+    if raw_text and system is not None:
+        raise UsageError("--raw continues the text as it is, with no system prompt: drop --system.")
+
+
+def _local_once(session: Any, raw_text: bool, logprobs: int | None) -> Any:
+    """The local session once runs: the chat's (recording logprobs only when asked) or, with
+    --raw, a raw completion over its model."""
+    if raw_text:
+        from chatcli.chat.raw_completion import RawCompletion
+
+        return RawCompletion(session.engine, session.tokenizer, session.options, logprobs)
+    session.logprobs = logprobs
+    return session
 
 
 def _read_prompt(words: list[str] | None) -> str:
@@ -293,4 +342,10 @@ def _once_json(session: Any, info: dict, text: str) -> None:
         "seed": s.seed,
         "model": info["path"],
     }
+    if getattr(session, "logprobs", None) is not None and reply.logprobs is not None:
+        from chatcli.chat.logprob_shapes import chat_logprobs
+
+        # A reply's entries are all recorded (no /continue here): None never occurs.
+        entries = [e for e in reply.logprobs if e is not None]
+        out["logprobs"] = {"content": chat_logprobs(session.tokenizer, entries)}
     sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
