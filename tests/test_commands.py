@@ -43,6 +43,7 @@ SPEC_COMMANDS = [
     "raw",
     "markdown",
     "samples",
+    "probs",
     "model",
     "exit",
 ]
@@ -249,6 +250,7 @@ def test_every_command_parses_its_usage_example(name: str) -> None:
         "VALUE": "0.7",
         "[WHAT]": "",
         "[--force]": "--force",
+        "[N]": "3",
     }
     words = COMMANDS[name].usage.split()
     line = " ".join([words[0], *(examples[w] for w in words[1:])])

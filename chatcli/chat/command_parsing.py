@@ -136,6 +136,20 @@ def _samples(spec: CommandSpec, rest: str) -> int:
     return value
 
 
+def _probs(spec: CommandSpec, rest: str) -> int | None:
+    """None: the whole reply shaded; N: the alternatives at its token N (from 1)."""
+    if not rest:
+        return None
+    needs = "/probs takes a token's position in the last reply (from 1), e.g. /probs 3"
+    try:
+        value = int(rest)
+    except ValueError:
+        raise CommandError(f"{needs} (got {rest!r})") from None
+    if value < 1:
+        raise CommandError(f"{needs} (got {rest!r})")
+    return value
+
+
 def _help(spec: CommandSpec, rest: str) -> str | None:
     if not rest:
         return None
@@ -341,6 +355,16 @@ _SPECS = (
         "Next reply only: N alternatives side by side",
         _samples,
         details=f"N is a whole number between {SAMPLES_MIN} and {SAMPLES_MAX}.",
+    ),
+    CommandSpec(
+        "probs",
+        "/probs [N]",
+        "Shade the last reply's tokens by probability; N: the alternatives at token N",
+        _probs,
+        details=(
+            "The model's own probabilities at temperature 1, whatever /temperature samples "
+            "with; the summary names the least likely tokens' positions."
+        ),
     ),
     CommandSpec("model", "/model", "Show the loaded model", _no_argument),
     CommandSpec(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from chatcli.chat.stream import StreamEvent, TokenDecoder, decode_assistant_parts
+from chatcli.chat.token_probs import TokenProb, token_probs
 from chatcli.chat.turns import (
     CONTEXT_WARN_FRACTION,
     Message,
@@ -71,6 +72,7 @@ class _Entry:
 class ChatSession:
     can_sample_replies: ClassVar[bool] = True  # n rows forked from the warm cache
     can_show_raw: ClassVar[bool] = True  # `raw`: its decoder streams the special tokens
+    can_show_probs: ClassVar[bool] = True  # its replies keep their logprobs (self.logprobs)
 
     model: Any
     tokenizer: Tokenizer
@@ -573,3 +575,15 @@ class ChatSession:
     def take_notices(self) -> list[TurnNotice]:
         notices, self.notices = self.notices, []
         return notices
+
+    def reply_probs(self) -> list[TokenProb]:
+        """The last reply's tokens with their probabilities, for /probs."""
+        reply = self.last_reply
+        if reply is None:
+            raise ChatcliError("No reply yet: /probs shows the last reply's, once there is one.")
+        if reply.logprobs is None:
+            raise ChatcliError(
+                "The last reply has no probabilities: a reply loaded from a file keeps none. "
+                "/retry writes one that has."
+            )
+        return token_probs(self.tokenizer, reply.tokens, reply.logprobs)

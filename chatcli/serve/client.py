@@ -55,6 +55,7 @@ class RemoteSession:
     # refused as soon as it is typed; and text, not the tokens `raw` would show.
     can_sample_replies: ClassVar[bool] = False
     can_show_raw: ClassVar[bool] = False
+    can_show_probs: ClassVar[bool] = False  # /probs: a server's replies carry none here
 
     url: str
     api_key: str | None = None

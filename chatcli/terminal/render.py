@@ -54,6 +54,13 @@ CHAT_THEME = Theme(
         "banner": "bold",
         "user": "bold green",
         "assistant": "default",
+        # /probs: a reply's tokens by how likely the model found them (render_probs.py).
+        "prob.high": "default",
+        "prob.mid": "yellow",
+        "prob.low": "red",
+        "prob.rare": "reverse red",
+        "prob.forced": "dim",
+        "prob.unknown": "default",
     }
 )
 

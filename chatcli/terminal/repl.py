@@ -42,6 +42,7 @@ from chatcli.chat.command_parsing import (
 from chatcli.chat.conversation_format import SUFFIX
 from chatcli.chat.conversation_store import ConversationSink
 from chatcli.chat.settings import Settings, history_path
+from chatcli.chat.token_probs import TokenProb
 from chatcli.chat.turns import readable_text
 from chatcli.model.data_files import UnreadableFileError, check_readable
 from chatcli.terminal.render import (
@@ -56,6 +57,7 @@ from chatcli.terminal.render import (
     use_markdown,
 )
 from chatcli.terminal.render_panels import render_recap, render_replies, render_table
+from chatcli.terminal.render_probs import render_alternatives, render_probs
 from chatcli.terminal.session_protocols import Session
 from chatcli.terminal.slash_commands import ChatCommands
 
@@ -371,6 +373,12 @@ class ChatUI:
 
     def recap(self, messages: Sequence[Mapping[str, object]]) -> None:
         render_recap(self.console, messages)
+
+    def probs(self, probs: Sequence[TokenProb], position: int | None = None) -> None:
+        if position is None:
+            render_probs(self.console, probs)
+        else:
+            render_alternatives(self.console, probs, position)
 
 
 # ---- the loop -----------------------------------------------------------------------------------

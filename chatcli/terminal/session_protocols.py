@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from chatcli.chat.stream import StreamEvent
 
 if TYPE_CHECKING:
+    from chatcli.chat.token_probs import TokenProb
     from chatcli.chat.turns import Reply, SamplingOptions, TurnNotice, TurnStats
 
 
@@ -22,6 +23,7 @@ class Session(Protocol):
 
     can_sample_replies: bool  # /samples: n replies over one prefill (a local model's)
     can_show_raw: bool  # a `raw` flag makes its replies the exact token text
+    can_show_probs: bool  # /probs: its replies keep their tokens' probabilities
     options: SamplingOptions
     system: str | None
     last_reply: Reply | None
@@ -62,6 +64,11 @@ class Session(Protocol):
     ) -> None: ...
 
     def take_notices(self) -> list[TurnNotice]: ...
+
+    def reply_probs(self) -> list[TokenProb]:
+        """The last reply's tokens with their probabilities (a ChatcliError where none
+        were recorded)."""
+        ...
 
 
 class ReplyView(Protocol):
@@ -109,4 +116,9 @@ class Screen(Protocol):
 
     def recap(self, messages: Sequence[Mapping[str, object]]) -> None:
         """Where a loaded conversation left off: its last question and reply."""
+        ...
+
+    def probs(self, probs: Sequence[TokenProb], position: int | None = None) -> None:
+        """A reply's tokens shaded by probability; with `position` (from 1), the
+        alternatives the model had at that token instead."""
         ...

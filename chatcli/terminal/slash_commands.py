@@ -302,6 +302,18 @@ class ChatCommands(TurnRunner):
         self.screen.notice(f"Your next message gets {n} replies side by side; you keep one.{same}")
         return True
 
+    def cmd_probs(self, position: int | None) -> bool:
+        if not self.session.can_show_probs:
+            raise ChatcliError("/probs is not supported against a server; it needs a local model.")
+        probs = self.session.reply_probs()
+        if position is not None and position > len(probs):
+            raise CommandError(
+                f"/probs {position} is past the last reply's {len(probs)} tokens: "
+                f"give 1 to {len(probs)}."
+            )
+        self.screen.probs(probs, position)
+        return True
+
     # ---- files ----------------------------------------------------------------------------------
 
     def cmd_save(self, name: str | None) -> bool:
