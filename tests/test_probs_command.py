@@ -142,9 +142,15 @@ def test_probs_errors_say_what_to_do(tmp_path):
     session.load_messages(
         [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     )
-    session.last_reply.logprobs = None
     commands.handle("/probs")
     assert "no probabilities" in _last(screen, "error") and "/retry" in _last(screen, "error")
+    # /retry writes one that has; /undo takes it back, and there is no reply to show.
+    commands.handle("/retry")
+    commands.handle("/probs")
+    assert len(_last(screen, "probs")[0]) == 12
+    commands.handle("/undo")
+    commands.handle("/probs")
+    assert "No reply yet" in _last(screen, "error")
 
 
 def test_probs_parses_a_position_and_is_in_help():

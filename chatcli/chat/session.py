@@ -579,11 +579,15 @@ class ChatSession:
     def reply_probs(self) -> list[TokenProb]:
         """The last reply's tokens with their probabilities, for /probs."""
         reply = self.last_reply
-        if reply is None:
+        last = self.entries[-1] if self.entries else None
+        if last is None or last.message["role"] != "assistant":
             raise ChatcliError("No reply yet: /probs shows the last reply's, once there is one.")
-        if reply.logprobs is None:
+        # The reply recorded last may be one /undo took back, or from before a /load.
+        if reply is None or last.rendered or last.tokens[1:-1] != reply.tokens:
+            reply = None
+        if reply is None or reply.logprobs is None:
             raise ChatcliError(
-                "The last reply has no probabilities: a reply loaded from a file keeps none. "
-                "/retry writes one that has."
+                "The last reply has no probabilities: only a reply written since the chat "
+                "started keeps them, not one loaded from a file. /retry writes one that has."
             )
         return token_probs(self.tokenizer, reply.tokens, reply.logprobs)
