@@ -13,12 +13,21 @@ import torch
 from fakes import DONE, tool_call
 from serving import REFERENCE_E, scripted_worker, serve_workers
 
+from chatcli.model.special_tokens import SPECIAL_TOKENS
 from chatcli.serve.app import Limits, Worker
 
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
 
 QUESTION = [{"role": "user", "content": "Why is the sky blue? Answer in one sentence."}]
 TOLERANCE = 2e-4
+
+
+def _token_id(tokenizer, raw: list[int]) -> int:
+    """A listed token's id, read back from its bytes (a special token's are its name)."""
+    text = bytes(raw).decode("utf-8", errors="replace")
+    if text in SPECIAL_TOKENS:
+        return tokenizer.encode_special(text)
+    return tokenizer.enc.encode_single_token(bytes(raw))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +74,7 @@ def _check_against_model(reference, messages: list[dict], content: list[dict], t
     over the prompt and the reply's tokens (their ids read back from their bytes)."""
     model, tokenizer = reference
     prompt = tokenizer.render_for_completion(messages)
-    ids = [tokenizer.enc.encode_single_token(bytes(e["bytes"])) for e in content]
+    ids = [_token_id(tokenizer, e["bytes"]) for e in content]
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + ids]))[0].float()
     want = logits.log_softmax(-1)[len(prompt) - 1 : -1]

@@ -60,29 +60,30 @@ def distributions(logits: torch.Tensor) -> torch.Tensor:
 
 
 def column_logprobs(
-    logprobs: torch.Tensor, column: Sequence[int], masks: Sequence[int], top: int
+    logprobs: torch.Tensor,
+    picked: torch.Tensor | None,
+    column: Sequence[int],
+    masks: Sequence[int],
+    top: int,
 ) -> list[TokenLogprob]:
     """Each row's entry for its token of this step: logprobs (R, V) from `distributions`,
-    the rows' tokens and masks. One host read for the whole column."""
-    import torch
-
-    rows = len(column)
-    ids = torch.tensor(column, dtype=torch.long, device=logprobs.device).clamp_(
-        max=logprobs.size(-1) - 1
-    )
-    chosen = logprobs.gather(1, ids[:, None])  # (R, 1)
+    picked (R, 1): the tokens drawn for the rows, on the device (None: nothing was drawn),
+    and the rows' tokens and masks. A row of mask 1 took its drawn token; one of mask 0 was
+    forced (or is a finished row's filler), and the model's odds are not reported for it."""
+    if picked is None or not any(masks):
+        return [TokenLogprob(token, None) for token in column]
+    # Small host reads rather than one of a concatenation: on a CPU each op costs more than
+    # the read (a few microseconds), and on a GPU these come after the draw's own read.
+    chosen = logprobs.gather(1, picked)[:, 0].tolist()
+    values: list[list[float]] = [[] for _ in column]
+    indices: list[list[int]] = [[] for _ in column]
     if top > 0:
-        values, indices = torch.topk(logprobs, min(top, logprobs.size(-1)), dim=-1)
-        both = torch.cat([chosen, values, indices.to(values.dtype)], dim=1).tolist()
-    else:
-        both = chosen.tolist()
-    k = (len(both[0]) - 1) // 2 if rows else 0
+        best = logprobs.topk(min(top, logprobs.size(-1)), dim=-1)
+        values, indices = best.values.tolist(), best.indices.tolist()
     out = []
-    for token, mask, row in zip(column, masks, both, strict=True):
-        if mask == 0:  # forced, or a finished row's filler: no choice of the model's
+    for token, mask, lp, vs, ids in zip(column, masks, chosen, values, indices, strict=True):
+        if mask == 0:
             out.append(TokenLogprob(token, None))
-            continue
-        # The ids went through fp32: exact below 2**24, far past any vocabulary.
-        alternatives = tuple((int(i), v) for v, i in zip(row[1 : 1 + k], row[1 + k :], strict=True))
-        out.append(TokenLogprob(token, row[0], alternatives))
+        else:
+            out.append(TokenLogprob(token, lp, tuple(zip(ids, vs, strict=True))))
     return out

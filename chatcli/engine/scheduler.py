@@ -449,7 +449,9 @@ class Scheduler:
         for (gen, _), drawn, dist in zip(ran, sampled, dists, strict=True):
             column, masks = self._take(gen, drawn)
             if dist is not None:
-                gen.logprobs = column_logprobs(dist, column, masks, gen.request.logprobs or 0)
+                picked = drawn[1] if drawn is not None else None
+                top = gen.request.logprobs or 0
+                gen.logprobs = column_logprobs(dist, picked, column, masks, top)
             stats = gen.stats
             stats.steps += 1
             gen.column, gen.masks = column, masks
