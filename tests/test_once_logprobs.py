@@ -114,7 +114,6 @@ def test_once_raw_with_logprobs_lists_each_token():
         (["hi", "--json", "--logprobs", "21"], "--logprobs 21 is out of range: give 0 to 20."),
         (["--raw", "hi", "--system", "be brief"], "drop --system"),
         (["--raw", "hi", "--url", "http://127.0.0.1:9"], "--raw runs on a local model"),
-        (["hi", "--json", "--logprobs", "2", "--url", "http://127.0.0.1:9"], "--logprobs runs"),
     ],
 )
 def test_once_flags_that_do_not_go_together_are_one_line_usage_errors(args, message):
@@ -122,3 +121,24 @@ def test_once_flags_that_do_not_go_together_are_one_line_usage_errors(args, mess
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_once_over_a_server_gives_the_servers_logprobs_as_a_local_run_gives_them():
+    pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e '.[serve]'")
+    from serving import serve_workers
+
+    from chatcli.model.checkpoint import load_model
+    from chatcli.serve.app import Worker
+
+    model, tokenizer, _ = load_model(None, device="cpu")
+    args = ["What is the capital of France?", "--json", "--logprobs", "2", "-t", "0", "-n", "12"]
+    local = _once(*args)
+    server = serve_workers([Worker(model, tokenizer)], name="embedded")
+    try:
+        remote = _once(*args, "--url", server.url)
+    finally:
+        server.stop()
+    want, got = local["logprobs"]["content"], remote["logprobs"]["content"]
+    assert [e["token"] for e in got] == [e["token"] for e in want] and got
+    assert [e["logprob"] for e in got] == pytest.approx([e["logprob"] for e in want], abs=1e-4)
+    assert remote["text"] == local["text"]

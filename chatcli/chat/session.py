@@ -552,7 +552,8 @@ class ChatSession:
         body = tokens[:-1] if ended else tokens
         parts = decode_assistant_parts(body, masks[: len(body)], self.tokenizer)
         self._warn_if_nearly_full(stats)
-        kept = logprobs[: len(body)] if logprobs is not None else None
+        # As long as the body (an interrupt between a token and its entry leaves one short).
+        kept = None if logprobs is None else (logprobs + [None] * len(body))[: len(body)]
         reply = Reply(parts, list(body), masks[: len(body)], stats, kept)
         self.last_reply = reply
         self.history_stats.append(stats)

@@ -223,6 +223,8 @@ def once(
         )
         if url is None:
             session = _local_once(session, raw_text, logprobs)
+        else:
+            session.logprobs = logprobs  # the server is asked for them
         console = make_console()
         if as_json:
             _once_json(session, info, text)
@@ -244,11 +246,10 @@ def _check_once_flags(
         raise UsageError(f"--logprobs {logprobs} is out of range: give 0 to {MAX_TOP_LOGPROBS}.")
     if logprobs is not None and not as_json:
         raise UsageError("--logprobs is printed in the JSON: add --json.")
-    if url is not None and (raw_text or logprobs is not None):
-        flag = "--raw" if raw_text else "--logprobs"
+    if url is not None and raw_text:
         raise UsageError(
-            f"{flag} runs on a local model; with a server, ask /v1/completions or "
-            "/v1/chat/completions (logprobs) directly, or drop --url."
+            "--raw runs on a local model; with a server, ask its /v1/completions directly, "
+            "or drop --url."
         )
     if raw_text and system is not None:
         raise UsageError("--raw continues the text as it is, with no system prompt: drop --system.")
@@ -342,7 +343,10 @@ def _once_json(session: Any, info: dict, text: str) -> None:
         "seed": s.seed,
         "model": info["path"],
     }
-    if getattr(session, "logprobs", None) is not None and reply.logprobs is not None:
+    remote = getattr(session, "last_logprobs", None)
+    if getattr(session, "logprobs", None) is not None and remote is not None:
+        out["logprobs"] = {"content": remote}  # the server's, as it sent them
+    elif getattr(session, "logprobs", None) is not None and reply.logprobs is not None:
         from chatcli.chat.logprob_shapes import chat_logprobs
 
         # A reply's entries are all recorded (no /continue here): None never occurs.

@@ -66,6 +66,8 @@ class RemoteSession:
     known_context: int | None = None
     # How requests travel (None: the network; tests pass an httpx.MockTransport).
     transport: httpx.BaseTransport | None = field(default=None, repr=False)
+    # Ask for each token's logprob and this many alternatives (`once --logprobs`); None: not.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self.url = _base_url(self.url)
@@ -85,6 +87,8 @@ class RemoteSession:
         self._context_used: int | None = None  # by the conversation's last turn
         self._context_len: int | None = self.known_context
         self.last_reply: Reply | None = None
+        # The last reply's logprobs as the server sent them (OpenAI's content entries).
+        self.last_logprobs: list[dict[str, Any]] | None = None
         self.notices: list[TurnNotice] = []
         self.history_stats: list[TurnStats] = []
         self._told_tools = False
@@ -277,6 +281,9 @@ class RemoteSession:
             body["model"] = self.model
         if opts.top_p is not None and opts.top_p < 1:
             body["top_p"] = opts.top_p
+        if self.logprobs is not None:
+            body["logprobs"] = True
+            body["top_logprobs"] = self.logprobs
         return body
 
     def _stream(self, added_user: bool) -> Iterator[StreamEvent]:
@@ -406,6 +413,7 @@ class RemoteSession:
         stats.finish_reason = turn.finish or "error"
         reply = Reply(turn.parts(), [], [], stats)
         self.last_reply = reply
+        self.last_logprobs = turn.logprobs if self.logprobs is not None else None
         self.history_stats.append(stats)
         self._entries.append(reply.message)
         self._finishes.append(stats.finish_reason)

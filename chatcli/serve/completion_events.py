@@ -46,6 +46,8 @@ class StreamedReply:
         self.first_at: float | None = None
         self.deltas = 0
         self.done = False
+        # choices[0].logprobs.content's entries as the server sent them, where it sent any.
+        self.logprobs: list[dict[str, Any]] = []
 
     def read(self, payload: str) -> list[StreamEvent]:
         if payload == "[DONE]":
@@ -68,6 +70,9 @@ class StreamedReply:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
+            logprobs = choice.get("logprobs")
+            if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+                self.logprobs += [e for e in logprobs["content"] if isinstance(e, dict)]
             tool = delta.get("chatcli_tool")
             if isinstance(tool, dict):
                 # chatcli's own server: the content is just the marker; the field says it all.
