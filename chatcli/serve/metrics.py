@@ -174,11 +174,11 @@ class MeteredBackend:
         return self.backend.context_len
 
     @property
-    def closed(self) -> bool:  # type: ignore[override]
+    def closed(self) -> bool:
         return self.backend.closed
 
     @property
-    def waiting(self) -> int:  # type: ignore[override]
+    def waiting(self) -> int:
         return self.backend.waiting
 
     def queue_full(self, max_queue: int) -> bool:
