@@ -1,8 +1,9 @@
 """`chatcli serve`: an OpenAI-compatible HTTP API (and a chat page) over a back end.
 
 Owns: the HTTP surface: POST /v1/chat/completions (streamed as server-sent events or whole),
-GET (and HEAD) /v1/models, /health, /stats and the chat page at /; turning conversations into
-prompt tokens and stream events into OpenAI chunks; the
+GET (and HEAD) /v1/models, /health, /stats and the chat page at / (and, from modules of
+their own, /metrics: metrics.py; /tokenize and /detokenize: tokenization.py); turning
+conversations into prompt tokens and stream events into OpenAI chunks; the
 guards a server on this machine needs against web pages the user visits (JSON bodies only, so
 no form or text/plain post slips past the browser's preflight; on a loopback address, only
 loopback Host names, against DNS rebinding); who may use it (API keys, chatcli.serve.auth's
@@ -55,7 +56,8 @@ from chatcli.errors import TokenizerError
 from chatcli.serve.auth import ApiKeyCheck
 from chatcli.serve.backend import Backend
 from chatcli.serve.completions import Completion, CompletionRequest, params_of, prompt_tokens
-from chatcli.serve.guards import HostCheck, media_type, read_body
+from chatcli.serve.guards import HostCheck, read_json
+from chatcli.serve.metrics import add_metrics
 from chatcli.serve.openapi import openapi_document
 from chatcli.serve.replies import Finished, GenerationParams
 from chatcli.serve.requests import (
@@ -65,6 +67,7 @@ from chatcli.serve.requests import (
     error_body,
     validation_error_response,
 )
+from chatcli.serve.tokenization import add_tokenize_routes
 from chatcli.serve.worker_pool import ShuttingDown, Waiting, Worker, WorkerPool
 
 __all__ = ["Limits", "Worker", "WorkerPool", "create_app"]
@@ -217,6 +220,8 @@ def create_app(
         app.add_middleware(ApiKeyCheck, keys=api_keys)
     _add_error_handlers(app)
     _add_info_routes(app, pool, model_name, started, demo)
+    pool = add_metrics(app, pool, model_name)  # every generation below is counted
+    add_tokenize_routes(app, pool, limits, _prompt_of)
     _add_completions_route(app, pool, limits, model_name, waiting_every)
 
     @app.post("/v1/chat/completions")
@@ -324,29 +329,9 @@ async def _read_request(
     it (a field's error raises RequestValidationError, for the app's 400 handler)."""
     # The body is validated here rather than by a typed parameter so the limits can be
     # handed to the validators as context; errors go through the same 400 handler.
-    # JSON only: text/plain and form posts are the ones any web page may send here
-    # without the browser asking first, so taking them would let it run the model.
-    sent_as = media_type(request.headers.get("content-type", ""))
-    if sent_as != "application/json":
-        message = (
-            f"The body must be JSON, sent with Content-Type: application/json (got "
-            f"{sent_as or 'no Content-Type'}). With curl, add "
-            "-H 'Content-Type: application/json'."
-        )
-        return JSONResponse(error_body(message), status_code=415)
-    raw = await read_body(request, limits.max_body_bytes)
-    if raw is None:
-        message = (
-            f"The body is over {limits.max_body_bytes} bytes, this server's limit. "
-            "Send fewer or shorter messages."
-        )
-        return JSONResponse(error_body(message), status_code=413)
-    try:
-        body = json.loads(raw)
-    except RecursionError:  # Python's JSON parser recurses once per nested [ or {
-        return JSONResponse(error_body("The body's JSON is nested too deeply."), 400)
-    except ValueError as e:  # bad JSON, bytes not UTF-8, or int() past its digit limit
-        return JSONResponse(error_body(_not_json(e)), status_code=400)
+    body = await read_json(request, limits.max_body_bytes)
+    if isinstance(body, JSONResponse):
+        return body
     try:
         return schema.model_validate(body, context={"limits": limits})
     except ValidationError as e:
@@ -392,13 +377,6 @@ def _refusal(pool: Backend, limits: Limits) -> JSONResponse | None:
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     return None
-
-
-def _not_json(error: ValueError) -> str:
-    if isinstance(error, (json.JSONDecodeError, UnicodeDecodeError)):
-        return "The body is not valid JSON."
-    # int() refuses a number of more than 4300 digits (CVE-2020-10735): no field takes one.
-    return "The body holds a number with thousands of digits; no field takes one."
 
 
 def _shutting_down_body() -> dict[str, Any]:

@@ -191,7 +191,12 @@ class BatchWorker:
             stats = row.stats
             cached = len(job.prompt) - stats.prefill_tokens
             job.result = Finished(
-                reason, len(job.prompt), job.reply.generated, cached, stats.decode_s
+                reason,
+                len(job.prompt),
+                job.reply.generated,
+                cached,
+                stats.decode_s,
+                stats.first_token_s,
             )
             self._hand_over([job])  # the text held back, before the result
         job.done.set()

@@ -4,7 +4,8 @@ and against bodies too big to read: pure HTTP, no model.
 Owns: the Host names a server on a loopback address answers (HostCheck, against DNS
 rebinding: a page whose own name is made to point at 127.0.0.1), reading a Content-Type's
 media type (the API takes JSON only: text/plain and form posts are the ones any page may
-send without the browser asking first), and reading a body no further than a limit.
+send without the browser asking first), and reading a body no further than a limit, as JSON
+(read_json: every JSON route's way in, with the 415, 413 or 400 that refuses it).
 chatcli.serve.app puts them in front of the API.
 """
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 from collections.abc import Collection
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -88,3 +91,35 @@ async def read_body(request: Request, limit: int) -> bytes | None:
             if len(body) > limit:
                 return None
     return bytes(body)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request's body parsed as JSON, or the JSONResponse that refuses it: not sent as
+    JSON (415), over `limit` bytes (413), or not valid JSON (400)."""
+    # JSON only: text/plain and form posts are the ones any web page may send here
+    # without the browser asking first, so taking them would let it run the model.
+    sent_as = media_type(request.headers.get("content-type", ""))
+    if sent_as != "application/json":
+        message = (
+            f"The body must be JSON, sent with Content-Type: application/json (got "
+            f"{sent_as or 'no Content-Type'}). With curl, add "
+            "-H 'Content-Type: application/json'."
+        )
+        return JSONResponse(error_body(message), status_code=415)
+    raw = await read_body(request, limit)
+    if raw is None:
+        message = f"The body is over {limit} bytes, this server's limit. Send a shorter one."
+        return JSONResponse(error_body(message), status_code=413)
+    try:
+        return json.loads(raw)
+    except RecursionError:  # Python's JSON parser recurses once per nested [ or {
+        return JSONResponse(error_body("The body's JSON is nested too deeply."), 400)
+    except ValueError as e:  # bad JSON, bytes not UTF-8, or int() past its digit limit
+        return JSONResponse(error_body(_not_json(e)), status_code=400)
+
+
+def _not_json(error: ValueError) -> str:
+    if isinstance(error, (json.JSONDecodeError, UnicodeDecodeError)):
+        return "The body is not valid JSON."
+    # int() refuses a number of more than 4300 digits (CVE-2020-10735): no field takes one.
+    return "The body holds a number with thousands of digits; no field takes one."

@@ -1,8 +1,8 @@
 """The server's OpenAPI document: every route, what it takes and every answer it gives.
 
 Owns `openapi_document`: FastAPI's document of the app's routes, completed with what FastAPI
-cannot see. The chat route reads its body itself (so the limits reach the validators), so its
-request body is written here from the same `Limits`; every answer's shape is written here too,
+cannot see. The chat, /tokenize and /detokenize routes read their bodies themselves (so the
+limits reach the validators), so their request bodies are written here from the same `Limits`; every answer's shape is written here too,
 the OpenAI error body of each refusal included (the guards' 400, the API key's 401, an unknown
 path's 404 and 405); GET and HEAD of one route get operation ids of their own. Schemathesis
 fuzzes the server from this document (tests/test_fuzz_api.py), so a route or an answer it
@@ -220,6 +220,23 @@ _EVENT_STREAM = {
 }
 
 
+_TOKENIZED = {
+    "type": "object",
+    "required": ["count", "max_model_len", "tokens", "token_strs"],
+    "properties": {
+        "count": _COUNT,
+        "max_model_len": {"type": "integer", "minimum": 1},
+        "tokens": {"type": "array", "items": _COUNT},
+        "token_strs": {"type": ["array", "null"], "items": {"type": "string"}},
+    },
+}
+_DETOKENIZED = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {"prompt": {"type": "string"}},
+}
+
+
 def request_schema(limits: Limits) -> dict[str, Any]:
     """The chat completions body as `ChatRequest` validates it under `limits`: no stricter
     than the validators (a body this refuses, the server refuses too), and as strict as JSON
@@ -332,6 +349,36 @@ def completion_request_schema(limits: Limits) -> dict[str, Any]:
     }
 
 
+def token_request_schema(path: str, limits: Limits) -> dict[str, Any] | None:
+    """The body of POST /tokenize or /detokenize (chatcli.serve.tokenization), else None. Looser
+    than the validators where JSON Schema cannot follow them (prompt or messages, exactly
+    one; an id below the tokenizer's size, which the document does not know)."""
+    nullable_bool = {"type": ["boolean", "null"]}
+    if path == "/tokenize":
+        chat = request_schema(limits)["properties"]
+        return {
+            "type": "object",
+            "properties": {
+                "model": chat["model"],
+                "prompt": {"type": ["string", "null"], "maxLength": limits.max_total_chars},
+                "messages": {**chat["messages"], "type": ["array", "null"]},
+                "add_special_tokens": nullable_bool,
+                "add_generation_prompt": {"type": "boolean"},
+                "return_token_strs": nullable_bool,
+            },
+        }
+    if path == "/detokenize":
+        return {
+            "type": "object",
+            "required": ["tokens"],
+            "properties": {
+                "model": {"type": ["string", "null"]},
+                "tokens": {"type": "array", "items": _COUNT},
+            },
+        }
+    return None
+
+
 def _json(schema: dict[str, Any], what: str) -> dict[str, Any]:
     return {"description": what, "content": {"application/json": {"schema": schema}}}
 
@@ -354,6 +401,25 @@ _ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/models/{model_id}", "get"): {
         "200": _json(_MODEL, "The model"),
         "404": _json(_ERROR, "No model of that id here"),
+    },
+    ("/tokenize", "post"): {
+        "200": _json(_TOKENIZED, "The tokens"),
+        "400": _json(_ERROR, "A field is wrong"),
+        "413": _json(_ERROR, "The body is over the server's limit"),
+        "415": _json(_ERROR, "The body is not sent as JSON"),
+    },
+    ("/detokenize", "post"): {
+        "200": _json(_DETOKENIZED, "The text"),
+        "400": _json(_ERROR, "A field is wrong, or an id is not one of the tokenizer's"),
+        "413": _json(_ERROR, "The body is over the server's limit"),
+        "415": _json(_ERROR, "The body is not sent as JSON"),
+    },
+    ("/metrics", "get"): {
+        "200": {
+            "description": "Prometheus' text format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+        "501": _json(_ERROR, "prometheus_client is not installed"),
     },
     ("/v1/chat/completions", "post"): {
         "200": {
@@ -409,6 +475,12 @@ def openapi_document(app: FastAPI, limits: Limits, keys: bool) -> dict[str, Any]
                 }
             if keys and path not in OPEN_PATHS:
                 operation["security"] = [{"apiKey": []}]
+            token_body = token_request_schema(path, limits) if method == "post" else None
+            if token_body is not None:
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": token_body}},
+                }
             if (path, method) == ("/v1/chat/completions", "post"):
                 operation["requestBody"] = {
                     "required": True,
