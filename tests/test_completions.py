@@ -173,3 +173,19 @@ def test_the_openai_client_completes_whole_and_streamed(server, reference):
     assert "".join(c.choices[0].text for c in stream) == text
     with pytest.raises(openai.BadRequestError, match="echo is not supported"):
         client.completions.create(model="reference", prompt=PROMPT, echo=True)
+
+
+def test_completions_are_counted_in_metrics_as_chat_requests_are(server):
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def generated() -> float:
+        body = httpx.get(f"{server.url}/metrics", timeout=30).text
+        for family in text_string_to_metric_families(body):
+            if family.name == "chatcli:generation_tokens":
+                return sum(s.value for s in family.samples if s.name.endswith("_total"))
+        return 0.0
+
+    before = generated()
+    usage = _post(server, {"prompt": PROMPT, "max_tokens": 5, "temperature": 0}).json()["usage"]
+    assert generated() == before + usage["completion_tokens"]
