@@ -554,3 +554,14 @@ class ChatSession:
     def take_notices(self) -> list[TurnNotice]:
         notices, self.notices = self.notices, []
         return notices
+
+    def put_reply(self, message: Message, finish: str | None = None) -> None:
+        """Make `message`, a reply this session did not write (the arena's other model's),
+        the answer to the last question, in place of its own. Its tokens are rendered from
+        its parts; the warm cache keeps the prefix up to the question."""
+        self.pop_last_reply()
+        self._popped = None
+        if not self.entries or self.entries[-1].message["role"] != "user":
+            raise ChatcliError("There is no question waiting for a reply.")
+        entry = _Entry(message, self._assistant_tokens(message), finish, rendered=True)
+        self.entries.append(entry)
