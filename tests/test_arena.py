@@ -1,0 +1,170 @@
+"""The arena's votes: typed answers, the record a vote leaves in its conversation's file,
+reading them back (damaged lines skipped), the two exports, this session's tally, and the
+memory check before two models load."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chatcli.chat.arena import (
+    Side,
+    dpo_record,
+    export_lines,
+    kept_label,
+    parse_vote,
+    read_votes,
+    session_tally,
+    vote_record,
+)
+from chatcli.chat.conversation_reader import read_conversation
+from chatcli.chat.conversation_store import NewConversation
+from chatcli.chat.ratings import Battle
+from chatcli.errors import ChatcliError
+from chatcli.model.memory_need import GB, available_bytes, check_models_fit, checkpoint_bytes
+
+CALC = [
+    {"type": "text", "text": "Let me work it out: "},
+    {"type": "python", "text": "12*7"},
+    {"type": "python_output", "text": "84"},
+    {"type": "text", "text": " so 84."},
+]
+PROMPT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": [{"type": "text", "text": "Hello!"}]},
+    {"role": "user", "content": "What is 12*7?"},
+]
+
+
+def side(label: str, model: str, parts: list, tokens: int = 9) -> Side:
+    stats = {"tokens_out": tokens, "finish_reason": "stop", "seed": 3}
+    return Side(label, model, {"role": "assistant", "content": parts}, stats)
+
+
+def a_vote(outcome: str, a: str = "sft", b: str = "rl") -> dict:
+    sides = [side("A", a, CALC), side("B", b, [{"type": "text", "text": "It is 86."}])]
+    settings = {"temperature": 0.6, "top_k": 50, "seed": 3}
+    return vote_record(PROMPT, sides, outcome, settings)
+
+
+@pytest.mark.parametrize(
+    ("typed", "outcome"),
+    [
+        ("a", "a"),
+        ("A", "a"),
+        ("b", "b"),
+        ("t", "tie"),
+        ("tie", "tie"),
+        ("x", "bad"),
+        ("both bad", "bad"),
+        ("  Both   Bad ", "bad"),
+        ("c", None),
+        ("", None),
+        ("ab", None),
+    ],
+)
+def test_typed_votes(typed, outcome):
+    assert parse_vote(typed) == outcome
+
+
+def test_the_kept_reply_is_the_winners_else_as():
+    assert [kept_label(o) for o in ("a", "b", "tie", "bad")] == ["A", "B", "A", "A"]
+
+
+def test_dpo_record_is_trls_conversational_preference_format():
+    record = dpo_record(a_vote("b"))
+    assert record == {
+        "prompt": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "What is 12*7?"},
+        ],
+        "chosen": [{"role": "assistant", "content": "It is 86."}],
+        # the calculator call as its text marker, as the server's clients send it
+        "rejected": [
+            {"role": "assistant", "content": "Let me work it out: [calc 12*7 = 84] so 84."}
+        ],
+    }
+    assert dpo_record(a_vote("tie")) is None
+    assert dpo_record(a_vote("bad")) is None
+
+
+def test_votes_are_saved_with_the_conversation_and_read_back(tmp_path):
+    folder = tmp_path / "conversations"
+    conversation = NewConversation(folder, model={"arena": ["sft", "rl"]})
+    conversation.append_message({"role": "user", "content": "What is 12*7?"})
+    conversation.append_message({"role": "assistant", "content": CALC})
+    conversation.append_vote(a_vote("a"))
+    conversation.append_message({"role": "user", "content": "Again"})
+    conversation.append_message({"role": "assistant", "content": "86"})
+    conversation.append_vote(a_vote("tie"))
+    path = conversation.path
+    # A killed process's half line, and a vote missing its sides: both skipped.
+    with path.open("a") as f:
+        f.write(json.dumps({"type": "vote", "vote": {"outcome": "a"}}) + "\n")
+        f.write('{"type": "vote", "vote": {"outc')
+    loaded = read_conversation(path)
+    # The votes change nothing in the messages; the cut line is the reader's one warning.
+    assert [m["role"] for m in loaded.messages] == ["user", "assistant", "user", "assistant"]
+    assert len(loaded.warnings) == 1
+    votes = read_votes(folder)
+    assert [v.record["outcome"] for v in votes] == ["a", "tie"]
+    assert {v.conversation for v in votes} == {path.stem}
+    assert [v.battle for v in votes] == [Battle("sft", "rl", "a"), Battle("sft", "rl", "tie")]
+    assert read_votes(tmp_path / "none") == []
+
+
+def test_exports_dpo_keeps_decisive_votes_jsonl_keeps_all(tmp_path):
+    conversation = NewConversation(tmp_path)
+    conversation.append_message({"role": "user", "content": "What is 12*7?"})
+    for outcome in ("a", "tie", "b", "bad"):
+        conversation.append_vote(a_vote(outcome))
+    votes = read_votes(tmp_path)
+    dpo = [json.loads(line) for line in export_lines(votes, "dpo")]
+    assert [r["chosen"][0]["content"] for r in dpo] == [
+        "Let me work it out: [calc 12*7 = 84] so 84.",
+        "It is 86.",
+    ]
+    full = [json.loads(line) for line in export_lines(votes, "jsonl")]
+    assert [r["outcome"] for r in full] == ["a", "tie", "b", "bad"]
+    assert [r["winner"] for r in full] == ["sft", None, "rl", None]
+    first = full[0]
+    assert [s["model"] for s in first["sides"]] == ["sft", "rl"]
+    assert first["sides"][1]["content"] == "It is 86."
+    assert first["sides"][0]["message"]["content"] == CALC  # the parts, whole
+    assert first["settings"] == {"temperature": 0.6, "top_k": 50, "seed": 3}
+    assert first["sides"][0]["stats"]["tokens_out"] == 9
+
+
+def test_session_tally_counts_each_models_record():
+    rows = session_tally(
+        [("sft", "rl", "a"), ("rl", "sft", "a"), ("sft", "rl", "tie"), ("rl", "sft", "bad")]
+    )
+    assert sorted(rows) == [("rl", 1, 1, 1, 1), ("sft", 1, 1, 1, 1)]
+
+
+def test_two_models_that_do_not_fit_are_refused_with_what_they_need():
+    with pytest.raises(ChatcliError) as e:
+        check_models_fit([("runs/a", 6 * GB), ("runs/b", 5 * GB)], 8 * GB)
+    assert str(e.value) == (
+        "The models need about 11.0 GB of memory (runs/a: 6.0 GB, runs/b: 5.0 GB) and 8.0 GB "
+        "is free. Close other programs, load them smaller (--dtype bfloat16, --quantize int8), "
+        "or serve one (chatcli serve) and pass its --url."
+    )
+    check_models_fit([("runs/a", 6 * GB), ("runs/b", 5 * GB)], 12 * GB)  # they fit
+    check_models_fit([("hf:org/big", None), ("runs/b", 5 * GB)], 6 * GB)  # not known: tried
+    check_models_fit([("runs/a", 6 * GB), ("runs/b", 5 * GB)], None)
+
+
+def test_the_embedded_models_estimate_is_its_weights_and_cache(tmp_path):
+    from chatcli.model.checkpoint_paths import resolve_checkpoint
+
+    weights = resolve_checkpoint(None).model_file.stat().st_size
+    need = checkpoint_bytes(None)
+    assert weights < need < 2 * weights + 64 * 2**20
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  16000000 kB\nMemAvailable:    8000000 kB\n")
+    assert available_bytes(meminfo) == 8000000 * 1024
