@@ -123,6 +123,12 @@ def test_two_local_models_vote_through_a_conversation_then_export_and_rank(tmp_p
         {"role": "user", "content": "Hello"},
     ]
 
+    # Both keep their warm caches across turns, the side whose reply lost too (it takes
+    # the kept one in its place): a later turn prefills less than its whole prompt. Turn 2
+    # set a system prompt, which changes the first message: the third turn shows it.
+    for side in votes[2]["sides"]:
+        assert 0 < side["stats"]["prefill_tokens"] < side["stats"]["tokens_in"], side["model"]
+
     out = tmp_path / "prefs.jsonl"
     result = runner.invoke(app, ["arena", "export", str(out), "--format", "dpo"])
     assert result.exit_code == 0, result.output
@@ -230,3 +236,59 @@ def test_input_that_ends_before_the_vote_saves_nothing():
     result = runner.invoke(app, ["arena", "export", "out.jsonl"])
     assert result.exit_code == 1
     assert "No arena votes in" in result.stderr
+
+
+@needs_reference
+def test_a_turn_the_server_refuses_is_dropped_from_both_sides():
+    from serving import reference_worker, serve_workers
+
+    server = serve_workers([reference_worker()], name="reference-e")
+    script = ["Hi", "a", "/top_k 500", "Again", "/top_k 50", "Third", "b"]
+    try:
+        result = arena(
+            "-m", "embedded", "--url", server.url, "-n", "4", input="\n".join(script) + "\n"
+        )
+    finally:
+        server.stop()
+    assert result.exit_code == 1  # the refusal, as one line
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert "top_k" in error and "refused" in error
+    [records] = saved()
+    votes = [r["vote"] for r in records if r["type"] == "vote"]
+    assert [v["outcome"] for v in votes] == ["a", "b"]
+    # The refused question left neither side: the next turn follows the first exchange.
+    kept = next(s["message"] for s in votes[0]["sides"] if s["label"] == "A")
+    assert votes[1]["prompt"] == [
+        {"role": "user", "content": "Hi"},
+        kept,
+        {"role": "user", "content": "Third"},
+    ]
+    # The local side's warm cache kept the first exchange: it prefilled less than its prompt.
+    local = next(s for s in votes[1]["sides"] if s["model"] == EMBEDDED)
+    assert 0 < local["stats"]["prefill_tokens"] < local["stats"]["tokens_in"]
+
+
+def test_two_models_that_do_not_fit_are_refused_before_loading(monkeypatch):
+    import chatcli.model.memory_need as memory_need
+
+    monkeypatch.setattr(memory_need, "available_bytes", lambda: 4 * 2**20)
+    result = arena("-m", "embedded", "-m", "embedded", input="Hello\n")
+    assert result.exit_code == 1
+    need = memory_need.checkpoint_bytes(None)  # the embedded model's estimate
+    each, total = f"{need / 2**20:.0f} MB", f"{2 * need / 2**20:.0f} MB"
+    assert result.stderr == (
+        f"Error: The models need about {total} of memory (embedded: {each}, embedded: "
+        f"{each}) and 4 MB is free. Close other programs, load them smaller (--dtype "
+        "bfloat16, --quantize int8), or serve one (chatcli serve) and pass its --url.\n"
+    )
+    assert "Arena:" not in result.stderr  # nothing loaded
+    assert saved() == []
+
+
+def test_stats_of_self_play_only_ranks_nothing():
+    result = arena("-m", "embedded", "-m", "embedded", "-n", "4", input="Hi\na\n")
+    assert result.exit_code == 0
+    result = runner.invoke(app, ["arena", "stats"])
+    assert result.exit_code == 0
+    assert result.stderr == "All 1 votes are of a model against itself: nothing to rank.\n"
+    assert json.loads(runner.invoke(app, ["arena", "stats", "--json"]).stdout)["ratings"] == []

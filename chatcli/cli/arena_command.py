@@ -300,6 +300,12 @@ def stats(
             f"No arena votes in {folder} yet: chatcli arena -m A -m B, then vote.",
         )
         return
+    if not board:
+        render_notice(
+            make_console(file=sys.stderr),
+            f"All {len(battles)} votes are of a model against itself: nothing to rank.",
+        )
+        return
     console = make_console()
     render_table(
         console,

@@ -178,15 +178,26 @@ class ArenaCommands:
             raise ChatcliError("The last question has no reply: /retry answers it, /undo drops it.")
         order = [0, 1]
         self.rng.shuffle(order)  # which model is A this turn
-        if not self._duel(order, lambda s: s.send(text), self.options.seed):
+        if not self._duel(order, lambda s: s.send(text), self.options.seed, len(messages)):
             return True
         return self._vote(order, text)
 
     def _duel(
-        self, order: Sequence[int], start: Callable[[ArenaSession], Iterator[StreamEvent]], seed
+        self,
+        order: Sequence[int],
+        start: Callable[[ArenaSession], Iterator[StreamEvent]],
+        seed: int | None,
+        base: int,
     ) -> bool:
         """Streams both replies side by side, A (contender order[0]) on the left; both with
-        the turn's seed. False when the turn was dropped (a failure, or stopped early)."""
+        the turn's seed (None: a fresh one). False when the turn was dropped (a failure, or
+        stopped early): each session is back to its `base` messages, those before the
+        question (a server's session takes back a question it was refused by itself)."""
+
+        def drop_turn(session: ArenaSession) -> None:
+            if len(session.messages) > base:
+                session.undo()
+
         fixed = self.options.seed
         self.options.seed = random_seed() if seed is None else seed
         sessions = [self.contenders[i].session for i in order]
@@ -195,9 +206,10 @@ class ArenaCommands:
             for session in sessions:
                 streams.append(start(session))
         except BaseException:
-            for events, session in zip(streams, sessions, strict=False):
+            for events in streams:
                 _close(events)
-                session.undo()
+            for session in sessions:
+                drop_turn(session)
             self.options.seed = fixed
             raise
         titles = [self._title(label, i) for label, i in zip(LABELS, order, strict=True)]
@@ -240,7 +252,7 @@ class ArenaCommands:
             )
             if failure is not None or not answered:
                 for session in sessions:
-                    session.undo()
+                    drop_turn(session)
                 if failure is not None:
                     raise failure
                 self.screen.notice("Stopped before both replies began: the turn was dropped.")
@@ -302,7 +314,9 @@ class ArenaCommands:
             return session.regenerate()
 
         self.screen.notice("Drawing both replies again.")
-        return self._duel(order, again, seed)
+        # Before the question: the messages end with it and the reply drawn for it.
+        base = len(self.contenders[0].session.messages) - 2
+        return self._duel(order, again, seed, base)
 
     def _drop_turn(self) -> None:
         for c in self.contenders:
