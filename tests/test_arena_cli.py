@@ -75,6 +75,9 @@ def test_two_local_models_vote_through_a_conversation_then_export_and_rank(tmp_p
             "hmm",  # not a vote: said, and asked again
             "t",
             "/stats",
+            "/edit Four, as [calc 2+2 = 4] says.",  # the kept reply, rewritten for both
+            "And then?",
+            "a",
         ]
     )
     result = arena("-m", "embedded", "-m", str(FIXTURE), "-n", "8", input=script + "\n")
@@ -87,20 +90,30 @@ def test_two_local_models_vote_through_a_conversation_then_export_and_rank(tmp_p
     ]
     assert "Drawing both replies again." in result.stderr
     reveals = REVEAL.findall(result.stderr)
-    assert [r[0] for r in reveals] == ["A is better", "B is better", "a tie"]
-    assert [r[3] for r in reveals] == ["A", "B", "A"]
+    assert [r[0] for r in reveals] == ["A is better", "B is better", "a tie", "A is better"]
+    assert [r[3] for r in reveals] == ["A", "B", "A", "A"]
     fixture_name = next(n for r in reveals for n in r[1:3] if n != EMBEDDED)
     assert fixture_name.startswith(str(FIXTURE)) and fixture_name.endswith(".pt")
     for _, a, b, _ in reveals:
         assert {a, b} == {EMBEDDED, fixture_name}
-    # Three duels (the retry's redraw too), each as two panels on stdout.
-    assert result.stdout.count("╭─ A ") == 4 and result.stdout.count("╭─ B ") == 4
+    # Four turns and the retry's redraw, each as two panels on stdout.
+    assert result.stdout.count("╭─ A ") == 5 and result.stdout.count("╭─ B ") == 5
     assert "embedded default model" in result.stdout  # the /stats table
 
     [records] = saved()
-    assert records[0]["model"] == {"arena": [EMBEDDED, fixture_name]}
+    assert records[0]["model"] == f"arena: {EMBEDDED} vs {fixture_name}"
     votes = [r["vote"] for r in records if r["type"] == "vote"]
-    assert [v["outcome"] for v in votes] == ["a", "b", "tie"]
+    assert [v["outcome"] for v in votes] == ["a", "b", "tie", "a"]
+    edited = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Four, as "},
+            {"type": "python", "text": "2+2"},
+            {"type": "python_output", "text": "4"},
+            {"type": "text", "text": " says."},
+        ],
+    }
+    assert votes[3]["prompt"][-2:] == [edited, {"role": "user", "content": "And then?"}]
     assert all(v["settings"]["temperature"] == 0.0 for v in votes)
     # The same conversation, the same settings: each side answers as its model alone does.
     first = {s["model"]: s for s in votes[0]["sides"]}
@@ -115,7 +128,12 @@ def test_two_local_models_vote_through_a_conversation_then_export_and_rank(tmp_p
         for s in v["sides"]
         if s["label"] == {"a": "A", "b": "B", "tie": "A"}[v["outcome"]]
     ]
-    assert [m for m in conversation.messages if m["role"] == "assistant"] == kept
+    # The file replays to the replies that went on, the tie's as /edit rewrote it.
+    assert [m for m in conversation.messages if m["role"] == "assistant"] == [
+        *kept[:2],
+        edited,
+        kept[3],
+    ]
     assert votes[1]["prompt"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is 2+2?"},
@@ -132,12 +150,13 @@ def test_two_local_models_vote_through_a_conversation_then_export_and_rank(tmp_p
     out = tmp_path / "prefs.jsonl"
     result = runner.invoke(app, ["arena", "export", str(out), "--format", "dpo"])
     assert result.exit_code == 0, result.output
-    assert result.stderr == f"Wrote 2 preference pairs to {out}.\n"
+    assert result.stderr == f"Wrote 3 preference pairs to {out}.\n"
     datasets = pytest.importorskip("datasets")
     data = datasets.load_dataset("json", data_files=str(out), split="train")
-    assert data.num_rows == 2
+    assert data.num_rows == 3
     assert set(data.column_names) == {"prompt", "chosen", "rejected"}
-    for row, vote in zip(data, votes[:2], strict=True):
+    decisive = [votes[0], votes[1], votes[3]]
+    for row, vote in zip(data, decisive, strict=True):
         # TRL's conversational preference format: the prompt's messages end with the user's
         # turn; chosen and rejected are one assistant message each, as strings.
         assert row["prompt"][-1]["role"] == "user"
@@ -157,11 +176,16 @@ def test_two_local_models_vote_through_a_conversation_then_export_and_rank(tmp_p
     assert data[1]["prompt"][0] == {"role": "system", "content": "Be brief."}
 
     result = runner.invoke(app, ["arena", "export", "-", "--format", "jsonl"])
-    assert [json.loads(line)["outcome"] for line in result.stdout.splitlines()] == ["a", "b", "tie"]
+    assert [json.loads(line)["outcome"] for line in result.stdout.splitlines()] == [
+        "a",
+        "b",
+        "tie",
+        "a",
+    ]
 
     result = runner.invoke(app, ["arena", "stats", "--json"])
     board = json.loads(result.stdout)
-    assert board["votes"] == 3
+    assert board["votes"] == 4
     assert {r["model"] for r in board["ratings"]} == {EMBEDDED, fixture_name}
     # Which model won each vote, from what the arena revealed after it.
     wins = {EMBEDDED: 0, fixture_name: 0}
@@ -183,7 +207,7 @@ def test_two_local_models_vote_through_a_conversation_then_export_and_rank(tmp_p
     result = runner.invoke(app, ["arena", "stats"])
     assert result.exit_code == 0
     top = board["ratings"][0]
-    row = rf"^1\s+{re.escape(top['model'])}\s+{top['rating']:.0f}\s+-?\d+ to \d+\s+3\s*$"
+    row = rf"^1\s+{re.escape(top['model'])}\s+{top['rating']:.0f}\s+-?\d+ to \d+\s+4\s*$"
     assert re.search(row, result.stdout, re.MULTILINE), result.stdout
 
 

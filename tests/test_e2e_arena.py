@@ -64,6 +64,11 @@ def test_an_arena_in_a_real_terminal(tmp_path):
         child.expect(r"embedded default model\s+[01]\s+[01]\s+0\s+0")
 
         child.expect_exact(PROMPT)
+        child.send("/edit" + ENTER)  # the kept reply at a prompt, the cursor at its end
+        child.expect_exact("Edit the reply")
+        child.send(" Right." + ENTER)
+        child.expect_exact("The reply that goes on is yours now")
+        child.expect_exact(PROMPT)
         child.send("Hello" + ENTER)
         child.expect_exact(VOTE)
         child.send("/retry" + ENTER)  # its letters are typed, not votes ('t' is a tie's key)
@@ -86,6 +91,11 @@ def test_an_arena_in_a_real_terminal(tmp_path):
     assert [s["model"] for s in votes[0]["sides"]] == list(first)
     messages = read_conversation(path).messages
     assert [m["content"] for m in messages if m["role"] == "user"] == ["What is 2+2?", "Hello"]
+    kept = next(s["message"] for s in votes[0]["sides"] if s["label"] == "A")
+    edited = messages[1]["content"]
+    assert edited[-1]["text"].endswith(" Right.")
+    assert votes[1]["prompt"][1] == messages[1]  # the edited reply went on
+    assert kept != messages[1]  # the vote keeps the reply as it was drawn
 
 
 def test_a_narrow_terminal_stacks_the_panels(tmp_path):

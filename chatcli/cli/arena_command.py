@@ -163,7 +163,9 @@ def _run(
         render_notice(notes, "Both sides are the same model: its rating will not move.")
     render_notice(notes, "Vote a, b, t (tie) or x (both bad); /help lists the commands.")
     folder = conversations_dir()
-    conversation = NewConversation(folder, model={"arena": names}, system=settings.system)
+    conversation = NewConversation(
+        folder, model=f"arena: {names[0]} vs {names[1]}", system=settings.system
+    )
     ui = ArenaUI(console, settings, folder, lines=sys.stdin if piped else None, notes=notes)
     commands = ArenaCommands(contenders, ui, options, conversation, folder, show_names=open_names)
     run_arena(commands, ui.read_message)

@@ -29,6 +29,7 @@ from chatcli.chat.arena import (
     session_tally,
     vote_record,
 )
+from chatcli.chat.calc_markers import parts_from_text, text_from_parts
 from chatcli.chat.command_parsing import (
     SHOW_SETTING,
     SYSTEM_CLEAR,
@@ -53,6 +54,7 @@ ARENA_HELP = """Arena commands:
   a, b, t, x (or /vote a|b|tie|bad)   vote, once both replies are in
   /retry                draw both replies again (after a vote: ask the last question again)
   /undo                 drop the last question and its reply
+  /edit [TEXT]          rewrite the reply that went on (alone: edit it at the prompt)
   /system [TEXT|clear]  show or set the system prompt of both models
   /temperature, /top_k, /top_p, /max_tokens, /seed, /tools   as in chatcli chat, both sides
   /stats                this session's votes per model
@@ -77,6 +79,10 @@ class ArenaScreen(Screen, Protocol):
     def ask_vote(self, question: str) -> str | None: ...
 
     def tally(self, rows: Sequence[Mapping[str, object]]) -> None: ...
+
+    def edit(self, text: str) -> str | None:
+        """`text` edited by the person; None when declined (or there is no terminal)."""
+        ...
 
 
 @dataclass
@@ -139,6 +145,9 @@ class ArenaCommands:
         if word in ("help", "?"):
             self.screen.text(ARENA_HELP)
             return True
+        if word == "edit":
+            rest = line.strip()[1:].partition(" ")[2].strip()
+            return self.cmd_edit(rest or None)
         command = parse_command(line)
         name, arg = command.name, command.arg
         if name in SETTINGS:
@@ -403,6 +412,26 @@ class ArenaCommands:
         self._drop_turn()
         self._save(lambda c: c.append_undo())
         self.screen.notice("Undone: the last question and its reply (its vote stays counted).")
+        return True
+
+    def cmd_edit(self, text: str | None) -> bool:
+        """The reply that went on after the last vote, rewritten: in both sessions and the
+        file. The vote keeps both replies as they were drawn."""
+        messages = self.contenders[0].session.messages
+        if not self.outcomes or not messages or messages[-1]["role"] != "assistant":
+            raise ChatcliError("Nothing to edit: /edit rewrites the reply a vote kept.")
+        if text is None:
+            text = self.screen.edit(text_from_parts(messages[-1]["content"]))
+            if text is None:
+                raise ChatcliError("No new reply given; it stays as it was. /edit TEXT gives one.")
+        text = text.strip()
+        if not text:
+            raise ChatcliError("An empty reply cannot go on; /undo drops the exchange instead.")
+        message = {"role": "assistant", "content": parts_from_text(text)}
+        for c in self.contenders:
+            c.session.put_reply(message, "stop")
+        self._save(lambda c: c.replace_last(message, {"finish_reason": "stop", "edited": True}))
+        self.screen.notice("The reply that goes on is yours now; the vote keeps both as drawn.")
         return True
 
     def cmd_retry(self, _: None) -> bool:

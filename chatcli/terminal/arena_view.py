@@ -137,6 +137,19 @@ class ArenaUI(ChatUI):
             decide(key)
         return bindings
 
+    def edit(self, text: str) -> str | None:
+        """`text` at a prompt to edit, Enter keeps it; None on Ctrl-C, or from piped input
+        (where /edit TEXT gives the text)."""
+        if self._lines is not None:
+            return None
+        session: PromptSession[str] = PromptSession(
+            history=InMemoryHistory(), input=self._input, output=self._output
+        )
+        try:
+            return readable_text(session.prompt("Edit the reply › ", default=text))
+        except (KeyboardInterrupt, EOFError):
+            return None
+
     def tally(self, rows: Sequence[Mapping[str, object]]) -> None:
         """This session's votes per model (/stats in the arena)."""
         headers = ("model", "wins", "losses", "ties", "both bad")
