@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,14 +62,15 @@ class PairTally:
 def _scores(battles: Sequence[Battle]) -> dict[tuple[str, str], float]:
     """(i, j) -> what i scored against j: 1 a win, 0.5 a tie or both bad."""
     score: dict[tuple[str, str], float] = {}
-    for battle in battles:
-        if battle.outcome not in OUTCOMES:
-            raise ValueError(f"unknown outcome {battle.outcome!r}")
-        if battle.a == battle.b:
+    # Counted first: a bootstrap sample repeats its votes, and a count is one step each.
+    for (a, b, outcome), n in Counter((x.a, x.b, x.outcome) for x in battles).items():
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}")
+        if a == b:
             continue  # a model against itself says nothing about either
-        a_gets = {"a": 1.0, "b": 0.0}.get(battle.outcome, 0.5)
-        for i, j, s in ((battle.a, battle.b, a_gets), (battle.b, battle.a, 1.0 - a_gets)):
-            score[i, j] = score.get((i, j), 0.0) + s
+        a_gets = {"a": 1.0, "b": 0.0}.get(outcome, 0.5)
+        score[a, b] = score.get((a, b), 0.0) + n * a_gets
+        score[b, a] = score.get((b, a), 0.0) + n * (1.0 - a_gets)
     return score
 
 
@@ -80,13 +82,17 @@ def fit_strengths(battles: Sequence[Battle], prior_ties: float = 1.0) -> dict[st
     models = sorted({i for i, _ in score} | {j for _, j in score})
     if not models:
         return {}
-    games = {(i, j): score[i, j] + score[j, i] for i, j in score}
-    won = {m: sum(s for (i, _), s in score.items() if i == m) for m in models}
+    # Each model's opponents and the games it played with each (both directions' scores).
+    games: dict[str, list[tuple[str, float]]] = {m: [] for m in models}
+    won = dict.fromkeys(models, 0.0)
+    for (i, j), s in score.items():
+        games[i].append((j, s + score[j, i]))
+        won[i] += s
     p = dict.fromkeys(models, 1.0)
     for _ in range(MM_MAX_ITERATIONS):
         new = {}
         for m in models:
-            denominator = sum(n / (p[i] + p[j]) for (i, j), n in games.items() if i == m)
+            denominator = sum(n / (p[m] + p[j]) for j, n in games[m])
             new[m] = won[m] / denominator if denominator else p[m]
         # Scale fixed by the geometric mean: BT's strengths are only known up to a factor.
         mean_log = sum(math.log(v) for v in new.values()) / len(new)
@@ -123,7 +129,7 @@ def leaderboard(
     draws: dict[str, list[float]] = {m: [] for m in point}
     rng = random.Random(seed)
     for _ in range(rounds if battles else 0):
-        sample = [battles[rng.randrange(len(battles))] for _ in battles]
+        sample = rng.choices(battles, k=len(battles))
         for m, r in elo_ratings(sample, prior_ties).items():
             draws[m].append(r)
     votes = {m: sum(m in (b.a, b.b) and b.a != b.b for b in battles) for m in point}
