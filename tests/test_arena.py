@@ -168,3 +168,44 @@ def test_the_embedded_models_estimate_is_its_weights_and_cache(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:  16000000 kB\nMemAvailable:    8000000 kB\n")
     assert available_bytes(meminfo) == 8000000 * 1024
+
+
+def test_a_local_session_takes_the_other_models_reply_and_keeps_its_cache():
+    from chatcli.chat.session import ChatSession
+    from chatcli.chat.turns import SamplingOptions
+    from chatcli.model.checkpoint import load_model
+
+    model, tokenizer, _ = load_model(None, device="cpu")
+    options = SamplingOptions(temperature=0.0, max_tokens=6)
+    session = ChatSession(model, tokenizer, options)
+    list(session.send("What is 12*7?"))
+    other = {"role": "assistant", "content": CALC}
+    session.put_reply(other, "stop")
+    assert session.messages == [{"role": "user", "content": "What is 12*7?"}, other]
+    # Its tokens are the other reply's, rendered: the calculator call as the model writes one.
+    alone = ChatSession(model, tokenizer, options)
+    alone.load_messages(session.messages)
+    assert session.prompt_tokens() == alone.prompt_tokens()
+    list(session.send("And 6*7?"))
+    stats = session.last_reply.stats
+    # The question and the reply it took were in the warm cache already, but for the reply.
+    assert 0 < stats.prefill_tokens < stats.tokens_in
+    session.clear()
+    with pytest.raises(ChatcliError, match="no question waiting"):
+        session.put_reply(other)
+
+
+def test_a_server_session_sends_the_reply_it_was_given():
+    pytest.importorskip("httpx")
+    from chatcli.serve.client import RemoteSession
+
+    session = RemoteSession("http://127.0.0.1:9", model="m")
+    session.load_messages(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Its own."}]
+    )
+    session.put_reply({"role": "assistant", "content": CALC}, "stop")
+    assert session.messages == [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": CALC},
+    ]
+    assert session.transcript[1] == [None, "stop"]
