@@ -316,3 +316,24 @@ def test_stats_of_self_play_only_ranks_nothing():
     assert result.exit_code == 0
     assert result.stderr == "All 1 votes are of a model against itself: nothing to rank.\n"
     assert json.loads(runner.invoke(app, ["arena", "stats", "--json"]).stdout)["ratings"] == []
+
+
+def test_save_names_the_arena_and_clear_starts_another():
+    script = ["/save my duel", "Hi", "a", "/save", "/clear", "Second", "b", "/undo"]
+    result = arena("-m", "embedded", "-m", "embedded", "-n", "4", input="\n".join(script) + "\n")
+    assert result.exit_code == 0, result.output
+    assert 'Named this arena "my duel".' in result.stderr
+    assert re.search(r"Saved with its votes as \S+ \(.+\.jsonl\)\.", result.stderr)
+    assert "New conversation." in result.stderr
+    assert "Undone: the last question and its reply (its vote stays counted)." in result.stderr
+    files = sorted(conversations_dir().glob("*.jsonl"))
+    assert len(files) == 2
+    # Two files of one second sort by their random suffix: told apart by what they hold.
+    held = {}
+    for f in files:
+        conversation = read_conversation(f)
+        votes = [json.loads(line) for line in f.read_text().splitlines()]
+        outcomes = [r["vote"]["outcome"] for r in votes if r["type"] == "vote"]
+        held[conversation.name] = (len(conversation.messages), outcomes)
+    # The second's turn undone: its messages go, its vote stays.
+    assert held == {"my duel": (2, ["a"]), None: (0, ["b"])}
