@@ -187,7 +187,7 @@ class ArenaCommands:
             raise ChatcliError("The last question has no reply: /retry answers it, /undo drops it.")
         order = [0, 1]
         self.rng.shuffle(order)  # which model is A this turn
-        if not self._duel(order, lambda s: s.send(text), self.options.seed, len(messages)):
+        if not self._duel(order, lambda s: s.send(text), self.options.seed, self._lengths()):
             return True
         return self._vote(order, text)
 
@@ -196,15 +196,18 @@ class ArenaCommands:
         order: Sequence[int],
         start: Callable[[ArenaSession], Iterator[StreamEvent]],
         seed: int | None,
-        base: int,
+        bases: Sequence[int],
     ) -> bool:
         """Streams both replies side by side, A (contender order[0]) on the left; both with
         the turn's seed (None: a fresh one). False when the turn was dropped (a failure, or
-        stopped early): each session is back to its `base` messages, those before the
-        question (a server's session takes back a question it was refused by itself)."""
+        stopped early): each contender's session is back to its `bases` entry, the length
+        of its transcript before the question (a server's session takes back a question it
+        was refused by itself; the transcript, unlike the messages, keeps the exchanges a
+        full context dropped from view)."""
+        base = {id(self.contenders[i].session): bases[i] for i in order}
 
         def drop_turn(session: ArenaSession) -> None:
-            if len(session.messages) > base:
+            if len(session.transcript[0]) > base[id(session)]:
                 session.undo()
 
         fixed = self.options.seed
@@ -323,9 +326,12 @@ class ArenaCommands:
             return session.regenerate()
 
         self.screen.notice("Drawing both replies again.")
-        # Before the question: the messages end with it and the reply drawn for it.
-        base = len(self.contenders[0].session.messages) - 2
-        return self._duel(order, again, seed, base)
+        # Before the question: the transcripts end with it and the reply drawn for it.
+        return self._duel(order, again, seed, [n - 2 for n in self._lengths()])
+
+    def _lengths(self) -> list[int]:
+        """Each contender's transcript length: where a dropped turn takes it back to."""
+        return [len(c.session.transcript[0]) for c in self.contenders]
 
     def _drop_turn(self) -> None:
         for c in self.contenders:
