@@ -209,3 +209,24 @@ def test_a_server_session_sends_the_reply_it_was_given():
         {"role": "assistant", "content": CALC},
     ]
     assert session.transcript[1] == [None, "stop"]
+
+
+def test_a_duel_taller_than_the_screen_ends_with_both_replies_whole():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from chatcli.chat.stream import TextDelta
+    from chatcli.terminal.arena_view import DuelView
+
+    out = StringIO()
+    console = Console(file=out, force_terminal=True, width=80, height=10, color_system=None)
+    view = DuelView(console, ["A", "B"])
+    for i in range(30):  # three times the screen's height
+        view.handle(0, TextDelta(f"line {i:02d}\n"))
+        view.handle(1, TextDelta(f"row {i:02d} "))
+    view.finish(["30 tok · stop", "30 tok · length"])
+    final = out.getvalue().rsplit("╭─ A", 1)[1]  # the last frame: Live's whole one
+    assert all(f"line {i:02d}" in final for i in range(30))
+    assert "row 00" in final and "row 29" in final
+    assert "30 tok · stop" in final and "30 tok · length" in final

@@ -20,6 +20,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from chatcli.chat.stream import StreamEvent, parts_from_events
 from chatcli.chat.turns import readable_text
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 VOTE_KEYS = ("a", "b", "t", "x")  # one key each: A, B, tie, both bad
 REFRESH_PER_S = 12
+PANEL_FRAME = 4  # columns a panel takes around its text: two borders, one space each side
+SCREEN_MARGIN = 3  # rows left free under streaming panels: the notices and prompt to come
 
 
 class DuelView:
@@ -46,19 +49,21 @@ class DuelView:
         self.subtitles = [""] * len(titles)
         self._live: Live | None = None
         if console.is_terminal:
+            # While streaming, each panel shows the end of its reply, as much as the screen
+            # holds: a Live view taller than the screen cannot be repainted in place. Live
+            # draws the whole of each once it stops.
             self._live = Live(
-                self._panels(),
+                self._panels(tail=True),
                 console=console,
                 refresh_per_second=REFRESH_PER_S,
                 transient=False,
-                vertical_overflow="visible",
             )
             self._live.start()
 
     def handle(self, side: int, event: StreamEvent) -> None:
         self.events[side].append(event)
         if self._live is not None:
-            self._live.update(self._panels())
+            self._live.update(self._panels(tail=True))
 
     def finish(self, subtitles: Sequence[str]) -> None:
         """Both replies are over: their last state, with a subtitle each (tokens, finish)."""
@@ -70,25 +75,37 @@ class DuelView:
         else:
             self.console.print(self._panels())
 
-    def _panels(self) -> RenderableType:
+    def _panels(self, tail: bool = False) -> RenderableType:
+        side_by_side = panels_per_row(self.console.width, len(self.titles)) == len(self.titles)
+        texts = [reply_text(parts_from_events(events), self.tools) for events in self.events]
+        if tail:
+            room = max(self.console.height - SCREEN_MARGIN, 3)
+            rows = room - 2 if side_by_side else room // len(texts) - 2  # less the borders
+            width = (self.console.width - PANEL_GAP) // 2 if side_by_side else self.console.width
+            texts = [self._tail(text, width - PANEL_FRAME, rows) for text in texts]
         panels = [
             Panel(
-                reply_text(parts_from_events(events), self.tools),
+                text,
                 title=visible(title),
                 subtitle=visible(subtitle) or None,
                 title_align="left",
             )
-            for title, events, subtitle in zip(
-                self.titles, self.events, self.subtitles, strict=True
-            )
+            for title, text, subtitle in zip(self.titles, texts, self.subtitles, strict=True)
         ]
-        if panels_per_row(self.console.width, len(panels)) < len(panels):
+        if not side_by_side:
             return Group(*panels)  # a narrow terminal: one above the other
         grid = Table.grid(expand=True, padding=(0, PANEL_GAP))
         for _ in panels:
             grid.add_column(ratio=1)
         grid.add_row(*panels)
         return grid
+
+    def _tail(self, text: Text, width: int, rows: int) -> Text:
+        """The last `rows` lines of `text` wrapped at `width` columns."""
+        lines = text.wrap(self.console, max(width, 1))
+        if len(lines) <= rows:
+            return text
+        return Text("\n").join(lines[len(lines) - max(rows, 1) :])
 
 
 class ArenaUI(ChatUI):
