@@ -295,7 +295,7 @@ def test_a_turn_the_server_refuses_is_dropped_from_both_sides():
 def test_two_models_that_do_not_fit_are_refused_before_loading(monkeypatch):
     import chatcli.model.memory_need as memory_need
 
-    monkeypatch.setattr(memory_need, "available_bytes", lambda: 4 * 2**20)
+    monkeypatch.setattr(memory_need, "available_bytes", lambda: 4 * 2**20)  # a CPU's
     result = arena("-m", "embedded", "-m", "embedded", input="Hello\n")
     assert result.exit_code == 1
     need = memory_need.checkpoint_bytes(None)  # the embedded model's estimate

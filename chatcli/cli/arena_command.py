@@ -174,7 +174,7 @@ def _run(
 
 def _check_memory(sides: list[tuple[str, str | None]], settings: Any) -> None:
     """Two local models must fit together: said before either loads."""
-    from chatcli.model.memory_need import available_bytes, check_models_fit, checkpoint_bytes
+    from chatcli.model.memory_need import check_models_fit, checkpoint_bytes, free_bytes
 
     needs = [
         (spec or EMBEDDED, checkpoint_bytes(spec, settings.source, settings.step))
@@ -182,7 +182,7 @@ def _check_memory(sides: list[tuple[str, str | None]], settings: Any) -> None:
         if kind == "local"
     ]
     if len(needs) == 2:
-        check_models_fit(needs, available_bytes())
+        check_models_fit(needs, free_bytes(settings.device))
 
 
 # ---- export -------------------------------------------------------------------------------------

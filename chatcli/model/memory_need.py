@@ -1,7 +1,8 @@
 """How much memory a checkpoint needs before it is loaded, and how much there is.
 
 Owns the estimate (the weights as they are saved, plus one batch-1 KV cache of the whole
-context in fp32) and the check that several models fit together, for commands that load more
+context in fp32), the memory free where they load (the GPU's, or the machine's), and the
+check that several models fit together, for commands that load more
 than one (`chatcli arena`). The estimate is read from the files alone, without torch: a
 model whose files are not here yet (a Hub id not downloaded) has none. Knows nothing of
 sessions or terminals.
@@ -57,6 +58,19 @@ def available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
         except (ValueError, OSError):
             return None
     return None
+
+
+def free_bytes(device: str = "auto") -> int | None:
+    """The memory free where models of `device` load: the GPU's for CUDA (what
+    torch.cuda.mem_get_info reports), else the machine's (available_bytes)."""
+    from chatcli.model.model_build import pick_device
+
+    dev = pick_device(device)
+    if dev.type == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(dev)[0])
+    return available_bytes()
 
 
 def _gb(n: int) -> str:
