@@ -337,3 +337,27 @@ def test_save_names_the_arena_and_clear_starts_another():
         held[conversation.name] = (len(conversation.messages), outcomes)
     # The second's turn undone: its messages go, its vote stays.
     assert held == {"my duel": (2, ["a"]), None: (0, ["b"])}
+
+
+@needs_reference
+def test_a_server_side_with_an_api_key():
+    from serving import reference_worker
+
+    from chatcli.serve.app import Limits, create_app
+    from chatcli.serve.runner import BackgroundServer
+
+    app_ = create_app([reference_worker()], Limits(), "keyed", api_keys=["sesame-1234567890"])
+    server = BackgroundServer(app_).start()
+    try:
+        args = ("-m", "embedded", "--url", server.url, "-n", "4")
+        refused = arena(*args, input="Hi\na\n")
+        allowed = arena(*args, "--api-key", "sesame-1234567890", input="Hi\na\n")
+    finally:
+        server.stop()
+    assert refused.exit_code == 1
+    assert "refused the request (401)" in refused.stderr
+    assert "--api-key KEY or CHATCLI_API_KEY" in refused.stderr
+    assert allowed.exit_code == 0, allowed.output
+    assert "Voted A is better." in allowed.stderr
+    [records] = saved()
+    assert f"{server.url} · keyed" in records[0]["model"]
