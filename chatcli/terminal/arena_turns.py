@@ -256,6 +256,7 @@ class ArenaCommands:
                 r is not None and r is not b and s.messages[-1]["role"] == "assistant"
                 for r, b, s in zip(replies, before, sessions, strict=True)
             )
+            # Tokens and finish only: a speed would tell the models apart before the vote.
             view.finish(
                 [
                     f"{r.stats.tokens_out} tok · {r.stats.finish_reason}" if r is not None else ""
