@@ -111,8 +111,16 @@ def test_a_narrow_terminal_stacks_the_panels(tmp_path):
         child.send("b")
         child.expect_exact("Voted B is better.")
         child.expect_exact(PROMPT)
+        child.send("Hi again" + ENTER)
+        child.expect_exact(VOTE)
+        child.sendintr()  # Ctrl-C at the vote: the turn goes, unsaved
+        child.expect_exact("No vote: the question")  # the line wraps at 50 columns
+        child.expect_exact(PROMPT)
         child.send("/exit" + ENTER)
         child.expect(pexpect.EOF)
     finally:
         child.close()
     assert child.exitstatus == 0
+    (path,) = (tmp_path / "home" / "conversations").glob("*.jsonl")
+    messages = read_conversation(path).messages
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["Hi"]

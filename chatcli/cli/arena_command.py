@@ -244,8 +244,10 @@ def export(
 def stats(
     as_json: Annotated[bool, typer.Option("--json", help="Print the leaderboard as JSON.")] = False,
 ) -> None:
-    """The leaderboard: Bradley-Terry ratings (Elo scale) with 95% bootstrap intervals, and
-    each pair's wins, losses and ties, over every arena's votes."""
+    """The leaderboard of every arena's votes: ratings and each pair's record.
+
+    Bradley-Terry ratings on the Elo scale with 95% bootstrap intervals, and each pair's
+    wins, losses, ties and both-bad votes."""
     from chatcli.chat.arena import read_votes
     from chatcli.chat.ratings import (
         ANCHOR,
