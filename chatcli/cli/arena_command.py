@@ -8,8 +8,8 @@ a leaderboard.
 
 Owns: the sides from the command line (each -m a local model, each --url a server: two in
 all), the memory check before two local models load, wiring the sessions into the arena's
-REPL (terminal/arena_turns.py), and the export and stats subcommands. The votes' records and
-exports are chat/arena.py's, the ratings chat/ratings.py's.
+REPL (terminal/arena_commands.py), and the export and stats subcommands. The votes' records
+and exports are chat/arena.py's, the ratings chat/ratings.py's.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def _run(
     from chatcli.chat.conversation_store import NewConversation
     from chatcli.chat.turns import SamplingOptions
     from chatcli.cli.session_setup import load_session, move_old_files_saying, sampling_options
-    from chatcli.terminal.arena_turns import ArenaCommands, Contender, run_arena
+    from chatcli.terminal.arena_commands import ArenaCommands, run_arena
+    from chatcli.terminal.arena_turns import Contender
     from chatcli.terminal.arena_view import ArenaUI
     from chatcli.terminal.render import make_console, render_notice
 

@@ -5,7 +5,8 @@ panels fit, stacked where they do not; on a stream that is not a terminal, print
 when both are done) and `ArenaUI`, the chat's `ChatUI` plus the duel and the vote's question
 (a, b, t or x decide at one key on a terminal; a line from piped input).
 
-Does not know: sessions, votes or what a turn does (arena_turns.py); tokens or torch.
+Does not know: sessions, votes or what a turn does (arena_turns.py, arena_commands.py);
+tokens or torch.
 """
 
 from __future__ import annotations
