@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from reference import REFERENCE, needs_reference
@@ -361,3 +364,34 @@ def test_a_server_side_with_an_api_key():
     assert "Voted A is better." in allowed.stderr
     [records] = saved()
     assert f"{server.url} · keyed" in records[0]["model"]
+
+
+@pytest.mark.slow
+def test_a_hub_model_is_named_by_its_id_and_step(tmp_path):
+    from hub_fakes import EMBEDDED_STEP, ROOT, commit_of, flat_files, write_hub_cache
+
+    pytest.importorskip("huggingface_hub")
+    cache = tmp_path / "hub"
+    write_hub_cache(cache, "org/flat", flat_files(), commit_of("flat"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "CHATCLI_"))}
+    env.update(CHATCLI_HOME=str(tmp_path / "home"), HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
+    args = ["-m", "chatcli", "arena", "-m", "hf:org/flat", "-m", "embedded", "-n", "4"]
+    result = subprocess.run(
+        [sys.executable, *args],
+        input="Hi\nx\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    name = f"hf:org/flat step {EMBEDDED_STEP}"
+    assert f"Arena: {name} vs {EMBEDDED}." in " ".join(result.stderr.split())
+    [vote] = [
+        json.loads(line)["vote"]
+        for f in (tmp_path / "home" / "conversations").glob("*.jsonl")
+        for line in f.read_text().splitlines()
+        if '"vote"' in line
+    ]
+    assert {s["model"] for s in vote["sides"]} == {name, EMBEDDED}

@@ -152,8 +152,7 @@ def _run(
             else:
                 session, info = load_session(replace(settings, model=spec), None)
         session.options = options  # one set of settings: a change applies to both sides
-        name = spec if spec is not None and spec.startswith("hf:") else str(info["path"])
-        contenders.append(Contender(name, session))
+        contenders.append(Contender(_side_name(spec, info), session))
     names = [c.name for c in contenders]
     render_notice(
         notes,
@@ -171,6 +170,15 @@ def _run(
     commands = ArenaCommands(contenders, ui, options, conversation, folder, show_names=open_names)
     run_arena(commands, ui.read_message)
     return 1 if piped and ui.errors else 0
+
+
+def _side_name(spec: str | None, info: dict) -> str:
+    """What the votes call a side: a local checkpoint's file (its step in its name), a Hub
+    model's id and step (its snapshot folder's path changes with each revision), a server's
+    URL and model."""
+    if spec is not None and spec.startswith("hf:"):
+        return f"{spec} step {info['step']}" if info.get("step") is not None else spec
+    return str(info["path"])
 
 
 def _check_memory(sides: list[tuple[str, str | None]], settings: Any) -> None:
