@@ -5,7 +5,8 @@
 
 Draws votes between models of known Bradley-Terry strengths (0.3 apart in log-odds),
 times the leaderboard (the fit and its 200 bootstrap refits), and
-prints the time with how far each fitted gap is from the true one, in rating points.
+prints the time with how far each fitted gap is from the true one, in rating points (the
+votes' sampling noise: it shrinks as their number grows).
 """
 
 from __future__ import annotations
