@@ -70,6 +70,8 @@ def _apply(record: dict[str, Any], messages: list[dict[str, Any]]) -> str | None
     if kind == "clear":
         messages[:] = [m for m in messages[:1] if m["role"] == "system"]
         return None
+    if kind == "vote":  # an arena vote: chat/arena.py's, no change to the messages
+        return None
     if kind == "system":
         text = record.get("text")
         if text is not None and not isinstance(text, str):

@@ -11,6 +11,8 @@ A file is a header line followed by events; replaying the events gives the messa
     {"type": "replace_last", "message": {...}, "meta": {...}}   /retry and /continue
     {"type": "name", "name": str}         /save NAME: what the conversation is called (the
                                           last one given counts; its id stays)
+    {"type": "vote", "vote": {...}}       an arena vote on the turn before it (chat/arena.py
+                                          reads it; replaying the messages skips it)
 
 Every record is one line, flushed and fsync'd before the call returns, so a killed process
 loses at most the record it was writing. Reading never fails on a damaged line, the header
@@ -228,6 +230,10 @@ class ConversationFile:
         """Record a new system prompt, or its removal when `text` is None."""
         self._append({"type": "system", "text": text})
 
+    def append_vote(self, vote: dict[str, Any]) -> None:
+        """Record an arena vote (chat/arena.py's record); the messages stay as they are."""
+        self._append({"type": "vote", "vote": vote})
+
     def replace_last(self, message: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
         """Record a new version of the last assistant message (/retry, /continue)."""
         require_valid(message)
@@ -344,6 +350,11 @@ class NewConversation:
         if self.file is None:
             raise ValueError("replace_last() before any message was saved")
         self.file.replace_last(message, meta)
+
+    def append_vote(self, vote: dict[str, Any]) -> None:
+        if self.file is None:
+            raise ValueError("append_vote() before the turn it votes on was saved")
+        self.file.append_vote(vote)
 
 
 def _encode(record: dict[str, Any]) -> bytes:

@@ -592,3 +592,14 @@ class ChatSession:
                 "started keeps them, not one loaded from a file. /retry writes one that has."
             )
         return token_probs(self.tokenizer, reply.tokens, reply.logprobs)
+
+    def put_reply(self, message: Message, finish: str | None = None) -> None:
+        """Make `message`, a reply this session did not write (the arena's other model's),
+        the answer to the last question, in place of its own. Its tokens are rendered from
+        its parts; the warm cache keeps the prefix up to the question."""
+        self.pop_last_reply()
+        self._popped = None
+        if not self.entries or self.entries[-1].message["role"] != "user":
+            raise ChatcliError("There is no question waiting for a reply.")
+        entry = _Entry(message, self._assistant_tokens(message), finish, rendered=True)
+        self.entries.append(entry)

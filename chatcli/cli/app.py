@@ -1,11 +1,11 @@
-"""The `chatcli` command: chat, once, models, pull, serve, bench, export, conversations, config
-path; -h and --version.
+"""The `chatcli` command: chat, once, models, pull, serve, bench, export, conversations, arena,
+config path; -h and --version.
 
 Owns: the Typer app and its subcommands' registration, the root options, and `main` (choosing
 how OpenMP threads wait before torch loads; stdout full or closed as one line,
 `output_stream`). Each command lives in its own module
 (`chat_commands`, `models_command`, `pull_command`, `serve_command`, `bench_command`,
-`export_command`, `conversations_command`); the shared options and click's one-line errors
+`export_command`, `conversations_command`, `arena_command`); the shared options and click's one-line errors
 live in `options`, settings and session loading in `session_setup`.
 Typer lives only in this package. torch is imported only by the commands that load a model, so
 `chatcli --help` stays fast.
@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from chatcli.chat.settings import config_path
+from chatcli.cli.arena_command import arena_app
 from chatcli.cli.bench_command import BENCH_HELP, bench
 from chatcli.cli.chat_commands import chat, once
 from chatcli.cli.conversations_command import conversations_app
@@ -49,6 +50,7 @@ app = typer.Typer(
 config_app = typer.Typer(cls=OneLineErrors, help="Inspect the configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(conversations_app, name="conversations")
+app.add_typer(arena_app, name="arena")
 
 
 @app.callback()

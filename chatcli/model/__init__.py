@@ -9,7 +9,8 @@ checkpoints on disk (`checkpoint_paths`) and on the Hugging Face Hub (`hub_layou
 tokenizer, its special tokens and the long runs it encodes around tiktoken's regex
 (`long_runs`), quantized decode copies of the weights (`quantize`), and the transformers
 format both ways (`hf_*`: export, and loading transformers-format folders; `hf_modeling/` holds
-the remote code an export ships). May import `chatcli.errors` and `chatcli.kernels`; nothing
+the remote code an export ships), and a checkpoint's memory before it loads (`memory_need`).
+May import `chatcli.errors` and `chatcli.kernels`; nothing
 above. Knows nothing about conversations, terminals or HTTP (the Hub's is huggingface_hub's).
 
 `load_model` is re-exported lazily, so importing this package does not import torch.

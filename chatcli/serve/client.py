@@ -429,6 +429,17 @@ class RemoteSession:
                 )
             )
 
+    def put_reply(self, message: Message, finish: str | None = None) -> None:
+        """Make `message` (the arena's other model's reply) the answer to the last question,
+        in place of this session's own: the next request sends it."""
+        self.pop_last_reply()
+        self._popped = None
+        if not self._entries or self._entries[-1]["role"] != "user":
+            raise ChatcliError("There is no question waiting for a reply.")
+        self._entries.append(dict(message))
+        self._finishes.append(finish)
+        self._context_used = None
+
 
 class _ContextFull(ChatcliError):
     """The server's 400 for a conversation longer than its model's context."""
