@@ -55,13 +55,21 @@ class Engine:
     that thread may interleave."""
 
     def __init__(
-        self, model: CachedModel, tokenizer: ToolTokenizer, *, compile: bool = False
+        self,
+        model: CachedModel,
+        tokenizer: ToolTokenizer,
+        *,
+        compile: bool = False,
+        speculate: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self._forward = model.forward
         self.decode_step: Step | None = pick_decode_step(model, compile)
         self.compiled = False  # whether --compile took: only where no faster step was kept
+        # Whether a one-row generation in a cache of its own drafts from its history and
+        # verifies the drafts in one forward (speculation.py): --speculate auto|off.
+        self.speculate = speculate
         if compile and self.decode_step is None:
             # No faster step for this model: compile the whole forward (dynamic shapes).
             # The K/V writes happen before the cache advances, so a failed compiled call
@@ -275,6 +283,17 @@ class Engine:
         if self.decode_step is not None:
             return self.decode_step.step_rows(ids, rows, out)
         return forward_slots(self.forward_last, ids, rows, out)
+
+    def forward_verify(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """ids (1, T): a row's last token and its drafts, run on from what the batch-1 `cache`
+        holds -> the logits (T, V) of every position (speculation.py), the cache advanced by
+        T. Where our step takes a prompt's rows, they are T rows of the cache as one slot (the
+        decode step's own products, one pass over the weights); else the model's forward."""
+        if self.takes_prompt_rows:
+            assert self.decode_step is not None
+            rows = SlotRows(SlotCache.over(cache), [0] * ids.size(1))
+            return self.decode_step.step_rows(ids.view(-1, 1), rows)
+        return self._forward(ids, kv_cache=cache)[0]
 
     @property
     def takes_prompt_rows(self) -> bool:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from chatcli.engine.logprobs import TokenLogprob, check_top, column_logprobs, distributions
+from chatcli.engine.speculation import Speculation, SpeculationCounts
 from chatcli.engine.tool_use import RowState, ToolUse
 from chatcli.engine.warm_cache import CacheRunner, WarmCache, choose
 from chatcli.errors import ContextOverflowError
@@ -56,8 +57,11 @@ class RowRunner(CacheRunner, Protocol):
     tools: ToolUse
     assistant_end: int
     bos: int
+    speculate: bool  # one-row generations of their own draft and verify (speculation.py)
 
     def forward_last(self, ids: torch.Tensor, cache: Any) -> torch.Tensor: ...
+
+    def forward_verify(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
 
     def forward_rows(
         self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
@@ -84,6 +88,9 @@ class GenerationStats:
     decode_s: float = 0.0
     steps: int = 0  # tokens each row produced (columns)
     finish_reasons: list[str] = field(default_factory=list)  # per row: stop|length|context|...
+    # Drafting's verify forwards, drafts and drafts taken (speculation.py); zeros where the
+    # generation did not draft.
+    speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
 
     @property
     def prefill_tps(self) -> float:
@@ -165,6 +172,8 @@ class Generation:
     first_at: int = -1  # the scheduler's step that produced its first column
     # The last column's log-probabilities, an entry a row, where the request asked for them.
     logprobs: list[TokenLogprob] | None = None
+    # Its one row's drafting, where it drafts (speculation.py); None: plain decode steps.
+    speculation: Speculation | None = None
 
     @property
     def decoding(self) -> bool:
@@ -285,12 +294,21 @@ class Scheduler:
         stats.prompt_tokens, stats.prefill_tokens, stats.steps = len(request.tokens), 0, 0
         stats.prefill_s = stats.first_token_s = stats.decode_s = 0.0
         stats.finish_reasons = [cut] * samples
+        stats.speculation = SpeculationCounts()
         states = [RowState() if resume is None else resume.copy() for _ in range(samples)]
         temperature = 0.0 if greedy else request.temperature
-        return Generation(
+        gen = Generation(
             request, warm, slot, samples, budget, states, rng, stats, time.perf_counter(),
             (temperature, request.top_k, request.top_p),
         )  # fmt: skip
+        if self._drafts(gen):
+            gen.speculation = Speculation(request.tokens, stats.speculation)
+        return gen
+
+    def _drafts(self, gen: Generation) -> bool:
+        """Whether `gen` drafts and verifies (speculation.py): one row in a cache of its own
+        (a chat turn, `once`), where the runner's speculate is on."""
+        return self.runner.speculate and gen.slot is None and gen.samples == 1
 
     def leave(self, gen: Generation, reason: str = "interrupted") -> None:
         """End `gen` now (its client left, a stop sequence matched): its rows' finish reason
@@ -347,6 +365,12 @@ class Scheduler:
         cache: warm's own, or rows forked from it), else its rows' last tokens."""
         if gen.cache is not None:
             assert gen.ids is not None
+            if gen.speculation is not None:
+                assert isinstance(gen.cache, KVCache)
+                room = gen.budget - gen.stats.steps - 1  # tokens past the next one's
+                state = gen.states[0]
+                queued = list(state.forced_tokens) if gen.request.use_tools else []
+                return gen.speculation.logits(self.runner, gen.ids, gen.cache, room, queued)
             return self.runner.forward_last(gen.ids, gen.cache)
         logits, gen.stats.prefill_tokens = gen.warm.prefill(gen.request.tokens)
         wait_for_device(self._device)  # a GPU's work runs on after the call
@@ -458,6 +482,9 @@ class Scheduler:
             gen.tokens.append(column[0])
             if gen.cache is gen.warm.cache:
                 gen.warm.tokens.append(column[0])
+            if gen.speculation is not None:  # before _result_pending reads the cache's room
+                last = stats.steps >= gen.budget or gen.states[0].completed
+                gen.speculation.took(column[0], gen.cache, last)  # type: ignore[arg-type]
             if stats.steps == 1:
                 stats.first_token_s = now - gen.t_start
                 gen.first_at = self._step

@@ -50,6 +50,20 @@ class SlotCache:
             for i in range(slots)
         ]
 
+    @classmethod
+    def over(cls, cache: KVCache) -> SlotCache:
+        """A one-slot SlotCache whose slot is `cache` itself (a batch-1 cache has a slot
+        cache's layout): a step of several rows of one sequence (a verify forward's drafts)
+        writes straight into it."""
+        if cache.batch_size != 1:
+            raise ValueError(f"a slot holds one sequence, not {cache.batch_size}")
+        slots = cls.__new__(cls)
+        slots.k_cache, slots.v_cache = cache.k_cache, cache.v_cache
+        slots.max_seq_len = cache.max_seq_len
+        slots.finite = [cache.get_pos()]  # past it, memory left as allocated may hold NaN
+        slots.slots = [cache]
+        return slots
+
     def __len__(self) -> int:
         return len(self.slots)
 

@@ -1,0 +1,183 @@
+"""Prompt-lookup speculative decoding: a row drafts from its own history, one forward verifies.
+
+Owns: Drafter (an index of a row's n-grams: the tokens that followed the latest earlier
+occurrence of its last n tokens, n = NGRAM_MAX down to 1), Verified (one verify forward's
+logits and the drafts they assume), and Speculation (one row's drafting: the logits its next
+token comes from, the cache rewound past a rejected draft, the counts, and the back-off that
+stops drafting for a row whose drafts are rarely taken). Knows nothing of sampling, budgets
+or the calculator: the scheduler's per-row policy takes each token from a verified row of
+logits exactly as from a decode step's, and Speculation only says whether the next row is
+still the model's (the token taken was the draft) or must be computed.
+
+Why it is exact: the verify forward's logits at position i are the model's for the prefix
+through draft i, and they are used only while every token taken equals its draft. Each token
+is drawn from the model's own distribution with the row's own draw, the one plain decode
+would use, so greedy and seeded replies are the plain ones. For a point-mass draft this is
+the standard speculative rule (take draft d with probability p(d), else a token from p with d
+removed), drawn in one step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from chatcli.model.kv_cache import KVCache
+
+# The longest n-gram a row's last tokens are looked up by (then shorter ones, down to 1).
+NGRAM_MAX = 3
+# Drafts a verification takes at most: the verify forward runs DRAFT_TOKENS + 1 positions.
+DRAFT_TOKENS = 6
+# Back-off: after WINDOW verifications that took fewer than one draft each on average, the row
+# decodes PAUSE tokens plainly, twice as many each time in a row (up to PAUSE_MAX).
+WINDOW = 3
+PAUSE = 32
+PAUSE_MAX = 2048
+
+
+class VerifyRunner(Protocol):
+    """What drafting needs from whoever runs the model (the Engine)."""
+
+    def forward_last(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+    def forward_verify(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+
+class Drafter:
+    """A row's tokens and, for each n-gram in them, where the latest one that has a token
+    after it ends: a lookup of the row's last n tokens is one dict read, not a scan."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.history: list[int] = []
+        self._after: dict[tuple[int, ...], int] = {}  # n-gram -> index of its follower
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        h = self.history
+        h.append(token)
+        t = len(h) - 1  # the n-grams that end just before `token` now have a follower
+        for n in range(1, min(NGRAM_MAX, t) + 1):
+            self._after[tuple(h[t - n : t])] = t
+
+    def draft(self, k: int) -> list[int]:
+        """k tokens that followed the latest earlier occurrence of the row's last NGRAM_MAX
+        tokens (else of fewer); [] where none occurred before. A copy that runs into the
+        row's end goes on with what it drafted, as an overlapping copy does (a repeating
+        run drafts its next k, not the few tokens left before the end)."""
+        h = self.history
+        for n in range(min(NGRAM_MAX, len(h)), 0, -1):
+            at = self._after.get(tuple(h[-n:]))
+            if at is not None:
+                end = len(h)
+                drafts = h[at : at + k]
+                while len(drafts) < k:
+                    drafts.append(drafts[at + len(drafts) - end])
+                return drafts
+        return []
+
+
+@dataclass
+class Verified:
+    """One verify forward: logits (k + 1, V) of [first, *drafts] written from `base` on."""
+
+    logits: torch.Tensor
+    first: int  # the row's last token, written at `base`
+    drafts: list[int]
+    base: int
+    used: int = 0  # rows of logits taken so far
+
+
+@dataclass
+class SpeculationCounts:
+    """A row's drafting so far: verify forwards, drafts they checked, drafts taken."""
+
+    verifications: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_verification(self) -> float:
+        """Tokens each verify forward gave: the drafts taken and the model's own next one."""
+        if not self.verifications:
+            return 0.0
+        return (self.accepted + self.verifications) / self.verifications
+
+
+class Speculation:
+    """One row's drafting (a generation of one row in a cache of its own)."""
+
+    def __init__(self, prompt: list[int], counts: SpeculationCounts | None = None) -> None:
+        self.drafter = Drafter(prompt)
+        self.counts = counts if counts is not None else SpeculationCounts()
+        self.pending: Verified | None = None
+        self._window: list[int] = []  # drafts taken by the last verifications
+        self._pause_left = 0
+        self._next_pause = PAUSE
+
+    def logits(
+        self, runner: VerifyRunner, ids: torch.Tensor, cache: KVCache, room: int, queued: list[int]
+    ) -> torch.Tensor:
+        """Logits (1, V) for the row's next token, ids (1, 1) its last token not yet in the
+        cache: the next verified row where the drafts so far were taken; else one verify
+        forward of the last token and up to `room` drafts (`queued`: tokens the row will take
+        anyway, the calculator's, drafted first); else a plain decode step."""
+        p = self.pending
+        if p is not None:
+            return p.logits[p.used : p.used + 1]
+        room = min(room, DRAFT_TOKENS, cache.max_seq_len - cache.get_pos() - 1)
+        drafts: list[int] = []
+        if room > 0:
+            drafts = queued[:room]
+            if not drafts and self._pause_left > 0:
+                self._pause_left -= 1
+            elif not drafts:
+                drafts = self.drafter.draft(room)
+        if not drafts:
+            return runner.forward_last(ids, cache)
+        first = self.drafter.history[-1]
+        base = cache.get_pos()
+        line = torch.tensor([[first, *drafts]], dtype=torch.long, device=ids.device)
+        logits = runner.forward_verify(line, cache)
+        self.pending = Verified(logits, first, drafts, base)
+        return logits[0:1]
+
+    def took(self, token: int, cache: KVCache, last: bool) -> None:
+        """The row took `token` (from the logits `logits` gave); `last`: nothing more is drawn
+        for it (it stopped, or the budget is spent). Where the token was not the draft the next
+        verified row assumed, or none is left, the cache is rewound to hold what plain decode
+        would have written: every token but this one."""
+        self.drafter.append(token)
+        p = self.pending
+        if p is None:
+            return
+        i = p.used  # drafts taken before this token
+        p.used += 1
+        if not last and i < len(p.drafts) and token == p.drafts[i]:
+            return
+        self.pending = None
+        cache.rewind(p.base + 1 + i, p.drafts[i - 1] if i else p.first)
+        c = self.counts
+        c.verifications += 1
+        c.drafted += len(p.drafts)
+        c.accepted += i
+        self._back_off(i)
+
+    def _back_off(self, taken: int) -> None:
+        """Stop drafting for a while where the last WINDOW verifications took fewer than one
+        draft each: a verification that is rejected costs more than the step it replaces."""
+        self._window.append(taken)
+        if len(self._window) < WINDOW:
+            return
+        if sum(self._window) < WINDOW:
+            self._pause_left = self._next_pause
+            self._next_pause = min(2 * self._next_pause, PAUSE_MAX)
+        else:
+            self._next_pause = PAUSE
+        self._window.clear()
