@@ -1,0 +1,286 @@
+"""Prompt-lookup speculative decoding: a reply with drafting on is the reply without it, token
+for token, in every era and on every decode path; forced calculator tokens, stops, budgets,
+masks and logprobs are as without it; sampled tokens follow the model's distribution."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+from builders import random_gpt
+from fakes import SPECIAL_IDS, VOCAB_SIZE, ByteTokenizer, FakeConfig, tool_call
+from torch import nn
+
+from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.logprobs import LogprobRecord
+from chatcli.engine.speculation import Drafter
+from chatcli.engine.static_step import ModuleStep, StaticDecodeStep
+from chatcli.engine.warm_cache import WarmCache
+from chatcli.kernels.build import unavailable_reason
+from chatcli.kernels.rows_step import rows_step
+from chatcli.model.checkpoint import load_model
+from chatcli.model.gpt import ERAS
+from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START, SPECIAL_TOKENS
+
+BYTES = ByteTokenizer()
+STEP_PATHS = ["kernel", "torch", "forward", "module", "static"]
+# A prompt that repeats itself: a random model's greedy reply falls into a loop the drafts
+# then copy, so verifications take drafts.
+LOOPING = [5, 6, 7, 8, 9, 10, 11, 12] * 6
+
+
+class _NoStops:
+    """Special ids outside the random models' 200-token vocabulary: no row stops early."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i % 256 for i in ids).decode(errors="replace")
+
+    def encode_special(self, name: str) -> int:
+        return 1000 + SPECIAL_TOKENS.index(name)
+
+    def get_bos_token_id(self) -> int:
+        return 999
+
+
+def _engine(model, path: str, speculate: bool, tokenizer=None) -> Engine:
+    """An engine whose decode step takes `path` (as test_batching's), drafting or not."""
+    engine = Engine(model, tokenizer or _NoStops(), speculate=speculate)
+    if path == "kernel":
+        if rows_step() is None:
+            pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
+        assert engine.decode_step.kernel is not None
+    elif path == "torch":
+        engine.decode_step.use_kernel(False)
+    elif path == "forward":
+        engine.decode_step = None
+    elif path == "module":
+        engine.decode_step = ModuleStep(model)
+    elif path == "static":
+        engine.decode_step = StaticDecodeStep(model)
+    return engine
+
+
+def _reply(engine: Engine, prompt: list[int], **kwargs):
+    """(tokens, masks, stats) of one row's generation."""
+    stats = GenerationStats()
+    tokens, masks = [], []
+    for column, column_masks in engine.generate(prompt, stats=stats, **kwargs):
+        tokens.append(column[0])
+        masks.append(column_masks[0])
+    return tokens, masks, stats
+
+
+class PositionScriptedModel(nn.Module):
+    """A fake whose logits at every position are a script of the tokens up to it (after the
+    prompt), so a verify forward of several positions gets each one's own: what a real
+    model does and tests/fakes.py's models (last position only) do not. One cache a
+    history, positions overwritten where the cache was rewound."""
+
+    def __init__(self, script) -> None:
+        super().__init__()
+        self.config = FakeConfig()
+        self.script = script
+        self.anchor = nn.Parameter(torch.zeros(1))
+        self.histories: dict[int, list[int]] = {}
+        self.prompt_lens: dict[int, int] = {}
+        self.calls: list[int] = []  # T of every forward
+
+    def get_device(self) -> torch.device:
+        return self.anchor.device
+
+    def forward(self, idx: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        T = idx.size(1)
+        self.calls.append(T)
+        key, pos = id(kv_cache), kv_cache.get_pos()
+        history = self.histories.setdefault(key, [])
+        del history[pos:]
+        history.extend(idx[0].tolist())
+        if pos == 0:
+            self.prompt_lens[key] = T
+        start = self.prompt_lens[key]
+        logits = torch.zeros(1, T, VOCAB_SIZE)
+        for t in range(T):
+            end = pos + t + 1
+            if end >= start:
+                logits[0, t] = _as_logits(self.script(history[start:end]))
+        kv_cache.prev_token = idx[:, -1]
+        kv_cache.advance(T)
+        return logits
+
+
+def _as_logits(next_) -> torch.Tensor:
+    if isinstance(next_, int):
+        logits = torch.full((VOCAB_SIZE,), -50.0)
+        logits[next_] = 0.0
+        return logits
+    return next_
+
+
+# ---- greedy: the same reply ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", STEP_PATHS)
+@pytest.mark.parametrize("era", list(ERAS))
+def test_a_greedy_reply_is_the_plain_reply_token_for_token_with_drafts_taken(era, path):
+    model = random_gpt(era)
+    plain = _reply(_engine(model, path, False), LOOPING, max_tokens=48, temperature=0.0)
+    drafted = _reply(_engine(model, path, True), LOOPING, max_tokens=48, temperature=0.0)
+    assert drafted[0] == plain[0] and len(plain[0]) == 48
+    assert drafted[1] == plain[1] == [1] * 48
+    assert drafted[2].finish_reasons == plain[2].finish_reasons == ["length"]
+    counts = drafted[2].speculation
+    assert counts.accepted > 0 and counts.verifications > 0  # drafts were taken: not vacuous
+    assert counts.tokens_per_verification > 1
+    assert plain[2].speculation.verifications == 0
+
+
+def test_a_sampled_reply_is_the_plain_reply_for_the_same_seed_and_logprobs_match():
+    model = random_gpt("E")
+    got = []
+    for speculate in (False, True):
+        record = LogprobRecord(top=3)
+        reply = _reply(
+            _engine(model, "torch", speculate), LOOPING, max_tokens=40, temperature=0.8,
+            top_k=50, seed=11, logprobs=record,
+        )  # fmt: skip
+        got.append((reply, record))
+    (plain, plain_lp), (drafted, drafted_lp) = got
+    assert drafted[0] == plain[0]
+    assert drafted[2].speculation.verifications > 0
+    for a, b in zip(plain_lp.columns, drafted_lp.columns, strict=True):
+        assert a[0].token == b[0].token
+        assert a[0].logprob == pytest.approx(b[0].logprob, abs=1e-4)
+        assert [t for t, _ in a[0].top] == [t for t, _ in b[0].top]
+
+
+def test_the_cache_holds_what_plain_decode_leaves_after_the_reply():
+    # The next turn goes on from the warm cache: its tokens and position are plain decode's.
+    model = random_gpt("E")
+    ends = []
+    for speculate in (False, True):
+        engine = _engine(model, "torch", speculate)
+        warm = WarmCache(engine)
+        tokens, _, _ = _reply(engine, LOOPING, max_tokens=30, temperature=0.0, warm=warm)
+        ends.append((warm.tokens, warm.cache.get_pos(), int(warm.cache.prev_token)))
+        assert warm.tokens == LOOPING + tokens[:-1]
+    assert ends[0] == ends[1]
+
+
+# ---- the calculator, stops and budgets -----------------------------------------------------------
+
+COPYING_DONE = [
+    *BYTES.encode(" 84 and 84 and 84 and 84 and 84 done"),
+    SPECIAL_IDS["<|assistant_end|>"],
+]
+
+
+def test_forced_calculator_tokens_and_the_stop_are_as_plain_and_drafted():
+    prompt = BYTES.encode("what is 12*7? say 84 and 84 and 84")
+    plain = _reply(
+        Engine(PositionScriptedModel(tool_call("12*7", COPYING_DONE)), BYTES), prompt,
+        temperature=0.0,
+    )  # fmt: skip
+    model = PositionScriptedModel(tool_call("12*7", COPYING_DONE))
+    drafted = _reply(Engine(model, BYTES, speculate=True), prompt, temperature=0.0)
+    assert drafted[:2] == plain[:2]
+    tokens, masks, stats = drafted
+    start, end = tokens.index(SPECIAL_IDS[OUTPUT_START]), tokens.index(SPECIAL_IDS[OUTPUT_END])
+    assert BYTES.decode(tokens[start + 1 : end]) == "84"
+    assert masks[start : end + 1] == [0] * (end + 1 - start)
+    assert stats.finish_reasons == ["stop"] and tokens[-1] == SPECIAL_IDS["<|assistant_end|>"]
+    assert stats.speculation.accepted > 0 and max(model.calls[1:]) > 1  # verify forwards ran
+    assert len(model.calls) < len(tokens)  # fewer forwards than tokens
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 9, 13, 17, 24, 31])
+def test_a_budget_ends_the_reply_where_plain_decode_ends_it(max_tokens):
+    prompt = BYTES.encode("what is 12*7? say 84 and 84 and 84")
+    plain = _reply(
+        Engine(PositionScriptedModel(tool_call("12*7", COPYING_DONE)), BYTES), prompt,
+        temperature=0.0, max_tokens=max_tokens,
+    )  # fmt: skip
+    drafted = _reply(
+        Engine(PositionScriptedModel(tool_call("12*7", COPYING_DONE)), BYTES, speculate=True),
+        prompt, temperature=0.0, max_tokens=max_tokens,
+    )  # fmt: skip
+    assert drafted[:2] == plain[:2]
+    assert drafted[2].finish_reasons == plain[2].finish_reasons
+    assert drafted[2].steps == plain[2].steps
+
+
+def test_the_embedded_model_drafts_its_copied_numbers_and_replies_as_plain():
+    model, tokenizer, _ = load_model(device="cpu")
+    prompt = tokenizer.render_for_completion(
+        {"messages": [{"role": "user", "content": "what is 1234 + 5678 + 1234 + 5678?"}]}
+    )
+    plain = _reply(Engine(model, tokenizer), prompt, temperature=0.0, max_tokens=64)
+    drafted = _reply(
+        Engine(model, tokenizer, speculate=True), prompt, temperature=0.0, max_tokens=64
+    )
+    assert drafted[:2] == plain[:2]
+    assert drafted[2].speculation.accepted > 0
+
+
+# ---- sampling: the model's distribution ----------------------------------------------------------
+
+# Tokens 65..68 ("ABCD"): the next is the one after the last (mod 4) with p 0.6, the last
+# again with p 0.2, the other two with 0.1 each: the prompt's cycle is what the drafts copy.
+CYCLE = [65, 66, 67, 68]
+ODDS = {1: 0.6, 0: 0.2, 2: 0.1, 3: 0.1}  # offset from the last token -> probability
+
+
+def _cycle_logits(generated: list[int], before: int) -> torch.Tensor:
+    last = generated[-1] if generated else before
+    logits = torch.full((VOCAB_SIZE,), float("-inf"))
+    for offset, p in ODDS.items():
+        logits[CYCLE[(CYCLE.index(last) + offset) % 4]] = math.log(p)
+    return logits
+
+
+def test_sampled_tokens_with_drafts_follow_the_models_distribution():
+    prompt = CYCLE * 8
+    model = PositionScriptedModel(lambda generated: _cycle_logits(generated, prompt[-1]))
+    engine = Engine(model, BYTES, speculate=True)
+    runs, positions = 1500, 3
+    joint: Counter[tuple[int, ...]] = Counter()
+    accepted = 0
+    for seed in range(runs):
+        tokens, _, stats = _reply(engine, prompt, temperature=1.0, max_tokens=positions, seed=seed)
+        joint[tuple(tokens)] += 1
+        accepted += stats.speculation.accepted
+    assert accepted > runs // 2  # drafts were taken: the rule was exercised
+    # Chi-square of the first three tokens' joint histogram against the exact distribution.
+    chi2, cells = 0.0, 0
+    for a in CYCLE:
+        for b in CYCLE:
+            for c in CYCLE:
+                p = 1.0
+                last = prompt[-1]
+                for t in (a, b, c):
+                    p *= ODDS[(CYCLE.index(t) - CYCLE.index(last)) % 4]
+                    last = t
+                expected = runs * p
+                chi2 += (joint[(a, b, c)] - expected) ** 2 / expected
+                cells += 1
+    # 63 degrees of freedom: P(chi2 > 120) is about 1e-5 for the right distribution.
+    assert chi2 < 120, chi2
+    assert sum(joint.values()) == runs
+
+
+# ---- drafting --------------------------------------------------------------------------------------
+
+
+def test_the_drafter_copies_what_followed_the_latest_match_of_the_longest_suffix():
+    d = Drafter([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3])
+    assert d.draft(3) == [7, 8, 5]  # (2, 3) last came before 7 8 5
+    d.append(4)
+    assert d.draft(2) == []  # 4 never came before
+    run = Drafter([7, 7, 7])
+    assert run.draft(4) == [7, 7, 7, 7]  # a repeating run goes on past the end
+    cycle = Drafter([1, 2, 1, 2])
+    assert cycle.draft(5) == [1, 2, 1, 2, 1]
