@@ -80,11 +80,14 @@ class ChatSession:
     system: str | None = None
     raw: bool = False  # stream special tokens as they are (/raw on)
     compile: bool = False  # run the model through torch.compile (--compile)
+    speculate: bool = False  # replies draft and verify (--speculate auto; speculation.py)
     # Each reply's tokens' logprobs and this many alternatives (Reply.logprobs); None: none.
     logprobs: int | None = CHAT_TOP_LOGPROBS
 
     def __post_init__(self) -> None:
-        self.engine = Engine(self.model, self.tokenizer, compile=self.compile)
+        self.engine = Engine(
+            self.model, self.tokenizer, compile=self.compile, speculate=self.speculate
+        )
         self.entries: list[_Entry] = []  # the conversation as the model sees it
         # Exchanges dropped from the model's view to make room in the context: still the
         # conversation's, for /save and /export (transcript).

@@ -58,6 +58,7 @@ SOURCES = ("sft", "rl", "base", "mid")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16")
 QUANTIZE_MODES = ("none", "int8", "int4")
+SPECULATE_MODES = ("auto", "off")
 MARKDOWN_MODES = ("auto", "always", "never")
 
 TEMPERATURE_MAX = 2.0
@@ -82,6 +83,7 @@ class Settings:
     device: str = "auto"
     dtype: str = "auto"
     quantize: str = "none"  # int8/int4 copies of big matrices for CPU decode
+    speculate: str = "auto"  # a reply drafts from the conversation, one forward verifies
     temperature: float = _SAMPLING.temperature
     top_k: int = _SAMPLING.top_k or 0  # 0: off
     top_p: float = _SAMPLING.top_p or 1.0  # 1.0: off
@@ -250,6 +252,9 @@ SETTING_RULES: Mapping[str, SettingRule] = {
     "device": SettingRule("one of auto, cpu, cuda, cuda:N, mps", "auto", _parse_device),
     "dtype": SettingRule("one of " + ", ".join(DTYPES), "auto", _choice(DTYPES)),
     "quantize": SettingRule("one of " + ", ".join(QUANTIZE_MODES), "int8", _choice(QUANTIZE_MODES)),
+    "speculate": SettingRule(
+        "one of " + ", ".join(SPECULATE_MODES), "off", _choice(SPECULATE_MODES)
+    ),
     "temperature": SettingRule("a number between 0 and 2", "0.7", _parse_temperature),
     "top_k": SettingRule(
         f"a whole number between 0 and {TOP_K_MAX} (0 or off turns it off)", "50", _parse_top_k

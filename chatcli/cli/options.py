@@ -187,6 +187,13 @@ QuantizeOpt = Annotated[
     str | None,
     typer.Option(help="CPU decode weights: none (default), int8 or int4 (big models)."),
 ]
+SpeculateOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="auto|off",
+        help="Draft tokens from the conversation and verify them in one pass (default auto).",
+    ),
+]
 # Sampling flags are read as text and checked by settings.validate_setting, as the slash
 # commands are: the same ranges, the same "off", the same messages.
 TempOpt = Annotated[

@@ -126,7 +126,12 @@ def load_session(
     )
     apply_cpu_plan(model)
     session = ChatSession(
-        model, tokenizer, sampling_options(settings), system=settings.system, compile=compile_model
+        model,
+        tokenizer,
+        sampling_options(settings),
+        system=settings.system,
+        compile=compile_model,
+        speculate=settings.speculate == "auto",
     )
     return session, banner_info(asdict(model.info))
 
