@@ -284,3 +284,28 @@ def test_the_drafter_copies_what_followed_the_latest_match_of_the_longest_suffix
     assert run.draft(4) == [7, 7, 7, 7]  # a repeating run goes on past the end
     cycle = Drafter([1, 2, 1, 2])
     assert cycle.draft(5) == [1, 2, 1, 2, 1]
+
+
+# ---- the bench's rows ------------------------------------------------------------------------------
+
+
+def test_the_bench_rows_replay_drafts_all_taken_and_none_taken_with_the_same_replies():
+    from chatcli.bench.models import SyntheticTokenizer
+    from chatcli.bench.speculation_rows import run_speculation_bench
+
+    model = random_gpt("E", vocab_size=300)
+    tokenizer = SyntheticTokenizer(300)
+    engine = Engine(model, tokenizer)
+    rows = {r["workload"]: r for r in run_speculation_bench(engine, tokenizer, True)}
+    assert list(rows) == [
+        "copy", "copy replayed, all taken", "copy replayed, none taken", "open-ended"
+    ]  # fmt: skip
+    assert all(
+        r["same_reply"] and r["plain_tps"] > 0 and r["speculate_tps"] > 0 for r in rows.values()
+    )
+    taken, missed = rows["copy replayed, all taken"], rows["copy replayed, none taken"]
+    assert taken["acceptance"] == 1.0 and taken["tokens_per_verification"] > 4
+    assert missed["acceptance"] == 0.0 and missed["tokens_per_verification"] == 1.0
+    # The back-off: after a few rejected verifications the row decodes plainly.
+    assert 0 < missed["verifications"] < missed["tokens"] // 4
+    assert engine.speculate is False  # the engine is left as it was given

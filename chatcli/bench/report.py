@@ -92,3 +92,22 @@ def times_faster(baseline_s: float, ours_s: float) -> str:
     if ours_s <= baseline_s:
         return f"{round(baseline_s / max(ours_s, 1e-9), 2)}x faster"
     return f"{round(ours_s / max(baseline_s, 1e-9), 2)}x slower"
+
+
+def render_speculation(console: Console, rows: list[dict[str, Any]]) -> None:
+    """The speculation rows (speculation_rows.py): each workload's greedy reply decoded
+    plainly and with drafting, side by side."""
+    table = [
+        (
+            r["workload"],
+            str(r["plain_tps"]),
+            str(r["speculate_tps"]),
+            f"{r['ratio']}x",
+            f"{r['acceptance']:.0%}",
+            str(r["tokens_per_verification"]),
+            "yes" if r["same_reply"] else "NO",
+        )
+        for r in rows
+    ]
+    header = ("speculation", "plain tok/s", "drafting tok/s", "ratio", "drafts taken")
+    render_table(console, (*header, "tokens / verify", "same reply"), table)

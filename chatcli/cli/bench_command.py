@@ -48,11 +48,20 @@ def bench(
         str, typer.Option(help="auto (a CUDA device where there is one), cpu, cuda or cuda:N.")
     ] = "auto",
     compile_model: CompileOpt = False,
+    speculate: Annotated[
+        str,
+        typer.Option(
+            metavar="auto|off",
+            help="auto: also decode a copy and an open-ended reply plainly and with drafting, "
+            "side by side (speculation rows); off: not.",
+        ),
+    ] = "auto",
 ) -> None:
     """Measure our engine against the plain baseline, side by side, in one run."""
     from chatcli.bench.bench import run_bench
     from chatcli.bench.models import SYNTHETIC_DEPTHS, bench_device, gpu_weights, synthetic_model
-    from chatcli.bench.report import render_bench
+    from chatcli.bench.report import render_bench, render_speculation
+    from chatcli.bench.speculation_rows import speculation_rows
     from chatcli.model.checkpoint import load_model
     from chatcli.model.quantize import QUANTIZE_KINDS
     from chatcli.terminal.render import make_console
@@ -75,6 +84,8 @@ def bench(
                 gpu_weights(quantize, where)
         except ValueError as e:
             raise (UsageError if wrong_word else ChatcliError)(str(e)) from None
+        if speculate not in ("auto", "off"):
+            raise UsageError(f"--speculate takes auto or off, not {speculate!r}.")
         if synthetic is not None and model is not None:
             raise UsageError("Pass --model or --synthetic, not both.")
         if synthetic is not None and softcap is not None:
@@ -92,9 +103,14 @@ def bench(
         # A run takes from ~25 s to minutes, with nothing to show until it ends.
         typer.echo(f"Measuring {label} on {where}, baseline and ours in turn…", err=True)
         result = run_bench(net, tokenizer, label, precision=quantize, compile=compile_model)
+        if speculate == "auto":
+            result["speculation"] = speculation_rows(net, tokenizer, synthetic is not None)
     except ChatcliError as e:
         raise fail_with(e) from None
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
-    render_bench(make_console(), result)
+    console = make_console()
+    render_bench(console, result)
+    if "speculation" in result:
+        render_speculation(console, result["speculation"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from chatcli.engine.cpu_plan import prefill_threads, torch_threads
 from chatcli.engine.logprobs import LogprobRecord
 from chatcli.engine.scheduler import GenerationStats, RowRequest, Scheduler, plan
 from chatcli.engine.slot_step import forward_slots
+from chatcli.engine.speculation import Drafter
 from chatcli.engine.step_choice import Step, compiled_forward, pick_decode_step
 from chatcli.engine.tool_use import RESULT_RESERVE, RowState, ToolTokenizer, ToolUse
 from chatcli.engine.warm_cache import WarmCache
@@ -70,6 +71,9 @@ class Engine:
         # Whether a one-row generation in a cache of its own drafts from its history and
         # verifies the drafts in one forward (speculation.py): --speculate auto|off.
         self.speculate = speculate
+        # The drafter a drafting row gets, given its prompt: the bench swaps in one that
+        # replays a known reply, to measure verification at a chosen acceptance.
+        self.drafter: Callable[[list[int]], Drafter] = Drafter
         if compile and self.decode_step is None:
             # No faster step for this model: compile the whole forward (dynamic shapes).
             # The K/V writes happen before the cache advances, so a failed compiled call

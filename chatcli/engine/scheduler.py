@@ -16,13 +16,14 @@ Knows nothing about text, threads or HTTP; runs the model through a RowRunner (t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from chatcli.engine.logprobs import TokenLogprob, check_top, column_logprobs, distributions
-from chatcli.engine.speculation import Speculation, SpeculationCounts
+from chatcli.engine.speculation import Drafter, Speculation, SpeculationCounts
 from chatcli.engine.tool_use import RowState, ToolUse
 from chatcli.engine.warm_cache import CacheRunner, WarmCache, choose
 from chatcli.errors import ContextOverflowError
@@ -58,6 +59,7 @@ class RowRunner(CacheRunner, Protocol):
     assistant_end: int
     bos: int
     speculate: bool  # one-row generations of their own draft and verify (speculation.py)
+    drafter: Callable[[list[int]], Drafter]  # a row's drafter, given its prompt
 
     def forward_last(self, ids: torch.Tensor, cache: Any) -> torch.Tensor: ...
 
@@ -302,7 +304,7 @@ class Scheduler:
             (temperature, request.top_k, request.top_p),
         )  # fmt: skip
         if self._drafts(gen):
-            gen.speculation = Speculation(request.tokens, stats.speculation)
+            gen.speculation = Speculation(self.runner.drafter(request.tokens), stats.speculation)
         return gen
 
     def _drafts(self, gen: Generation) -> bool:

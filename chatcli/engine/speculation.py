@@ -113,8 +113,8 @@ class SpeculationCounts:
 class Speculation:
     """One row's drafting (a generation of one row in a cache of its own)."""
 
-    def __init__(self, prompt: list[int], counts: SpeculationCounts | None = None) -> None:
-        self.drafter = Drafter(prompt)
+    def __init__(self, drafter: Drafter, counts: SpeculationCounts | None = None) -> None:
+        self.drafter = drafter
         self.counts = counts if counts is not None else SpeculationCounts()
         self.pending: Verified | None = None
         self._window: list[int] = []  # drafts taken by the last verifications
@@ -159,15 +159,17 @@ class Speculation:
             return
         i = p.used  # drafts taken before this token
         p.used += 1
-        if not last and i < len(p.drafts) and token == p.drafts[i]:
+        hit = i < len(p.drafts) and token == p.drafts[i]
+        if hit and not last:
             return
         self.pending = None
         cache.rewind(p.base + 1 + i, p.drafts[i - 1] if i else p.first)
+        # The drafts compared with a token taken: those past a reply's end never were.
         c = self.counts
         c.verifications += 1
-        c.drafted += len(p.drafts)
-        c.accepted += i
-        self._back_off(i)
+        c.drafted += min(len(p.drafts), i + 1)
+        c.accepted += i + hit
+        self._back_off(i + hit)
 
     def _back_off(self, taken: int) -> None:
         """Stop drafting for a while where the last WINDOW verifications took fewer than one
