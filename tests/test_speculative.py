@@ -15,6 +15,7 @@ from torch import nn
 
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.logprobs import LogprobRecord
+from chatcli.engine.scheduler import RowRequest, Scheduler
 from chatcli.engine.speculation import Drafter
 from chatcli.engine.static_step import ModuleStep, StaticDecodeStep
 from chatcli.engine.warm_cache import WarmCache
@@ -309,3 +310,43 @@ def test_the_bench_rows_replay_drafts_all_taken_and_none_taken_with_the_same_rep
     # The back-off: after a few rejected verifications the row decodes plainly.
     assert 0 < missed["verifications"] < missed["tokens"] // 4
     assert engine.speculate is False  # the engine is left as it was given
+
+
+# ---- a server's rows ------------------------------------------------------------------------------
+
+
+def _slot_run(engine: Engine, requests: list[RowRequest], join_at: list[int]):
+    """Each request joined at its step into a 3-row batch, stepped to the end: each row's
+    tokens and the generations."""
+    batch = Scheduler(engine, rows=3, prefill_chunk=16)
+    produced: dict[int, list[int]] = {}
+    gens: list = [None] * len(requests)
+    step = 0
+    while step <= max(join_at) or batch.running:
+        for i, at in enumerate(join_at):
+            if at == step:
+                gens[i] = batch.join(requests[i])
+        for gen, token, _ in batch.step().tokens:
+            produced.setdefault(id(gen), []).append(token)
+        step += 1
+    return [produced.get(id(g), []) for g in gens], gens
+
+
+@pytest.mark.parametrize("path", STEP_PATHS)
+def test_a_servers_rows_draft_while_one_decodes_alone_and_give_the_plain_tokens(path):
+    model = random_gpt("E")
+    prompts = [LOOPING, [*LOOPING[3:], 40, 41], [9, 10, 11, 12] * 5]
+    requests = [
+        RowRequest(prompts[0], max_tokens=40, temperature=0.0),
+        RowRequest(prompts[1], max_tokens=12, temperature=0.9, seed=3),
+        RowRequest(prompts[2], max_tokens=40, temperature=0.0),
+    ]
+    join_at = [0, 9, 30]  # alone, then together, then alone again
+    plain, _ = _slot_run(_engine(model, path, False), requests, join_at)
+    drafted, gens = _slot_run(_engine(model, path, True), requests, join_at)
+    assert drafted == plain
+    assert [len(t) for t in plain] == [40, 12, 40]
+    assert sum(g.stats.speculation.accepted for g in gens) > 0
+    for gen, tokens in zip(gens, drafted, strict=True):  # the slot keeps the conversation
+        assert gen.warm.tokens == gen.request.tokens + tokens[:-1]
+        assert gen.warm.cache.get_pos() == len(gen.warm.tokens)

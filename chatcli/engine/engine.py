@@ -175,6 +175,7 @@ class Engine:
         requests run in too (scheduler.py)."""
         prompt_len = len(request.tokens)
         with self._prompt_cache(warm, prompt_len, num_samples, budget) as warm:
+            gen = None
             try:
                 scheduler = Scheduler(self)
                 gen = scheduler.start(request, warm, num_samples, stats)
@@ -185,6 +186,8 @@ class Engine:
                             record.columns.append(gen.logprobs)
                         yield gen.column, gen.masks
             finally:
+                if gen is not None and gen.speculation is not None and gen.cache is not None:
+                    gen.speculation.settle(gen.cache)  # closed early: no drafts left in it
                 warm.settle()
 
     @contextmanager

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from chatcli.engine.logprobs import TokenLogprob, check_top, column_logprobs, distributions
-from chatcli.engine.speculation import Drafter, Speculation, SpeculationCounts
+from chatcli.engine.speculation import Drafter, Speculation, SpeculationCounts, VerifyRunner
 from chatcli.engine.tool_use import RowState, ToolUse
 from chatcli.engine.warm_cache import CacheRunner, WarmCache, choose
 from chatcli.errors import ContextOverflowError
@@ -308,9 +308,10 @@ class Scheduler:
         return gen
 
     def _drafts(self, gen: Generation) -> bool:
-        """Whether `gen` drafts and verifies (speculation.py): one row in a cache of its own
-        (a chat turn, `once`), where the runner's speculate is on."""
-        return self.runner.speculate and gen.slot is None and gen.samples == 1
+        """Whether `gen` drafts and verifies (speculation.py): a generation of one row (a chat
+        turn, `once`, a server's request), where the runner's speculate is on. A slot's row
+        starts a verification only while it decodes alone (_step_slots)."""
+        return self.runner.speculate and gen.samples == 1
 
     def leave(self, gen: Generation, reason: str = "interrupted") -> None:
         """End `gen` now (its client left, a stop sequence matched): its rows' finish reason
@@ -322,6 +323,8 @@ class Scheduler:
         self._end(gen)
 
     def _end(self, gen: Generation) -> None:
+        if gen.speculation is not None and gen.cache is not None:
+            gen.speculation.settle(gen.cache)  # type: ignore[arg-type]
         gen.done = True
         self.running.remove(gen)
         if gen.slot is not None:  # a generation of its own settles where its caller says
@@ -368,11 +371,7 @@ class Scheduler:
         if gen.cache is not None:
             assert gen.ids is not None
             if gen.speculation is not None:
-                assert isinstance(gen.cache, KVCache)
-                room = gen.budget - gen.stats.steps - 1  # tokens past the next one's
-                state = gen.states[0]
-                queued = list(state.forced_tokens) if gen.request.use_tools else []
-                return gen.speculation.logits(self.runner, gen.ids, gen.cache, room, queued)
+                return self._drafted(gen, self.runner, gen.ids)
             return self.runner.forward_last(gen.ids, gen.cache)
         logits, gen.stats.prefill_tokens = gen.warm.prefill(gen.request.tokens)
         wait_for_device(self._device)  # a GPU's work runs on after the call
@@ -385,14 +384,35 @@ class Scheduler:
             logits = logits.expand(gen.samples, -1)
         return logits
 
+    def _drafted(self, gen: Generation, runner: VerifyRunner, ids: torch.Tensor) -> torch.Tensor:
+        """A drafting row's logits (1, V) for its next token (Speculation.logits): drafts up to
+        its budget, the calculator's queued tokens first."""
+        assert gen.speculation is not None and isinstance(gen.cache, KVCache)
+        room = gen.budget - gen.stats.steps - 1  # tokens past the next one's
+        state = gen.states[0]
+        queued = list(state.forced_tokens) if gen.request.use_tools else []
+        return gen.speculation.logits(runner, ids, gen.cache, room, queued)
+
     def _step_slots(
         self, slotted: list[Generation], ran: list[tuple[Generation, torch.Tensor]], out: Stepped
     ) -> None:
         """The slots' decoding rows and their prompts' chunks: in one forward where the
         runner takes a prompt's chunk as rows of its slot (our CPU step), else the decoding
-        rows' forward and then each chunk through the model's forward."""
+        rows' forward and then each chunk through the model's forward. A row whose next
+        logits a verification gave runs nothing; a drafting row that decodes alone, with no
+        prompt to prefill, drafts and verifies in its slot."""
         decoding = [g for g in slotted if g.cache is not None]
         chunks = self._chunks(slotted)
+        verified = [g for g in decoding if g.speculation and g.speculation.pending]
+        for gen in verified:
+            assert gen.speculation is not None
+            ran.append((gen, gen.speculation.verified()))  # type: ignore[arg-type]
+        decoding = [g for g in decoding if g not in verified]
+        if len(decoding) == 1 and not chunks and not verified and decoding[0].speculation:
+            gen = decoding[0]
+            verifier = _SlotVerifier(self.runner, self.cache, gen.slot)  # type: ignore[arg-type]
+            ran.append((gen, self._drafted(gen, verifier, self._ids([[gen.tokens[-1]]]))))
+            return
         if not self.runner.takes_prompt_rows:
             if decoding:
                 slots = SlotRows(self.cache, [g.slot for g in decoding])  # type: ignore[misc]
@@ -549,6 +569,24 @@ class Scheduler:
         cache = gen.cache
         rest = cache.suffix if isinstance(cache, SharedPrefixCache) else cache
         return queued and rest is not None and rest.max_seq_len - rest.get_pos() >= 2
+
+
+class _SlotVerifier:
+    """A slot's row run as speculation.py runs a row of its own: a plain step as the slots'
+    step, a verification as rows of its slot (where the runner takes a prompt's rows: one
+    pass over the weights), else through the model's forward over the slot's cache."""
+
+    def __init__(self, runner: RowRunner, cache: SlotCache, slot: int) -> None:
+        self.runner, self.cache, self.slot = runner, cache, slot
+
+    def forward_last(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        return self.runner.forward_rows(ids, SlotRows(self.cache, [self.slot]))
+
+    def forward_verify(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        if self.runner.takes_prompt_rows:
+            rows = SlotRows(self.cache, [self.slot] * ids.size(1))
+            return self.runner.forward_rows(ids.view(-1, 1), rows)
+        return self.runner.forward_verify(ids, cache)
 
 
 def _sample(

@@ -128,9 +128,9 @@ class Speculation:
         cache: the next verified row where the drafts so far were taken; else one verify
         forward of the last token and up to `room` drafts (`queued`: tokens the row will take
         anyway, the calculator's, drafted first); else a plain decode step."""
-        p = self.pending
-        if p is not None:
-            return p.logits[p.used : p.used + 1]
+        verified = self.verified()
+        if verified is not None:
+            return verified
         room = min(room, DRAFT_TOKENS, cache.max_seq_len - cache.get_pos() - 1)
         drafts: list[int] = []
         if room > 0:
@@ -147,6 +147,11 @@ class Speculation:
         logits = runner.forward_verify(line, cache)
         self.pending = Verified(logits, first, drafts, base)
         return logits[0:1]
+
+    def verified(self) -> torch.Tensor | None:
+        """The next verified row of logits (1, V), while the drafts so far were taken."""
+        p = self.pending
+        return None if p is None else p.logits[p.used : p.used + 1]
 
     def took(self, token: int, cache: KVCache, last: bool) -> None:
         """The row took `token` (from the logits `logits` gave); `last`: nothing more is drawn
@@ -170,6 +175,16 @@ class Speculation:
         c.drafted += min(len(p.drafts), i + 1)
         c.accepted += i + hit
         self._back_off(i + hit)
+
+    def settle(self, cache: KVCache) -> None:
+        """The row ends (or is left) while verified logits wait: rewind the cache to what
+        plain decode would hold, every token taken but the last."""
+        p = self.pending
+        if p is None:
+            return
+        self.pending = None
+        taken = p.used  # every one of them its draft, or it would not be pending
+        cache.rewind(p.base + taken, p.drafts[taken - 2] if taken > 1 else p.first)
 
     def _back_off(self, taken: int) -> None:
         """Stop drafting for a while where the last WINDOW verifications took fewer than one
