@@ -17,6 +17,7 @@ from chatcli.cli.options import (
     QuantizeOpt,
     SoftcapOpt,
     SourceOpt,
+    SpeculateOpt,
     StepOpt,
     fail,
     fail_with,
@@ -52,6 +53,7 @@ def serve(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     quantize: QuantizeOpt = None,
+    speculate: SpeculateOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: a free one, said on start).")] = 8000,
     workers: Annotated[
@@ -133,7 +135,13 @@ def serve(
     try:
         count = replica_count(workers, ray is not None)
         s = settings_from(
-            model=model, source=source, step=step, device=device, dtype=dtype, quantize=quantize
+            model=model,
+            source=source,
+            step=step,
+            device=device,
+            dtype=dtype,
+            quantize=quantize,
+            speculate=speculate,
         )
         # The command line's mistakes first (exit 2), then the files' and the system's (1).
         if not 0 <= port <= MAX_PORT:
@@ -161,7 +169,9 @@ def serve(
             on_ready=lambda info: _say_ready(info, locked),
         )
         if ray is None:
-            run_server(s.model, workers=count[0] if count else None, **options)
+            workers_count = count[0] if count else None
+            drafting = s.speculate == "auto"
+            run_server(s.model, workers=workers_count, speculate=drafting, **options)
             return
         try:
             from chatcli.serve.ray_cluster import ReplicaCount, serve_on_ray

@@ -133,6 +133,7 @@ def serve(
     log_level: str = "info",
     on_listening: Callable[[], None] | None = None,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
+    speculate: bool = False,
 ) -> None:
     """Load one replica of `model` per worker and serve until interrupted. Each worker keeps
     `cache_slots` conversations' K/V warm (worker_pool.Worker) and decodes up to `batch`
@@ -144,7 +145,8 @@ def serve(
     loaded, just before the first request can come in: the CLI's cue to say where the server
     is. cpu_threads is the CPU plan's thread count (cpu_plan.py), None off the CPU.
     on_listening is called once the address is taken, before the models load: what must be
-    said at once.
+    said at once. speculate: a request drafts and verifies while it decodes alone in its
+    worker (speculation.py).
     """
     from chatcli.engine.cpu_plan import apply_cpu_plan
 
@@ -155,6 +157,8 @@ def serve(
         load = dict(source=source, step=step, dtype=dtype, quantize=quantize, softcap=softcap)
         devices = worker_devices(device, workers)
         replicas = _load_workers(model, devices, cache_slots, batch, load)
+        for worker in replicas:
+            worker.engine.speculate = speculate
         # torch's thread count is the process's: the generation threads take it up when they
         # start. A small model decodes fastest on one (cpu_plan), as it does in `chatcli chat`.
         plan = apply_cpu_plan(replicas[0].engine.model)
