@@ -254,7 +254,7 @@ def test_sampled_tokens_with_drafts_follow_the_models_distribution():
         tokens, _, stats = _reply(engine, prompt, temperature=1.0, max_tokens=positions, seed=seed)
         joint[tuple(tokens)] += 1
         accepted += stats.speculation.accepted
-    assert accepted > runs // 2  # drafts were taken: the rule was exercised
+    assert accepted > runs // 5  # drafts were taken: the rule was exercised
     # Chi-square of the first three tokens' joint histogram against the exact distribution.
     chi2, cells = 0.0, 0
     for a in CYCLE:

@@ -19,6 +19,7 @@ removed), drawn in one step.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,15 +27,27 @@ import torch
 
 from chatcli.model.kv_cache import KVCache
 
-# The longest n-gram a row's last tokens are looked up by (then shorter ones, down to 1).
+# The n-grams a row's last tokens are looked up by, longest first. One token alone matches
+# too often by chance in open-ended text: its drafts were mostly rejected.
 NGRAM_MAX = 3
+NGRAM_MIN = 2
 # Drafts a verification takes at most: the verify forward runs DRAFT_TOKENS + 1 positions.
 DRAFT_TOKENS = 6
-# Back-off: after WINDOW verifications that took fewer than one draft each on average, the row
-# decodes PAUSE tokens plainly, twice as many each time in a row (up to PAUSE_MAX).
-WINDOW = 3
-PAUSE = 32
+# Back-off: after WINDOW verifications whose tokens plain steps would have given in less time
+# (with GAIN to spare), the row decodes PAUSE tokens plainly, twice as many each time in a row
+# (up to PAUSE_MAX). A verification's cost in plain steps is measured on the CPU (a small
+# model's several rows cost several steps; a big model's, about one: its weights are read
+# once); VERIFY_COST until measured, and on a GPU, where a call returns before its work ends.
+WINDOW = 2
+PAUSE = 48
 PAUSE_MAX = 2048
+GAIN = 1.1
+VERIFY_COST = 2.0
+
+
+def _average(mean: float | None, seconds: float) -> float:
+    """A moving average of a call's seconds: the latest counts a quarter."""
+    return seconds if mean is None else 0.75 * mean + 0.25 * seconds
 
 
 class VerifyRunner(Protocol):
@@ -59,7 +72,7 @@ class Drafter:
         h = self.history
         h.append(token)
         t = len(h) - 1  # the n-grams that end just before `token` now have a follower
-        for n in range(1, min(NGRAM_MAX, t) + 1):
+        for n in range(NGRAM_MIN, min(NGRAM_MAX, t) + 1):
             self._after[tuple(h[t - n : t])] = t
 
     def draft(self, k: int) -> list[int]:
@@ -68,7 +81,7 @@ class Drafter:
         row's end goes on with what it drafted, as an overlapping copy does (a repeating
         run drafts its next k, not the few tokens left before the end)."""
         h = self.history
-        for n in range(min(NGRAM_MAX, len(h)), 0, -1):
+        for n in range(min(NGRAM_MAX, len(h)), NGRAM_MIN - 1, -1):
             at = self._after.get(tuple(h[-n:]))
             if at is not None:
                 end = len(h)
@@ -120,6 +133,9 @@ class Speculation:
         self._window: list[int] = []  # drafts taken by the last verifications
         self._pause_left = 0
         self._next_pause = PAUSE
+        # Seconds of a plain step and of a verification (moving averages; CPU only).
+        self._step_s: float | None = None
+        self._verify_s: float | None = None
 
     def logits(
         self, runner: VerifyRunner, ids: torch.Tensor, cache: KVCache, room: int, queued: list[int]
@@ -139,12 +155,19 @@ class Speculation:
                 self._pause_left -= 1
             elif not drafts:
                 drafts = self.drafter.draft(room)
+        timed = ids.device.type == "cpu"  # a GPU's call returns before its work is done
+        t0 = time.perf_counter()
         if not drafts:
-            return runner.forward_last(ids, cache)
+            logits = runner.forward_last(ids, cache)
+            if timed:
+                self._step_s = _average(self._step_s, time.perf_counter() - t0)
+            return logits
         first = self.drafter.history[-1]
         base = cache.get_pos()
         line = torch.tensor([[first, *drafts]], dtype=torch.long, device=ids.device)
         logits = runner.forward_verify(line, cache)
+        if timed:
+            self._verify_s = _average(self._verify_s, time.perf_counter() - t0)
         self.pending = Verified(logits, first, drafts, base)
         return logits[0:1]
 
@@ -186,13 +209,21 @@ class Speculation:
         taken = p.used  # every one of them its draft, or it would not be pending
         cache.rewind(p.base + taken, p.drafts[taken - 2] if taken > 1 else p.first)
 
+    @property
+    def verify_cost(self) -> float:
+        """A verification's time in plain steps: measured, else VERIFY_COST."""
+        if self._step_s is None or self._verify_s is None:
+            return VERIFY_COST
+        return self._verify_s / self._step_s
+
     def _back_off(self, taken: int) -> None:
-        """Stop drafting for a while where the last WINDOW verifications took fewer than one
-        draft each: a verification that is rejected costs more than the step it replaces."""
+        """Stop drafting for a while where the last WINDOW verifications gave fewer tokens
+        (the drafts taken and the model's own) than plain steps would have in their time."""
         self._window.append(taken)
         if len(self._window) < WINDOW:
             return
-        if sum(self._window) < WINDOW:
+        tokens = sum(self._window) + len(self._window)
+        if tokens < GAIN * self.verify_cost * len(self._window):
             self._pause_left = self._next_pause
             self._next_pause = min(2 * self._next_pause, PAUSE_MAX)
         else:
