@@ -350,3 +350,44 @@ def test_a_servers_rows_draft_while_one_decodes_alone_and_give_the_plain_tokens(
     for gen, tokens in zip(gens, drafted, strict=True):  # the slot keeps the conversation
         assert gen.warm.tokens == gen.request.tokens + tokens[:-1]
         assert gen.warm.cache.get_pos() == len(gen.warm.tokens)
+
+
+# ---- the setting ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHATCLI_HOME", str(tmp_path / "home"))
+    for name in ("CHATCLI_TEMPERATURE", "CHATCLI_MODEL", "CHATCLI_CONFIG", "CHATCLI_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("CHATCLI_SPECULATE", raising=False)
+    return monkeypatch
+
+
+def test_once_replies_the_same_with_speculate_auto_off_and_from_the_environment(home):
+    from typer.testing import CliRunner
+
+    from chatcli.cli.app import app
+
+    runner = CliRunner()
+    args = ["once", "Repeat after me: 4821, 7730, 1299, 3356, 4821, 7730.", "-t", "0", "-n", "40"]
+    auto = runner.invoke(app, [*args, "--speculate", "auto"])
+    off = runner.invoke(app, [*args, "--speculate", "off"])
+    assert auto.exit_code == off.exit_code == 0, auto.output
+    assert auto.output == off.output and "4821" in auto.output
+    home.setenv("CHATCLI_SPECULATE", "sometimes")
+    bad = runner.invoke(app, args)
+    assert bad.exit_code == 1
+    assert "CHATCLI_SPECULATE: speculate must be one of auto, off, got 'sometimes'" in bad.output
+    home.setenv("CHATCLI_SPECULATE", "off")
+    assert runner.invoke(app, args).output == off.output
+
+
+def test_a_chat_session_drafts_by_default_and_not_when_off(home):
+    from chatcli.chat.settings import load_settings
+    from chatcli.cli.session_setup import load_session
+
+    session, _ = load_session(load_settings(env={}), None)
+    assert session.engine.speculate is True
+    session, _ = load_session(load_settings(env={"CHATCLI_SPECULATE": "off"}), None)
+    assert session.engine.speculate is False
