@@ -34,8 +34,8 @@ NGRAM_MIN = 2
 # Drafts a verification takes at most: the verify forward runs DRAFT_TOKENS + 1 positions.
 DRAFT_TOKENS = 6
 # Back-off: after WINDOW verifications whose tokens plain steps would have given in less time
-# (with GAIN to spare), the row decodes PAUSE tokens plainly, twice as many each time in a row
-# (up to PAUSE_MAX). A verification's cost in plain steps is measured on the CPU (a small
+# (with GAIN to spare), the row decodes PAUSE tokens plainly, then after each such one
+# verification twice as many (up to PAUSE_MAX), until one pays. A verification's cost in plain steps is measured on the CPU (a small
 # model's several rows cost several steps; a big model's, about one: its weights are read
 # once); VERIFY_COST until measured, and on a GPU, where a call returns before its work ends.
 WINDOW = 2
@@ -218,9 +218,10 @@ class Speculation:
 
     def _back_off(self, taken: int) -> None:
         """Stop drafting for a while where the last WINDOW verifications gave fewer tokens
-        (the drafts taken and the model's own) than plain steps would have in their time."""
+        (the drafts taken and the model's own) than plain steps would have in their time;
+        after a pause, one such verification is enough to pause again (twice as long)."""
         self._window.append(taken)
-        if len(self._window) < WINDOW:
+        if len(self._window) < (WINDOW if self._next_pause == PAUSE else 1):
             return
         tokens = sum(self._window) + len(self._window)
         if tokens < GAIN * self.verify_cost * len(self._window):
