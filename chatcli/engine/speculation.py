@@ -1,7 +1,7 @@
 """Prompt-lookup speculative decoding: a row drafts from its own history, one forward verifies.
 
 Owns: Drafter (an index of a row's n-grams: the tokens that followed the latest earlier
-occurrence of its last n tokens, n = NGRAM_MAX down to 1), Verified (one verify forward's
+occurrence of its last n tokens, n = NGRAM_MAX down to NGRAM_MIN), Verified (one verify forward's
 logits and the drafts they assume), and Speculation (one row's drafting: the logits its next
 token comes from, the cache rewound past a rejected draft, the counts, and the back-off that
 stops drafting for a row whose drafts are rarely taken). Knows nothing of sampling, budgets
@@ -35,9 +35,10 @@ NGRAM_MIN = 2
 DRAFT_TOKENS = 6
 # Back-off: after WINDOW verifications whose tokens plain steps would have given in less time
 # (with GAIN to spare), the row decodes PAUSE tokens plainly, then after each such one
-# verification twice as many (up to PAUSE_MAX), until one pays. A verification's cost in plain steps is measured on the CPU (a small
-# model's several rows cost several steps; a big model's, about one: its weights are read
-# once); VERIFY_COST until measured, and on a GPU, where a call returns before its work ends.
+# verification twice as many (up to PAUSE_MAX), until one pays. A verification's cost in
+# plain steps is measured on the CPU (a small model's several rows cost several steps; a big
+# model's, about one: its weights are read once); VERIFY_COST until measured, and on a GPU,
+# where a call returns before its work ends.
 WINDOW = 2
 PAUSE = 48
 PAUSE_MAX = 2048
