@@ -61,26 +61,32 @@ class VerifyRunner(Protocol):
 
 class Drafter:
     """A row's tokens and, for each n-gram in them, where the latest one that has a token
-    after it ends: a lookup of the row's last n tokens is one dict read, not a scan."""
+    after it ends: a lookup of the row's last n tokens is one dict read, not a scan. The
+    index catches up at each draft, so a row that is not drafting (paused) pays a list
+    append a token."""
 
     def __init__(self, tokens: list[int]) -> None:
-        self.history: list[int] = []
+        self.history: list[int] = list(tokens)
         self._after: dict[tuple[int, ...], int] = {}  # n-gram -> index of its follower
-        for token in tokens:
-            self.append(token)
+        self._indexed = 0  # tokens whose n-grams before them are in _after
 
     def append(self, token: int) -> None:
-        h = self.history
-        h.append(token)
-        t = len(h) - 1  # the n-grams that end just before `token` now have a follower
-        for n in range(NGRAM_MIN, min(NGRAM_MAX, t) + 1):
-            self._after[tuple(h[t - n : t])] = t
+        self.history.append(token)
+
+    def _catch_up(self) -> None:
+        h, after = self.history, self._after
+        for t in range(max(self._indexed, 1), len(h)):
+            # the n-grams that end just before token t have it as their follower
+            for n in range(NGRAM_MIN, min(NGRAM_MAX, t) + 1):
+                after[tuple(h[t - n : t])] = t
+        self._indexed = len(h)
 
     def draft(self, k: int) -> list[int]:
         """k tokens that followed the latest earlier occurrence of the row's last NGRAM_MAX
         tokens (else of fewer); [] where none occurred before. A copy that runs into the
         row's end goes on with what it drafted, as an overlapping copy does (a repeating
         run drafts its next k, not the few tokens left before the end)."""
+        self._catch_up()
         h = self.history
         for n in range(min(NGRAM_MAX, len(h)), NGRAM_MIN - 1, -1):
             at = self._after.get(tuple(h[-n:]))
