@@ -304,7 +304,9 @@ class Scheduler:
             (temperature, request.top_k, request.top_p),
         )  # fmt: skip
         if self._drafts(gen):
-            gen.speculation = Speculation(self.runner.drafter(request.tokens), stats.speculation)
+            drafter = self.runner.drafter(request.tokens)
+            timed = self._device.type == "cpu"
+            gen.speculation = Speculation(drafter, stats.speculation, timed)
         return gen
 
     def _drafts(self, gen: Generation) -> bool:
@@ -389,8 +391,8 @@ class Scheduler:
         its budget, the calculator's queued tokens first."""
         assert gen.speculation is not None and isinstance(gen.cache, KVCache)
         room = gen.budget - gen.stats.steps - 1  # tokens past the next one's
-        state = gen.states[0]
-        queued = list(state.forced_tokens) if gen.request.use_tools else []
+        forced = gen.states[0].forced_tokens
+        queued = list(forced) if forced and gen.request.use_tools else []
         return gen.speculation.logits(runner, ids, gen.cache, room, queued)
 
     def _step_slots(

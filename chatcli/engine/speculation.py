@@ -44,6 +44,7 @@ PAUSE = 48
 PAUSE_MAX = 2048
 GAIN = 1.1
 VERIFY_COST = 2.0
+TIME_EVERY = 4  # a plain step in this many is timed
 
 
 def _average(mean: float | None, seconds: float) -> float:
@@ -101,10 +102,11 @@ class Drafter:
 
 @dataclass
 class Verified:
-    """One verify forward: logits (k + 1, V) of [first, *drafts] written from `base` on."""
+    """One verify forward: logits (k + 1, V) of `line`, the row's last token and its drafts,
+    written from cache position `base` on."""
 
     logits: torch.Tensor
-    first: int  # the row's last token, written at `base`
+    line: torch.Tensor  # (1, k + 1) ids
     drafts: list[int]
     base: int
     used: int = 0  # rows of logits taken so far
@@ -133,8 +135,14 @@ class SpeculationCounts:
 class Speculation:
     """One row's drafting (a generation of one row in a cache of its own)."""
 
-    def __init__(self, drafter: Drafter, counts: SpeculationCounts | None = None) -> None:
+    def __init__(
+        self, drafter: Drafter, counts: SpeculationCounts | None = None, timed: bool = True
+    ) -> None:
+        """timed: whether a call's time is its work's (the CPU's; a GPU's call returns
+        before its work is done): the back-off weighs a verification by its measured cost."""
         self.drafter = drafter
+        self.timed = timed
+        self._plain = -1  # plain steps so far, less one: the first is timed
         self.counts = counts if counts is not None else SpeculationCounts()
         self.pending: Verified | None = None
         self._window: list[int] = []  # drafts taken by the last verifications
@@ -151,31 +159,33 @@ class Speculation:
         cache: the next verified row where the drafts so far were taken; else one verify
         forward of the last token and up to `room` drafts (`queued`: tokens the row will take
         anyway, the calculator's, drafted first); else a plain decode step."""
-        verified = self.verified()
-        if verified is not None:
-            return verified
+        p = self.pending
+        if p is not None:
+            return p.logits[p.used : p.used + 1]
         room = min(room, DRAFT_TOKENS, cache.max_seq_len - cache.get_pos() - 1)
-        drafts: list[int] = []
-        if room > 0:
-            drafts = queued[:room]
-            if not drafts and self._pause_left > 0:
-                self._pause_left -= 1
-            elif not drafts:
-                drafts = self.drafter.draft(room)
-        timed = ids.device.type == "cpu"  # a GPU's call returns before its work is done
-        t0 = time.perf_counter()
+        drafts = queued[:room] if queued else []
+        if not drafts and self._pause_left > 0:
+            self._pause_left -= 1
+        elif not drafts and room > 0:
+            drafts = self.drafter.draft(room)
         if not drafts:
+            # A plain step's time is sampled, not taken every step: on a small model a
+            # step is a few hundred microseconds, and each clock read costs.
+            self._plain += 1
+            if not self.timed or self._plain % TIME_EVERY:
+                return runner.forward_last(ids, cache)
+            t0 = time.perf_counter()
             logits = runner.forward_last(ids, cache)
-            if timed:
-                self._step_s = _average(self._step_s, time.perf_counter() - t0)
+            self._step_s = _average(self._step_s, time.perf_counter() - t0)
             return logits
         first = self.drafter.history[-1]
         base = cache.get_pos()
         line = torch.tensor([[first, *drafts]], dtype=torch.long, device=ids.device)
+        t0 = time.perf_counter()
         logits = runner.forward_verify(line, cache)
-        if timed:
+        if self.timed:
             self._verify_s = _average(self._verify_s, time.perf_counter() - t0)
-        self.pending = Verified(logits, first, drafts, base)
+        self.pending = Verified(logits, line, drafts, base)
         return logits[0:1]
 
     def verified(self) -> torch.Tensor | None:
@@ -198,7 +208,7 @@ class Speculation:
         if hit and not last:
             return
         self.pending = None
-        cache.rewind(p.base + 1 + i, p.drafts[i - 1] if i else p.first)
+        cache.rewind(p.base + 1 + i, p.line[:, i])  # the token at i: the first, or draft i
         # The drafts compared with a token taken: those past a reply's end never were.
         c = self.counts
         c.verifications += 1
@@ -214,7 +224,7 @@ class Speculation:
             return
         self.pending = None
         taken = p.used  # every one of them its draft, or it would not be pending
-        cache.rewind(p.base + taken, p.drafts[taken - 2] if taken > 1 else p.first)
+        cache.rewind(p.base + taken, p.line[:, taken - 1])
 
     @property
     def verify_cost(self) -> float:

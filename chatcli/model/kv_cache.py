@@ -98,8 +98,10 @@ class KVCache:
             None if other.prev_token is None else other.prev_token.expand(self.batch_size).clone()
         )
 
-    def rewind(self, pos: int, prev_token: int | None) -> None:
-        """Forget everything from position `pos` on; prev_token is the token at pos - 1.
+    def rewind(self, pos: int, prev_token: int | torch.Tensor | None) -> None:
+        """Forget everything from position `pos` on; prev_token is the token at pos - 1 (an
+        int, or as the (B,) ids tensor prev_token keeps: a caller that has it on the device
+        saves making one).
 
         Entries past pos are simply overwritten by the next write, so nothing is copied.
         """
@@ -112,6 +114,8 @@ class KVCache:
         self.pos = pos
         if pos == 0:
             self.prev_token = None
+        elif isinstance(prev_token, torch.Tensor):
+            self.prev_token = prev_token
         else:
             self.prev_token = torch.full(
                 (self.batch_size,), prev_token, dtype=torch.long, device=self.k_cache.device
