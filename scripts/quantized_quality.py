@@ -1,0 +1,317 @@
+"""How far `--quantize int8` and `int4` move a model's logits and greedy replies from fp32.
+
+    python scripts/quantized_quality.py                      # every era's model, the embedded one
+    python scripts/quantized_quality.py -m runs/d20 --prompts 8 --tokens 64 --json
+
+For each model (by default the reference fixtures of eras A and E, random era B, C and D
+models made as tests/hf_models.py makes them, and the embedded model; or each -m given) it
+loads the fp32 model and its int8 and int4 copies as `chatcli chat --quantize ...` loads them
+(load_model, then the CPU plan's threads), and runs each through its Engine on the CPU:
+
+- the teacher: fp32's greedy reply to each of N held-out chat prompts (rendered with the chat
+  template, the calculator on as in a chat), up to M tokens;
+- teacher-forced logits: each copy reads the prompt (a prefill, as a turn's first step) and
+  then fp32's reply one token at a time through the engine's decode step (our whole-step
+  kernel where it applies, else torch's ops), and its logits at every reply position are set
+  beside fp32's: the largest absolute difference, the mean absolute difference over the
+  position's fp32 logit standard deviation, KL(fp32 || copy) in nats, and the share of
+  positions whose top token agrees;
+- greedy agreement: each copy's own greedy replies against fp32's: the share of tokens equal
+  up to each reply's first difference, and how many replies are identical.
+
+Where our kernel runs a copy's step, that copy is measured again through torch's ops (the
+"ops" rows), since a server or a model the kernel does not take runs those.
+
+"quantized" is the share of the matrix weights that a copy holds: int4 takes only matrices
+whose inputs come in whole groups of 128, so a small model keeps most of its matrices fp32.
+Random weights (eras B-D, and the step-1 fixtures of A and E) give logits with little
+structure; the embedded model's and a trained checkpoint's rows are the ones that say how a
+chat changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from chatcli.engine.cpu_plan import apply_cpu_plan
+from chatcli.engine.engine import Engine
+from chatcli.model.checkpoint import load_model
+from chatcli.model.gpt import GPT
+from chatcli.model.linear import Linear
+from chatcli.model.special_tokens import ASSISTANT_END, BOS
+from chatcli.training.eval_sets import EVAL_KINDS, generate_eval_set
+
+KINDS = ("int8", "int4")
+EVAL_SEED = 1234  # chatcli.training.evaluate's held-out prompts
+FIXTURES = Path("/work/shared/fixtures/nanochat-reference")
+RANDOM_ERAS = ("B", "C", "D")
+
+
+@dataclass(frozen=True)
+class Teacher:
+    """fp32's run of one model: the prompts, its greedy replies (up to and including the
+    stop token) and its logits at each reply position, (len(reply), V) a prompt."""
+
+    prompts: list[list[int]]
+    replies: list[list[int]]
+    logits: list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    """One copy of one model against fp32."""
+
+    model: str
+    era: str
+    kind: str  # int8, int4
+    step: str  # what ran its decode step: our kernel or torch's ops
+    quantized: float  # share of matrix weights read from the copy
+    positions: int  # teacher-forced positions compared
+    max_abs: float  # largest |logit - fp32 logit|
+    mean_rel: float  # mean |logit - fp32 logit| / the position's fp32 logit std
+    kl: float  # mean KL(fp32 || copy) over positions, nats
+    top1: float  # share of positions whose argmax agrees with fp32's
+    greedy: float  # share of greedy tokens equal up to each reply's first difference
+    identical: int  # greedy replies identical to fp32's
+    replies: int
+
+
+def chat_prompts(tokenizer: Any, n: int, room: int, context: int) -> list[list[int]]:
+    """The first n held-out chat prompts (one of each eval kind in turn, multi-turn ones
+    among them), rendered for completion, that leave `room` tokens of the context."""
+    per_kind = max(2, -(-n // len(EVAL_KINDS)) * 2)
+    items = generate_eval_set(per_kind, EVAL_SEED)
+    by_kind = [[it for it in items if it.kind == k] for k in EVAL_KINDS]
+    ordered = [by_kind[j][i] for i in range(per_kind) for j in range(len(EVAL_KINDS))]
+    prompts = []
+    for item in ordered:
+        ids = tokenizer.render_for_completion(item.messages)
+        if len(ids) + room <= context:
+            prompts.append(ids)
+        if len(prompts) == n:
+            return prompts
+    raise SystemExit(f"only {len(prompts)} prompts leave {room} tokens of a {context} context")
+
+
+def load_for_chat(path: str | None, quantize: str) -> tuple[GPT, Any]:
+    """The model as `chatcli chat --quantize` loads it on this CPU: its copies and threads."""
+    model, tokenizer, _ = load_model(path, device="cpu", quantize=quantize)
+    apply_cpu_plan(model)
+    return model, tokenizer
+
+
+def step_name(engine: Engine, model: GPT) -> str:
+    """What runs the engine's decode step: our whole-step kernel, or torch's ops with the
+    copies' own product (fbgemm's int8 rounds the activations too), or the module's forward."""
+    step = engine.decode_step
+    if step is None:
+        return "forward"
+    if step.kernel is not None:
+        return step.kernel
+    copies = model.decode_weights()
+    product = getattr(copies[0], "one_row_kernel", "torch") if copies else "fp32"
+    return f"ops, {product.removesuffix(' (native)')}"
+
+
+def quantized_share(model: GPT) -> float:
+    """The share of the matrix weights a compact decode copy holds."""
+    stacked = model.stacked_linears()
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    held = sum(m.weight.numel() for m in linears if m.decode_weight or id(m) in stacked)
+    return held / sum(m.weight.numel() for m in linears)
+
+
+def greedy_replies(engine: Engine, prompts: list[list[int]], tokens: int) -> list[list[int]]:
+    """Each prompt's greedy reply as a chat turn runs it (the calculator on), up to and
+    including <|assistant_end|> or <|bos|>, at most `tokens` tokens."""
+    tok = engine.tokenizer
+    stops = {tok.encode_special(ASSISTANT_END), tok.encode_special(BOS)}
+    replies = []
+    for prompt in prompts:
+        reply: list[int] = []
+        for column, _ in engine.generate(prompt, max_tokens=tokens, temperature=0.0):
+            reply.append(column[0])
+            if column[0] in stops or len(reply) == tokens:
+                break
+        replies.append(reply)
+    return replies
+
+
+@torch.inference_mode()
+def forced_logits(engine: Engine, prompt: list[int], reply: list[int]) -> torch.Tensor:
+    """The logits (len(reply), V) before each reply token: the prompt prefilled as a turn
+    prefills it, then the reply fed a token at a time through the decode step."""
+    cache = engine.new_cache(1, len(prompt) + len(reply))
+    rows = [engine.forward_prompt(torch.tensor([prompt]), cache)]
+    for token in reply[:-1]:
+        rows.append(engine.forward_last(torch.tensor([[token]]), cache))
+    return torch.cat(rows).float()
+
+
+def teach(engine: Engine, prompts: list[list[int]], tokens: int) -> Teacher:
+    replies = greedy_replies(engine, prompts, tokens)
+    logits = [forced_logits(engine, p, r) for p, r in zip(prompts, replies, strict=True)]
+    return Teacher(prompts, replies, logits)
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]]) -> tuple[float, int]:
+    """(tokens equal up to each pair's first difference over the longer reply's tokens,
+    summed; how many pairs are identical)."""
+    same = total = identical = 0
+    for a, b in zip(ours, theirs, strict=True):
+        total += max(len(a), len(b))
+        for x, y in zip(a, b, strict=False):
+            if x != y:
+                break
+            same += 1
+        identical += a == b
+    return same / max(total, 1), identical
+
+
+def logit_error(reference: torch.Tensor, copy: torch.Tensor) -> dict[str, float]:
+    """max_abs, mean_rel, kl and top1 of copy's logits (P, V) against the reference's."""
+    diff = (copy - reference).abs()
+    scale = reference.std(dim=-1).clamp_min(1e-12)
+    log_p = torch.log_softmax(reference, dim=-1)
+    log_q = torch.log_softmax(copy, dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    return {
+        "max_abs": diff.max().item(),
+        "mean_rel": (diff.mean(-1) / scale).mean().item(),
+        "kl": kl.mean().item(),
+        "top1": (copy.argmax(-1) == reference.argmax(-1)).float().mean().item(),
+    }
+
+
+def compare(
+    name: str, era: str, kind: str, engine: Engine, model: GPT, teacher: Teacher, tokens: int
+) -> QualityRow:
+    """One copy's row: its engine's teacher-forced logits and its own greedy replies."""
+    pairs = zip(teacher.prompts, teacher.replies, strict=True)
+    copy = torch.cat([forced_logits(engine, p, r) for p, r in pairs])
+    error = logit_error(torch.cat(teacher.logits), copy)
+    greedy, identical = agreement(greedy_replies(engine, teacher.prompts, tokens), teacher.replies)
+    return QualityRow(
+        model=name,
+        era=era,
+        kind=kind,
+        step=step_name(engine, model),
+        quantized=quantized_share(model),
+        positions=copy.size(0),
+        greedy=greedy,
+        identical=identical,
+        replies=len(teacher.replies),
+        **error,
+    )
+
+
+def measure(
+    path: str | None,
+    name: str,
+    kinds: tuple[str, ...] = KINDS,
+    prompts: int = 8,
+    tokens: int = 48,
+    ops_too: bool = True,
+) -> list[QualityRow]:
+    """Every copy in `kinds` of the model at `path` (None: the embedded one) against its
+    fp32 self; each copy whose step is our kernel also through torch's ops (ops_too)."""
+    model, tokenizer = load_for_chat(path, "none")
+    era = model.arch.era
+    engine = Engine(model, tokenizer)
+    ids = chat_prompts(tokenizer, prompts, tokens, model.config.sequence_len)
+    teacher = teach(engine, ids, tokens)
+    del model, engine
+    gc.collect()
+    rows = []
+    for kind in kinds:
+        model, tokenizer = load_for_chat(path, kind)
+        engine = Engine(model, tokenizer)
+        rows.append(compare(name, era, kind, engine, model, teacher, tokens))
+        if ops_too and engine.decode_step is not None and engine.decode_step.kernel:
+            engine.decode_step.use_kernel(False)
+            rows.append(compare(name, era, kind, engine, model, teacher, tokens))
+        del model, engine
+        gc.collect()
+    return rows
+
+
+def fixtures() -> Path:
+    """The reference fixtures (CHATCLI_REFERENCE_FIXTURES names another place)."""
+    return Path(os.environ.get("CHATCLI_REFERENCE_FIXTURES", FIXTURES))
+
+
+def default_models(root: Path) -> Iterator[tuple[str | None, str]]:
+    """(path, name) of every era's model and the embedded one (path None). Eras B, C and D
+    have no reference checkpoint: random ones are saved under root as the tests make them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from hf_models import era_checkpoint
+
+    for era in ("A", *RANDOM_ERAS, "E"):
+        if era in ("A", "E") and not (fixtures() / era).is_dir():
+            print(f"era {era}: no reference fixture at {fixtures() / era}, skipped")
+            continue
+        label = f"fixture {era}" if era in ("A", "E") else f"random {era}"
+        yield str(era_checkpoint(era, root)), label
+    yield None, "embedded"
+
+
+def print_table(rows: list[QualityRow]) -> None:
+    head = (
+        f"{'model':<12} {'era':>3} {'copy':>4} {'step':<26} {'quant':>5} {'pos':>5} "
+        f"{'max|d|':>7} {'mean|d|/sd':>10} {'KL':>8} {'top-1':>6} {'greedy':>6} {'same':>5}"
+    )
+    print(head)
+    for r in rows:
+        print(
+            f"{r.model:<12} {r.era:>3} {r.kind:>4} {r.step:<26} {r.quantized:>5.2f} "
+            f"{r.positions:>5} {r.max_abs:>7.4f} {r.mean_rel:>10.5f} {r.kl:>8.1e} "
+            f"{r.top1:>6.3f} {r.greedy:>6.3f} {r.identical:>2}/{r.replies:<2}"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "-m", "--model", action="append", help="a checkpoint (repeatable; default: every era's)"
+    )
+    parser.add_argument("--prompts", type=int, default=8, help="held-out chat prompts (N)")
+    parser.add_argument("--tokens", type=int, default=48, help="reply tokens per prompt (M)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="copies: int8,int4")
+    parser.add_argument("--no-ops", action="store_true", help="skip the torch-ops rows")
+    parser.add_argument(
+        "--kernels",
+        choices=("on", "off"),
+        default="on",
+        help="off: as CHATCLI_NATIVE_KERNELS=0 runs (no C compiler): torch's ops and fbgemm",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON rows instead")
+    args = parser.parse_args(argv)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    if not set(kinds) <= set(KINDS):
+        raise SystemExit(f"--kinds takes {', '.join(KINDS)}; not {args.kinds!r}")
+    if args.kernels == "off":  # read when a kernel is first loaded, which is after this
+        os.environ["CHATCLI_NATIVE_KERNELS"] = "0"
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="chatcli-quality-") as root:
+        models = [(m, m) for m in args.model] if args.model else default_models(Path(root))
+        for path, name in models:
+            rows += measure(path, name, kinds, args.prompts, args.tokens, not args.no_ops)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
