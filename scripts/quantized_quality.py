@@ -2,9 +2,11 @@
 
     python scripts/quantized_quality.py                      # every era's model, the embedded one
     python scripts/quantized_quality.py -m runs/d20 --prompts 8 --tokens 64 --json
+    python scripts/quantized_quality.py --synthetic d20 --prompts 4 --tokens 32
 
 For each model (by default the reference fixtures of eras A and E, random era B, C and D
-models made as tests/hf_models.py makes them, and the embedded model; or each -m given) it
+models made as tests/hf_models.py makes them, and the embedded model; or each -m and --synthetic
+given) it
 loads the fp32 model and its int8 and int4 copies as `chatcli chat --quantize ...` loads them
 (load_model, then the CPU plan's threads), and runs each through its Engine on the CPU:
 
@@ -37,25 +39,28 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from chatcli.bench.models import SYNTHETIC_DEPTHS, synthetic_model
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import GPT
 from chatcli.model.linear import Linear
-from chatcli.model.special_tokens import ASSISTANT_END, BOS
+from chatcli.model.special_tokens import ASSISTANT_END, ASSISTANT_START, BOS, USER_END, USER_START
 from chatcli.training.eval_sets import EVAL_KINDS, generate_eval_set
 
 KINDS = ("int8", "int4")
 EVAL_SEED = 1234  # chatcli.training.evaluate's held-out prompts
 FIXTURES = Path("/work/shared/fixtures/nanochat-reference")
 RANDOM_ERAS = ("B", "C", "D")
+# A --quantize value ("none", "int8", "int4") -> the model so loaded and its tokenizer.
+Loader = Callable[[str], tuple[GPT, Any]]
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ def chat_prompts(tokenizer: Any, n: int, room: int, context: int) -> list[list[i
     ordered = [by_kind[j][i] for i in range(per_kind) for j in range(len(EVAL_KINDS))]
     prompts = []
     for item in ordered:
-        ids = tokenizer.render_for_completion(item.messages)
+        ids = render(tokenizer, item.messages)
         if len(ids) + room <= context:
             prompts.append(ids)
         if len(prompts) == n:
@@ -109,6 +114,43 @@ def load_for_chat(path: str | None, quantize: str) -> tuple[GPT, Any]:
     model, tokenizer, _ = load_model(path, device="cpu", quantize=quantize)
     apply_cpu_plan(model)
     return model, tokenizer
+
+
+def checkpoint_loader(path: str | None) -> Loader:
+    """Loads the checkpoint at path (None: the embedded model) with a --quantize value."""
+    return lambda quantize: load_for_chat(path, quantize)
+
+
+def synthetic_loader(name: str) -> Loader:
+    """`chatcli bench --synthetic`'s random model of nanochat's shapes (d4, d12, d20), its
+    copies added as the loader adds a checkpoint's (build_model)."""
+
+    def load(quantize: str) -> tuple[GPT, Any]:
+        model, tokenizer = synthetic_model(name)
+        if quantize != "none":
+            model.add_decode_weights(quantize)
+        apply_cpu_plan(model)
+        return model, tokenizer
+
+    return load
+
+
+def render(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """The chat template's ids for a conversation ending in a user message; a synthetic
+    model's byte tokenizer has no template, so its ids are spelled out here (user turns)."""
+    if hasattr(tokenizer, "render_for_completion"):
+        return tokenizer.render_for_completion(messages)
+    ids = [tokenizer.get_bos_token_id()]
+    for m in messages:
+        if m["role"] == "user":
+            ids += [tokenizer.encode_special(USER_START), *tokenizer.encode(m["content"])]
+            ids.append(tokenizer.encode_special(USER_END))
+        else:  # its text alone: calculator calls and results are the template's
+            content = m["content"]
+            text = content if isinstance(content, str) else "".join(p["text"] for p in content)
+            ids += [tokenizer.encode_special(ASSISTANT_START), *tokenizer.encode(text)]
+            ids.append(tokenizer.encode_special(ASSISTANT_END))
+    return [*ids, tokenizer.encode_special(ASSISTANT_START)]
 
 
 def step_name(engine: Engine, model: GPT) -> str:
@@ -217,16 +259,16 @@ def compare(
 
 
 def measure(
-    path: str | None,
+    load: Loader,
     name: str,
     kinds: tuple[str, ...] = KINDS,
     prompts: int = 8,
     tokens: int = 48,
     ops_too: bool = True,
 ) -> list[QualityRow]:
-    """Every copy in `kinds` of the model at `path` (None: the embedded one) against its
-    fp32 self; each copy whose step is our kernel also through torch's ops (ops_too)."""
-    model, tokenizer = load_for_chat(path, "none")
+    """Every copy in `kinds` of the model `load` gives against its fp32 self (load("none"));
+    each copy whose step is our kernel also through torch's ops (ops_too)."""
+    model, tokenizer = load("none")
     era = model.arch.era
     engine = Engine(model, tokenizer)
     ids = chat_prompts(tokenizer, prompts, tokens, model.config.sequence_len)
@@ -235,7 +277,7 @@ def measure(
     gc.collect()
     rows = []
     for kind in kinds:
-        model, tokenizer = load_for_chat(path, kind)
+        model, tokenizer = load(kind)
         engine = Engine(model, tokenizer)
         rows.append(compare(name, era, kind, engine, model, teacher, tokens))
         if ops_too and engine.decode_step is not None and engine.decode_step.kernel:
@@ -251,9 +293,9 @@ def fixtures() -> Path:
     return Path(os.environ.get("CHATCLI_REFERENCE_FIXTURES", FIXTURES))
 
 
-def default_models(root: Path) -> Iterator[tuple[str | None, str]]:
-    """(path, name) of every era's model and the embedded one (path None). Eras B, C and D
-    have no reference checkpoint: random ones are saved under root as the tests make them."""
+def default_models(root: Path) -> Iterator[tuple[Loader, str]]:
+    """(loader, name) of every era's model and the embedded one. Eras B, C and D have no
+    reference checkpoint: random ones are saved under root as the tests make them."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from hf_models import era_checkpoint
 
@@ -262,8 +304,8 @@ def default_models(root: Path) -> Iterator[tuple[str | None, str]]:
             print(f"era {era}: no reference fixture at {fixtures() / era}, skipped")
             continue
         label = f"fixture {era}" if era in ("A", "E") else f"random {era}"
-        yield str(era_checkpoint(era, root)), label
-    yield None, "embedded"
+        yield checkpoint_loader(str(era_checkpoint(era, root))), label
+    yield checkpoint_loader(None), "embedded"
 
 
 def print_table(rows: list[QualityRow]) -> None:
@@ -285,6 +327,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "-m", "--model", action="append", help="a checkpoint (repeatable; default: every era's)"
     )
+    parser.add_argument(
+        "--synthetic",
+        action="append",
+        choices=sorted(SYNTHETIC_DEPTHS),
+        help="`chatcli bench --synthetic`'s random model of those shapes (repeatable)",
+    )
     parser.add_argument("--prompts", type=int, default=8, help="held-out chat prompts (N)")
     parser.add_argument("--tokens", type=int, default=48, help="reply tokens per prompt (M)")
     parser.add_argument("--kinds", default=",".join(KINDS), help="copies: int8,int4")
@@ -304,9 +352,10 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["CHATCLI_NATIVE_KERNELS"] = "0"
     rows = []
     with tempfile.TemporaryDirectory(prefix="chatcli-quality-") as root:
-        models = [(m, m) for m in args.model] if args.model else default_models(Path(root))
-        for path, name in models:
-            rows += measure(path, name, kinds, args.prompts, args.tokens, not args.no_ops)
+        models = [(checkpoint_loader(m), m) for m in args.model or []]
+        models += [(synthetic_loader(d), f"synthetic {d}") for d in args.synthetic or []]
+        for load, name in models or default_models(Path(root)):
+            rows += measure(load, name, kinds, args.prompts, args.tokens, not args.no_ops)
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:

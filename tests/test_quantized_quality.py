@@ -110,7 +110,7 @@ def check_embedded(rows, int8_bounds):
 
 
 def test_the_embedded_models_copies_stay_close_to_fp32_as_chat_loads_them(quality):
-    rows = quality.measure(None, "embedded", prompts=6, tokens=32)
+    rows = quality.measure(quality.checkpoint_loader(None), "embedded", prompts=6, tokens=32)
     int8 = by_kind(rows, "int8")
     if rows_step() is not None:  # our kernel's step, then torch's ops over our int8 product
         assert [r.step for r in int8] == ["rows_step int8", "ops, rows_int8_product"]
@@ -121,7 +121,7 @@ def test_the_embedded_models_copies_stay_close_to_fp32_as_chat_loads_them(qualit
 
 
 def test_the_embedded_models_copies_stay_close_to_fp32_without_our_kernels(quality, kernels_off):
-    rows = quality.measure(None, "embedded", prompts=6, tokens=32)
+    rows = quality.measure(quality.checkpoint_loader(None), "embedded", prompts=6, tokens=32)
     int8_product = "fbgemm int8" if fbgemm_available() else "torch int8 weight-only"
     assert [r.step for r in rows] == [f"ops, {int8_product}", "ops, torch int4 weight-only"]
     # fbgemm rounds each call's activations to 7 bits too: measured 0.021, 7.7e-4 and 0.36.
@@ -133,7 +133,9 @@ def test_the_embedded_models_copies_stay_close_to_fp32_without_our_kernels(quali
 def test_a_reference_fixtures_copies_stay_within_their_measured_error(quality, era):
     # Step-1 weights: flat logits whose top tokens lie close, so top-1 and greedy agreement
     # are low for any rounding; the logit error is what a quantizer's regression moves.
-    rows = quality.measure(str(REFERENCE / era), era, prompts=4, tokens=24, ops_too=False)
+    rows = quality.measure(
+        quality.checkpoint_loader(str(REFERENCE / era)), era, prompts=4, tokens=24, ops_too=False
+    )
     (int8,) = by_kind(rows, "int8")
     (int4,) = by_kind(rows, "int4")
     assert int8.positions > 60 and int4.positions == int8.positions
