@@ -49,6 +49,7 @@ import torch
 from chatcli.bench.models import SYNTHETIC_DEPTHS, synthetic_model
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine
+from chatcli.errors import ChatcliError
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import GPT
 from chatcli.model.linear import Linear
@@ -57,7 +58,6 @@ from chatcli.training.eval_sets import EVAL_KINDS, generate_eval_set
 
 KINDS = ("int8", "int4")
 EVAL_SEED = 1234  # chatcli.training.evaluate's held-out prompts
-FIXTURES = Path("/work/shared/fixtures/nanochat-reference")
 RANDOM_ERAS = ("B", "C", "D")
 # A --quantize value ("none", "int8", "int4") -> the model so loaded and its tokenizer.
 Loader = Callable[[str], tuple[GPT, Any]]
@@ -288,20 +288,20 @@ def measure(
     return rows
 
 
-def fixtures() -> Path:
-    """The reference fixtures (CHATCLI_REFERENCE_FIXTURES names another place)."""
-    return Path(os.environ.get("CHATCLI_REFERENCE_FIXTURES", FIXTURES))
-
-
 def default_models(root: Path) -> Iterator[tuple[Loader, str]]:
-    """(loader, name) of every era's model and the embedded one. Eras B, C and D have no
-    reference checkpoint: random ones are saved under root as the tests make them."""
+    """(loader, name) of every era's model and the embedded one: A's and E's reference
+    fixtures (where tests/reference.py finds them), and random B, C and D models saved under
+    root as the tests make them (no reference checkpoint of those eras exists)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from hf_models import era_checkpoint
+    from reference import REFERENCE
 
     for era in ("A", *RANDOM_ERAS, "E"):
-        if era in ("A", "E") and not (fixtures() / era).is_dir():
-            print(f"era {era}: no reference fixture at {fixtures() / era}, skipped")
+        if era in ("A", "E") and not (REFERENCE / era).is_dir():
+            print(
+                f"era {era}: no reference fixture at {REFERENCE / era} (set "
+                "CHATCLI_REFERENCE_FIXTURES), skipped"
+            )
             continue
         label = f"fixture {era}" if era in ("A", "E") else f"random {era}"
         yield checkpoint_loader(str(era_checkpoint(era, root))), label
@@ -310,13 +310,13 @@ def default_models(root: Path) -> Iterator[tuple[Loader, str]]:
 
 def print_table(rows: list[QualityRow]) -> None:
     head = (
-        f"{'model':<12} {'era':>3} {'copy':>4} {'step':<26} {'quant':>5} {'pos':>5} "
+        f"{'model':<14} {'era':>3} {'copy':>4} {'step':<26} {'quant':>5} {'pos':>5} "
         f"{'max|d|':>7} {'mean|d|/sd':>10} {'KL':>8} {'top-1':>6} {'greedy':>6} {'same':>5}"
     )
     print(head)
     for r in rows:
         print(
-            f"{r.model:<12} {r.era:>3} {r.kind:>4} {r.step:<26} {r.quantized:>5.2f} "
+            f"{r.model:<14} {r.era:>3} {r.kind:>4} {r.step:<26} {r.quantized:>5.2f} "
             f"{r.positions:>5} {r.max_abs:>7.4f} {r.mean_rel:>10.5f} {r.kl:>8.1e} "
             f"{r.top1:>6.3f} {r.greedy:>6.3f} {r.identical:>2}/{r.replies:<2}"
         )
@@ -352,10 +352,13 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["CHATCLI_NATIVE_KERNELS"] = "0"
     rows = []
     with tempfile.TemporaryDirectory(prefix="chatcli-quality-") as root:
-        models = [(checkpoint_loader(m), m) for m in args.model or []]
+        models = [(checkpoint_loader(m), Path(m).name or m) for m in args.model or []]
         models += [(synthetic_loader(d), f"synthetic {d}") for d in args.synthetic or []]
-        for load, name in models or default_models(Path(root)):
-            rows += measure(load, name, kinds, args.prompts, args.tokens, not args.no_ops)
+        try:
+            for load, name in models or default_models(Path(root)):
+                rows += measure(load, name, kinds, args.prompts, args.tokens, not args.no_ops)
+        except ChatcliError as e:  # a checkpoint that does not load: its one-line reason
+            raise SystemExit(f"Error: {e}") from None
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:

@@ -5,6 +5,7 @@ the engine's decode step: our kernel's, torch's ops, and fbgemm's where the kern
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -144,3 +145,18 @@ def test_a_reference_fixtures_copies_stay_within_their_measured_error(quality, e
     # int4 (its MLP output projections only): mean |d|/sd 0.08-0.10, KL 5-7.5e-3, top-1 0.78-0.96.
     assert int4.mean_rel < 0.15 and int4.kl < 0.02 and int4.top1 >= 0.65, int4
     assert int4.mean_rel > int8.mean_rel and int4.kl > int8.kl
+
+
+@needs_reference
+def test_the_script_prints_a_json_row_per_copy_and_refuses_a_missing_model(quality, capsys):
+    quality.main(["-m", str(REFERENCE / "E"), "--prompts", "2", "--tokens", "8", "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["kind"], r["era"], r["replies"]) for r in rows][-1] == ("int4", "E", 2)
+    assert {r["kind"] for r in rows} == {"int8", "int4"}
+    # Every copy reads fp32's two replies of up to 8 tokens (a stop token may end one).
+    assert len({r["positions"] for r in rows}) == 1 and 2 <= rows[0]["positions"] <= 16
+    assert all(r["model"] == "E" and 0 < r["kl"] < 0.05 for r in rows)
+    with pytest.raises(SystemExit, match="Error: No model at /nonexistent"):
+        quality.main(["-m", "/nonexistent"])
+    with pytest.raises(SystemExit, match="--kinds takes int8, int4; not 'int2'"):
+        quality.main(["--kinds", "int2"])
