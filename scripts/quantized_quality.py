@@ -110,8 +110,10 @@ def chat_prompts(tokenizer: Any, n: int, room: int, context: int) -> list[list[i
 
 
 def load_for_chat(path: str | None, quantize: str) -> tuple[GPT, Any]:
-    """The model as `chatcli chat --quantize` loads it on this CPU: its copies and threads."""
-    model, tokenizer, _ = load_model(path, device="cpu", quantize=quantize)
+    """The model as `chatcli chat --quantize` loads it on this CPU: its copies and threads.
+    quantize "none" is fp32 throughout, as `--dtype float32` loads it: by default a large
+    model would read 16-bit copies in decode."""
+    model, tokenizer, _ = load_model(path, device="cpu", dtype="float32", quantize=quantize)
     apply_cpu_plan(model)
     return model, tokenizer
 

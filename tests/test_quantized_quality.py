@@ -160,3 +160,17 @@ def test_the_script_prints_a_json_row_per_copy_and_refuses_a_missing_model(quali
         quality.main(["-m", "/nonexistent"])
     with pytest.raises(SystemExit, match="--kinds takes int8, int4; not 'int2'"):
         quality.main(["--kinds", "int2"])
+
+
+def test_the_teacher_is_fp32_throughout_where_chat_would_give_a_large_model_16_bit_copies(
+    quality, monkeypatch
+):
+    from chatcli.model import model_build
+
+    monkeypatch.setattr(model_build, "LARGE_MODEL_MATRIX_PARAMS", 0)  # the embedded is "large"
+    assert model_build.pick_precision(torch.device("cpu")).decode is None  # the default's
+    assert model_build.pick_precision(torch.device("cpu"), matrix_params=1).decode is not None
+    fp32, _ = quality.checkpoint_loader(None)("none")
+    assert fp32.decode_weights() == []
+    int8, _ = quality.checkpoint_loader(None)("int8")
+    assert {type(w).__name__ for w in int8.decode_weights()} == {"Int8Weight"}
