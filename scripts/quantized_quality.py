@@ -49,6 +49,7 @@ import torch
 from chatcli.bench.models import SYNTHETIC_DEPTHS, synthetic_model
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine
+from chatcli.engine.scheduler import CPU_ROWS, RowRequest, Scheduler
 from chatcli.errors import ChatcliError
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import GPT
@@ -90,6 +91,7 @@ class QualityRow:
     greedy: float  # share of greedy tokens equal up to each reply's first difference
     identical: int  # greedy replies identical to fp32's
     replies: int
+    batched: float  # greedy, with the prompts run together as a server's batch runs them
 
 
 def chat_prompts(tokenizer: Any, n: int, room: int, context: int) -> list[list[int]]:
@@ -192,6 +194,23 @@ def greedy_replies(engine: Engine, prompts: list[list[int]], tokens: int) -> lis
     return replies
 
 
+def batched_replies(engine: Engine, prompts: list[list[int]], tokens: int) -> list[list[int]]:
+    """Each prompt's greedy reply as a server's batch runs it: every prompt a client at once,
+    in slots of one scheduler of CPU_ROWS rows (their prompts prefilled in chunks beside the
+    others' decode rows), cut as greedy_replies cuts them."""
+    batch = Scheduler(engine, rows=min(CPU_ROWS, len(prompts)), slots=len(prompts))
+    waiting = list(enumerate(prompts))
+    replies: list[list[int]] = [[] for _ in prompts]
+    index: dict[int, int] = {}
+    while waiting or batch.running:
+        while waiting and batch.free_rows:
+            i, prompt = waiting.pop(0)
+            index[id(batch.join(RowRequest(prompt, tokens, temperature=0.0)))] = i
+        for gen, token, _ in batch.step().tokens:
+            replies[index[id(gen)]].append(token)
+    return [r[:tokens] for r in replies]
+
+
 @torch.inference_mode()
 def forced_logits(engine: Engine, prompt: list[int], reply: list[int]) -> torch.Tensor:
     """The logits (len(reply), V) before each reply token: the prompt prefilled as a turn
@@ -246,6 +265,7 @@ def compare(
     copy = torch.cat([forced_logits(engine, p, r) for p, r in pairs])
     error = logit_error(torch.cat(teacher.logits), copy)
     greedy, identical = agreement(greedy_replies(engine, teacher.prompts, tokens), teacher.replies)
+    batched, _ = agreement(batched_replies(engine, teacher.prompts, tokens), teacher.replies)
     return QualityRow(
         model=name,
         era=era,
@@ -256,6 +276,7 @@ def compare(
         greedy=greedy,
         identical=identical,
         replies=len(teacher.replies),
+        batched=batched,
         **error,
     )
 
@@ -313,14 +334,15 @@ def default_models(root: Path) -> Iterator[tuple[Loader, str]]:
 def print_table(rows: list[QualityRow]) -> None:
     head = (
         f"{'model':<14} {'era':>3} {'copy':>4} {'step':<26} {'quant':>5} {'pos':>5} "
-        f"{'max|d|':>7} {'mean|d|/sd':>10} {'KL':>8} {'top-1':>6} {'greedy':>6} {'same':>5}"
+        f"{'max|d|':>7} {'mean|d|/sd':>10} {'KL':>8} {'top-1':>6} {'greedy':>6} {'same':>5} "
+        f"{'batch':>6}"
     )
     print(head)
     for r in rows:
         print(
             f"{r.model:<14} {r.era:>3} {r.kind:>4} {r.step:<26} {r.quantized:>5.2f} "
             f"{r.positions:>5} {r.max_abs:>7.4f} {r.mean_rel:>10.5f} {r.kl:>8.1e} "
-            f"{r.top1:>6.3f} {r.greedy:>6.3f} {r.identical:>2}/{r.replies:<2}"
+            f"{r.top1:>6.3f} {r.greedy:>6.3f} {r.identical:>2}/{r.replies:<2} {r.batched:>6.3f}"
         )
 
 

@@ -73,7 +73,7 @@ def test_logit_error_of_a_shifted_and_a_swapped_row(quality):
 
 
 @needs_reference
-def test_teacher_forced_logits_are_the_full_forwards_at_each_reply_position(quality):
+def test_teacher_forced_logits_are_the_full_forwards_and_batched_replies_a_turns(quality):
     from chatcli.engine.engine import Engine
 
     model, tokenizer = quality.load_for_chat(str(REFERENCE / "E"), "none")
@@ -88,6 +88,12 @@ def test_teacher_forced_logits_are_the_full_forwards_at_each_reply_position(qual
     torch.testing.assert_close(forced, full, atol=1e-4, rtol=1e-4)
     # Greedy: each reply token is its position's top logit (a random model calls no tool).
     assert forced.argmax(-1).tolist() == reply
+    # A server's batch (three clients at once, prompts in chunks beside decode rows) gives
+    # fp32's replies as a chat turn does, so the copies' batched agreement is comparable.
+    prompts = quality.chat_prompts(tokenizer, 3, 20, model.config.sequence_len)
+    replies = quality.greedy_replies(engine, prompts, 20)
+    assert quality.batched_replies(engine, prompts, 20) == replies
+    assert sum(map(len, replies)) > 30
 
 
 def check_embedded_int8(rows, bounds):
@@ -100,6 +106,7 @@ def check_embedded_int8(rows, bounds):
         assert r.kl < kl, r
         assert r.max_abs < max_abs, r
         assert r.greedy >= 0.95 and r.identical >= 5, r
+        assert r.batched >= 0.95, r  # six clients at once in a server's batch
 
 
 def test_the_embedded_models_copies_stay_close_to_fp32_as_chat_loads_them(quality):
@@ -121,7 +128,7 @@ def test_the_embedded_models_copies_stay_close_to_fp32_as_chat_loads_them(qualit
     assert int4.mean_rel < 0.07, int4
     assert int4.kl < 3e-3, int4
     assert int4.max_abs < 1.5, int4
-    assert int4.greedy >= 0.8, int4
+    assert int4.greedy >= 0.8 and int4.batched >= 0.8, int4
 
 
 def test_the_embedded_models_copies_stay_close_to_fp32_without_our_kernels(quality, kernels_off):
