@@ -5,9 +5,8 @@
     python scripts/quantized_quality.py --synthetic d20 --prompts 4 --tokens 32
 
 For each model (by default the reference fixtures of eras A and E, random era B, C and D
-models made as tests/hf_models.py makes them, and the embedded model; or each -m and --synthetic
-given) it
-loads the fp32 model and its int8 and int4 copies as `chatcli chat --quantize ...` loads them
+models made as tests/hf_models.py makes them, and the embedded model; or each -m and
+--synthetic given) it loads the fp32 model and its int8 and int4 copies as `chatcli chat --quantize ...` loads them
 (load_model, then the CPU plan's threads), and runs each through its Engine on the CPU:
 
 - the teacher: fp32's greedy reply to each of N held-out chat prompts (rendered with the chat
@@ -19,10 +18,14 @@ loads the fp32 model and its int8 and int4 copies as `chatcli chat --quantize ..
   position's fp32 logit standard deviation, KL(fp32 || copy) in nats, and the share of
   positions whose top token agrees;
 - greedy agreement: each copy's own greedy replies against fp32's: the share of tokens equal
-  up to each reply's first difference, and how many replies are identical.
+  up to each reply's first difference, and how many replies are identical; and the share
+  again with every prompt a client of one server batch ("batch": slots of one scheduler,
+  prompts prefilled in chunks beside the other rows' decode).
 
 Where our kernel runs a copy's step, that copy is measured again through torch's ops (the
-"ops" rows), since a server or a model the kernel does not take runs those.
+"ops" rows: what a model the kernel does not take runs). --kernels off measures the copies
+as a machine without our kernels builds them (CHATCLI_NATIVE_KERNELS=0): int8 through
+fbgemm, which rounds each product's input to 7-bit integers too.
 
 "quantized" is the share of the matrix weights that a copy holds: int4 takes only matrices
 whose inputs come in whole groups of 128, so a small model keeps most of its matrices fp32.
