@@ -85,8 +85,11 @@ class LegacyLogprobs:
             raw = tokenizer.decode_bytes([e.token])
             tokens.append(raw.decode("utf-8", errors="replace"))
             values.append(e.logprob)
+            # OpenAI's legacy shape always holds the sampled token beside the alternatives
+            # (up to logprobs + 1 entries), as tokens drawn off the top need it.
+            sampled = [] if any(t == e.token for t, _ in e.top) else [(e.token, e.logprob)]
             top: dict[str, float] = {}
-            for t, v in e.top:  # tokens of the same text keep the likelier's value
+            for t, v in [*e.top, *sampled]:  # tokens of the same text keep the likelier's
                 top.setdefault(tokenizer.decode_bytes([t]).decode("utf-8", errors="replace"), v)
             tops.append(None if e.forced else top)
             offsets.append(self._offset(e))

@@ -1,6 +1,7 @@
-"""/v1/completions' legacy `text_offset` indexes `choices[0].text` when the continuation has
-special tokens in it: the embedded model, prompted raw with a question, writes a stray
-<|python_end|> and then a calculator call, which the text shows as one `[calc ...]` marker."""
+"""/v1/completions' legacy logprobs as OpenAI documents them, through a batched server on the
+embedded model: `text_offset` indexes `choices[0].text` when the continuation has special
+tokens in it (a stray <|python_end|>, a calculator call the text shows as one `[calc ...]`
+marker), and each `top_logprobs` object holds the sampled token beside the alternatives."""
 
 from __future__ import annotations
 
@@ -71,3 +72,31 @@ def test_streamed_completion_offsets_index_the_joined_text(server):
         for key in merged:
             merged[key] += choice["logprobs"][key]
     _check(text, merged)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_top_logprobs_hold_the_sampled_token_too_even_with_none_asked(server, stream):
+    # OpenAI: "the API will always return the logprob of the sampled token, so there may be
+    # up to logprobs+1 elements". At temperature 1.5 some tokens drawn are not the likeliest.
+    for asked in (0, 1):
+        body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 1.5}
+        body.update(seed=11, logprobs=asked, stream=stream)
+        response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        if stream:
+            lines = [e.removeprefix("data: ") for e in response.text.split("\n\n")]
+            chunks = [json.loads(e) for e in lines if e.startswith("{")]
+            lps = [c["choices"][0]["logprobs"] for c in chunks]
+        else:
+            lps = [response.json()["choices"][0]["logprobs"]]
+        tokens = [t for lp in lps for t in lp["tokens"]]
+        values = [v for lp in lps for v in lp["token_logprobs"]]
+        tops = [t for lp in lps for t in lp["top_logprobs"]]
+        assert len(tokens) == 24
+        unlikeliest = 0
+        for token, value, top in zip(tokens, values, tops, strict=True):
+            assert top[token] == value
+            assert 1 <= len(top) <= asked + 1
+            unlikeliest += value < max(top.values())
+        if asked == 1:
+            assert unlikeliest > 0  # the case OpenAI's +1 is for: a token drawn off the top
