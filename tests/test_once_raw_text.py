@@ -73,4 +73,6 @@ def test_an_empty_raw_prompt_is_bos_alone(embedded):
 def test_the_chats_once_still_trims_and_refuses_an_empty_message():
     result = runner.invoke(app, ["once", "   "])
     assert result.exit_code != 0
-    assert "The prompt is empty" in result.output
+    assert 'The prompt is empty: write the message, e.g. chatcli once "What is 12*7?"' in (
+        result.output
+    )

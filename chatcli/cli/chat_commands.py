@@ -285,7 +285,9 @@ def _read_prompt(words: list[str] | None, raw: bool = False) -> str:
         return prompt
     prompt = prompt.strip()
     if not prompt:
-        raise UsageError("The prompt is empty.")
+        raise UsageError(
+            'The prompt is empty: write the message, e.g. chatcli once "What is 12*7?"'
+        )
     return prompt
 
 
