@@ -217,7 +217,7 @@ def once(
     try:
         _check_once_flags(raw_text, logprobs, as_json, url, system)
         settings = settings_from(**setting_flags(locals()))
-        text = _read_prompt(prompt)
+        text = _read_prompt(prompt, raw_text)
         session, info = load_session(
             settings, softcap, url, api_key, model, compile_model, local_flags
         )
@@ -266,20 +266,28 @@ def _local_once(session: Any, raw_text: bool, logprobs: int | None) -> Any:
     return session
 
 
-def _read_prompt(words: list[str] | None) -> str:
+def _read_prompt(words: list[str] | None, raw: bool = False) -> str:
     """The prompt from its words (`chatcli once What is 2+2`, as ollama takes them), or from
-    stdin for none or `-`."""
+    stdin for none or `-`. A chat message is trimmed; a --raw text is kept as given (a
+    trailing space changes what comes next, as in /v1/completions), less the line break
+    that ends piped input, and may be empty (<|bos|> alone)."""
     if not words or words == ["-"]:
         if sys.stdin is None or sys.stdin.isatty():
             raise UsageError(
                 'No prompt given. Usage: chatcli once "What is 12*7?" (or pipe it in).'
             )
         prompt = sys.stdin.read()
+        if raw:
+            prompt = prompt.removesuffix("\n").removesuffix("\r")
     else:
         prompt = " ".join(words)
+    if raw:
+        return prompt
     prompt = prompt.strip()
     if not prompt:
-        raise UsageError("The prompt is empty.")
+        raise UsageError(
+            'The prompt is empty: write the message, e.g. chatcli once "What is 12*7?"'
+        )
     return prompt
 
 
