@@ -196,7 +196,6 @@ class BatchWorker:
                 job.reply.generated,
                 cached,
                 stats.decode_s,
-                stats.first_token_s,
             )
             self._hand_over([job])  # the text held back, before the result
         job.done.set()

@@ -43,8 +43,6 @@ class Finished:
     # The decode steps after the first token (GenerationStats.decode_s): a client cannot time
     # them where the reply starts with a calculator call, which reaches it only once over.
     decode_s: float = 0.0
-    # GenerationStats.first_token_s: from the row's start (after any queueing) to its first token.
-    first_token_s: float = 0.0
 
 
 # A reply's events: the text's, and each token's TokenLogprob where the request asked (after

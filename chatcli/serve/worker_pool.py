@@ -141,9 +141,7 @@ class Worker:
 
         def finished(reason: str) -> Finished:
             cached = len(prompt) - stats.prefill_tokens
-            return Finished(
-                reason, len(prompt), reply.generated, cached, stats.decode_s, stats.first_token_s
-            )
+            return Finished(reason, len(prompt), reply.generated, cached, stats.decode_s)
 
         if stop.is_set():
             return finished("interrupted")
