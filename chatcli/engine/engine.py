@@ -106,6 +106,7 @@ class Engine:
         stats: GenerationStats | None = None,
         resume: RowState | None = None,
         warm: WarmCache | None = None,
+        grammar: str | None = None,
     ) -> Iterator[tuple[list[int], list[int]]]:
         """Yield (token_column, token_masks), one entry per sample row, each step.
 
@@ -124,6 +125,9 @@ class Engine:
         reply (`replay_tool_use` of its body): every row starts from a copy of it. With
         use_tools off nothing is forced, so it is not used.
 
+        `grammar` (grammar.json_grammar's) restricts every row to what it allows, ending
+        each with <|assistant_end|> once it is complete; those rows do not use the calculator.
+
         The arguments are checked at the call, before anything runs: a ValueError, or a
         ContextOverflowError where the prompt fills the context. The rows run in the
         scheduler's loop (scheduler.py), as a server's requests do.
@@ -131,7 +135,7 @@ class Engine:
         if num_samples < 1:
             raise ValueError("num_samples must be at least 1")
         request = RowRequest(
-            tokens, max_tokens, temperature, top_k, top_p, seed, use_tools, resume
+            tokens, max_tokens, temperature, top_k, top_p, seed, use_tools, resume, grammar
         )  # fmt: skip
         budget, _ = plan(self.context_len, request)
         return self._generate(

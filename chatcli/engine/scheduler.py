@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from chatcli.engine.grammar import RowsGrammar, grammar_tokenizer
 from chatcli.engine.tool_use import RowState, ToolUse
 from chatcli.engine.warm_cache import CacheRunner, WarmCache, choose
 from chatcli.errors import ContextOverflowError
@@ -53,6 +54,7 @@ class RowRunner(CacheRunner, Protocol):
 
     model: Any  # get_device()
     tools: ToolUse
+    tokenizer: Any  # the grammar's vocabulary (a request with one)
     assistant_end: int
     bos: int
 
@@ -110,6 +112,9 @@ class RowRequest:
     seed: int = 42
     use_tools: bool = True
     resume: RowState | None = None  # the tool-use state `tokens` end in (an unfinished reply)
+    # The grammar its rows' tokens must follow (grammar.json_grammar's); None: free text.
+    # A row under a grammar does not call the calculator.
+    grammar: str | None = None
 
 
 def plan(context_len: int, request: RowRequest) -> tuple[int, str]:
@@ -158,6 +163,7 @@ class Generation:
     masks: list[int] = field(default_factory=list)
     ids: torch.Tensor | None = None  # the column on the device, to run next
     first_at: int = -1  # the scheduler's step that produced its first column
+    grammar: RowsGrammar | None = None  # its rows' matchers, under request.grammar
 
     @property
     def decoding(self) -> bool:
@@ -269,7 +275,7 @@ class Scheduler:
         cut: str,
         stats: GenerationStats,
     ) -> Generation:
-        resume = request.resume if request.use_tools else None
+        resume = request.resume if request.use_tools and request.grammar is None else None
         greedy = request.temperature < GREEDY_BELOW
         rng = None
         if not greedy:
@@ -280,10 +286,15 @@ class Scheduler:
         stats.finish_reasons = [cut] * samples
         states = [RowState() if resume is None else resume.copy() for _ in range(samples)]
         temperature = 0.0 if greedy else request.temperature
-        return Generation(
+        gen = Generation(
             request, warm, slot, samples, budget, states, rng, stats, time.perf_counter(),
             (temperature, request.top_k, request.top_p),
         )  # fmt: skip
+        if request.grammar is not None:  # its first masks compute while the prompt prefills
+            tokenizer = grammar_tokenizer(self.runner.tokenizer)
+            end = self.runner.assistant_end
+            gen.grammar = RowsGrammar(tokenizer, request.grammar, samples, end)
+        return gen
 
     def leave(self, gen: Generation, reason: str = "interrupted") -> None:
         """End `gen` now (its client left, a stop sequence matched): its rows' finish reason
@@ -435,6 +446,7 @@ class Scheduler:
         """Each row's next token from its logits: drawn with its generation's settings and
         generator (nothing past the budget, nothing for a row that is over), or forced by
         the calculator; then whether each generation ends."""
+        ran = [(gen, constrained(gen, logits)) for gen, logits in ran]
         sampled = _sample(ran)
         now = time.perf_counter()
         for (gen, _), drawn in zip(ran, sampled, strict=True):
@@ -471,7 +483,7 @@ class Scheduler:
         <|assistant_end|> or <|bos|> stops ("stop"); the calculator follows its tokens."""
         runner = self.runner
         end, bos = runner.assistant_end, runner.bos
-        use_tools = gen.request.use_tools
+        use_tools = gen.request.use_tools and gen.grammar is None
         picks = drawn[0] if drawn is not None else None
         column, masks = [], []
         for i, state in enumerate(gen.states):
@@ -496,6 +508,8 @@ class Scheduler:
                 gen.stats.finish_reasons[i] = "stop"
             elif use_tools:
                 runner.tools.track(state, token)
+        if gen.grammar is not None:
+            gen.grammar.advance(column, [not s.completed for s in gen.states])
         return column, masks
 
     @staticmethod
@@ -539,6 +553,12 @@ def _sample(
             chosen[i] = (tokens[at : at + n], picked[at : at + n])
             at += n
     return chosen
+
+
+def constrained(gen: Generation, logits: torch.Tensor) -> torch.Tensor:
+    """A generation's rows' logits, with what its grammar forbids at -inf (as they are
+    without one): the sampler then draws only tokens the grammar allows."""
+    return logits if gen.grammar is None else gen.grammar.mask(logits)
 
 
 def wait_for_device(device: torch.device | str) -> None:

@@ -1,0 +1,219 @@
+"""Structured output: a JSON schema's grammar as each row's token mask.
+
+Owns: turning a JSON schema into a grammar the library can run (`json_grammar`, refusing
+what it cannot express, naming the keyword), the grammar library's view of a tokenizer
+(built once per tokenizer), and `RowsGrammar`: one generation's matchers, a row each, whose
+next masks are computed on a thread of their own while the model's step runs (llguidance
+releases the GIL), then applied to the rows' logits before the one sampler draws. The
+reply ends with <|assistant_end|>, the only token a finished grammar allows.
+
+The grammar library is llguidance, an optional extra, imported at first use (docs/serving.md
+says why it over xgrammar). Knows nothing of HTTP or of text beyond the tokenizer's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from chatcli.errors import SchemaError
+from chatcli.model.special_tokens import ASSISTANT_END
+
+STRUCTURED_EXTRA = "pip install 'chatcli[structured]'"
+
+# How the JSON is written: one space after ':' and ',' and no other whitespace. A model
+# that never wrote JSON would otherwise be free to pad a reply with blanks until the budget
+# ends it. A schema's own "x-guidance" options override these.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+# An integer the schema leaves unbounded is kept to JSON's exactly representable ones (RFC
+# 7493's I-JSON, what JavaScript reads without rounding): a model that never wrote JSON
+# would otherwise go on adding digits until the budget cuts the reply.
+SAFE_INTEGER = 2**53 - 1
+# A schema's keywords whose values are JSON data, not schemas.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+# Any JSON object: OpenAI's {"type": "json_object"}.
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+_threads: ThreadPoolExecutor | None = None
+_tokenizers: dict[int, tuple[Any, Any]] = {}  # id(Encoding) -> (Encoding, LLTokenizer)
+_lock = threading.Lock()
+
+
+def import_llguidance() -> Any:
+    """llguidance, or one line saying how to install it."""
+    try:
+        import llguidance
+    except ImportError:
+        raise SchemaError(
+            f"Structured output needs the structured extra: {STRUCTURED_EXTRA}"
+        ) from None
+    return llguidance
+
+
+def json_grammar(schema: dict[str, Any] | None) -> str:
+    """The grammar (llguidance's JSON text) of replies that are `schema`'s JSON (None: any
+    JSON object). A SchemaError names what the grammar library cannot express."""
+    llguidance = import_llguidance()
+    schema = ANY_OBJECT if schema is None else schema
+    if not isinstance(schema, dict):
+        raise SchemaError(
+            f"A JSON schema is a JSON object, not {type(schema).__name__}: "
+            'write it as {"type": "object", "properties": {...}}.'
+        )
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            bounded(schema), defaults=JSON_STYLE
+        )
+    except (ValueError, TypeError) as e:
+        raise SchemaError(f"The JSON schema cannot be read: {e}.") from None
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:
+        raise SchemaError(
+            f"The JSON schema uses what structured output cannot enforce ({_first_line(messages)}):"
+            " leave that keyword out or express it with properties, enum or a pattern."
+        )
+    return grammar
+
+
+def bounded(schema: Any) -> Any:
+    """`schema` with each integer it leaves unbounded kept within +-SAFE_INTEGER."""
+    if isinstance(schema, list):
+        return [bounded(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in _DATA_KEYWORDS else bounded(v) for k, v in schema.items()}
+    kinds = out.get("type")
+    if kinds == "integer" or (isinstance(kinds, list) and "integer" in kinds):
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -SAFE_INTEGER
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = SAFE_INTEGER
+    return out
+
+
+def schema_from_text(text: str, where: str) -> dict[str, Any]:
+    """A JSON schema read from `text` (a file's, `where`): a SchemaError if it is not a JSON
+    object."""
+    try:
+        schema = json.loads(text)
+    except ValueError as e:
+        raise SchemaError(
+            f"{where} is not JSON ({e}): write the schema as a JSON object."
+        ) from None
+    if not isinstance(schema, dict):
+        raise SchemaError(f"{where} holds a JSON {type(schema).__name__}, not a schema object.")
+    return schema
+
+
+def _first_line(messages: list[str]) -> str:
+    text = " ".join(messages).strip() or "an invalid schema"
+    return text.splitlines()[0][:200]
+
+
+def grammar_tokenizer(tokenizer: Any) -> Any:
+    """llguidance's tokenizer for a chatcli Tokenizer (its tiktoken Encoding), with
+    <|assistant_end|> as the end of a reply. Built once per tokenizer: it takes about a
+    second for a 65536-token vocabulary."""
+    llguidance = import_llguidance()
+    from llguidance.tiktoken import lltokenizer_from_encoding
+
+    encoding = getattr(tokenizer, "enc", None)
+    if encoding is None:
+        raise SchemaError(
+            "Structured output needs the model's tiktoken tokenizer (tokenizer.pkl); this "
+            "model's tokenizer has none."
+        )
+    with _lock:
+        kept = _tokenizers.get(id(encoding))
+        if kept is None or kept[0] is not encoding:
+            end = tokenizer.encode_special(ASSISTANT_END)
+            built = lltokenizer_from_encoding(encoding, n_vocab=encoding.n_vocab, eos_token=end)
+            kept = _tokenizers[id(encoding)] = (encoding, built)
+    assert isinstance(kept[1], llguidance.LLTokenizer)
+    return kept[1]
+
+
+def _mask_threads() -> ThreadPoolExecutor:
+    global _threads
+    with _lock:
+        if _threads is None:
+            _threads = ThreadPoolExecutor(
+                max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="chatcli-grammar"
+            )
+        return _threads
+
+
+class RowsGrammar:
+    """One generation's rows under one grammar: a matcher a row, and the next step's allowed
+    tokens as a bitmask (rows, ceil(V / 32)) int32, computed in the background from the time
+    the rows' last tokens are known until the sampler needs it."""
+
+    def __init__(self, tokenizer: Any, grammar: str, rows: int, end: int) -> None:
+        llguidance = import_llguidance()
+        self.matchers = [llguidance.LLMatcher(tokenizer, grammar) for _ in range(rows)]
+        error = self.matchers[0].get_error() if self.matchers[0].is_error() else ""
+        if error:
+            raise SchemaError(f"The grammar cannot run: {_first_line([error])}.")
+        self.end = end
+        self.vocab = tokenizer.vocab_size
+        self.bitmask = torch.zeros((rows, (self.vocab + 31) // 32), dtype=torch.int32)
+        self._live = [True] * rows
+        self._next: Future[None] | None = None
+        self._compute()
+
+    def _compute(self) -> None:
+        """Start computing the next masks of the rows still going (on the pool's thread)."""
+        self._next = _mask_threads().submit(self._fill)
+
+    def _fill(self) -> None:
+        bitmask = self.bitmask
+        size = bitmask.size(1) * bitmask.element_size()
+        for i, matcher in enumerate(self.matchers):
+            if self._live[i]:
+                row = bitmask[i]
+                matcher.unsafe_compute_mask_ptr(row.data_ptr(), size)  # drops the GIL
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` (rows, V) with every token the rows' grammars forbid at -inf (waits for
+        the masks still being computed). Tokens past the tokenizer's vocabulary (a padded
+        embedding) are forbidden too."""
+        assert self._next is not None
+        self._next.result()
+        allowed = allowed_tokens(self.bitmask.to(logits.device, non_blocking=True), self.vocab)
+        for i, matcher in enumerate(self.matchers):
+            # A row that is over draws a filler it does not take; a matcher in error (no
+            # sampled token can put it there) ends its row. Either way: one finite logit.
+            if not self._live[i] or matcher.is_error():
+                allowed[i] = False
+                allowed[i, self.end] = True
+        if logits.size(1) == self.vocab:
+            return logits.masked_fill(~allowed, float("-inf"))
+        masked = torch.full_like(logits, float("-inf"))  # a padded vocabulary's extra columns
+        width = min(logits.size(1), self.vocab)
+        masked[:, :width] = logits[:, :width].masked_fill(~allowed[:, :width], float("-inf"))
+        return masked
+
+    def advance(self, column: list[int], live: list[bool]) -> None:
+        """The rows took `column`: each live row's matcher follows its token, then the next
+        masks start computing while the caller runs the step."""
+        for i, (matcher, token) in enumerate(zip(self.matchers, column, strict=True)):
+            self._live[i] = live[i]
+            if live[i]:
+                matcher.consume_token(token)
+        if any(self._live):
+            self._compute()
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A (rows, words) int32 bitmask, bit j of word w for token 32 w + j, as (rows, vocab)
+    bools."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # (rows, words, 32)
+    return bits.view(bitmask.size(0), -1)[:, :vocab].bool()
