@@ -13,6 +13,7 @@ read and rewrite the same entries, so they stay one class.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -29,6 +30,7 @@ from chatcli.chat.turns import (
     split_system,
 )
 from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.grammar import json_grammar
 from chatcli.engine.tool_use import RowState
 from chatcli.engine.warm_cache import WarmCache
 from chatcli.errors import ChatcliError, ContextOverflowError
@@ -87,6 +89,7 @@ class ChatSession:
         self._forked: tuple[list[Reply], list[int]] | None = None
         self.last_reply: Reply | None = None
         self.notices: list[TurnNotice] = []
+        self._grammars: dict[str, str] = {}  # a JSON schema's text -> its grammar
         self.history_stats: list[TurnStats] = []
         s = self.tokenizer.encode_special
         self._ids = {
@@ -463,7 +466,18 @@ class ChatSession:
             stats=gen,
             resume=resume,
             warm=self.warm,
+            grammar=self._grammar(),
         )
+
+    def _grammar(self) -> str | None:
+        """The grammar of the options' JSON schema, built once per schema."""
+        schema = self.options.json_schema
+        if schema is None:
+            return None
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._grammars:
+            self._grammars[key] = json_grammar(schema)
+        return self._grammars[key]
 
     def _stream(
         self, prefix: list[int] | None = None, prefix_masks: list[int] | None = None

@@ -13,18 +13,20 @@ says why it over xgrammar). Knows nothing of HTTP or of text beyond the tokenize
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from chatcli.errors import SchemaError
+from chatcli.model.data_files import UnreadableFileError, read_json_file, shown
 from chatcli.model.special_tokens import ASSISTANT_END
 
 STRUCTURED_EXTRA = "pip install 'chatcli[structured]'"
+SCHEMA_MAX_BYTES = 1 << 20  # far past any schema a reply follows
 
 # How the JSON is written: one space after ':' and ',' and no other whitespace. A model
 # that never wrote JSON would otherwise be free to pad a reply with blanks until the budget
@@ -98,17 +100,22 @@ def bounded(schema: Any) -> Any:
     return out
 
 
-def schema_from_text(text: str, where: str) -> dict[str, Any]:
-    """A JSON schema read from `text` (a file's, `where`): a SchemaError if it is not a JSON
-    object."""
+def read_schema(path: Path) -> dict[str, Any]:
+    """The JSON Schema in the file at `path` (an UnreadableFileError, or a SchemaError where
+    it is not a JSON object)."""
     try:
-        schema = json.loads(text)
+        schema = read_json_file(path, SCHEMA_MAX_BYTES)
+    except UnreadableFileError as e:
+        raise SchemaError(f"The JSON Schema file {e}: give the path of a schema file.") from None
     except ValueError as e:
         raise SchemaError(
-            f"{where} is not JSON ({e}): write the schema as a JSON object."
+            f"{path} is not readable JSON: {e}. Write the schema as a JSON object."
         ) from None
     if not isinstance(schema, dict):
-        raise SchemaError(f"{where} holds a JSON {type(schema).__name__}, not a schema object.")
+        raise SchemaError(
+            f"{path} holds {shown(schema, 40)}, not a JSON Schema object: write it as "
+            '{"type": "object", "properties": {...}}.'
+        )
     return schema
 
 

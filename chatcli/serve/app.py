@@ -61,6 +61,7 @@ from chatcli.serve.requests import (
     error_body,
     validation_error_response,
 )
+from chatcli.serve.response_format import response_grammar
 from chatcli.serve.worker_pool import ShuttingDown, Waiting, Worker, WorkerPool
 
 __all__ = ["Limits", "Worker", "WorkerPool", "create_app"]
@@ -365,6 +366,7 @@ def _turn_of(req: ChatRequest, prompt: list[int], room: int, model_name: str) ->
             top_p=req.top_p if req.top_p is not None and req.top_p < 1 else None,
             seed=req.seed if req.seed is not None else random_seed(),
             stop=tuple(req.stop or ()),
+            grammar=response_grammar(req.response_format),
         ),
     )
 

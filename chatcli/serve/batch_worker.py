@@ -166,7 +166,9 @@ class BatchWorker:
             job.done.set()
             return
         p = job.params
-        request = RowRequest(job.prompt, p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed)
+        request = RowRequest(
+            job.prompt, p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, grammar=p.grammar
+        )
         try:
             job.row = self.batch.join(request)
         except Exception as e:  # the request's own fault (ContextOverflowError, ValueError)

@@ -276,6 +276,9 @@ class RemoteSession:
             body["model"] = self.model
         if opts.top_p is not None and opts.top_p < 1:
             body["top_p"] = opts.top_p
+        if opts.json_schema is not None:
+            spec = {"name": "reply", "schema": opts.json_schema, "strict": True}
+            body["response_format"] = {"type": "json_schema", "json_schema": spec}
         return body
 
     def _stream(self, added_user: bool) -> Iterator[StreamEvent]:

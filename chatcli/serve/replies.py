@@ -27,6 +27,7 @@ class GenerationParams:
     top_p: float | None  # None: off
     seed: int
     stop: tuple[str, ...] = ()  # the reply ends before the first of these in its text
+    grammar: str | None = None  # the grammar its tokens follow (response_format); None: free
 
 
 @dataclass(frozen=True)

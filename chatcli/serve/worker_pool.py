@@ -129,6 +129,7 @@ class Worker:
             seed=params.seed,
             stats=stats,
             warm=self.warm,
+            grammar=params.grammar,
         )
         with contextlib.closing(steps):
             for column, masks in steps:
