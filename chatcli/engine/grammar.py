@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,11 @@ _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 # Any JSON object: OpenAI's {"type": "json_object"}.
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
+# Masks measured dearer than this are computed on a thread while the step runs; cheaper ones
+# at once, as a thread's hand-off (submit, wake, wait) costs about this much itself.
+THREAD_ABOVE_S = 50e-6
+
+_SHIFTS = torch.arange(32, dtype=torch.int32)  # bit j of a mask's word: token 32 w + j
 _threads: ThreadPoolExecutor | None = None
 _tokenizers: dict[int, tuple[Any, Any]] = {}  # id(Encoding) -> (Encoding, LLTokenizer)
 _lock = threading.Lock()
@@ -159,8 +165,12 @@ def _mask_threads() -> ThreadPoolExecutor:
 
 class RowsGrammar:
     """One generation's rows under one grammar: a matcher a row, and the next step's allowed
-    tokens as a bitmask (rows, ceil(V / 32)) int32, computed in the background from the time
-    the rows' last tokens are known until the sampler needs it."""
+    tokens as a bitmask (rows, ceil(V / 32)) int32, bit j of word w for token 32 w + j.
+
+    The masks are computed between the rows' last tokens and the sampler's need of them:
+    at once while that is measured cheaper than a thread's hand-off (THREAD_ABOVE_S, the
+    common case: a JSON schema's mask takes microseconds), else on a thread while the model's
+    step runs, the step's time hiding it."""
 
     def __init__(self, tokenizer: Any, grammar: str, rows: int, end: int) -> None:
         llguidance = import_llguidance()
@@ -172,12 +182,10 @@ class RowsGrammar:
         self.vocab = tokenizer.vocab_size
         self.bitmask = torch.zeros((rows, (self.vocab + 31) // 32), dtype=torch.int32)
         self._live = [True] * rows
-        self._next: Future[None] | None = None
-        self._compute()
-
-    def _compute(self) -> None:
-        """Start computing the next masks of the rows still going (on the pool's thread)."""
-        self._next = _mask_threads().submit(self._fill)
+        self._next: Future[None] | None = None  # the masks a thread computes
+        self._stale = True  # the masks are the last step's, not yet computed anew
+        self.background = False  # whether the masks are computed on a thread
+        self.fill_s = 0.0  # the last masks' time, where computed at once
 
     def _fill(self) -> None:
         bitmask = self.bitmask
@@ -187,40 +195,51 @@ class RowsGrammar:
                 row = bitmask[i]
                 matcher.unsafe_compute_mask_ptr(row.data_ptr(), size)  # drops the GIL
 
+    def _ready(self) -> None:
+        """The masks of this step, computed now or waited for."""
+        if self._next is not None:
+            self._next.result()
+            self._next = None
+        elif self._stale:
+            t0 = time.perf_counter()
+            self._fill()
+            self.fill_s = time.perf_counter() - t0
+            self.background = self.fill_s > THREAD_ABOVE_S
+        self._stale = False
+
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        """`logits` (rows, V) with every token the rows' grammars forbid at -inf (waits for
-        the masks still being computed). Tokens past the tokenizer's vocabulary (a padded
-        embedding) are forbidden too."""
-        assert self._next is not None
-        self._next.result()
-        allowed = allowed_tokens(self.bitmask.to(logits.device, non_blocking=True), self.vocab)
+        """`logits` (rows, V) with every token the rows' grammars forbid at -inf. Tokens past
+        the tokenizer's vocabulary (a padded embedding) are forbidden too."""
+        self._ready()
+        forbidden = forbidden_tokens(self.bitmask, self.vocab)
         for i, matcher in enumerate(self.matchers):
             # A row that is over draws a filler it does not take; a matcher in error (no
             # sampled token can put it there) ends its row. Either way: one finite logit.
             if not self._live[i] or matcher.is_error():
-                allowed[i] = False
-                allowed[i, self.end] = True
+                forbidden[i] = True
+                forbidden[i, self.end] = False
+        forbidden = forbidden.to(logits.device, non_blocking=True)
         if logits.size(1) == self.vocab:
-            return logits.masked_fill(~allowed, float("-inf"))
+            return logits.masked_fill(forbidden, float("-inf"))
         masked = torch.full_like(logits, float("-inf"))  # a padded vocabulary's extra columns
         width = min(logits.size(1), self.vocab)
-        masked[:, :width] = logits[:, :width].masked_fill(~allowed[:, :width], float("-inf"))
+        masked[:, :width] = logits[:, :width].masked_fill(forbidden[:, :width], float("-inf"))
         return masked
 
     def advance(self, column: list[int], live: list[bool]) -> None:
-        """The rows took `column`: each live row's matcher follows its token, then the next
-        masks start computing while the caller runs the step."""
+        """The rows took `column`: each live row's matcher follows its token; the next masks
+        start on a thread where they are dear (the caller runs the step meanwhile)."""
         for i, (matcher, token) in enumerate(zip(self.matchers, column, strict=True)):
             self._live[i] = live[i]
             if live[i]:
                 matcher.consume_token(token)
-        if any(self._live):
-            self._compute()
+        self._stale = True
+        if self.background and any(self._live):
+            self._next = _mask_threads().submit(self._fill)
 
 
-def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """A (rows, words) int32 bitmask, bit j of word w for token 32 w + j, as (rows, vocab)
-    bools."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # (rows, words, 32)
-    return bits.view(bitmask.size(0), -1)[:, :vocab].bool()
+def forbidden_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A (rows, words) int32 bitmask of allowed tokens as (rows, vocab) bools, True where a
+    token is forbidden."""
+    bits = (bitmask.unsqueeze(-1) >> _SHIFTS) & 1  # (rows, words, 32)
+    return bits.view(bitmask.size(0), -1)[:, :vocab] == 0
