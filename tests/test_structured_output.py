@@ -367,3 +367,24 @@ def test_once_refuses_a_bad_schema_or_format_in_one_line(tmp_path, monkeypatch):
         result = runner.invoke(app, ["once", "hi", *args])
         assert result.exit_code == code
         assert words in result.output and "Traceback" not in result.output
+
+
+def test_a_bitmask_reads_token_by_token_as_the_grammar_library_writes_it(embedded):
+    import llguidance
+    import llguidance.torch
+
+    from chatcli.engine.grammar import grammar_tokenizer
+    from chatcli.engine.grammar_rows import forbidden_tokens
+
+    _, tokenizer = embedded
+    matcher = llguidance.LLMatcher(grammar_tokenizer(tokenizer), json_grammar(ORDER))
+    for token in tokenizer.encode('{"paid": true, "items": ["tea"'):
+        assert matcher.consume_token(token)
+    bitmask = llguidance.torch.allocate_token_bitmask(1, 1024)
+    llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
+    forbidden = forbidden_tokens(bitmask, 1024)[0]
+    allowed = [t for t in range(1024) if not forbidden[t]]
+    words = {tokenizer.decode([t]) for t in allowed}
+    assert ", " in words or "," in words  # another item
+    assert "]" in words and "}" not in words and "1" not in words
+    assert all(bool(bitmask[0, t // 32] >> (t % 32) & 1) != bool(forbidden[t]) for t in range(1024))

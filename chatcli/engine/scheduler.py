@@ -21,7 +21,8 @@ from typing import Any, Protocol
 
 import torch
 
-from chatcli.engine.grammar import RowsGrammar, grammar_tokenizer
+from chatcli.engine.grammar import grammar_tokenizer
+from chatcli.engine.grammar_rows import RowsGrammar
 from chatcli.engine.tool_use import RowState, ToolUse
 from chatcli.engine.warm_cache import CacheRunner, WarmCache, choose
 from chatcli.errors import ContextOverflowError

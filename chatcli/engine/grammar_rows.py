@@ -1,0 +1,130 @@
+"""Each row's grammar: its matcher, and its next token mask applied to its logits.
+
+Owns: `RowsGrammar`, one generation's matchers (a row each) whose masks the Scheduler applies
+to the rows' logits before the one sampler draws, then advances with the tokens taken; where
+those masks are computed (at once, or on a thread while the model's step runs, llguidance
+releasing the GIL); and reading a bitmask as forbidden tokens. A finished grammar allows only
+<|assistant_end|>, so the reply ends there. Knows nothing of schemas (grammar.py's) or text.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from chatcli.engine.grammar import first_line, import_llguidance
+from chatcli.errors import SchemaError
+
+# Masks measured dearer than this are computed on a thread while the step runs; cheaper ones
+# at once: a thread's hand-off (submit, wake, wait) costs tens of microseconds itself, and far
+# more where the CPU's cores are all busy (then the thread only waits its turn). Measured as
+# the least of a generation's first FILLS_MEASURED masks' times, which a busy machine's
+# pauses do not inflate.
+THREAD_ABOVE_S = 100e-6
+FILLS_MEASURED = 4
+
+# Row b: whether each bit j of the byte b is clear (the mask's token forbidden): a table
+# look-up per byte is one op where shifting out the bits takes four.
+_FORBIDDEN_BITS = torch.tensor([[not (b >> j) & 1 for j in range(8)] for b in range(256)])
+_threads: ThreadPoolExecutor | None = None
+_lock = threading.Lock()
+
+
+def _mask_threads() -> ThreadPoolExecutor:
+    global _threads
+    with _lock:
+        if _threads is None:
+            _threads = ThreadPoolExecutor(
+                max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="chatcli-grammar"
+            )
+        return _threads
+
+
+class RowsGrammar:
+    """One generation's rows under one grammar: a matcher a row, and the next step's allowed
+    tokens as a bitmask (rows, ceil(V / 32)) int32, bit j of word w for token 32 w + j.
+
+    The masks are computed between the rows' last tokens and the sampler's need of them:
+    at once while that is measured cheaper than a thread's hand-off (THREAD_ABOVE_S, the
+    common case: a JSON schema's mask takes microseconds), else on a thread while the model's
+    step runs, the step's time hiding it."""
+
+    def __init__(self, tokenizer: Any, grammar: str, rows: int, end: int) -> None:
+        llguidance = import_llguidance()
+        self.matchers = [llguidance.LLMatcher(tokenizer, grammar) for _ in range(rows)]
+        error = self.matchers[0].get_error() if self.matchers[0].is_error() else ""
+        if error:
+            raise SchemaError(f"The grammar cannot run: {first_line([error])}.")
+        self.end = end
+        self.vocab = tokenizer.vocab_size
+        self.bitmask = torch.zeros((rows, (self.vocab + 31) // 32), dtype=torch.int32)
+        self._live = [True] * rows
+        self._next: Future[None] | None = None  # the masks a thread computes
+        self._stale = True  # the masks are the last step's, not yet computed anew
+        self.background = False  # whether the masks are computed on a thread
+        self.fill_s = float("inf")  # the least time the masks took, computed at once
+        self._fills = 0  # masks computed at once so far
+
+    def _fill(self) -> None:
+        bitmask = self.bitmask
+        size = bitmask.size(1) * bitmask.element_size()
+        for i, matcher in enumerate(self.matchers):
+            if self._live[i]:
+                row = bitmask[i]
+                matcher.unsafe_compute_mask_ptr(row.data_ptr(), size)  # drops the GIL
+
+    def _ready(self) -> None:
+        """The masks of this step, computed now or waited for."""
+        if self._next is not None:
+            self._next.result()
+            self._next = None
+        elif self._stale:
+            t0 = time.perf_counter()
+            self._fill()
+            self.fill_s = min(self.fill_s, time.perf_counter() - t0)
+            self._fills += 1
+            self.background = self._fills >= FILLS_MEASURED and self.fill_s > THREAD_ABOVE_S
+        self._stale = False
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` (rows, V) with every token the rows' grammars forbid at -inf. Tokens past
+        the tokenizer's vocabulary (a padded embedding) are forbidden too."""
+        self._ready()
+        forbidden = forbidden_tokens(self.bitmask, self.vocab)
+        for i, matcher in enumerate(self.matchers):
+            # A row that is over draws a filler it does not take; a matcher in error (no
+            # sampled token can put it there) ends its row. Either way: one finite logit.
+            if not self._live[i] or matcher.is_error():
+                forbidden[i] = True
+                forbidden[i, self.end] = False
+        forbidden = forbidden.to(logits.device, non_blocking=True)
+        if logits.size(1) == self.vocab:
+            return logits.masked_fill(forbidden, float("-inf"))
+        masked = torch.full_like(logits, float("-inf"))  # a padded vocabulary's extra columns
+        width = min(logits.size(1), self.vocab)
+        masked[:, :width] = logits[:, :width].masked_fill(forbidden[:, :width], float("-inf"))
+        return masked
+
+    def advance(self, column: list[int], live: list[bool]) -> None:
+        """The rows took `column`: each live row's matcher follows its token; the next masks
+        start on a thread where they are dear (the caller runs the step meanwhile)."""
+        for i, (matcher, token) in enumerate(zip(self.matchers, column, strict=True)):
+            self._live[i] = live[i]
+            if live[i]:
+                matcher.consume_token(token)
+        self._stale = True
+        if self.background and any(self._live):
+            self._next = _mask_threads().submit(self._fill)
+
+
+def forbidden_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A (rows, words) int32 bitmask of allowed tokens as (rows, vocab) bools, True where a
+    token is forbidden."""
+    rows = bitmask.size(0)
+    octets = bitmask.view(torch.uint8).view(-1).int()  # little-endian: token 8 k + j is bit j
+    return _FORBIDDEN_BITS.index_select(0, octets).view(rows, -1)[:, :vocab]
