@@ -388,3 +388,45 @@ def test_a_bitmask_reads_token_by_token_as_the_grammar_library_writes_it(embedde
     assert ", " in words or "," in words  # another item
     assert "]" in words and "}" not in words and "1" not in words
     assert all(bool(bitmask[0, t // 32] >> (t % 32) & 1) != bool(forbidden[t]) for t in range(1024))
+
+
+# ---- the chat ---------------------------------------------------------------------------------
+
+
+def test_format_in_the_chat_makes_the_next_replies_json_until_text(embedded, tmp_path):
+    from test_slash_commands import FakeScreen
+
+    from chatcli.chat.conversation_store import ConversationFile
+    from chatcli.chat.session import ChatSession
+    from chatcli.chat.settings import Settings
+    from chatcli.chat.turns import SamplingOptions
+    from chatcli.terminal.slash_commands import ChatCommands
+
+    model, tokenizer = embedded
+    session = ChatSession(model, tokenizer, SamplingOptions(temperature=1.0, seed=2))
+    screen = FakeScreen()
+    conversation = ConversationFile.create(tmp_path, model="embedded")
+    chat = ChatCommands(session, screen, Settings(history=False), conversation, tmp_path, {})
+    path = tmp_path / "person.json"
+    path.write_text(json.dumps(PERSON))
+
+    chat.handle(f"/format {path}")
+    chat.handle("Who are you?")
+    jsonschema.validate(json.loads(session.last_reply.text), PERSON)
+    chat.handle("/format")
+    chat.handle("/format json")
+    chat.handle("And your friend?")
+    assert isinstance(json.loads(session.last_reply.text), dict)
+    chat.handle("/format text")
+    chat.handle("Hi!")
+    assert session.last_reply.text == "Happy to help!"  # free text again
+    chat.handle(f"/format {tmp_path / 'none.json'}")
+    notices = [value for kind, value in screen.drawn if kind in ("notice", "error")]
+    assert notices == [
+        f"format = {path}",
+        f"format = {path} (/format text|json|FILE changes it)",
+        "format = json",
+        "format = text",
+        f"The JSON Schema file {tmp_path / 'none.json'} does not exist: give the path of a "
+        "schema file.",
+    ]
