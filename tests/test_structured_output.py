@@ -9,6 +9,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 pytest.importorskip("llguidance", reason="needs the structured extra: pip install -e '.[dev]'")
 pytest.importorskip("jsonschema", reason="needs the dev extra: pip install -e '.[dev]'")
@@ -430,3 +431,21 @@ def test_format_in_the_chat_makes_the_next_replies_json_until_text(embedded, tmp
         f"The JSON Schema file {tmp_path / 'none.json'} does not exist: give the path of a "
         "schema file.",
     ]
+
+
+def test_a_row_that_is_over_or_in_error_may_only_end(embedded):
+    from chatcli.engine.grammar import grammar_tokenizer
+    from chatcli.engine.grammar_rows import RowsGrammar
+
+    _, tokenizer = embedded
+    for end in (tokenizer.encode_special(ASSISTANT_END), 31, 63):  # 31, 63: a word's sign bit
+        rows = RowsGrammar(grammar_tokenizer(tokenizer), json_grammar(ORDER), 3, end)
+        logits = torch.zeros(3, 1024)
+        first = rows.mask(logits)
+        assert torch.isfinite(first[:, ord("{")]).all()  # '{' is a token of its own here
+        rows.advance([ord("{"), ord("{"), end], [True, True, False])  # row 2 is over
+        rows.matchers[1].consume_token(ord("}"))  # '}' cannot follow '{' here: an error
+        masked = rows.mask(logits)
+        for row in (1, 2):
+            assert torch.isfinite(masked[row]).nonzero().flatten().tolist() == [end]
+        assert torch.isfinite(masked[0, ord('"')]) and not torch.isfinite(masked[0, end])

@@ -30,7 +30,10 @@ FILLS_MEASURED = 4
 
 # Row b: whether each bit j of the byte b is clear (the mask's token forbidden): a table
 # look-up per byte is one op where shifting out the bits takes four.
-_FORBIDDEN_BITS = torch.tensor([[not (b >> j) & 1 for j in range(8)] for b in range(256)])
+_FORBIDDEN_BITS_CPU = torch.tensor([[not (b >> j) & 1 for j in range(8)] for b in range(256)])
+_FORBIDDEN_BITS: dict[torch.device, torch.Tensor] = {
+    _FORBIDDEN_BITS_CPU.device: _FORBIDDEN_BITS_CPU
+}
 _threads: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
 
@@ -56,7 +59,8 @@ class RowsGrammar:
 
     def __init__(self, tokenizer: Any, grammar: str, rows: int, end: int) -> None:
         llguidance = import_llguidance()
-        self.matchers = [llguidance.LLMatcher(tokenizer, grammar) for _ in range(rows)]
+        # log_level 0: an error is the row's end here (mask), never a line on stderr.
+        self.matchers = [llguidance.LLMatcher(tokenizer, grammar, log_level=0) for _ in range(rows)]
         error = self.matchers[0].get_error() if self.matchers[0].is_error() else ""
         if error:
             raise SchemaError(f"The grammar cannot run: {first_line([error])}.")
@@ -95,14 +99,16 @@ class RowsGrammar:
         """`logits` (rows, V) with every token the rows' grammars forbid at -inf. Tokens past
         the tokenizer's vocabulary (a padded embedding) are forbidden too."""
         self._ready()
-        forbidden = forbidden_tokens(self.bitmask, self.vocab)
         for i, matcher in enumerate(self.matchers):
             # A row that is over draws a filler it does not take; a matcher in error (no
             # sampled token can put it there) ends its row. Either way: one finite logit.
             if not self._live[i] or matcher.is_error():
-                forbidden[i] = True
-                forbidden[i, self.end] = False
-        forbidden = forbidden.to(logits.device, non_blocking=True)
+                self.bitmask[i] = 0
+                self.bitmask[i, self.end // 32] = _bit(self.end % 32)
+        # The bitmask crosses to the logits' device (a GPU's: 4 KB for 32768 tokens, not
+        # the 32 KB of bools), to be read there.
+        bitmask = self.bitmask.to(logits.device, non_blocking=True)
+        forbidden = forbidden_tokens(bitmask, self.vocab)
         if logits.size(1) == self.vocab:
             return logits.masked_fill(forbidden, float("-inf"))
         masked = torch.full_like(logits, float("-inf"))  # a padded vocabulary's extra columns
@@ -122,9 +128,17 @@ class RowsGrammar:
             self._next = _mask_threads().submit(self._fill)
 
 
+def _bit(j: int) -> int:
+    """Bit j of an int32 word, as a Python int the word can hold (bit 31 is its sign)."""
+    return (1 << j) - (1 << 32 if j == 31 else 0)
+
+
 def forbidden_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """A (rows, words) int32 bitmask of allowed tokens as (rows, vocab) bools, True where a
     token is forbidden."""
     rows = bitmask.size(0)
     octets = bitmask.view(torch.uint8).view(-1).int()  # little-endian: token 8 k + j is bit j
-    return _FORBIDDEN_BITS.index_select(0, octets).view(rows, -1)[:, :vocab]
+    table = _FORBIDDEN_BITS.get(bitmask.device)
+    if table is None:
+        table = _FORBIDDEN_BITS[bitmask.device] = _FORBIDDEN_BITS_CPU.to(bitmask.device)
+    return table.index_select(0, octets).view(rows, -1)[:, :vocab]
