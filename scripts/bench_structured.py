@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from chatcli.engine import scheduler
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.grammar import grammar_tokenizer, json_grammar
 from chatcli.engine.grammar_rows import RowsGrammar
@@ -191,20 +192,21 @@ def decode_tps(
 
 
 class GrammarClock:
-    """The time the sampler's thread spends in the grammar's calls (masking logits, following
-    the tokens taken): what constrained decode adds to a step, less noisy than the ratio of
-    two speeds on a busy machine."""
+    """The time the sampler's thread spends in the grammar's calls (masking a step's logits,
+    following the tokens taken): what constrained decode adds to a step, less noisy than the
+    ratio of two speeds on a busy machine."""
 
     def __init__(self) -> None:
         self.spent = 0.0
-        self.calls = 0
-        mask, advance = RowsGrammar.mask, RowsGrammar.advance
+        self.steps = 0
+        masked_rows, advance = scheduler.masked_rows, RowsGrammar.advance
 
-        def timed_mask(grammar: RowsGrammar, logits: torch.Tensor) -> torch.Tensor:
+        def timed_masked_rows(parts: list) -> list:
             t0 = time.perf_counter()
-            out = mask(grammar, logits)
-            self.spent += time.perf_counter() - t0
-            self.calls += 1
+            out = masked_rows(parts)
+            if any(grammar is not None for grammar, _ in parts):
+                self.spent += time.perf_counter() - t0
+                self.steps += 1
             return out
 
         def timed_advance(grammar: RowsGrammar, column: list[int], live: list[bool]) -> None:
@@ -212,7 +214,7 @@ class GrammarClock:
             advance(grammar, column, live)
             self.spent += time.perf_counter() - t0
 
-        RowsGrammar.mask = timed_mask  # type: ignore[method-assign]
+        scheduler.masked_rows = timed_masked_rows
         RowsGrammar.advance = timed_advance  # type: ignore[method-assign]
 
 
@@ -237,8 +239,7 @@ def bench_decode(name: str, device: str, rows: int, tokens: int, rounds: int) ->
         "free_tps": round(statistics.median(free), 1),
         "constrained_tps": round(statistics.median(constrained), 1),
         "ratio": round(statistics.median(constrained) / statistics.median(free), 3),
-        # per generation a step (a row each but for --rows 1's one generation)
-        "grammar_us_per_step": round(clock.spent / max(clock.calls, 1) * 1e6, 1),
+        "grammar_us_per_step": round(clock.spent / max(clock.steps, 1) * 1e6, 1),
         "free_ms_per_step": round(rows / statistics.median(free) * 1e3, 3),
         "free_rounds": [round(x, 1) for x in free],
         "constrained_rounds": [round(x, 1) for x in constrained],

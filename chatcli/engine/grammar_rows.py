@@ -34,8 +34,33 @@ _FORBIDDEN_BITS_CPU = torch.tensor([[not (b >> j) & 1 for j in range(8)] for b i
 _FORBIDDEN_BITS: dict[torch.device, torch.Tensor] = {
     _FORBIDDEN_BITS_CPU.device: _FORBIDDEN_BITS_CPU
 }
+# Grammars kept compiled, the most recently asked for: a server's clients mostly send a few
+# schemas again and again.
+COMPILED_KEPT = 32
+
 _threads: ThreadPoolExecutor | None = None
+_compiled: dict[tuple[int, str], tuple[Any, Any]] = {}  # (id(tokenizer), grammar) -> matcher
 _lock = threading.Lock()
+
+
+def _matcher(tokenizer: Any, grammar: str) -> Any:
+    """A new matcher of `grammar`: a copy of the one compiled at its first request (a copy
+    takes microseconds, compiling a schema's grammar milliseconds: a batch's requests and
+    /samples' rows share a schema)."""
+    key = (id(tokenizer), grammar)
+    with _lock:
+        kept = _compiled.pop(key, None)
+        if kept is None or kept[0] is not tokenizer:
+            llguidance = import_llguidance()
+            # log_level 0: an error is the row's end here (mask), never a line on stderr.
+            matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+            if matcher.is_error():
+                raise SchemaError(f"The grammar cannot run: {first_line([matcher.get_error()])}.")
+            kept = (tokenizer, matcher)
+        _compiled[key] = kept  # the most recent last
+        while len(_compiled) > COMPILED_KEPT:
+            _compiled.pop(next(iter(_compiled)))
+    return kept[1].deep_copy()
 
 
 def _mask_threads() -> ThreadPoolExecutor:
@@ -58,12 +83,8 @@ class RowsGrammar:
     step runs, the step's time hiding it."""
 
     def __init__(self, tokenizer: Any, grammar: str, rows: int, end: int) -> None:
-        llguidance = import_llguidance()
-        # log_level 0: an error is the row's end here (mask), never a line on stderr.
-        self.matchers = [llguidance.LLMatcher(tokenizer, grammar, log_level=0) for _ in range(rows)]
-        error = self.matchers[0].get_error() if self.matchers[0].is_error() else ""
-        if error:
-            raise SchemaError(f"The grammar cannot run: {first_line([error])}.")
+        first = _matcher(tokenizer, grammar)
+        self.matchers = [first.deep_copy() for _ in range(rows)]
         self.end = end
         self.vocab = tokenizer.vocab_size
         self.bitmask = torch.zeros((rows, (self.vocab + 31) // 32), dtype=torch.int32)
@@ -95,26 +116,20 @@ class RowsGrammar:
             self.background = self._fills >= FILLS_MEASURED and self.fill_s > THREAD_ABOVE_S
         self._stale = False
 
-    def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        """`logits` (rows, V) with every token the rows' grammars forbid at -inf. Tokens past
-        the tokenizer's vocabulary (a padded embedding) are forbidden too."""
+    def ready(self) -> torch.Tensor:
+        """This step's bitmask (rows, words), computed now or waited for: a row that is over
+        (it draws a filler it does not take) or whose matcher failed (no sampled token can do
+        that) may only end."""
         self._ready()
         for i, matcher in enumerate(self.matchers):
-            # A row that is over draws a filler it does not take; a matcher in error (no
-            # sampled token can put it there) ends its row. Either way: one finite logit.
             if not self._live[i] or matcher.is_error():
                 self.bitmask[i] = 0
                 self.bitmask[i, self.end // 32] = _bit(self.end % 32)
-        # The bitmask crosses to the logits' device (a GPU's: 4 KB for 32768 tokens, not
-        # the 32 KB of bools), to be read there.
-        bitmask = self.bitmask.to(logits.device, non_blocking=True)
-        forbidden = forbidden_tokens(bitmask, self.vocab)
-        if logits.size(1) == self.vocab:
-            return logits.masked_fill(forbidden, float("-inf"))
-        masked = torch.full_like(logits, float("-inf"))  # a padded vocabulary's extra columns
-        width = min(logits.size(1), self.vocab)
-        masked[:, :width] = logits[:, :width].masked_fill(forbidden[:, :width], float("-inf"))
-        return masked
+        return self.bitmask
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` (rows, V) with every token the rows' grammars forbid at -inf."""
+        return masked_rows([(self, logits)])[0]
 
     def advance(self, column: list[int], live: list[bool]) -> None:
         """The rows took `column`: each live row's matcher follows its token; the next masks
@@ -126,6 +141,36 @@ class RowsGrammar:
         self._stale = True
         if self.background and any(self._live):
             self._next = _mask_threads().submit(self._fill)
+
+
+def masked_rows(
+    parts: list[tuple[RowsGrammar | None, torch.Tensor]],
+) -> list[torch.Tensor]:
+    """Each part's logits (rows, V), with what its grammar forbids at -inf (as they are
+    without one); tokens past the tokenizer's vocabulary (a padded embedding) are forbidden
+    too. The step's bitmasks cross to the logits' device and unpack together: a GPU gets
+    4 KB a row for 32768 tokens, not 32 KB of bools, and a batch's rows one op, not one each."""
+    under = [(i, grammar) for i, (grammar, _) in enumerate(parts) if grammar is not None]
+    out = [logits for _, logits in parts]
+    if not under:
+        return out
+    device = out[under[0][0]].device
+    bitmasks = [grammar.ready() for _, grammar in under]
+    vocab = max(grammar.vocab for _, grammar in under)
+    both = bitmasks[0] if len(bitmasks) == 1 else torch.cat(bitmasks)
+    forbidden = forbidden_tokens(both.to(device, non_blocking=True), vocab)
+    at = 0
+    for i, grammar in under:
+        logits, rows = out[i], grammar.bitmask.size(0)
+        mine, at = forbidden[at : at + rows, : grammar.vocab], at + rows
+        if logits.size(1) == grammar.vocab:
+            out[i] = logits.masked_fill(mine, float("-inf"))
+            continue
+        masked = torch.full_like(logits, float("-inf"))  # a padded vocabulary's columns
+        width = min(logits.size(1), grammar.vocab)
+        masked[:, :width] = logits[:, :width].masked_fill(mine[:, :width], float("-inf"))
+        out[i] = masked
+    return out
 
 
 def _bit(j: int) -> int:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from chatcli.engine.grammar import grammar_tokenizer
-from chatcli.engine.grammar_rows import RowsGrammar
+from chatcli.engine.grammar_rows import RowsGrammar, masked_rows
 from chatcli.engine.tool_use import RowState, ToolUse
 from chatcli.engine.warm_cache import CacheRunner, WarmCache, choose
 from chatcli.errors import ContextOverflowError
@@ -447,7 +447,7 @@ class Scheduler:
         """Each row's next token from its logits: drawn with its generation's settings and
         generator (nothing past the budget, nothing for a row that is over), or forced by
         the calculator; then whether each generation ends."""
-        ran = [(gen, constrained(gen, logits)) for gen, logits in ran]
+        ran = constrained(ran)
         sampled = _sample(ran)
         now = time.perf_counter()
         for (gen, _), drawn in zip(ran, sampled, strict=True):
@@ -556,10 +556,13 @@ def _sample(
     return chosen
 
 
-def constrained(gen: Generation, logits: torch.Tensor) -> torch.Tensor:
-    """A generation's rows' logits, with what its grammar forbids at -inf (as they are
+def constrained(
+    ran: list[tuple[Generation, torch.Tensor]],
+) -> list[tuple[Generation, torch.Tensor]]:
+    """Each generation's rows' logits, with what its grammar forbids at -inf (as they are
     without one): the sampler then draws only tokens the grammar allows."""
-    return logits if gen.grammar is None else gen.grammar.mask(logits)
+    masked = masked_rows([(gen.grammar, logits) for gen, logits in ran])
+    return [(gen, logits) for (gen, _), logits in zip(ran, masked, strict=True)]
 
 
 def wait_for_device(device: torch.device | str) -> None:
