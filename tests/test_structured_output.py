@@ -316,6 +316,10 @@ def test_json_object_gives_an_object_or_the_budgets_cut(server):
         ({"type": "xml"}, "type 'xml' is not one chatcli serves"),
         ({"type": "json_schema"}, 'needs "json_schema": {"name": ..., "schema": {...}}'),
         (_schema_format("a b", PERSON), "json_schema.name must be 1 to 64 letters"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": 0}},
+            "json_schema.strict must be true or false",
+        ),
     ],
 )
 def test_a_response_format_that_cannot_be_served_is_a_400_naming_it(

@@ -231,7 +231,7 @@ def response_format_schema() -> dict[str, Any]:
         "required": ["name"],
         "properties": {
             "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-            "description": {"type": "string"},
+            "description": {"type": ["string", "null"]},
             "schema": {"type": ["object", "null"]},
             "strict": {"type": ["boolean", "null"]},
         },

@@ -43,8 +43,12 @@ def response_grammar(response_format: dict[str, Any] | None) -> str | None:
         raise ValueError(
             f"json_schema.name must be 1 to {MAX_NAME} letters, digits, _ or -, not {name!r}"
         )
-    if spec.get("strict") not in (None, True, False):
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):  # 0 == False: not a bool here
         raise ValueError("json_schema.strict must be true or false")
+    description = spec.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ValueError("json_schema.description must be a string")
     schema = spec.get("schema")
     if schema is not None and not isinstance(schema, dict):
         raise ValueError("json_schema.schema must be a JSON Schema object")
