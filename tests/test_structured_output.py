@@ -453,3 +453,25 @@ def test_a_row_that_is_over_or_in_error_may_only_end(embedded):
         for row in (1, 2):
             assert torch.isfinite(masked[row]).nonzero().flatten().tolist() == [end]
         assert torch.isfinite(masked[0, ord('"')]) and not torch.isfinite(masked[0, end])
+
+
+def test_a_worker_of_one_row_and_once_url_follow_the_schema_too(embedded, tmp_path, monkeypatch):
+    pytest.importorskip("fastapi")
+    from chatcli.serve.app import Limits, Worker, create_app
+    from chatcli.serve.runner import BackgroundServer
+
+    monkeypatch.setenv("CHATCLI_HOME", str(tmp_path / "home"))
+    model, tokenizer = embedded
+    path = tmp_path / "order.json"
+    path.write_text(json.dumps(ORDER))
+    one_row = Worker(model, tokenizer, batch=1)  # `chatcli serve --batch 1`: Engine.generate
+    server = BackgroundServer(create_app([one_row], Limits(), "chatcli")).start()
+    try:
+        args = ["once", "Lunch?", "--url", server.url, "--json-schema", str(path), "--json"]
+        result = runner.invoke(app, [*args, "-t", "1", "--seed", "5"])
+    finally:
+        server.stop()
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(out["text"]), ORDER)
