@@ -298,7 +298,7 @@ BAD_REQUESTS = [
     ("tool_choice required", {**HI, "tool_choice": "required"}, "tool_choice"),
     ("logprobs", {**HI, "logprobs": True}, "logprobs"),
     ("top_logprobs", {**HI, "top_logprobs": 2}, "top_logprobs"),
-    ("json replies", {**HI, "response_format": {"type": "json_object"}}, "response_format"),
+    ("an unknown reply format", {**HI, "response_format": {"type": "xml"}}, "response_format"),
     ("a frequency penalty", {**HI, "frequency_penalty": 0.5}, "frequency_penalty"),
     ("a presence penalty", {**HI, "presence_penalty": -1}, "presence_penalty"),
     ("an empty stop sequence", {**HI, "stop": ""}, "stop"),
