@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -475,3 +476,27 @@ def test_a_worker_of_one_row_and_once_url_follow_the_schema_too(embedded, tmp_pa
     out = json.loads(result.output)
     assert out["finish_reason"] == "stop"
     jsonschema.validate(json.loads(out["text"]), ORDER)
+
+
+def test_masks_computed_on_a_thread_give_the_tokens_computed_at_once(embedded, monkeypatch):
+    from chatcli.engine import grammar_rows
+
+    model, tokenizer = embedded
+    engine = Engine(model, tokenizer)
+    prompt = _prompt(tokenizer, "Tell me about someone you know.")
+    grammar = json_grammar(PERSON)
+    at_once = _reply(engine, prompt, max_tokens=80, temperature=1.0, seed=9, grammar=grammar)
+    seen = []
+    monkeypatch.setattr(grammar_rows, "THREAD_ABOVE_S", 0.0)  # every grammar is "dear"
+    monkeypatch.setattr(grammar_rows, "FILLS_MEASURED", 1)
+    fill = grammar_rows.RowsGrammar._fill
+
+    def noted_fill(rows):
+        seen.append(threading.current_thread().name)
+        fill(rows)
+
+    monkeypatch.setattr(grammar_rows.RowsGrammar, "_fill", noted_fill)
+    threaded = _reply(engine, prompt, max_tokens=80, temperature=1.0, seed=9, grammar=grammar)
+    assert threaded == at_once and at_once[2] == "stop"
+    assert seen[0] == threading.current_thread().name  # the first, measured at once
+    assert all(name.startswith("chatcli-grammar") for name in seen[1:]) and len(seen) > 10
