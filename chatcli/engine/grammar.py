@@ -12,6 +12,8 @@ says why it over xgrammar). Knows nothing of HTTP or of text beyond the tokenize
 
 from __future__ import annotations
 
+import functools
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -56,7 +58,6 @@ def import_llguidance() -> Any:
 def json_grammar(schema: dict[str, Any] | None) -> str:
     """The grammar (llguidance's JSON text) of replies that are `schema`'s JSON (None: any
     JSON object). A SchemaError names what the grammar library cannot express."""
-    llguidance = import_llguidance()
     schema = ANY_OBJECT if schema is None else schema
     if not isinstance(schema, dict):
         raise SchemaError(
@@ -64,8 +65,21 @@ def json_grammar(schema: dict[str, Any] | None) -> str:
             'write it as {"type": "object", "properties": {...}}.'
         )
     try:
+        text = json.dumps(schema)  # in its order: the properties are written in it
+    except (TypeError, ValueError, RecursionError) as e:
+        raise SchemaError(f"The JSON schema cannot be read: {e}.") from None
+    return _grammar_of(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _grammar_of(schema_text: str) -> str:
+    """json_grammar of the schema written as `schema_text`: kept, since a server builds the
+    grammar of each request's schema twice (to check it, then to run it) and clients send a
+    few schemas again and again."""
+    llguidance = import_llguidance()
+    try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            bounded(schema), defaults=JSON_STYLE
+            bounded(json.loads(schema_text)), defaults=JSON_STYLE
         )
     except (ValueError, TypeError) as e:
         raise SchemaError(f"The JSON schema cannot be read: {e}.") from None
