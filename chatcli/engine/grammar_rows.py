@@ -181,9 +181,8 @@ def _bit(j: int) -> int:
 def forbidden_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """A (rows, words) int32 bitmask of allowed tokens as (rows, vocab) bools, True where a
     token is forbidden."""
-    rows = bitmask.size(0)
-    octets = bitmask.view(torch.uint8).view(-1).int()  # little-endian: token 8 k + j is bit j
     table = _FORBIDDEN_BITS.get(bitmask.device)
     if table is None:
         table = _FORBIDDEN_BITS[bitmask.device] = _FORBIDDEN_BITS_CPU.to(bitmask.device)
-    return table.index_select(0, octets).view(rows, -1)[:, :vocab]
+    octets = bitmask.view(torch.uint8).long()  # little-endian: token 8 k + j is bit j of k
+    return table[octets].view(bitmask.size(0), -1)[:, :vocab]  # (rows, words * 4, 8) first
