@@ -13,7 +13,6 @@ read and rewrite the same entries, so they stay one class.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -89,7 +88,6 @@ class ChatSession:
         self._forked: tuple[list[Reply], list[int]] | None = None
         self.last_reply: Reply | None = None
         self.notices: list[TurnNotice] = []
-        self._grammars: dict[str, str] = {}  # a JSON schema's text -> its grammar
         self.history_stats: list[TurnStats] = []
         s = self.tokenizer.encode_special
         self._ids = {
@@ -470,14 +468,9 @@ class ChatSession:
         )
 
     def _grammar(self) -> str | None:
-        """The grammar of the options' JSON schema, built once per schema."""
+        """The grammar of the options' JSON schema (built once per schema), or None."""
         schema = self.options.json_schema
-        if schema is None:
-            return None
-        key = json.dumps(schema, sort_keys=True)
-        if key not in self._grammars:
-            self._grammars[key] = json_grammar(schema)
-        return self._grammars[key]
+        return None if schema is None else json_grammar(schema)
 
     def _stream(
         self, prefix: list[int] | None = None, prefix_masks: list[int] | None = None

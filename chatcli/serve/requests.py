@@ -282,7 +282,7 @@ class ChatRequest(BaseModel):
         from chatcli.serve.response_format import response_grammar
 
         try:
-            response_grammar(value)  # the grammar is built again for the worker (app.py)
+            response_grammar(value)  # built once: app.py's _turn_of gets it from the cache
         except SchemaError as e:
             raise ValueError(str(e)) from None
         return value
