@@ -219,6 +219,14 @@ def test_a_schema_the_grammar_cannot_enforce_is_refused_naming_the_keyword():
         json_grammar([1, 2])  # type: ignore[arg-type]
 
 
+def test_a_schema_nested_past_what_python_walks_is_refused_in_one_line():
+    schema: dict = {"type": "integer"}
+    for _ in range(5000):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(SchemaError, match="nested too deeply: name a repeated part once"):
+        json_grammar(schema)
+
+
 def test_without_llguidance_structured_output_says_the_pip_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "llguidance", None)  # import llguidance raises ImportError
     with pytest.raises(SchemaError) as e:

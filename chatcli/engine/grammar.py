@@ -66,9 +66,14 @@ def json_grammar(schema: dict[str, Any] | None) -> str:
         )
     try:
         text = json.dumps(schema)  # in its order: the properties are written in it
-    except (TypeError, ValueError, RecursionError) as e:
+        return _grammar_of(text)
+    except RecursionError:  # Python's own limit, past llguidance's (a few hundred levels)
+        raise SchemaError(
+            "The JSON schema is nested too deeply: name a repeated part once in $defs and "
+            "refer to it with $ref."
+        ) from None
+    except (TypeError, ValueError) as e:
         raise SchemaError(f"The JSON schema cannot be read: {e}.") from None
-    return _grammar_of(text)
 
 
 @functools.lru_cache(maxsize=64)
