@@ -508,3 +508,26 @@ def test_masks_computed_on_a_thread_give_the_tokens_computed_at_once(embedded, m
     assert threaded == at_once and at_once[2] == "stop"
     assert seen[0] == threading.current_thread().name  # the first, measured at once
     assert all(name.startswith("chatcli-grammar") for name in seen[1:]) and len(seen) > 10
+
+
+def test_continue_goes_on_with_a_json_reply_the_budget_cut(embedded):
+    from chatcli.chat.session import ChatSession
+    from chatcli.chat.turns import SamplingOptions
+
+    model, tokenizer = embedded
+    options = SamplingOptions(temperature=1.0, seed=4, max_tokens=10, json_schema=PERSON)
+    session = ChatSession(model, tokenizer, options)
+    list(session.send("Who are you?"))
+    cut = session.last_reply.text
+    assert session.last_reply.stats.finish_reason == "length" and cut.startswith("{")
+    options.max_tokens = 200
+    list(session.continue_reply())
+    whole = session.last_reply.text
+    assert whole.startswith(cut) and session.last_reply.stats.finish_reason == "stop"
+    jsonschema.validate(json.loads(whole), PERSON)
+    # A reply written under another format cannot go on under this one.
+    options.max_tokens, options.json_schema = 10, None
+    list(session.send("And you?"))
+    options.json_schema = PERSON
+    with pytest.raises(SchemaError, match="does not follow the reply format's schema"):
+        list(session.continue_reply())

@@ -448,9 +448,11 @@ class ChatSession:
         seed: int,
         gen: GenerationStats,
         resume: RowState | None = None,
+        prefix: Sequence[int] = (),
     ) -> Iterator[tuple[list[int], list[int]]]:
         """The engine's generation of n rows after `prompt`, over the warm cache, with the
-        session's sampling options."""
+        session's sampling options; `prefix` is the reply so far (a /continue), which the
+        reply format's grammar follows first."""
         opts = self.options
         return self.engine.generate(
             prompt,
@@ -465,6 +467,7 @@ class ChatSession:
             resume=resume,
             warm=self.warm,
             grammar=self._grammar(),
+            grammar_prefix=prefix,
         )
 
     def _grammar(self) -> str | None:
@@ -497,7 +500,8 @@ class ChatSession:
                 masks = replayed  # else as generated: the model may have written an output
             decoder = TokenDecoder(self.tokenizer, raw=self.raw, tools=self.options.tools)
             decoder.resume(prefix, masks)
-            with contextlib.closing(self._generate(prompt, 1, seed, gen, resume)) as steps:
+            steps = self._generate(prompt, 1, seed, gen, resume, prefix)
+            with contextlib.closing(steps):
                 for column, column_masks in steps:
                     tokens.append(column[0])
                     masks.append(column_masks[0])

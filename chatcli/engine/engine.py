@@ -107,6 +107,7 @@ class Engine:
         resume: RowState | None = None,
         warm: WarmCache | None = None,
         grammar: str | None = None,
+        grammar_prefix: Sequence[int] = (),
     ) -> Iterator[tuple[list[int], list[int]]]:
         """Yield (token_column, token_masks), one entry per sample row, each step.
 
@@ -127,6 +128,8 @@ class Engine:
 
         `grammar` (grammar.json_grammar's) restricts every row to what it allows, ending
         each with <|assistant_end|> once it is complete; those rows do not use the calculator.
+        `grammar_prefix`: the reply's tokens `tokens` end in, which the grammar follows first
+        (a reply going on).
 
         The arguments are checked at the call, before anything runs: a ValueError, or a
         ContextOverflowError where the prompt fills the context. The rows run in the
@@ -135,7 +138,8 @@ class Engine:
         if num_samples < 1:
             raise ValueError("num_samples must be at least 1")
         request = RowRequest(
-            tokens, max_tokens, temperature, top_k, top_p, seed, use_tools, resume, grammar
+            tokens, max_tokens, temperature, top_k, top_p, seed, use_tools, resume, grammar,
+            tuple(grammar_prefix),
         )  # fmt: skip
         budget, _ = plan(self.context_len, request)
         return self._generate(

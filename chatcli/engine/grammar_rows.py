@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -82,8 +83,16 @@ class RowsGrammar:
     common case: a JSON schema's mask takes microseconds), else on a thread while the model's
     step runs, the step's time hiding it."""
 
-    def __init__(self, tokenizer: Any, grammar: str, rows: int, end: int) -> None:
+    def __init__(
+        self, tokenizer: Any, grammar: str, rows: int, end: int, prefix: Sequence[int] = ()
+    ) -> None:
         first = _matcher(tokenizer, grammar)
+        # A reply going on (/continue): the grammar follows what it wrote so far.
+        if prefix and not first.consume_tokens(list(prefix)):
+            raise SchemaError(
+                "The reply so far does not follow the reply format's schema, so it cannot "
+                "go on under it: /retry writes another reply."
+            )
         self.matchers = [first.deep_copy() for _ in range(rows)]
         self.end = end
         self.vocab = tokenizer.vocab_size

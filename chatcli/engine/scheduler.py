@@ -116,6 +116,7 @@ class RowRequest:
     # The grammar its rows' tokens must follow (grammar.json_grammar's); None: free text.
     # A row under a grammar does not call the calculator.
     grammar: str | None = None
+    grammar_prefix: tuple[int, ...] = ()  # the reply's tokens the grammar followed already
 
 
 def plan(context_len: int, request: RowRequest) -> tuple[int, str]:
@@ -294,7 +295,9 @@ class Scheduler:
         if request.grammar is not None:  # its first masks compute while the prompt prefills
             tokenizer = grammar_tokenizer(self.runner.tokenizer)
             end = self.runner.assistant_end
-            gen.grammar = RowsGrammar(tokenizer, request.grammar, samples, end)
+            gen.grammar = RowsGrammar(
+                tokenizer, request.grammar, samples, end, request.grammar_prefix
+            )
         return gen
 
     def leave(self, gen: Generation, reason: str = "interrupted") -> None:
