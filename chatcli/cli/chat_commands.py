@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
@@ -35,6 +36,7 @@ from chatcli.cli.options import (
     local_model_flags,
     server_url,
 )
+from chatcli.cli.structured_output import FormatOpt, JsonSchemaOpt, reply_schema
 from chatcli.errors import ChatcliError, ConversationFileError, UsageError
 
 if TYPE_CHECKING:
@@ -208,6 +210,8 @@ def once(
             metavar="K",
         ),
     ] = None,
+    json_schema: JsonSchemaOpt = None,
+    reply_format: FormatOpt = None,
 ) -> None:
     """Answer one message and exit."""
     from chatcli.terminal.render import make_console
@@ -218,9 +222,18 @@ def once(
         _check_once_flags(raw_text, logprobs, as_json, url, system)
         settings = settings_from(**setting_flags(locals()))
         text = _read_prompt(prompt, raw_text)
+        schema = reply_schema(json_schema, reply_format, local=url is None)
+        if schema is not None and raw_text:
+            raise UsageError(
+                "--raw continues the text freely; --json-schema and --format json shape a "
+                "chat reply: drop one or the other."
+            )
+        if schema is not None:  # JSON as it is written, never read as Markdown
+            settings = dataclasses.replace(settings, markdown="never")
         session, info = load_session(
             settings, softcap, url, api_key, model, compile_model, local_flags
         )
+        session.options.json_schema = schema
         if url is None:
             session = _local_once(session, raw_text, logprobs)
         else:

@@ -167,7 +167,14 @@ class BatchWorker:
             return
         p = job.params
         request = RowRequest(
-            job.prompt, p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, logprobs=p.logprobs
+            job.prompt,
+            p.max_tokens,
+            p.temperature,
+            p.top_k,
+            p.top_p,
+            p.seed,
+            logprobs=p.logprobs,
+            grammar=p.grammar,
         )
         try:
             job.row = self.batch.join(request)

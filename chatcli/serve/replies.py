@@ -30,6 +30,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()  # the reply ends before the first of these in its text
     # Each token's log-probability and this many alternatives (0 to 20); None: not asked.
     logprobs: int | None = None
+    grammar: str | None = None  # the grammar its tokens follow (response_format); None: free
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,7 @@ class Worker:
             stats=stats,
             warm=self.warm,
             logprobs=record,
+            grammar=params.grammar,
         )
         with contextlib.closing(steps):
             for column, masks in steps:
