@@ -36,3 +36,8 @@ class UsageError(ChatcliError):
     """The command line itself is wrong: an option's value, options that do not go together,
     a missing argument. The CLI exits 2 for it, as for click's own usage errors; 1 is for a
     command that was well asked but failed (a missing file, a server that refuses)."""
+
+
+class SchemaError(ChatcliError):
+    """A JSON schema for structured output cannot be read, or uses what its grammar cannot
+    enforce; or the grammar library is not installed."""

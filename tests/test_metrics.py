@@ -223,3 +223,33 @@ def test_a_conversations_second_turn_counts_its_warm_prompt_as_prefix_hits(serve
     assert moved(before, after, "chatcli:prefix_cache_hits_total") == cached
     assert moved(before, after, "chatcli:prefix_cache_queries_total") == usage["prompt_tokens"]
     assert moved(before, after, "chatcli:prompt_tokens_total") == usage["prompt_tokens"]
+
+
+def test_time_to_first_token_counts_the_time_a_request_queued_for_a_row():
+    # One worker of one row, 20 ms a token: of two requests sent together one waits for the
+    # other's whole reply (30 tokens, 0.6 s) before its first token, and a client's time to
+    # first token, like vLLM's, includes that wait.
+    model = SlowModel(uniform_bytes, 0.02, sequence_len=4096)
+    worker = Worker(model, byte_tokenizer(), batch=1)
+    with BackgroundServer(create_app([worker], model_name=MODEL, api_keys=[KEY])) as server:
+        url = f"{server.url}/v1/chat/completions"
+        body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 30}
+        usages: list = []
+
+        def ask() -> None:
+            r = httpx.post(url, json=body, headers=AUTH, timeout=60)
+            assert r.status_code == 200, r.text
+            usages.append(r.json()["usage"])
+
+        clients = [threading.Thread(target=ask) for _ in range(2)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+        assert len(usages) == 2
+        after = scrape(server)
+        assert value(after, "chatcli:time_to_first_token_seconds_count") == 2
+        # The queued one waited at least the other's decode time (29 gaps of 20 ms).
+        waited = min(u["chatcli_decode_s"] for u in usages)
+        assert waited > 0.4
+        assert value(after, "chatcli:time_to_first_token_seconds_sum") >= waited

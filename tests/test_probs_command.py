@@ -198,7 +198,9 @@ def test_without_colour_unlikely_tokens_get_a_plain_marker(monkeypatch):
     render_probs(console, _probs())
     lines = console.file.getvalue().splitlines()
     assert lines[0] == "The cat sat⟦ upside⟧84"
-    assert lines[1] == "⟦…⟧: under 10% likely. Dim: the calculator's, not chosen."
+    assert lines[1] == (
+        "⟦…⟧: under 10% likely. <|output_start|>…<|output_end|>: the calculator's, not chosen."
+    )
     assert lines[2].startswith("5 tokens, perplexity 4.58.")
     assert "Least likely: #4 “ upside” 2%, #3 “ sat” 20%, #2 “ cat” 60%, #1 “The” 95%." in lines[2]
 

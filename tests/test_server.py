@@ -298,7 +298,7 @@ BAD_REQUESTS = [
     ("tool_choice required", {**HI, "tool_choice": "required"}, "tool_choice"),
     ("top_logprobs without logprobs", {**HI, "top_logprobs": 2}, "top_logprobs"),
     ("top_logprobs past 20", {**HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ("json replies", {**HI, "response_format": {"type": "json_object"}}, "response_format"),
+    ("an unknown reply format", {**HI, "response_format": {"type": "xml"}}, "response_format"),
     ("a frequency penalty", {**HI, "frequency_penalty": 0.5}, "frequency_penalty"),
     ("a presence penalty", {**HI, "presence_penalty": -1}, "presence_penalty"),
     ("an empty stop sequence", {**HI, "stop": ""}, "stop"),

@@ -391,3 +391,23 @@ def test_a_chat_session_drafts_by_default_and_not_when_off(home):
     assert session.engine.speculate is True
     session, _ = load_session(load_settings(env={"CHATCLI_SPECULATE": "off"}), None)
     assert session.engine.speculate is False
+
+
+def test_a_reply_under_a_json_schema_does_not_draft_and_is_the_plain_reply():
+    from chatcli.engine.grammar import json_grammar
+
+    model, tokenizer, _ = load_model(device="cpu")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    prompt = tokenizer.render_for_completion(
+        {"messages": [{"role": "user", "content": "Tell me about Ann, who is 34. Ann is 34."}]}
+    )
+    kwargs = {"max_tokens": 80, "temperature": 0.0, "grammar": json_grammar(schema)}
+    plain = _reply(Engine(model, tokenizer), prompt, **kwargs)
+    drafted = _reply(Engine(model, tokenizer, speculate=True), prompt, **kwargs)
+    assert drafted[:2] == plain[:2]
+    assert drafted[2].speculation.verifications == 0

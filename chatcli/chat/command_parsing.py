@@ -123,6 +123,13 @@ def _export(spec: CommandSpec, rest: str) -> tuple[str, str, bool]:
     return fmt, path, force
 
 
+def _reply_format(spec: CommandSpec, rest: str) -> str | None:
+    """text, json, a schema file's path, or None (show the format)."""
+    if not rest:
+        return None
+    return rest.lower() if rest.lower() in ("text", "json") else _unquote(rest)
+
+
 def _samples(spec: CommandSpec, rest: str) -> int:
     needs = (
         f"/samples needs a whole number between {SAMPLES_MIN} and {SAMPLES_MAX}, e.g. /samples 3"
@@ -348,6 +355,14 @@ _SPECS = (
         "Draw replies as Markdown: auto (on a colour terminal), always or never",
         _setting,
         details=_setting_details("markdown"),
+    ),
+    CommandSpec(
+        "format",
+        "/format text|json|FILE",
+        "Replies as free text, any JSON object, or JSON following the JSON Schema in FILE",
+        _reply_format,
+        details="JSON replies need the structured extra (pip install 'chatcli[structured]') "
+        "and do not call the calculator.",
     ),
     CommandSpec(
         "samples",

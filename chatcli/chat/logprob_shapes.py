@@ -13,10 +13,11 @@ Knows nothing of HTTP, torch or the terminal.
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from chatcli.chat.calc_markers import format_marker
+from chatcli.chat.stream import StreamEvent, TextDelta, TokenDecoder, ToolResult
 from chatcli.engine.logprobs import TokenLogprob
 from chatcli.model.special_tokens import ASSISTANT_END
 
@@ -57,12 +58,25 @@ def chat_logprobs(tokenizer: TokenBytes, entries: Iterable[TokenLogprob]) -> lis
 class LegacyLogprobs:
     """A completion's `logprobs` in the legacy shape, a chunk of tokens at a time (a whole
     reply is one chunk). text_offset: where each token's text starts in the completion's
-    text, counting whole characters as the text decodes, across a stream's chunks."""
+    text, across a stream's chunks. The text is what the reply's decoder makes of the
+    tokens, so the offsets follow the same decoder: a special token out of place adds no
+    text, and a calculator call's tokens all start at its `[calc ...]` marker."""
 
     def __init__(self, tokenizer: TokenBytes) -> None:
         self.tokenizer = tokenizer
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder = TokenDecoder(tokenizer)
         self._at = 0
+
+    def _offset(self, entry: TokenLogprob) -> int:
+        """Where the entry's token's text starts; moves past the text it adds. A token that
+        closes a call adds the call's marker and starts where the marker does; one whose
+        text follows a failed call's marker starts after it."""
+        before, start = self._at, None
+        for event in self._decoder.feed(entry.token, 0 if entry.forced else 1):
+            if isinstance(event, TextDelta) and start is None:
+                start = self._at
+            self._at += len(event_text(event))
+        return before if start is None else start
 
     def chunk(self, entries: Iterable[TokenLogprob]) -> dict[str, Any]:
         tokenizer = self.tokenizer
@@ -71,15 +85,27 @@ class LegacyLogprobs:
             raw = tokenizer.decode_bytes([e.token])
             tokens.append(raw.decode("utf-8", errors="replace"))
             values.append(e.logprob)
+            # OpenAI's legacy shape always holds the sampled token beside the alternatives
+            # (up to logprobs + 1 entries), as tokens drawn off the top need it.
+            sampled = [] if any(t == e.token for t, _ in e.top) else [(e.token, e.logprob)]
             top: dict[str, float] = {}
-            for t, v in e.top:  # tokens of the same text keep the likelier's value
+            for t, v in [*e.top, *sampled]:  # tokens of the same text keep the likelier's
                 top.setdefault(tokenizer.decode_bytes([t]).decode("utf-8", errors="replace"), v)
             tops.append(None if e.forced else top)
-            offsets.append(self._at)
-            self._at += len(self._utf8.decode(raw))
+            offsets.append(self._offset(e))
         return {
             "tokens": tokens,
             "token_logprobs": values,
             "top_logprobs": tops,
             "text_offset": offsets,
         }
+
+
+def event_text(event: StreamEvent) -> str:
+    """The text an event adds to a completion's: the model's text, a calculator call as its
+    marker, nothing for the rest."""
+    if isinstance(event, TextDelta):
+        return event.text
+    if isinstance(event, ToolResult):
+        return format_marker(event.expression, event.output)
+    return ""

@@ -31,6 +31,7 @@ from chatcli.chat.turns import (
     turn_stats,
 )
 from chatcli.engine.engine import Engine, GenerationStats
+from chatcli.engine.grammar import json_grammar
 from chatcli.engine.logprobs import LogprobRecord, TokenLogprob
 from chatcli.engine.tool_use import RowState
 from chatcli.engine.warm_cache import WarmCache
@@ -465,9 +466,11 @@ class ChatSession:
         gen: GenerationStats,
         resume: RowState | None = None,
         record: LogprobRecord | None = None,
+        prefix: Sequence[int] = (),
     ) -> Iterator[tuple[list[int], list[int]]]:
         """The engine's generation of n rows after `prompt`, over the warm cache, with the
-        session's sampling options (and each step's logprobs into `record`)."""
+        session's sampling options (and each step's logprobs into `record`); `prefix` is the
+        reply so far (a /continue), which the reply format's grammar follows first."""
         opts = self.options
         return self.engine.generate(
             prompt,
@@ -482,10 +485,17 @@ class ChatSession:
             resume=resume,
             warm=self.warm,
             logprobs=record,
+            grammar=self._grammar(),
+            grammar_prefix=prefix,
         )
 
     def _record(self) -> LogprobRecord | None:
         return None if self.logprobs is None else LogprobRecord(self.logprobs)
+
+    def _grammar(self) -> str | None:
+        """The grammar of the options' JSON schema (built once per schema), or None."""
+        schema = self.options.json_schema
+        return None if schema is None else json_grammar(schema)
 
     def _stream(
         self, prefix: list[int] | None = None, prefix_masks: list[int] | None = None
@@ -515,7 +525,7 @@ class ChatSession:
                 masks = replayed  # else as generated: the model may have written an output
             decoder = TokenDecoder(self.tokenizer, raw=self.raw, tools=self.options.tools)
             decoder.resume(prefix, masks)
-            steps = self._generate(prompt, 1, seed, gen, resume, record)
+            steps = self._generate(prompt, 1, seed, gen, resume, record, prefix)
             with contextlib.closing(steps):
                 for column, column_masks in steps:
                     tokens.append(column[0])

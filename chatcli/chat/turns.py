@@ -56,6 +56,9 @@ class SamplingOptions:
     max_tokens: int = 512
     seed: int | None = None  # None: a fresh random seed each turn (shown in the stats)
     tools: bool = True
+    # The JSON Schema every reply follows (structured output; {"type": "object"}: any JSON
+    # object); None: free text. Such a reply does not call the calculator.
+    json_schema: dict[str, Any] | None = None
 
     def turn_seed(self) -> int:
         """The seed a turn samples with: the fixed one, else a fresh random one."""

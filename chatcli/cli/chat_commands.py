@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
@@ -36,6 +37,7 @@ from chatcli.cli.options import (
     local_model_flags,
     server_url,
 )
+from chatcli.cli.structured_output import FormatOpt, JsonSchemaOpt, reply_schema
 from chatcli.errors import ChatcliError, ConversationFileError, UsageError
 
 if TYPE_CHECKING:
@@ -211,6 +213,8 @@ def once(
             metavar="K",
         ),
     ] = None,
+    json_schema: JsonSchemaOpt = None,
+    reply_format: FormatOpt = None,
 ) -> None:
     """Answer one message and exit."""
     from chatcli.terminal.render import make_console
@@ -220,10 +224,19 @@ def once(
     try:
         _check_once_flags(raw_text, logprobs, as_json, url, system)
         settings = settings_from(**setting_flags(locals()))
-        text = _read_prompt(prompt)
+        text = _read_prompt(prompt, raw_text)
+        schema = reply_schema(json_schema, reply_format, local=url is None)
+        if schema is not None and raw_text:
+            raise UsageError(
+                "--raw continues the text freely; --json-schema and --format json shape a "
+                "chat reply: drop one or the other."
+            )
+        if schema is not None:  # JSON as it is written, never read as Markdown
+            settings = dataclasses.replace(settings, markdown="never")
         session, info = load_session(
             settings, softcap, url, api_key, model, compile_model, local_flags
         )
+        session.options.json_schema = schema
         if url is None:
             session = _local_once(session, raw_text, logprobs)
         else:
@@ -269,20 +282,28 @@ def _local_once(session: Any, raw_text: bool, logprobs: int | None) -> Any:
     return session
 
 
-def _read_prompt(words: list[str] | None) -> str:
+def _read_prompt(words: list[str] | None, raw: bool = False) -> str:
     """The prompt from its words (`chatcli once What is 2+2`, as ollama takes them), or from
-    stdin for none or `-`."""
+    stdin for none or `-`. A chat message is trimmed; a --raw text is kept as given (a
+    trailing space changes what comes next, as in /v1/completions), less the line break
+    that ends piped input, and may be empty (<|bos|> alone)."""
     if not words or words == ["-"]:
         if sys.stdin is None or sys.stdin.isatty():
             raise UsageError(
                 'No prompt given. Usage: chatcli once "What is 12*7?" (or pipe it in).'
             )
         prompt = sys.stdin.read()
+        if raw:
+            prompt = prompt.removesuffix("\n").removesuffix("\r")
     else:
         prompt = " ".join(words)
+    if raw:
+        return prompt
     prompt = prompt.strip()
     if not prompt:
-        raise UsageError("The prompt is empty.")
+        raise UsageError(
+            'The prompt is empty: write the message, e.g. chatcli once "What is 12*7?"'
+        )
     return prompt
 
 

@@ -120,6 +120,8 @@ class Engine:
         resume: RowState | None = None,
         warm: WarmCache | None = None,
         logprobs: LogprobRecord | None = None,
+        grammar: str | None = None,
+        grammar_prefix: Sequence[int] = (),
     ) -> Iterator[tuple[list[int], list[int]]]:
         """Yield (token_column, token_masks), one entry per sample row, each step.
 
@@ -140,6 +142,10 @@ class Engine:
 
         `logprobs`: each step's column's log-probabilities are appended to its `columns`
         before the column is yielded (logprobs.py says which distribution).
+        `grammar` (grammar.json_grammar's) restricts every row to what it allows, ending
+        each with <|assistant_end|> once it is complete; those rows do not use the calculator.
+        `grammar_prefix`: the reply's tokens `tokens` end in, which the grammar follows first
+        (a reply going on).
 
         The arguments are checked at the call, before anything runs: a ValueError, or a
         ContextOverflowError where the prompt fills the context. The rows run in the
@@ -149,7 +155,8 @@ class Engine:
             raise ValueError("num_samples must be at least 1")
         top = logprobs.top if logprobs is not None else None
         request = RowRequest(
-            tokens, max_tokens, temperature, top_k, top_p, seed, use_tools, resume, top
+            tokens, max_tokens, temperature, top_k, top_p, seed, use_tools, resume, top,
+            grammar, tuple(grammar_prefix),
         )  # fmt: skip
         budget, _ = plan(self.context_len, request)
         return self._generate(

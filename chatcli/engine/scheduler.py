@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import torch
 
+from chatcli.engine.grammar import grammar_tokenizer
+from chatcli.engine.grammar_rows import RowsGrammar, masked_rows
 from chatcli.engine.logprobs import TokenLogprob, check_top, column_logprobs, distributions
 from chatcli.engine.speculation import Drafter, Speculation, SpeculationCounts, VerifyRunner
 from chatcli.engine.tool_use import RowState, ToolUse
@@ -56,6 +58,7 @@ class RowRunner(CacheRunner, Protocol):
 
     model: Any  # get_device()
     tools: ToolUse
+    tokenizer: Any  # the grammar's vocabulary (a request with one)
     assistant_end: int
     bos: int
     speculate: bool  # one-row generations of their own draft and verify (speculation.py)
@@ -123,6 +126,10 @@ class RowRequest:
     # The log-probability of each produced token and this many alternatives (0 to 20);
     # None: not asked, and nothing is computed (logprobs.py).
     logprobs: int | None = None
+    # The grammar its rows' tokens must follow (grammar.json_grammar's); None: free text.
+    # A row under a grammar does not call the calculator.
+    grammar: str | None = None
+    grammar_prefix: tuple[int, ...] = ()  # the reply's tokens the grammar followed already
 
 
 def plan(context_len: int, request: RowRequest) -> tuple[int, str]:
@@ -174,6 +181,7 @@ class Generation:
     first_at: int = -1  # the scheduler's step that produced its first column
     # The last column's log-probabilities, an entry a row, where the request asked for them.
     logprobs: list[TokenLogprob] | None = None
+    grammar: RowsGrammar | None = None  # its rows' matchers, under request.grammar
     # Its one row's drafting, where it drafts (speculation.py); None: plain decode steps.
     speculation: Speculation | None = None
 
@@ -287,7 +295,7 @@ class Scheduler:
         cut: str,
         stats: GenerationStats,
     ) -> Generation:
-        resume = request.resume if request.use_tools else None
+        resume = request.resume if request.use_tools and request.grammar is None else None
         greedy = request.temperature < GREEDY_BELOW
         rng = None
         if not greedy:
@@ -303,6 +311,12 @@ class Scheduler:
             request, warm, slot, samples, budget, states, rng, stats, time.perf_counter(),
             (temperature, request.top_k, request.top_p),
         )  # fmt: skip
+        if request.grammar is not None:  # its first masks compute while the prompt prefills
+            tokenizer = grammar_tokenizer(self.runner.tokenizer)
+            end = self.runner.assistant_end
+            gen.grammar = RowsGrammar(
+                tokenizer, request.grammar, samples, end, request.grammar_prefix
+            )
         if self._drafts(gen):
             drafter = self.runner.drafter(request.tokens)
             timed = self._device.type == "cpu"
@@ -311,9 +325,9 @@ class Scheduler:
 
     def _drafts(self, gen: Generation) -> bool:
         """Whether `gen` drafts and verifies (speculation.py): a generation of one row (a chat
-        turn, `once`, a server's request), where the runner's speculate is on. A slot's row
-        starts a verification only while it decodes alone (_step_slots)."""
-        return self.runner.speculate and gen.samples == 1
+        turn, `once`, a server's request), not under a grammar, where the runner's speculate
+        is on. A slot's row starts a verification only while it decodes alone (_step_slots)."""
+        return self.runner.speculate and gen.samples == 1 and gen.grammar is None
 
     def leave(self, gen: Generation, reason: str = "interrupted") -> None:
         """End `gen` now (its client left, a stop sequence matched): its rows' finish reason
@@ -490,8 +504,10 @@ class Scheduler:
         """Each row's next token from its logits: drawn with its generation's settings and
         generator (nothing past the budget, nothing for a row that is over), or forced by
         the calculator; then whether each generation ends."""
-        # Before the draw, from the logits as the model gave them (temperature 1).
+        # Before the draw, from the logits as the model gave them (temperature 1, no
+        # grammar's mask): the model's own distribution.
         dists = [None if g.request.logprobs is None else distributions(x) for g, x in ran]
+        ran = constrained(ran)
         sampled = _sample(ran)
         now = time.perf_counter()
         for (gen, _), drawn, dist in zip(ran, sampled, dists, strict=True):
@@ -535,7 +551,7 @@ class Scheduler:
         <|assistant_end|> or <|bos|> stops ("stop"); the calculator follows its tokens."""
         runner = self.runner
         end, bos = runner.assistant_end, runner.bos
-        use_tools = gen.request.use_tools
+        use_tools = gen.request.use_tools and gen.grammar is None
         picks = drawn[0] if drawn is not None else None
         column, masks = [], []
         for i, state in enumerate(gen.states):
@@ -560,6 +576,8 @@ class Scheduler:
                 gen.stats.finish_reasons[i] = "stop"
             elif use_tools:
                 runner.tools.track(state, token)
+        if gen.grammar is not None:
+            gen.grammar.advance(column, [not s.completed for s in gen.states])
         return column, masks
 
     @staticmethod
@@ -621,6 +639,15 @@ def _sample(
             chosen[i] = (tokens[at : at + n], picked[at : at + n])
             at += n
     return chosen
+
+
+def constrained(
+    ran: list[tuple[Generation, torch.Tensor]],
+) -> list[tuple[Generation, torch.Tensor]]:
+    """Each generation's rows' logits, with what its grammar forbids at -inf (as they are
+    without one): the sampler then draws only tokens the grammar allows."""
+    masked = masked_rows([(gen.grammar, logits) for gen, logits in ran])
+    return [(gen, logits) for (gen, _), logits in zip(ran, masked, strict=True)]
 
 
 def wait_for_device(device: torch.device | str) -> None:

@@ -67,6 +67,7 @@ from chatcli.serve.requests import (
     error_body,
     validation_error_response,
 )
+from chatcli.serve.response_format import response_grammar
 from chatcli.serve.tokenization import add_tokenize_routes
 from chatcli.serve.worker_pool import ShuttingDown, Waiting, Worker, WorkerPool
 
@@ -358,6 +359,7 @@ def _turn_of(req: ChatRequest, prompt: list[int], room: int, model_name: str) ->
             seed=req.seed if req.seed is not None else random_seed(),
             stop=tuple(req.stop or ()),
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            grammar=response_grammar(req.response_format),
         ),
     )
 

@@ -167,7 +167,14 @@ class BatchWorker:
             return
         p = job.params
         request = RowRequest(
-            job.prompt, p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, logprobs=p.logprobs
+            job.prompt,
+            p.max_tokens,
+            p.temperature,
+            p.top_k,
+            p.top_p,
+            p.seed,
+            logprobs=p.logprobs,
+            grammar=p.grammar,
         )
         try:
             job.row = self.batch.join(request)
@@ -196,7 +203,6 @@ class BatchWorker:
                 job.reply.generated,
                 cached,
                 stats.decode_s,
-                stats.first_token_s,
             )
             self._hand_over([job])  # the text held back, before the result
         job.done.set()

@@ -284,6 +284,9 @@ class RemoteSession:
         if self.logprobs is not None:
             body["logprobs"] = True
             body["top_logprobs"] = self.logprobs
+        if opts.json_schema is not None:
+            spec = {"name": "reply", "schema": opts.json_schema, "strict": True}
+            body["response_format"] = {"type": "json_schema", "json_schema": spec}
         return body
 
     def _stream(self, added_user: bool) -> Iterator[StreamEvent]:

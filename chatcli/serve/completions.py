@@ -20,8 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from chatcli.chat.logprob_shapes import LegacyLogprobs
-from chatcli.chat.stream import TextDelta, ToolResult
+from chatcli.chat.logprob_shapes import LegacyLogprobs, event_text
 from chatcli.chat.turns import SamplingOptions, random_seed
 from chatcli.engine.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from chatcli.serve.replies import GenerationParams, ReplyEvent
@@ -147,15 +146,7 @@ def params_of(req: CompletionRequest, room: int) -> GenerationParams:
 
 def text_of(events: list[ReplyEvent]) -> str:
     """The completion's text: the model's text, a calculator call as its marker's text."""
-    from chatcli.chat.calc_markers import format_marker
-
-    out = []
-    for event in events:
-        if isinstance(event, TextDelta):
-            out.append(event.text)
-        elif isinstance(event, ToolResult):
-            out.append(format_marker(event.expression, event.output))
-    return "".join(out)
+    return "".join(event_text(e) for e in events if not isinstance(e, TokenLogprob))
 
 
 @dataclass

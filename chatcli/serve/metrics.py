@@ -8,9 +8,9 @@ request whichever back end ran it, a Ray cluster's replicas included), the gauge
 the back end's /stats at each scrape, and the /metrics route (501 with the pip command where
 prometheus_client is not installed).
 
-The numbers are the engine's own (GenerationStats, carried in each Finished: time to first
-token, decode time, cached tokens); only the end-to-end latency is timed here, from the
-request's hand-over to the back end to its end. Knows nothing of models or the terminal.
+The numbers are the engine's own (GenerationStats, carried in each Finished: decode time,
+cached tokens) except two timed here, as a client sees them: time to first token and the
+end-to-end latency, each from the request's hand-over to the back end (queueing included). Knows nothing of models or the terminal.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from chatcli.serve.backend import Backend, Item
 from chatcli.serve.replies import Finished, GenerationParams
 from chatcli.serve.requests import error_body
-from chatcli.serve.worker_pool import ShuttingDown
+from chatcli.serve.worker_pool import ShuttingDown, Waiting
 
 PROMETHEUS_EXTRA = "pip install 'chatcli[serve]'"
 PREFIX = "chatcli:"
@@ -80,7 +80,7 @@ class ServerMetrics:
         )
         self.ttft = histogram(
             "time_to_first_token_seconds",
-            "From a worker taking the request to its first token.",
+            "From the request's hand-over to a back end to its first token, queueing included.",
             TTFT_BUCKETS,
         )
         self.itl = histogram(
@@ -95,8 +95,9 @@ class ServerMetrics:
         )
         self.registry.register(_BackendGauges(backend, model_name))
 
-    def observe(self, finished: Finished, e2e_s: float) -> None:
-        """A request that ran: its tokens, its reason, its timings."""
+    def observe(self, finished: Finished, e2e_s: float, first_token_s: float | None) -> None:
+        """A request that ran: its tokens, its reason, its timings (`first_token_s` from the
+        hand-over to its first token reaching the front; None when none came)."""
         name = self.model_name
         reason = FINISHED_REASONS.get(finished.finish_reason, finished.finish_reason)
         self.requests.labels(name, reason).inc()
@@ -107,8 +108,8 @@ class ServerMetrics:
         self.generation_tokens.labels(name).inc(finished.completion_tokens)
         self.cache_queries.labels(name).inc(finished.prompt_tokens)
         self.cache_hits.labels(name).inc(finished.cached_tokens)
-        if finished.completion_tokens >= 1:
-            self.ttft.labels(name).observe(finished.first_token_s)
+        if first_token_s is not None:
+            self.ttft.labels(name).observe(first_token_s)
         gaps = finished.completion_tokens - 1
         if gaps >= 1 and finished.decode_s > 0:
             # One observation per gap, each the reply's mean: the histogram's sum is then the
@@ -194,6 +195,10 @@ class MeteredBackend:
         self, prompt: list[int], params: GenerationParams, waiting_every: float | None = None
     ) -> AsyncIterator[Item]:
         started = time.perf_counter()
+        # Time to first token as a client waits for it (and as vLLM counts it): from the
+        # hand-over, so the time queued for a row and a Ray replica's transport are in it;
+        # the engine's own (GenerationStats.first_token_s) starts when a row took the request.
+        first_token_s: float | None = None
         ended = False
         cut = "abort"  # closed or cancelled (the client left), or ShuttingDown
         try:
@@ -202,7 +207,9 @@ class MeteredBackend:
                     # Counted before the consumer sees it: one that stops at the Finished (a
                     # whole reply) may leave this generator suspended there for good.
                     ended = True
-                    self.metrics.observe(item, time.perf_counter() - started)
+                    self.metrics.observe(item, time.perf_counter() - started, first_token_s)
+                elif first_token_s is None and not isinstance(item, Waiting) and item:
+                    first_token_s = time.perf_counter() - started
                 yield item
         except ShuttingDown:
             raise

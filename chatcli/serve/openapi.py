@@ -308,16 +308,7 @@ def request_schema(limits: Limits) -> dict[str, Any]:
                 "minimum": 0,
                 "maximum": MAX_TOP_LOGPROBS,
             },
-            "response_format": {
-                "anyOf": [
-                    {
-                        "type": "object",
-                        "required": ["type"],
-                        "properties": {"type": {"const": "text"}},
-                    },
-                    {"type": "null"},
-                ]
-            },
+            "response_format": response_format_schema(),
             "frequency_penalty": nothing,
             "presence_penalty": nothing,
         },
@@ -377,6 +368,34 @@ def token_request_schema(path: str, limits: Limits) -> dict[str, Any] | None:
             },
         }
     return None
+
+
+def response_format_schema() -> dict[str, Any]:
+    """`response_format` as serve/response_format.py reads it: free text, any JSON object, or
+    a named JSON Schema (the grammar library refuses some schemas' keywords with a 400)."""
+    kind = {"type": "object", "required": ["type"]}
+    json_schema = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+            "description": {"type": ["string", "null"]},
+            "schema": {"type": ["object", "null"]},
+            "strict": {"type": ["boolean", "null"]},
+        },
+    }
+    return {
+        "anyOf": [
+            {**kind, "properties": {"type": {"const": "text"}}},
+            {**kind, "properties": {"type": {"const": "json_object"}}},
+            {
+                "type": "object",
+                "required": ["type", "json_schema"],
+                "properties": {"type": {"const": "json_schema"}, "json_schema": json_schema},
+            },
+            {"type": "null"},
+        ]
+    }
 
 
 def _json(schema: dict[str, Any], what: str) -> dict[str, Any]:

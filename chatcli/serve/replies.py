@@ -30,6 +30,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()  # the reply ends before the first of these in its text
     # Each token's log-probability and this many alternatives (0 to 20); None: not asked.
     logprobs: int | None = None
+    grammar: str | None = None  # the grammar its tokens follow (response_format); None: free
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,6 @@ class Finished:
     # The decode steps after the first token (GenerationStats.decode_s): a client cannot time
     # them where the reply starts with a calculator call, which reaches it only once over.
     decode_s: float = 0.0
-    # GenerationStats.first_token_s: from the row's start (after any queueing) to its first token.
-    first_token_s: float = 0.0
 
 
 # A reply's events: the text's, and each token's TokenLogprob where the request asked (after

@@ -279,8 +279,13 @@ class ChatRequest(BaseModel):
     @field_validator("response_format")
     @classmethod
     def _response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise ValueError('only text replies are supported: {"type": "text"} or none')
+        from chatcli.errors import SchemaError
+        from chatcli.serve.response_format import response_grammar
+
+        try:
+            response_grammar(value)  # built once: app.py's _turn_of gets it from the cache
+        except SchemaError as e:
+            raise ValueError(str(e)) from None
         return value
 
     @field_validator("n")

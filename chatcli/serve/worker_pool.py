@@ -132,6 +132,7 @@ class Worker:
             stats=stats,
             warm=self.warm,
             logprobs=record,
+            grammar=params.grammar,
         )
         with contextlib.closing(steps):
             for column, masks in steps:
@@ -141,9 +142,7 @@ class Worker:
 
         def finished(reason: str) -> Finished:
             cached = len(prompt) - stats.prefill_tokens
-            return Finished(
-                reason, len(prompt), reply.generated, cached, stats.decode_s, stats.first_token_s
-            )
+            return Finished(reason, len(prompt), reply.generated, cached, stats.decode_s)
 
         if stop.is_set():
             return finished("interrupted")

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.text import Text
 
 from chatcli.chat.token_probs import TokenProb, perplexity
+from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START
 from chatcli.terminal.render import print_line, visible
 from chatcli.terminal.render_panels import render_table
 
@@ -67,7 +68,10 @@ def render_probs(console: Console, probs: Sequence[TokenProb]) -> None:
         legend = f"{MARK_OPEN}…{MARK_CLOSE}: under {UNLIKELY:.0%} likely."
     else:
         legend = "plain: 90% likely or more; yellow: 50%; red: 10%; reversed: under 10%."
-    if any(p.forced for p in probs):
+    if any(p.forced for p in probs) and marks:
+        # No style shows here; the result's own special tokens, drawn as they are, bound it.
+        legend += f" {OUTPUT_START}…{OUTPUT_END}: the calculator's, not chosen."
+    elif any(p.forced for p in probs):
         legend += " Dim: the calculator's, not chosen."
     print_line(console, Text(legend, style="status"))
     chosen = [(i, p) for i, p in enumerate(probs, start=1) if p.prob is not None]

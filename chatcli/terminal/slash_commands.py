@@ -83,6 +83,7 @@ class ChatCommands(TurnRunner):
         self.file_model = _json_value(self.model_info.get("path"))
         self._set_session_raw(self.raw)
         self.samples_next: int | None = None  # /samples N: the next message gets N replies
+        self.reply_format = "text"  # /format: text, json or a schema file's path
         self.handlers: dict[str, Callable[[Any], bool]] = {
             name: getattr(self, "cmd_" + name) for name in COMMANDS
         }
@@ -170,6 +171,23 @@ class ChatCommands(TurnRunner):
     def cmd_markdown(self, value: str) -> bool:
         self.screen.markdown_mode = value  # from the next reply on
         return self._echo("markdown", value)
+
+    def cmd_format(self, value: str | None) -> bool:
+        from chatcli.engine.grammar import ANY_OBJECT, read_schema  # torch-free
+
+        if value is None:
+            self.screen.notice(f"format = {self.reply_format} (/format text|json|FILE changes it)")
+            return True
+        if value == "text":
+            schema = None
+        elif value == "json":
+            schema = dict(ANY_OBJECT)
+        else:
+            schema = read_schema(Path(value).expanduser())
+        self.session.options.json_schema = schema
+        self.reply_format = value
+        self.screen.notice(f"format = {value}")
+        return True
 
     def _set_session_raw(self, value: bool) -> bool:
         if not self.session.can_show_raw:
