@@ -411,3 +411,21 @@ def test_a_reply_under_a_json_schema_does_not_draft_and_is_the_plain_reply():
     drafted = _reply(Engine(model, tokenizer, speculate=True), prompt, **kwargs)
     assert drafted[:2] == plain[:2]
     assert drafted[2].speculation.verifications == 0
+
+
+@pytest.mark.parametrize("stop_after", [3, 7, 12])
+def test_a_reply_closed_early_leaves_the_cache_as_plain_decode_leaves_it(stop_after):
+    # A chat's stop text or Ctrl-C closes the generation mid-verification: the drafts past
+    # the last token taken are not left in the conversation's cache.
+    model = random_gpt("E")
+    ends = []
+    for speculate in (False, True):
+        engine = _engine(model, "torch", speculate)
+        warm = WarmCache(engine)
+        stats = GenerationStats()
+        columns = engine.generate(LOOPING, max_tokens=40, temperature=0.0, warm=warm, stats=stats)
+        taken = [column[0] for _, (column, _) in zip(range(stop_after), columns, strict=False)]
+        columns.close()
+        ends.append((taken, warm.tokens, warm.cache.get_pos(), int(warm.cache.prev_token)))
+    assert ends[0] == ends[1]
+    assert ends[1][2] == len(LOOPING) + stop_after - 1
