@@ -25,7 +25,13 @@ import torch
 from chatcli.engine.grammar import grammar_tokenizer
 from chatcli.engine.grammar_rows import RowsGrammar, masked_rows
 from chatcli.engine.logprobs import TokenLogprob, check_top, column_logprobs, distributions
-from chatcli.engine.speculation import Drafter, Speculation, SpeculationCounts, VerifyRunner
+from chatcli.engine.speculation import (
+    Drafter,
+    SlotVerifier,
+    Speculation,
+    SpeculationCounts,
+    VerifyRunner,
+)
 from chatcli.engine.tool_use import RowState, ToolUse
 from chatcli.engine.warm_cache import CacheRunner, WarmCache, choose
 from chatcli.errors import ContextOverflowError
@@ -426,7 +432,7 @@ class Scheduler:
         decoding = [g for g in decoding if g not in verified]
         if len(decoding) == 1 and not chunks and not verified and decoding[0].speculation:
             gen = decoding[0]
-            verifier = _SlotVerifier(self.runner, self.cache, gen.slot)  # type: ignore[arg-type]
+            verifier = SlotVerifier(self.runner, self.cache, gen.slot)  # type: ignore[arg-type]
             ran.append((gen, self._drafted(gen, verifier, self._ids([[gen.tokens[-1]]]))))
             return
         if not self.runner.takes_prompt_rows:
@@ -589,24 +595,6 @@ class Scheduler:
         cache = gen.cache
         rest = cache.suffix if isinstance(cache, SharedPrefixCache) else cache
         return queued and rest is not None and rest.max_seq_len - rest.get_pos() >= 2
-
-
-class _SlotVerifier:
-    """A slot's row run as speculation.py runs a row of its own: a plain step as the slots'
-    step, a verification as rows of its slot (where the runner takes a prompt's rows: one
-    pass over the weights), else through the model's forward over the slot's cache."""
-
-    def __init__(self, runner: RowRunner, cache: SlotCache, slot: int) -> None:
-        self.runner, self.cache, self.slot = runner, cache, slot
-
-    def forward_last(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        return self.runner.forward_rows(ids, SlotRows(self.cache, [self.slot]))
-
-    def forward_verify(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        if self.runner.takes_prompt_rows:
-            rows = SlotRows(self.cache, [self.slot] * ids.size(1))
-            return self.runner.forward_rows(ids.view(-1, 1), rows)
-        return self.runner.forward_verify(ids, cache)
 
 
 def _sample(

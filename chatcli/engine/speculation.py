@@ -4,7 +4,8 @@ Owns: Drafter (an index of a row's n-grams: the tokens that followed the latest 
 occurrence of its last n tokens, n = NGRAM_MAX down to NGRAM_MIN), Verified (one verify forward's
 logits and the drafts they assume), and Speculation (one row's drafting: the logits its next
 token comes from, the cache rewound past a rejected draft, the counts, and the back-off that
-stops drafting for a row whose drafts are rarely taken). Knows nothing of sampling, budgets
+stops drafting for a row whose drafts are rarely taken), and SlotVerifier (a server's slot
+row verified in its slot). Knows nothing of sampling, budgets
 or the calculator: the scheduler's per-row policy takes each token from a verified row of
 logits exactly as from a decode step's, and Speculation only says whether the next row is
 still the model's (the token taken was the draft) or must be computed.
@@ -26,6 +27,7 @@ from typing import Protocol
 import torch
 
 from chatcli.model.kv_cache import KVCache
+from chatcli.model.slot_cache import SlotCache, SlotRows
 
 # The n-grams a row's last tokens are looked up by, longest first. One token alone matches
 # too often by chance in open-ended text: its drafts were mostly rejected.
@@ -58,6 +60,35 @@ class VerifyRunner(Protocol):
     def forward_last(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
 
     def forward_verify(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+
+class RowsRunner(VerifyRunner, Protocol):
+    """What a slot's verification needs besides: the step over slot rows."""
+
+    @property
+    def takes_prompt_rows(self) -> bool: ...
+
+    def forward_rows(
+        self, ids: torch.Tensor, rows: SlotRows, out: list[int] | None = None
+    ) -> torch.Tensor: ...
+
+
+class SlotVerifier:
+    """A server's slot row run as a row of its own drafts: a plain step as the slots' step,
+    a verification as rows of its slot (where the runner takes a prompt's rows: one pass over
+    the weights), else through the model's forward over the slot's cache."""
+
+    def __init__(self, runner: RowsRunner, cache: SlotCache, slot: int) -> None:
+        self.runner, self.cache, self.slot = runner, cache, slot
+
+    def forward_last(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        return self.runner.forward_rows(ids, SlotRows(self.cache, [self.slot]))
+
+    def forward_verify(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        if self.runner.takes_prompt_rows:
+            rows = SlotRows(self.cache, [self.slot] * ids.size(1))
+            return self.runner.forward_rows(ids.view(-1, 1), rows)
+        return self.runner.forward_verify(ids, cache)
 
 
 class Drafter:
