@@ -33,7 +33,7 @@ from chatcli.bench.bench import _prompt
 from chatcli.bench.models import synthetic_model
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine
-from chatcli.kernels.build import FLAGS
+from chatcli.kernels.build import toolchain
 from chatcli.kernels.rows_step import DECODE_OPS_SOURCE, RowsStep
 from chatcli.model.checkpoint import load_model
 from chatcli.model.quantize import default_half_kind
@@ -46,7 +46,8 @@ def build_rows_step(
     `extra`) and loaded: the kernel, and the library for what else it exports."""
     c_file, library = folder / f"{name}.c", folder / f"{name}.so"
     c_file.write_text(source)
-    subprocess.run(["cc", *FLAGS, *extra, str(c_file), "-o", str(library)], check=True)
+    tools = toolchain()
+    subprocess.run([tools.path, *tools.flags, *extra, str(c_file), "-o", str(library)], check=True)
     loaded = ctypes.CDLL(str(library))
     return RowsStep(loaded), loaded
 

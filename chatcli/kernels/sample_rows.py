@@ -87,7 +87,7 @@ def reference_sample(
     return idx.gather(1, choice) if idx is not None else choice
 
 
-def _check_sample_rows(kernel: SampleRows) -> None:
+def check_sample_rows(kernel: SampleRows) -> None:
     """The kernel against reference_sample on random rows, for each kind of restriction: a
     library that chooses otherwise is not used (RuntimeError)."""
     g = torch.Generator().manual_seed(0)
@@ -108,5 +108,5 @@ def _check_sample_rows(kernel: SampleRows) -> None:
 def sample_rows() -> SampleRows | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
     return checked(
-        "sample_rows", DECODE_OPS_SOURCE, SampleRows, _check_sample_rows, needs_avx512=False
+        "sample_rows", DECODE_OPS_SOURCE, SampleRows, check_sample_rows, needs_avx512=False
     )
