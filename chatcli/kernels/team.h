@@ -37,7 +37,6 @@ static inline long team_procs(void) {
     return procs;
 }
 
-int team_openmp(void) { return 1; }
 #else
 #include <pthread.h>
 #include <sched.h>
@@ -168,7 +167,6 @@ static inline long team_procs(void) {
     return procs;
 }
 
-int team_openmp(void) { return 0; }
 #endif
 
 #endif
