@@ -40,14 +40,15 @@ from chatcli.model.quantize import default_half_kind
 
 
 def build_rows_step(
-    source: str, folder: Path, name: str, extra: tuple[str, ...] = ()
+    source: str, folder: Path, name: str, extra: tuple[str, ...] = (), openmp: bool = True
 ) -> tuple[RowsStep, ctypes.CDLL]:
     """decode_ops.c's text compiled into `folder` (the flags kernels/build.py uses, then
-    `extra`) and loaded: the kernel, and the library for what else it exports."""
+    `extra`; without -fopenmp where `openmp` is False: team.h's own threads) and loaded:
+    the kernel, and the library for what else it exports."""
     c_file, library = folder / f"{name}.c", folder / f"{name}.so"
     c_file.write_text(source)
-    tools = toolchain()
-    subprocess.run([tools.path, *tools.flags, *extra, str(c_file), "-o", str(library)], check=True)
+    flags = [f for f in toolchain().flags if openmp or f != "-fopenmp"]
+    subprocess.run([toolchain().path, *flags, *extra, str(c_file), "-o", str(library)], check=True)
     loaded = ctypes.CDLL(str(library))
     return RowsStep(loaded), loaded
 
@@ -91,6 +92,35 @@ def _captured_calls(engine: Engine, prompt: list[int]) -> dict[int, tuple]:
     return calls
 
 
+def report_pair(
+    old: RowsStep, new: RowsStep, calls: dict[int, tuple], n_rounds: int, per_round: int
+) -> None:
+    """Prints, for each captured call on 1 and 2 threads, the median and quartiles of the
+    rounds' new/old time ratios, each round both in ABBA order."""
+    for rows, captured in sorted(calls.items()):
+        x, x0 = captured[1], captured[1].clone()  # the residual stream, updated in place
+        for threads in (1, 2):
+            call = (*captured[:-1], threads)
+            ratios = []
+            with torch.inference_mode():
+                for r in range(n_rounds):
+                    spent = {}
+                    for name, kernel in [("old", old), ("new", new)][:: 1 if r % 2 == 0 else -1]:
+                        for i in range(per_round + 2):
+                            if i == 2:  # after a warm-up
+                                t0 = time.perf_counter()
+                            x.copy_(x0)
+                            kernel.run(*call)
+                        spent[name] = time.perf_counter() - t0
+                    ratios.append(spent["new"] / spent["old"])
+            low, _, high = statistics.quantiles(ratios, n=4)
+            print(
+                f"{rows} row(s), {threads} thread(s): new / old {statistics.median(ratios):.3f}"
+                f" (quartiles {low:.3f}-{high:.3f}, {n_rounds} rounds)",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = comparison_parser(__doc__)
     parser.add_argument("--synthetic", default=None, help="d4, d12 or d20 (fp16 copies)")
@@ -98,35 +128,11 @@ def main() -> None:
     n_rounds = rounds(parser, args)
     then = source_at(args.against, str(DECODE_OPS_SOURCE.relative_to(ROOT)))
     calls = captured_calls(args.synthetic)
-    calls_per_round = 3 if args.synthetic else 200
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         old, _ = build_rows_step(then, Path(folder), "old")
         new, _ = build_rows_step(DECODE_OPS_SOURCE.read_text(), Path(folder), "new")
-        for rows, captured in sorted(calls.items()):
-            x, x0 = captured[1], captured[1].clone()  # the residual stream, updated in place
-            for threads in (1, 2):
-                call = (*captured[:-1], threads)
-                ratios = []
-                with torch.inference_mode():
-                    for r in range(n_rounds):
-                        spent = {}
-                        for name, kernel in [("old", old), ("new", new)][
-                            :: 1 if r % 2 == 0 else -1
-                        ]:
-                            for i in range(calls_per_round + 2):
-                                if i == 2:  # after a warm-up
-                                    t0 = time.perf_counter()
-                                x.copy_(x0)
-                                kernel.run(*call)
-                            spent[name] = time.perf_counter() - t0
-                        ratios.append(spent["new"] / spent["old"])
-                low, _, high = statistics.quantiles(ratios, n=4)
-                print(
-                    f"{rows} row(s), {threads} thread(s): new / old {statistics.median(ratios):.3f}"
-                    f" (quartiles {low:.3f}-{high:.3f}, {n_rounds} rounds)",
-                    flush=True,
-                )
+        report_pair(old, new, calls, n_rounds, 3 if args.synthetic else 200)
 
 
 if __name__ == "__main__":
