@@ -161,3 +161,16 @@ def test_pick_device_asks_the_size_only_on_apple_silicon_with_mps(monkeypatch):
     note = model_build.device_note("auto", 3_600_000)
     assert note is not None and note.endswith("a small model's step costs less than MPS's launches")
     assert model_build.device_note("cpu", 3_600_000) is None
+
+
+def test_a_server_on_apple_silicon_lets_each_worker_weigh_its_model(monkeypatch):
+    from chatcli.serve.runner import worker_devices
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device wins auto before any of this")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(device_choice, "on_apple_silicon", lambda: True)
+    assert worker_devices("auto", 2) == ["auto", "auto"]  # load_model decides by size
+    assert worker_devices("mps") == ["mps"]  # asked for by hand
+    monkeypatch.setattr(device_choice, "on_apple_silicon", lambda: False)
+    assert worker_devices("auto") == ["mps"]  # an Intel Mac's MPS: as before
