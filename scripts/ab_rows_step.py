@@ -53,14 +53,14 @@ def build_rows_step(
     return RowsStep(loaded), loaded
 
 
-def captured_calls(synthetic: str | None) -> dict[int, tuple]:
+def captured_calls(synthetic: str | None, kind: str | None = None) -> dict[int, tuple]:
     """The embedded model's captured calls (_captured_calls) over a 256-token prompt, or a
-    synthetic model's with its fp16 copies over 512 tokens."""
+    synthetic model's with its fp16 copies (or `kind`'s: int8) over 512 tokens."""
     if synthetic:
         torch.manual_seed(0)
         model, tokenizer = synthetic_model(synthetic)
         apply_cpu_plan(model)
-        model.add_decode_weights(default_half_kind())
+        model.add_decode_weights(kind or default_half_kind())
         prompt_len = 512
     else:
         model, tokenizer, _ = load_model(None, device="cpu")
