@@ -71,10 +71,10 @@ def _nbytes(matrix: object) -> int:
     return matrix.numel() * matrix.element_size()
 
 
-def probe_rate() -> str:
-    """The memory's streaming read on two threads (the bench's probe), best of 5."""
-    with torch_threads(2):
-        return f"probe {bandwidth_of(bandwidth_probe()):.1f} GB/s on 2 threads"
+def probe_rate(threads: int) -> str:
+    """The memory's streaming read on `threads` threads (the bench's probe), best of 5."""
+    with torch_threads(threads):
+        return f"probe {bandwidth_of(bandwidth_probe()):.1f} GB/s on {threads} thread(s)"
 
 
 def main() -> None:
@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--synthetic", default=None, help="d4, d12 or d20 (fp16 copies)")
     parser.add_argument("--calls", type=int, default=None, help="calls timed per row count")
     parser.add_argument("--quantize", default=None, help="int8: a synthetic model's int8 copies")
+    parser.add_argument("--threads", type=int, default=2, help="the step's threads")
     args = parser.parse_args()
     captured = captured_calls(args.synthetic, args.quantize)
     big = bool(args.synthetic)
@@ -95,7 +96,7 @@ def main() -> None:
         table = loaded.rows_step_phases()
         for rows, call in sorted(captured.items()):
             x, x0 = call[1], call[1].clone()  # the residual stream, updated in place
-            two = (*call[:-1], 2)
+            two = (*call[:-1], args.threads)
             with torch.inference_mode():
                 for _ in range(3):  # warm-up
                     x.copy_(x0)
@@ -110,9 +111,12 @@ def main() -> None:
             parts = ", ".join(
                 f"{name} {table[i] / calls * scale:.1f}" for i, name in enumerate(PHASES)
             )
-            print(f"{rows} row(s), 2 threads: {total * scale:.1f} {unit} a call: {parts}")
+            print(
+                f"{rows} row(s), {args.threads} threads: {total * scale:.1f} {unit} a call: {parts}"
+            )
             if big and rows == 1:  # the products' streams against the memory's
-                print(f"  {products_rate(call[0], table, calls)}; {probe_rate()}", flush=True)
+                rate = products_rate(call[0], table, calls)
+                print(f"  {rate}; {probe_rate(args.threads)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -410,6 +410,9 @@ static inline __attribute__((always_inline)) vec narrow_at(const void *p, long i
  * (fp32's 128 rows took 1.08x the time of a d20 row); int8 asks for the same bytes, 48
  * of its rows. */
 #define HALF_PREFETCH_BYTES (24 * VW * 2)
+#ifndef INT8_PREFETCH_BYTES /* -D to try another (scripts/ab_kernel_builds.py) */
+#define INT8_PREFETCH_BYTES HALF_PREFETCH_BYTES
+#endif
 
 /* The sums of x[n] @ a block's columns over its panels p0 and p1 (in, VW) each, n < rows:
  * one row four inputs at a time into their own sums (the FMA's latency, as for fp32),
@@ -419,6 +422,7 @@ static inline __attribute__((always_inline)) void sum_half(struct view x, long r
                                                            enum narrow kind, vec *lo,
                                                            vec *hi) {
     const long size = kind == FP16 ? 2 : 1, row = VW * size; /* bytes of a panel's row */
+    const long ahead = kind == FP16 ? HALF_PREFETCH_BYTES : INT8_PREFETCH_BYTES;
     const char *a0 = p0, *b0 = p1;
     long k = 0;
     if (rows == 1) {
@@ -426,13 +430,13 @@ static inline __attribute__((always_inline)) void sum_half(struct view x, long r
         for (; k + 4 <= in; k += 4) {
             const float *xk = x.p + k;
             const char *a = a0 + k * row, *b = b0 + k * row;
-            __builtin_prefetch(a + HALF_PREFETCH_BYTES);
-            __builtin_prefetch(b + HALF_PREFETCH_BYTES);
+            __builtin_prefetch(a + ahead);
+            __builtin_prefetch(b + ahead);
             if (4 * row > 64) { /* 4 rows of a 16-wide fp16 panel are two cache lines:
                                    asking for one left d20's one-row step 1.45x the time
                                    on a Zen 4 */
-                __builtin_prefetch(a + HALF_PREFETCH_BYTES + 64);
-                __builtin_prefetch(b + HALF_PREFETCH_BYTES + 64);
+                __builtin_prefetch(a + ahead + 64);
+                __builtin_prefetch(b + ahead + 64);
             }
             lo[0] += xk[0] * narrow_at(a, 0, kind), hi[0] += xk[0] * narrow_at(b, 0, kind);
             l1 += xk[1] * narrow_at(a, 1, kind), h1 += xk[1] * narrow_at(b, 1, kind);
@@ -442,8 +446,8 @@ static inline __attribute__((always_inline)) void sum_half(struct view x, long r
         lo[0] += (l1 + l2) + l3, hi[0] += (h1 + h2) + h3;
     }
     for (; k < in; k++) {
-        __builtin_prefetch(a0 + k * row + HALF_PREFETCH_BYTES);
-        __builtin_prefetch(b0 + k * row + HALF_PREFETCH_BYTES);
+        __builtin_prefetch(a0 + k * row + ahead);
+        __builtin_prefetch(b0 + k * row + ahead);
         vec w0 = narrow_at(a0, k, kind), w1 = narrow_at(b0, k, kind);
         for (int n = 0; n < rows; n++) {
             float xv = x.p[n * x.ld + k];
