@@ -1,7 +1,7 @@
 """A/B the working tree's rows_step kernel against an earlier revision's (a benchmark, not a
 test).
 
-    python scripts/ab_rows_step.py --against d05e391 [--rounds 12] [--synthetic d20]
+    python scripts/ab_rows_step.py --against d05e391 [--rounds 12] [--synthetic d20 [--quantize int8]]
 
 On a shared host a slow spell can outlast a whole benchmark run, so two runs compare the
 host more than the code. This builds chatcli/kernels/decode_ops.c as it was at the other
@@ -124,10 +124,11 @@ def report_pair(
 def main() -> None:
     parser = comparison_parser(__doc__)
     parser.add_argument("--synthetic", default=None, help="d4, d12 or d20 (fp16 copies)")
+    parser.add_argument("--quantize", default=None, help="int8: a synthetic model's int8 copies")
     args = parser.parse_args()
     n_rounds = rounds(parser, args)
     then = source_at(args.against, str(DECODE_OPS_SOURCE.relative_to(ROOT)))
-    calls = captured_calls(args.synthetic)
+    calls = captured_calls(args.synthetic, args.quantize)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         old, _ = build_rows_step(then, Path(folder), "old")

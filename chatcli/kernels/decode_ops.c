@@ -407,11 +407,14 @@ static inline __attribute__((always_inline)) vec narrow_at(const void *p, long i
 
 /* The panels' bytes ahead asked for early: 24 fp16 rows of a panel, what lets two cores
  * stream d20's matrices at 26-27 GB/s on a Zen 3 whose measured streaming read is 26.7
- * (fp32's 128 rows took 1.08x the time of a d20 row); int8 asks for the same bytes, 48
- * of its rows. */
+ * (fp32's 128 rows took 1.08x the time of a d20 row). int8 asks for four times the bytes,
+ * 192 of its rows: its loop consumes a row's bytes in fewer cycles, so the same distance
+ * in bytes is less time ahead (d20's one-row int8 step 0.79x the time at one thread, 1536
+ * bytes 0.90x; docs/performance-notes.md, "int8 at the roofline"). -D to try another
+ * (scripts/ab_kernel_builds.py). */
 #define HALF_PREFETCH_BYTES (24 * VW * 2)
-#ifndef INT8_PREFETCH_BYTES /* -D to try another (scripts/ab_kernel_builds.py) */
-#define INT8_PREFETCH_BYTES HALF_PREFETCH_BYTES
+#ifndef INT8_PREFETCH_BYTES
+#define INT8_PREFETCH_BYTES (4 * HALF_PREFETCH_BYTES)
 #endif
 
 /* The sums of x[n] @ a block's columns over its panels p0 and p1 (in, VW) each, n < rows:
