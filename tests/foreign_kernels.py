@@ -29,11 +29,13 @@ CALL_TIMEOUT_S = 120
 Arg = str | int | float | torch.Tensor | None
 
 
-def build_harness(compiler: str, flags: tuple[str, ...], target: Path) -> Path:
+def build_harness(compiler: str, flags: tuple[str, ...], target: Path, half: bool = True) -> Path:
     """The harness and every kernel compiled by `compiler` with `flags` into `target`,
-    statically linked. RuntimeError with the compiler's message where it fails."""
+    statically linked (without f16_rows.c and f16_matvec.c where `half` is False: a CPU that
+    widens no fp16). RuntimeError with the compiler's message where it fails."""
     command = [compiler, "-O3", *flags, "-static", "-I", str(KERNELS_DIR), str(HARNESS_SOURCE)]
-    command += [str(KERNELS_DIR / "f16_rows.c"), str(KERNELS_DIR / "f16_matvec.c")]
+    if half:
+        command += [str(KERNELS_DIR / "f16_rows.c"), str(KERNELS_DIR / "f16_matvec.c")]
     done = subprocess.run([*command, "-o", str(target), "-lm"], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()}")

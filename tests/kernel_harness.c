@@ -13,14 +13,6 @@
 
 #include "decode_ops.c"
 
-void f16_rows(const float *x, long rows, const uint16_t *panels, float *y, long n_out, long k,
-              int threads);
-int f16_rows_panel(void);
-int f16_rows_max(void);
-void f16_matvec(const float *x, const uint16_t *w, float *y, long n_rows, long k, int threads);
-int f16_matvec_rows(void);
-int f16_matvec_step(void);
-
 struct record {
     void *p; /* NULL for an empty record */
     size_t n;
@@ -30,6 +22,31 @@ static void fail(const char *why) {
     fprintf(stderr, "kernel_harness: %s\n", why);
     exit(2);
 }
+
+#if WIDENS_HALF
+void f16_rows(const float *x, long rows, const uint16_t *panels, float *y, long n_out, long k,
+              int threads);
+int f16_rows_panel(void);
+int f16_rows_max(void);
+void f16_matvec(const float *x, const uint16_t *w, float *y, long n_rows, long k, int threads);
+int f16_matvec_rows(void);
+int f16_matvec_step(void);
+#else /* a CPU that widens no fp16: f16_rows.c and f16_matvec.c do not build for it */
+static void f16_rows(const float *x, long rows, const uint16_t *panels, float *y, long n_out,
+                     long k, int threads) {
+    (void)x, (void)rows, (void)panels, (void)y, (void)n_out, (void)k, (void)threads;
+    fail("no f16_rows on this CPU");
+}
+static void f16_matvec(const float *x, const uint16_t *w, float *y, long n_rows, long k,
+                       int threads) {
+    (void)x, (void)w, (void)y, (void)n_rows, (void)k, (void)threads;
+    fail("no f16_matvec on this CPU");
+}
+static int f16_rows_panel(void) { return 0; }
+static int f16_rows_max(void) { return 0; }
+static int f16_matvec_rows(void) { return 0; }
+static int f16_matvec_step(void) { return 0; }
+#endif
 
 static struct record next_record(void) {
     uint64_t n;

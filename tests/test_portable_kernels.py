@@ -95,6 +95,18 @@ def test_the_aarch64_step_gives_the_same_logits_on_one_thread_and_three(aarch64)
     assert one == three
 
 
+@needs_cross
+def test_the_plain_c_fallback_of_a_cpu_without_vectors_passes_the_checks(tmp_path):
+    # aarch64 told it has no Advanced SIMD: lanes.h's vectors are plain C (GCC lowers them to
+    # scalar code), no fp16 or int8 widening, so the step reads fp32 matrices only.
+    program = build_harness(CROSS, ("-march=armv8-a+nosimd",), tmp_path / "plain", half=False)
+    plain = Harness([QEMU, str(program)])
+    assert (plain.block, plain.half_panel, plain.int8_panel) == (8, 0, 0)
+    check_rows_step(ForeignRowsStep(plain))
+    check_sample_rows(ForeignSampleRows(plain))
+    assert max(rows_step_errors(ForeignRowsStep(plain), rows=8, threads=2)) < 1e-5
+
+
 @pytest.mark.parametrize(
     ("compiler", "openmp_env"), [("clang", None), ("cc", "0")], ids=["clang", "gcc-pthreads"]
 )

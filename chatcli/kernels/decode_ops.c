@@ -4,7 +4,7 @@
  * or of independent sequences each at its own position and in its own slot of the cache
  * (rows_step_slots: a server's conversations decoding together),
  * then the vocabulary's products. fp32 matrices (a small model's), or fp16 ones (a big
- * model's compact copies) where the CPU widens fp16 (F16C).
+ * model's compact copies) where the CPU widens them (lanes.h).
  *
  * Why: a small model's ~150 torch ops a step cost ~2-5 us each to dispatch and next to
  * nothing to compute (docs/performance.md); a big model's ~300 ops and their threads'
@@ -12,9 +12,9 @@
  * speed. Same arithmetic as decode_step.DecodeStep._step with its norms folded, fp32 sums
  * in another order (within 1e-6 of torch's).
  *
- * Plain C for any CPU with a C compiler and OpenMP: -O3 -march=native vectorizes the loops
- * (no -ffast-math: the order of the sums is the one written here). Compiled at first use by
- * chatcli/native_kernels.py. Returns 0, or -1 (nothing written) for shapes it does not take
+ * Plain C for any CPU with a C compiler: -O3 and the CPU's flag (-march=native, -mcpu=native)
+ * vectorize the loops (no -ffast-math: the order of the sums is the one written here).
+ * Compiled at first use by chatcli/kernels/build.py. Returns 0, or -1 (nothing written) for shapes it does not take
  * or when its scratch cannot be allocated.
  */
 #include <math.h>
@@ -382,12 +382,12 @@ static void product(const float *x, long rows, long in, const float *panels, lon
  * Why: a big model's batch-1 step streams its weights, and between torch's ~300 ops a
  * token d20's fp16 products (fbgemm's, at the memory's speed) left ~15 of 52 ms to
  * dispatch, small ops and threads waiting for each other. Here the whole step is one call.
- * Read from f16_rows.c's panels (native_kernels.pack_panels of the (in, out) matrix in VW
+ * Read from f16_rows.c's panels (panels.pack_panels of the (in, out) matrix in VW
  * columns: (out / VW, in, VW), the copy's own, so no memory is added): a block of BLOCK
  * columns is two panels side by side, each input's 2 VW weights widened to fp32 once for
  * every row (F16C's conversion; int8's sign extension and conversion, exact). int8's
  * buffer is its `out` fp32 scales (one an output column) then its panels of codes
- * (native_kernels.Int8Panels): the sums are of x times the codes, each column's scale
+ * (panels.Int8Panels): the sums are of x times the codes, each column's scale
  * applied once at the end, so int8 reads a byte a weight where fp16 reads two. Where the
  * CPU cannot widen them (x86 without F16C; without AVX2 for int8: lanes.h) a model of such
  * matrices is refused
@@ -1197,7 +1197,7 @@ static void step_team(void *arg) {
  * residual stream, in place. ids (rows,): the tokens (for the value embeddings).
  * cos_, sin_: (D,) this position's rotary tables. logits (rows, V): the model's logits,
  * softcap * tanh(the last norm's x @ lm_head / softcap).
- * threads: the OpenMP team's size. Returns 0, or -1 (nothing written) for shapes it does
+ * threads: the team's size (team.h). Returns 0, or -1 (nothing written) for shapes it does
  * not take or without memory. */
 int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
               const float *cos_, const float *sin_, const struct rows_cache *c, float *logits,

@@ -41,7 +41,7 @@ typedef int mask __attribute__((vector_size(VW * sizeof(float))));
  * 13.6 held, 3 rows 16.8 against 13.3; 6 rows the same). */
 #if defined(__x86_64__) || defined(__i386__)
 #define IN_REGISTER(v) __asm__("" : "+x"(v))
-#elif defined(__aarch64__)
+#elif defined(__aarch64__) && defined(__ARM_NEON)
 #define IN_REGISTER(v) __asm__("" : "+w"(v))
 #else
 #define IN_REGISTER(v) (void)0

@@ -2,7 +2,7 @@
 
 Owns: the wrapper of decode_ops.c's sample_rows (temperature, top-k, top-p and a uniform
 draw a row: sampling.sample_next_token's choice), its float64 reference and check, and
-`sample_rows()`, the checked kernel or None. Any CPU with a C compiler and OpenMP.
+`sample_rows()`, the checked kernel or None. Any CPU with a C compiler.
 """
 
 from __future__ import annotations
