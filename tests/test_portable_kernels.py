@@ -5,8 +5,10 @@ one is missing here its tests skip saying what to install."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
+import time
 
 import pytest
 import torch
@@ -229,3 +231,42 @@ def test_a_draw_may_differ_only_within_rounding_of_a_boundary():
     # Far from any boundary, or two tokens away, another token is a wrong answer.
     assert not agrees(torch.tensor([[1]]), logits, 1.0, None, None, torch.tensor([[0.2]]))
     assert not agrees(torch.tensor([[2]]), logits, 1.0, None, None, on_boundary)
+
+
+@pytest.mark.parametrize("compiler", ["clang", "cc"])
+def test_a_forked_process_starts_threads_of_its_own(fresh, monkeypatch, compiler):
+    # A fork keeps none of the parent's pool threads: the child's first call makes its own
+    # (team.h's fork handler) instead of waiting for threads that are not there.
+    if shutil.which(compiler) is None:
+        pytest.skip(f"needs {compiler}")
+    monkeypatch.setenv("CC", compiler)
+    monkeypatch.setenv("CHATCLI_KERNEL_OPENMP", "0")
+    kernel = rows_step()
+    assert kernel is not None, kernel_build.unavailable_reason("rows_step")
+    parent = rows_step_errors(kernel, rows=4, threads=2)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only where its answer is the parent's
+        torch.set_num_threads(1)  # the reference's torch ops: libgomp's pool does not fork
+        os._exit(0 if rows_step_errors(kernel, rows=4, threads=2) == parent else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's call did not return in 60 s")
+
+
+def test_a_call_on_more_threads_than_any_before_starts_its_new_ones_cleanly(fresh, monkeypatch):
+    # Threads made for a later, wider call must wait for that call's cue, not run the last
+    # call's work (whose arguments are gone): a crash here, before team_born.
+    if shutil.which("cc") is None:
+        pytest.skip("needs cc")
+    monkeypatch.setenv("CHATCLI_KERNEL_OPENMP", "0")
+    kernel = rows_step()
+    assert kernel is not None, kernel_build.unavailable_reason("rows_step")
+    answers = [rows_step_errors(kernel, rows=6, threads=t) for t in (1, 2, 3, 5, 2, 5)]
+    assert all(a == answers[0] for a in answers)

@@ -99,9 +99,13 @@ static inline long team_to(long n) { return team_from(n) + n / team_size + (team
 #define TEAM_FOR(i, n)                                                                         \
     for (long i = team_from(n), i##_end = team_to(n); i < i##_end || team_wait(); i++)
 
+/* The generation each worker was made at: its first cue is the next one. Read from here, not
+ * from team.generation when the thread starts, which may already count the call it serves. */
+static long team_born[TEAM_MAX];
+
 static void *team_worker(void *arg) {
     int id = (int)(long)arg;
-    long seen = 0;
+    long seen = team_born[id];
     for (;;) {
         long spins = 0, now;
         while ((now = atomic_load(&team.generation)) == seen && spins < TEAM_SPINS) team_pause(&spins);
@@ -140,6 +144,7 @@ static void team_run(int threads, void (*fn)(void *), void *arg) {
     if (!fork_handler) fork_handler = !pthread_atfork(NULL, NULL, team_forked);
     while (team.started < threads - 1) {
         pthread_t thread;
+        team_born[team.started + 1] = atomic_load(&team.generation);
         if (pthread_create(&thread, NULL, team_worker, (void *)(team.started + 1))) break;
         pthread_detach(thread);
         team.started++;
