@@ -41,11 +41,17 @@ static inline long team_procs(void) {
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <strings.h>
 #include <unistd.h>
 
 #define TEAM_MAX 256
-/* Spins before a waiting thread yields its core (a barrier) or sleeps (between calls). */
+/* Spins before a waiting thread yields its core (a barrier) or sleeps (between calls); a
+ * hundred where OMP_WAIT_POLICY=PASSIVE asks threads not to spin (cores shared with other
+ * busy work), as libgomp's threads obey it. */
 #define TEAM_SPINS 20000
+#define TEAM_PASSIVE_SPINS 100
+static long team_spins = TEAM_SPINS;
 
 static struct {
     pthread_mutex_t busy;       /* held by the caller whose team runs */
@@ -59,13 +65,17 @@ static struct {
     int size;
     void (*fn)(void *);
     void *arg;
-} team = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+} team = {
+    .busy = PTHREAD_MUTEX_INITIALIZER,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .wake = PTHREAD_COND_INITIALIZER,
+};
 
 static __thread int team_id = 0, team_size = 1;
 static __thread long team_sense = 0;
 
 static inline void team_pause(long *spins) {
-    if (++*spins > TEAM_SPINS) sched_yield();
+    if (++*spins > team_spins) sched_yield();
 #if defined(__x86_64__) || defined(__i386__)
     else __builtin_ia32_pause();
 #elif defined(__aarch64__)
@@ -108,7 +118,8 @@ static void *team_worker(void *arg) {
     long seen = team_born[id];
     for (;;) {
         long spins = 0, now;
-        while ((now = atomic_load(&team.generation)) == seen && spins < TEAM_SPINS) team_pause(&spins);
+        while ((now = atomic_load(&team.generation)) == seen && spins < team_spins)
+            team_pause(&spins);
         if (now == seen) {
             pthread_mutex_lock(&team.lock);
             while ((now = atomic_load(&team.generation)) == seen) pthread_cond_wait(&team.wake, &team.lock);
@@ -141,7 +152,11 @@ static void team_run(int threads, void (*fn)(void *), void *arg) {
         return;
     }
     static int fork_handler = 0;
-    if (!fork_handler) fork_handler = !pthread_atfork(NULL, NULL, team_forked);
+    if (!fork_handler) { /* the first call with a team: before any worker reads team_spins */
+        fork_handler = !pthread_atfork(NULL, NULL, team_forked);
+        const char *wait = getenv("OMP_WAIT_POLICY");
+        if (wait && !strcasecmp(wait, "passive")) team_spins = TEAM_PASSIVE_SPINS;
+    }
     while (team.started < threads - 1) {
         pthread_t thread;
         team_born[team.started + 1] = atomic_load(&team.generation);
