@@ -1,7 +1,8 @@
 """The kernels beyond this machine's compiler and CPU: aarch64 (cross-built, run under
 qemu-user), clang without OpenMP (team.h's own threads), and the build's choices per
-compiler and CPU. CI installs gcc-aarch64-linux-gnu, qemu-user and clang (.ci/run); where
-one is missing here its tests skip saying what to install."""
+compiler and CPU. CI installs gcc-aarch64-linux-gnu, qemu-user and clang (.ci/run) and sets
+CHATCLI_REQUIRE_TOOLCHAINS=1, so there a missing tool fails these tests rather than skipping
+them; elsewhere they skip saying what to install."""
 
 from __future__ import annotations
 
@@ -29,11 +30,31 @@ from chatcli.kernels.rows_step_reference import rows_step_errors, slots_errors
 from chatcli.kernels.sample_rows import agrees, check_sample_rows, sample_rows
 
 CROSS, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
-needs_cross = pytest.mark.skipif(
-    shutil.which(CROSS) is None or shutil.which(QEMU) is None,
-    reason="needs apt install gcc-aarch64-linux-gnu qemu-user",
-)
-needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="needs apt install clang")
+REQUIRED = os.environ.get("CHATCLI_REQUIRE_TOOLCHAINS") == "1"
+
+
+def require(*tools: str, install: str) -> None:
+    """Skip unless every tool is on PATH; fail instead where CI requires them."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        message = f"needs apt install {install} (missing: {', '.join(missing)})"
+        if REQUIRED:
+            pytest.fail(f"{message}; CHATCLI_REQUIRE_TOOLCHAINS=1 says CI installed them")
+        pytest.skip(message)
+
+
+@pytest.fixture
+def cross_tools() -> None:
+    require(CROSS, QEMU, install="gcc-aarch64-linux-gnu qemu-user")
+
+
+@pytest.fixture
+def clang_tool() -> None:
+    require("clang", install="clang")
+
+
+needs_cross = pytest.mark.usefixtures("cross_tools")
+needs_clang = pytest.mark.usefixtures("clang_tool")
 KERNELS = (f16_matvec, f16_rows, rows_step, sample_rows)
 
 
@@ -52,8 +73,7 @@ def fresh(monkeypatch, tmp_path):
 def aarch64(request, tmp_path_factory):
     """The harness and kernels built for a baseline ARMv8-A (NEON, no fp16 arithmetic:
     Graviton 1, a Raspberry Pi 3 or 4), with OpenMP or with team.h's threads."""
-    if shutil.which(CROSS) is None or shutil.which(QEMU) is None:
-        pytest.skip("needs apt install gcc-aarch64-linux-gnu qemu-user")
+    require(CROSS, QEMU, install="gcc-aarch64-linux-gnu qemu-user")
     flags = ("-march=armv8-a", "-fopenmp") if request.param == "openmp" else ("-march=armv8-a",)
     program = build_harness(CROSS, flags, tmp_path_factory.mktemp("arm") / "harness")
     return Harness([QEMU, str(program)])
@@ -115,8 +135,7 @@ def test_the_plain_c_fallback_of_a_cpu_without_vectors_passes_the_checks(tmp_pat
 def test_a_build_without_openmp_loads_every_kernel_on_its_own_threads(
     fresh, monkeypatch, compiler, openmp_env
 ):
-    if shutil.which(compiler) is None:
-        pytest.skip(f"needs {compiler}")
+    require(compiler, install="clang" if compiler == "clang" else "gcc")
     monkeypatch.setenv("CC", compiler)
     if openmp_env is not None:
         monkeypatch.setenv("CHATCLI_KERNEL_OPENMP", openmp_env)
@@ -137,8 +156,7 @@ def test_a_build_without_openmp_loads_every_kernel_on_its_own_threads(
 def test_several_callers_at_once_get_the_answer_each_gets_alone(fresh, monkeypatch, compiler):
     # team.h runs one caller's team at a time; a second caller meanwhile runs alone on its
     # own thread (a server's workers): same logits, nothing lost or mixed.
-    if shutil.which(compiler) is None:
-        pytest.skip(f"needs {compiler}")
+    require(compiler, install="clang" if compiler == "clang" else "gcc")
     monkeypatch.setenv("CC", compiler)
     monkeypatch.setenv("CHATCLI_KERNEL_OPENMP", "0")
     kernel = rows_step()
@@ -206,8 +224,7 @@ def test_the_library_cache_is_keyed_by_compiler_flags_and_target(tmp_path, monke
 
 
 def test_cflags_from_the_environment_come_last_and_win(monkeypatch, tmp_path):
-    if shutil.which("cc") is None:
-        pytest.skip("needs cc")
+    require("cc", install="gcc")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CFLAGS", "-march=x86-64 -DCHATCLI_TEST=1")
     tools = kernel_build.toolchain()
@@ -237,8 +254,7 @@ def test_a_draw_may_differ_only_within_rounding_of_a_boundary():
 def test_a_forked_process_starts_threads_of_its_own(fresh, monkeypatch, compiler):
     # A fork keeps none of the parent's pool threads: the child's first call makes its own
     # (team.h's fork handler) instead of waiting for threads that are not there.
-    if shutil.which(compiler) is None:
-        pytest.skip(f"needs {compiler}")
+    require(compiler, install="clang" if compiler == "clang" else "gcc")
     monkeypatch.setenv("CC", compiler)
     monkeypatch.setenv("CHATCLI_KERNEL_OPENMP", "0")
     kernel = rows_step()
@@ -263,8 +279,7 @@ def test_a_forked_process_starts_threads_of_its_own(fresh, monkeypatch, compiler
 def test_a_call_on_more_threads_than_any_before_starts_its_new_ones_cleanly(fresh, monkeypatch):
     # Threads made for a later, wider call must wait for that call's cue, not run the last
     # call's work (whose arguments are gone): a crash here, before team_born.
-    if shutil.which("cc") is None:
-        pytest.skip("needs cc")
+    require("cc", install="gcc")
     monkeypatch.setenv("CHATCLI_KERNEL_OPENMP", "0")
     kernel = rows_step()
     assert kernel is not None, kernel_build.unavailable_reason("rows_step")
