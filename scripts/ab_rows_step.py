@@ -1,7 +1,7 @@
 """A/B the working tree's rows_step kernel against an earlier revision's (a benchmark, not a
 test).
 
-    python scripts/ab_rows_step.py --against d05e391 [--rounds 12] [--synthetic d20]
+    python scripts/ab_rows_step.py --against d05e391 [--rounds 12] [--synthetic d20 [--quantize int8]]
 
 On a shared host a slow spell can outlast a whole benchmark run, so two runs compare the
 host more than the code. This builds chatcli/kernels/decode_ops.c as it was at the other
@@ -33,32 +33,34 @@ from chatcli.bench.bench import _prompt
 from chatcli.bench.models import synthetic_model
 from chatcli.engine.cpu_plan import apply_cpu_plan
 from chatcli.engine.engine import Engine
-from chatcli.kernels.build import FLAGS
+from chatcli.kernels.build import toolchain
 from chatcli.kernels.rows_step import DECODE_OPS_SOURCE, RowsStep
 from chatcli.model.checkpoint import load_model
 from chatcli.model.quantize import default_half_kind
 
 
 def build_rows_step(
-    source: str, folder: Path, name: str, extra: tuple[str, ...] = ()
+    source: str, folder: Path, name: str, extra: tuple[str, ...] = (), openmp: bool = True
 ) -> tuple[RowsStep, ctypes.CDLL]:
     """decode_ops.c's text compiled into `folder` (the flags kernels/build.py uses, then
-    `extra`) and loaded: the kernel, and the library for what else it exports."""
+    `extra`; without -fopenmp where `openmp` is False: team.h's own threads) and loaded:
+    the kernel, and the library for what else it exports."""
     c_file, library = folder / f"{name}.c", folder / f"{name}.so"
     c_file.write_text(source)
-    subprocess.run(["cc", *FLAGS, *extra, str(c_file), "-o", str(library)], check=True)
+    flags = [f for f in toolchain().flags if openmp or f != "-fopenmp"]
+    subprocess.run([toolchain().path, *flags, *extra, str(c_file), "-o", str(library)], check=True)
     loaded = ctypes.CDLL(str(library))
     return RowsStep(loaded), loaded
 
 
-def captured_calls(synthetic: str | None) -> dict[int, tuple]:
+def captured_calls(synthetic: str | None, kind: str | None = None) -> dict[int, tuple]:
     """The embedded model's captured calls (_captured_calls) over a 256-token prompt, or a
-    synthetic model's with its fp16 copies over 512 tokens."""
+    synthetic model's with its fp16 copies (or `kind`'s: int8) over 512 tokens."""
     if synthetic:
         torch.manual_seed(0)
         model, tokenizer = synthetic_model(synthetic)
         apply_cpu_plan(model)
-        model.add_decode_weights(default_half_kind())
+        model.add_decode_weights(kind or default_half_kind())
         prompt_len = 512
     else:
         model, tokenizer, _ = load_model(None, device="cpu")
@@ -90,42 +92,48 @@ def _captured_calls(engine: Engine, prompt: list[int]) -> dict[int, tuple]:
     return calls
 
 
+def report_pair(
+    old: RowsStep, new: RowsStep, calls: dict[int, tuple], n_rounds: int, per_round: int
+) -> None:
+    """Prints, for each captured call on 1 and 2 threads, the median and quartiles of the
+    rounds' new/old time ratios, each round both in ABBA order."""
+    for rows, captured in sorted(calls.items()):
+        x, x0 = captured[1], captured[1].clone()  # the residual stream, updated in place
+        for threads in (1, 2):
+            call = (*captured[:-1], threads)
+            ratios = []
+            with torch.inference_mode():
+                for r in range(n_rounds):
+                    spent = {}
+                    for name, kernel in [("old", old), ("new", new)][:: 1 if r % 2 == 0 else -1]:
+                        for i in range(per_round + 2):
+                            if i == 2:  # after a warm-up
+                                t0 = time.perf_counter()
+                            x.copy_(x0)
+                            kernel.run(*call)
+                        spent[name] = time.perf_counter() - t0
+                    ratios.append(spent["new"] / spent["old"])
+            low, _, high = statistics.quantiles(ratios, n=4)
+            print(
+                f"{rows} row(s), {threads} thread(s): new / old {statistics.median(ratios):.3f}"
+                f" (quartiles {low:.3f}-{high:.3f}, {n_rounds} rounds)",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = comparison_parser(__doc__)
     parser.add_argument("--synthetic", default=None, help="d4, d12 or d20 (fp16 copies)")
+    parser.add_argument("--quantize", default=None, help="int8: a synthetic model's int8 copies")
     args = parser.parse_args()
     n_rounds = rounds(parser, args)
     then = source_at(args.against, str(DECODE_OPS_SOURCE.relative_to(ROOT)))
-    calls = captured_calls(args.synthetic)
-    calls_per_round = 3 if args.synthetic else 200
+    calls = captured_calls(args.synthetic, args.quantize)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         old, _ = build_rows_step(then, Path(folder), "old")
         new, _ = build_rows_step(DECODE_OPS_SOURCE.read_text(), Path(folder), "new")
-        for rows, captured in sorted(calls.items()):
-            x, x0 = captured[1], captured[1].clone()  # the residual stream, updated in place
-            for threads in (1, 2):
-                call = (*captured[:-1], threads)
-                ratios = []
-                with torch.inference_mode():
-                    for r in range(n_rounds):
-                        spent = {}
-                        for name, kernel in [("old", old), ("new", new)][
-                            :: 1 if r % 2 == 0 else -1
-                        ]:
-                            for i in range(calls_per_round + 2):
-                                if i == 2:  # after a warm-up
-                                    t0 = time.perf_counter()
-                                x.copy_(x0)
-                                kernel.run(*call)
-                            spent[name] = time.perf_counter() - t0
-                        ratios.append(spent["new"] / spent["old"])
-                low, _, high = statistics.quantiles(ratios, n=4)
-                print(
-                    f"{rows} row(s), {threads} thread(s): new / old {statistics.median(ratios):.3f}"
-                    f" (quartiles {low:.3f}-{high:.3f}, {n_rounds} rounds)",
-                    flush=True,
-                )
+        report_pair(old, new, calls, n_rounds, 3 if args.synthetic else 200)
 
 
 if __name__ == "__main__":

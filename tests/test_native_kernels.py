@@ -632,8 +632,9 @@ def test_rows_step_built_for_a_cpu_with_f16c_but_not_avx2_reads_no_int8(tmp_path
     import ctypes
 
     lib = tmp_path / "decode_ops.so"
-    flags = [f if f != "-march=native" else "-march=ivybridge" for f in kernel_build.FLAGS]
-    subprocess.run(["cc", *flags, str(DECODE_OPS_SOURCE), "-o", str(lib)],
+    tools = kernel_build.toolchain()
+    flags = [f if f != "-march=native" else "-march=ivybridge" for f in tools.flags]
+    subprocess.run([tools.path, *flags, str(DECODE_OPS_SOURCE), "-o", str(lib)],
                    check=True)  # fmt: skip
     ivy = RowsStep(ctypes.CDLL(str(lib)))
     assert ivy.half_panel == 8 and ivy.int8_panel == 0
@@ -653,8 +654,9 @@ def test_rows_step_built_without_f16c_reads_fp32_only(tmp_path):
     import subprocess
 
     lib = tmp_path / "decode_ops.so"
-    flags = [f if f != "-march=native" else "-march=x86-64" for f in kernel_build.FLAGS]
-    subprocess.run(["cc", *flags, str(DECODE_OPS_SOURCE), "-o", str(lib)],
+    tools = kernel_build.toolchain()
+    flags = [f if f != "-march=native" else "-march=x86-64" for f in tools.flags]
+    subprocess.run([tools.path, *flags, str(DECODE_OPS_SOURCE), "-o", str(lib)],
                    check=True)  # fmt: skip
     oldest = RowsStep(ctypes.CDLL(str(lib)))
     assert oldest.half_panel == oldest.int8_panel == 0 and oldest.block == 8

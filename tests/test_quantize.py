@@ -256,13 +256,31 @@ def test_fp16_through_torch_mv_serves_one_row():
 
 @pytest.mark.parametrize(
     ("capability", "kind"),
-    [("AVX2", "float16"), ("AVX512", "float16"), ("DEFAULT", "bfloat16"), ("SVE256", "bfloat16")],
+    [("AVX2", "float16"), ("AVX512", "float16"), ("DEFAULT", "kernel"), ("SVE256", "kernel")],
 )
-def test_the_default_half_copy_is_fp16_only_where_it_was_measured_faster(
+def test_the_default_half_copy_is_fp16_where_it_was_measured_faster_or_our_step_reads_it(
     capability, kind, monkeypatch
 ):
+    # Off x86 (ARM64: DEFAULT, SVE256) fp16 where our whole-step kernel reads it, else bf16.
+    from chatcli.kernels.rows_step import rows_step
+
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    if kind == "kernel":
+        kernel = rows_step()
+        kind = "float16" if kernel is not None and kernel.half_panel else "bfloat16"
     assert default_half_kind() == kind
+
+
+def test_the_default_half_copy_off_x86_is_bf16_without_our_kernels(monkeypatch):
+    from chatcli.kernels.rows_step import rows_step
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    monkeypatch.setenv("CHATCLI_NATIVE_KERNELS", "0")
+    rows_step.cache_clear()
+    try:
+        assert default_half_kind() == "bfloat16"
+    finally:
+        rows_step.cache_clear()
 
 
 def test_the_default_half_copy_is_bf16_on_x86_without_fbgemms_fp16_kernel(monkeypatch):

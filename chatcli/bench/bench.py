@@ -39,6 +39,7 @@ from chatcli.engine.cpu_plan import CpuPlan, apply_cpu_plan, torch_threads
 from chatcli.engine.decode_step import DecodeStep
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.static_step import StepWithFallback
+from chatcli.kernels.status import kernels_line, toolchain_line
 from chatcli.model.gpt import GPT
 from chatcli.model.model_build import LARGE_MODEL_MATRIX_PARAMS
 from chatcli.model.quantize import QUANTIZE_KINDS, default_half_kind
@@ -493,6 +494,9 @@ def _report(
         "compile": s.compile,  # asked for; "compiled": whether ours' forward was compiled
         "compiled": engine.compiled,
         "step_kernel": step.kernel if step else None,
+        # Why our C kernels do not run here (None where they do), and what builds them.
+        "kernels": kernels_line() if device.type == "cpu" else None,
+        "kernels_toolchain": toolchain_line() if device.type == "cpu" else None,
         # The threads ours' decode settled on by row count: a small model's plan is one
         # thread, yet its step through our kernel runs on every core where that is faster.
         "decode_threads": step.threads_by_rows() if step else {},

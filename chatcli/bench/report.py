@@ -31,6 +31,8 @@ def render_bench(console: Console, result: dict[str, Any]) -> None:
         f"{result['weight_mb_per_token']} MB of weights per token -> roofline "
         f"{result['roofline_tps']} tok/s"
     )
+    if result.get("kernels"):  # our C kernels did not load: the numbers below are torch's
+        console.print(result["kernels"])
     rows = []
     p, t = result["prefill_tps"], result["threads"]
     by_rows = ", ".join(

@@ -133,7 +133,12 @@ def load_session(
         compile=compile_model,
         speculate=settings.speculate == "auto",
     )
-    return session, banner_info(asdict(model.info))
+    info = banner_info(asdict(model.info))
+    if model.info.device == "cpu":  # a silent fallback to torch's ops costs a small model ~10x
+        from chatcli.kernels.status import kernels_line
+
+        info["kernels"] = kernels_line()
+    return session, info
 
 
 def banner_info(info: dict) -> dict:
@@ -148,6 +153,7 @@ def banner_info(info: dict) -> dict:
         "dtype": info["dtype"],
         "context_len": info["sequence_len"],
         "load_s": info["load_s"],
+        "device_note": info.get("device_note"),
     }
 
 

@@ -4,7 +4,7 @@
  * or of independent sequences each at its own position and in its own slot of the cache
  * (rows_step_slots: a server's conversations decoding together),
  * then the vocabulary's products. fp32 matrices (a small model's), or fp16 ones (a big
- * model's compact copies) where the CPU widens fp16 (F16C).
+ * model's compact copies) where the CPU widens them (lanes.h).
  *
  * Why: a small model's ~150 torch ops a step cost ~2-5 us each to dispatch and next to
  * nothing to compute (docs/performance.md); a big model's ~300 ops and their threads'
@@ -12,14 +12,17 @@
  * speed. Same arithmetic as decode_step.DecodeStep._step with its norms folded, fp32 sums
  * in another order (within 1e-6 of torch's).
  *
- * Plain C for any CPU with a C compiler and OpenMP: -O3 -march=native vectorizes the loops
- * (no -ffast-math: the order of the sums is the one written here). Compiled at first use by
- * chatcli/native_kernels.py. Returns 0, or -1 (nothing written) for shapes it does not take
+ * Plain C for any CPU with a C compiler: -O3 and the CPU's flag (-march=native, -mcpu=native)
+ * vectorize the loops (no -ffast-math: the order of the sums is the one written here).
+ * Compiled at first use by chatcli/kernels/build.py. Returns 0, or -1 (nothing written) for shapes it does not take
  * or when its scratch cannot be allocated.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "lanes.h"
+#include "team.h"
 
 /* Built with -DROWS_STEP_PHASES (scripts/rows_step_phases.py, never chatcli), the first
  * thread adds each phase's time, its barrier included, to rows_step_phases()[phase]. */
@@ -56,40 +59,20 @@ static float dot(const float *a, const float *b, long n) {
  *
  * Why our own: the 8 sample rows' step of the embedded model spent ~60% of its ~3 ms in
  * MKL's sgemm at 8 rows (~60 GFLOP/s on a Zen 4 core, which this loop beats at ~85) and two
- * flash-attention calls a layer (~75 us each, mostly setup). The step is one OpenMP region:
- * each product split over the cores by columns, the attention by rows and heads. Written
- * with GCC's vector extension: 16 lanes where the CPU has AVX-512, 8 with AVX, 4 elsewhere. */
+ * flash-attention calls a layer (~75 us each, mostly setup). The step is one team of
+ * threads (team.h: OpenMP, or our own pool): each product split over the cores by columns,
+ * the attention by rows and heads. Written with GCC's vector extension (lanes.h): 16 lanes
+ * where the CPU has AVX-512, 8 with AVX, 4 with NEON or SSE. */
 
-#if defined(__AVX512F__)
-#define VW 16
-#elif defined(__AVX__)
-#define VW 8
-#else
-#define VW 4
-#endif
 #define BLOCK (2 * VW) /* the columns one pass of a product accumulates */
-/* The rows one pass accumulates, two vectors of sums each: with AVX-512, 16 of its 32
- * registers; with 16 registers (AVX2, SSE), 12, beside two weights and a broadcast input.
+/* The rows one pass accumulates, two vectors of sums each: with 32 registers (AVX-512,
+ * aarch64), 16 of them; with 16 (AVX2, SSE), 12, beside two weights and a broadcast input.
  * 8 rows there spilled two sums to the stack, a store and a load in each input's chain. */
-#if VW == 16
+#if LANE_REGISTERS == 32
 #define MAX_ROWS 8
 #else
 #define MAX_ROWS 6
 #endif
-
-/* A vector the compiler must hold in a register (x86): without it GCC folded a weight's
- * load into every FMA that reads it, one load per FMA where one served them all, and the
- * load ports, not the FMAs, set the pace (192x768 on a Zen 3 core, AVX2: 4 rows 20 us
- * against 13.6 held, 3 rows 16.8 against 13.3; 6 rows the same). */
-#if defined(__x86_64__) || defined(__i386__)
-#define IN_REGISTER(v) __asm__("" : "+x"(v))
-#else
-#define IN_REGISTER(v) (void)0
-#endif
-
-typedef float vec __attribute__((vector_size(VW * sizeof(float))));
-typedef float vec_u __attribute__((vector_size(VW * sizeof(float)), aligned(sizeof(float))));
-typedef int mask __attribute__((vector_size(VW * sizeof(float))));
 
 static vec relu(vec a) { return (vec)((mask)a & (a > (vec){0})); }
 
@@ -379,8 +362,7 @@ static void product(const float *x, long rows, long in, const float *panels, lon
                     float *y, const float *scale, enum epilogue how) {
     long blocks = out / BLOCK, last = blocks + (out % BLOCK != 0), rest = out - blocks * BLOCK;
     struct view xv = {x, in};
-#pragma omp for schedule(static)
-    for (long b = 0; b < last; b++) {
+    TEAM_FOR(b, last) {
         const float *panel = panels + b * in * BLOCK;
         if (b == blocks) {
             product_tail(xv, rows, in, (struct view){panel, rest}, 0, rest, y + b * BLOCK, out,
@@ -400,57 +382,40 @@ static void product(const float *x, long rows, long in, const float *panels, lon
  * Why: a big model's batch-1 step streams its weights, and between torch's ~300 ops a
  * token d20's fp16 products (fbgemm's, at the memory's speed) left ~15 of 52 ms to
  * dispatch, small ops and threads waiting for each other. Here the whole step is one call.
- * Read from f16_rows.c's panels (native_kernels.pack_panels of the (in, out) matrix in VW
+ * Read from f16_rows.c's panels (panels.pack_panels of the (in, out) matrix in VW
  * columns: (out / VW, in, VW), the copy's own, so no memory is added): a block of BLOCK
  * columns is two panels side by side, each input's 2 VW weights widened to fp32 once for
  * every row (F16C's conversion; int8's sign extension and conversion, exact). int8's
  * buffer is its `out` fp32 scales (one an output column) then its panels of codes
- * (native_kernels.Int8Panels): the sums are of x times the codes, each column's scale
+ * (panels.Int8Panels): the sums are of x times the codes, each column's scale
  * applied once at the end, so int8 reads a byte a weight where fp16 reads two. Where the
- * CPU cannot widen them (no F16C; no AVX2 for int8) a model of such matrices is refused
+ * CPU cannot widen them (x86 without F16C; without AVX2 for int8: lanes.h) a model of such
+ * matrices is refused
  * (rows_half_panel(), rows_int8_panel() 0) and chatcli keeps torch's ops. */
-#if defined(__F16C__) && VW >= 8
-#include <immintrin.h>
+#if WIDENS_HALF
 #define HALF_WEIGHTS 1
-#if defined(__AVX2__)
-#define INT8_WEIGHTS 1
-#else
-#define INT8_WEIGHTS 0
-#endif
+#define INT8_WEIGHTS WIDENS_INT8
 #define HALF_ROWS 8 /* the rows of a pass: 8 where 16 registers take them a panel at a time */
 enum narrow { FP16 = 1, INT8 = 2 }; /* rows_model.half */
-
-static inline vec widen(const unsigned short *p) {
-#if VW == 16
-    return (vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-#else
-    return (vec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-#endif
-}
-
-static inline vec widen_int8(const signed char *p) {
-#if INT8_WEIGHTS && VW == 16
-    return (vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-#elif INT8_WEIGHTS
-    return (vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-#else
-    (void)p;
-    return (vec){0};
-#endif
-}
 
 /* Weight vector i (VW weights, i VW elements in) of a narrow panel, widened to fp32. */
 static inline __attribute__((always_inline)) vec narrow_at(const void *p, long i,
                                                            enum narrow kind) {
-    if (kind == FP16) return widen((const unsigned short *)p + i * VW);
+    if (kind == FP16) return widen_half((const unsigned short *)p + i * VW);
     return widen_int8((const signed char *)p + i * VW);
 }
 
 /* The panels' bytes ahead asked for early: 24 fp16 rows of a panel, what lets two cores
  * stream d20's matrices at 26-27 GB/s on a Zen 3 whose measured streaming read is 26.7
- * (fp32's 128 rows took 1.08x the time of a d20 row); int8 asks for the same bytes, 48
- * of its rows. */
+ * (fp32's 128 rows took 1.08x the time of a d20 row). int8 asks for four times the bytes,
+ * 192 of its rows: its loop consumes a row's bytes in fewer cycles, so the same distance
+ * in bytes is less time ahead (d20's one-row int8 step 0.79x the time at one thread, 1536
+ * bytes 0.90x; docs/performance-notes.md, "int8 at the roofline"). -D to try another
+ * (scripts/ab_kernel_builds.py). */
 #define HALF_PREFETCH_BYTES (24 * VW * 2)
+#ifndef INT8_PREFETCH_BYTES
+#define INT8_PREFETCH_BYTES (4 * HALF_PREFETCH_BYTES)
+#endif
 
 /* The sums of x[n] @ a block's columns over its panels p0 and p1 (in, VW) each, n < rows:
  * one row four inputs at a time into their own sums (the FMA's latency, as for fp32),
@@ -460,6 +425,7 @@ static inline __attribute__((always_inline)) void sum_half(struct view x, long r
                                                            enum narrow kind, vec *lo,
                                                            vec *hi) {
     const long size = kind == FP16 ? 2 : 1, row = VW * size; /* bytes of a panel's row */
+    const long ahead = kind == FP16 ? HALF_PREFETCH_BYTES : INT8_PREFETCH_BYTES;
     const char *a0 = p0, *b0 = p1;
     long k = 0;
     if (rows == 1) {
@@ -467,13 +433,13 @@ static inline __attribute__((always_inline)) void sum_half(struct view x, long r
         for (; k + 4 <= in; k += 4) {
             const float *xk = x.p + k;
             const char *a = a0 + k * row, *b = b0 + k * row;
-            __builtin_prefetch(a + HALF_PREFETCH_BYTES);
-            __builtin_prefetch(b + HALF_PREFETCH_BYTES);
+            __builtin_prefetch(a + ahead);
+            __builtin_prefetch(b + ahead);
             if (4 * row > 64) { /* 4 rows of a 16-wide fp16 panel are two cache lines:
                                    asking for one left d20's one-row step 1.45x the time
                                    on a Zen 4 */
-                __builtin_prefetch(a + HALF_PREFETCH_BYTES + 64);
-                __builtin_prefetch(b + HALF_PREFETCH_BYTES + 64);
+                __builtin_prefetch(a + ahead + 64);
+                __builtin_prefetch(b + ahead + 64);
             }
             lo[0] += xk[0] * narrow_at(a, 0, kind), hi[0] += xk[0] * narrow_at(b, 0, kind);
             l1 += xk[1] * narrow_at(a, 1, kind), h1 += xk[1] * narrow_at(b, 1, kind);
@@ -483,8 +449,8 @@ static inline __attribute__((always_inline)) void sum_half(struct view x, long r
         lo[0] += (l1 + l2) + l3, hi[0] += (h1 + h2) + h3;
     }
     for (; k < in; k++) {
-        __builtin_prefetch(a0 + k * row + HALF_PREFETCH_BYTES);
-        __builtin_prefetch(b0 + k * row + HALF_PREFETCH_BYTES);
+        __builtin_prefetch(a0 + k * row + ahead);
+        __builtin_prefetch(b0 + k * row + ahead);
         vec w0 = narrow_at(a0, k, kind), w1 = narrow_at(b0, k, kind);
         for (int n = 0; n < rows; n++) {
             float xv = x.p[n * x.ld + k];
@@ -549,8 +515,7 @@ static void product_narrow(const float *x, long rows, long in, const void *w, en
     const float *column_scale = kind == INT8 ? w : NULL;
     const char *panels = kind == INT8 ? (const char *)(column_scale + out) : w;
     long panel_bytes = in * VW * (kind == FP16 ? 2 : 1);
-#pragma omp for schedule(static)
-    for (long b = 0; b < last; b++) {
+    TEAM_FOR(b, last) {
         const char *p0 = panels + 2 * b * panel_bytes;
         const char *p1 = b < blocks ? p0 + panel_bytes : p0;
         for (long r = 0; r < rows; r += HALF_ROWS) {
@@ -572,6 +537,19 @@ static void product_narrow(const float *x, long rows, long in, const void *w, en
     }
 }
 
+struct int8_call {
+    const float *x;
+    long rows, in;
+    const void *w;
+    long out;
+    float *y;
+};
+
+static void int8_product_team(void *arg) {
+    const struct int8_call *c = arg;
+    product_narrow(c->x, c->rows, c->in, c->w, INT8, c->out, c->y, NULL, STORE);
+}
+
 /* y (rows, out) = x (rows, in) @ an int8 matrix (its scales then panels, as rows_step
  * reads it), on `threads` cores: an int8 copy's own products outside a whole step (a chat
  * turn's few tokens). Returns 0, or -1 (nothing written) where this CPU reads no int8 or
@@ -579,8 +557,8 @@ static void product_narrow(const float *x, long rows, long in, const void *w, en
 int rows_int8_product(const float *x, long rows, long in, const void *w, long out, float *y,
                       int threads) {
     if (!INT8_WEIGHTS || out % VW || rows < 1) return -1;
-#pragma omp parallel num_threads(threads)
-    product_narrow(x, rows, in, w, INT8, out, y, NULL, STORE);
+struct int8_call call = {x, rows, in, w, out, y};
+    team_run(threads, int8_product_team, &call);
     return 0;
 }
 #else
@@ -610,8 +588,7 @@ static void matrix(const struct rows_model *m, const float *x, long rows, long i
 
 /* 1 / sqrt(mean(x^2) + eps) of each row of x (rows, C), as F.rms_norm computes it. */
 static void row_scales(const float *x, long rows, long C, float eps, float *s) {
-#pragma omp for schedule(static)
-    for (long n = 0; n < rows; n++) s[n] = 1.0f / sqrtf(dot(x + n * C, x + n * C, C) / C + eps);
+    TEAM_FOR(n, rows) s[n] = 1.0f / sqrtf(dot(x + n * C, x + n * C, C) / C + eps);
 }
 
 /* Rotary embedding then the qk-norm of one head, from `in` into `out` (may not alias). */
@@ -867,12 +844,21 @@ static long whole_blocks(long n) { return (n + BLOCK - 1) / BLOCK * BLOCK; }
  * because torch's strided copies of the same layout took 4.4 ms for the embedded model's
  * 256-token prompt and 167 for d20's 512 (0.7 and 59 here): more, over a 48-step
  * generation of d20, than the panels save. */
-void rows_pack_prefix(const float *k, const float *v, long layers, long k_layer, long v_layer,
-                      long Hkv, long D, long length, float *pk, float *pv, int threads) {
-    long P = whole_blocks(length), Dp = whole_blocks(D), kv = Hkv * D;
-#pragma omp parallel for schedule(static) collapse(2) num_threads(threads)
-    for (long l = 0; l < layers; l++) {
-        for (long h = 0; h < Hkv; h++) {
+struct pack_call {
+    const float *k, *v;
+    long layers, k_layer, v_layer, Hkv, D, length;
+    float *pk, *pv;
+};
+
+static void pack_team(void *arg) {
+    const struct pack_call *a = arg;
+    const float *k = a->k, *v = a->v;
+    long k_layer = a->k_layer, v_layer = a->v_layer, Hkv = a->Hkv, D = a->D;
+    long length = a->length, P = whole_blocks(length), Dp = whole_blocks(D), kv = Hkv * D;
+    float *pk = a->pk, *pv = a->pv;
+    TEAM_FOR(u, a->layers * Hkv) { /* each layer's each K/V head */
+        long l = u / Hkv, h = u % Hkv;
+        {
             const float *kh = k + l * k_layer + h * D, *vh = v + l * v_layer + h * D;
             float *keys = pk + (l * Hkv + h) * P * D, *values = pv + (l * Hkv + h) * Dp * length;
             for (long t = 0; t < P; t++) { /* panel t / BLOCK: (D, BLOCK), column t % BLOCK */
@@ -885,6 +871,12 @@ void rows_pack_prefix(const float *k, const float *v, long layers, long k_layer,
                         d < D ? vh[t * kv + d] : 0.0f;
         }
     }
+}
+
+void rows_pack_prefix(const float *k, const float *v, long layers, long k_layer, long v_layer,
+                      long Hkv, long D, long length, float *pk, float *pv, int threads) {
+    struct pack_call call = {k, v, layers, k_layer, v_layer, Hkv, D, length, pk, pv};
+    team_run(threads, pack_team, &call);
 }
 
 /* Scratch of one step, on the heap: a long window on a server's worker thread must not meet
@@ -1035,26 +1027,12 @@ static void attend(const struct rows_model *m, const struct rows_layer *w, const
     }
 }
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 /* The thread count the attention's units are planned for (unit_rows): the machine's, not
  * the team's. A unit's rows share its products' passes, and a pass of one row sums in
  * another order than a pass of four, so units planned for the team made 4 sample rows'
  * logits differ (by ~5e-6) between one thread and two, and ThreadChoice moves between the
  * two by measured time: the same seed could draw other samples. */
-static long planned_threads(void) {
-#ifdef _OPENMP
-    /* Asked once: libgomp asks the kernel for the affinity mask on every call, and this is
-     * every decode step's. Concurrent first calls store the same number. */
-    static long procs = 0;
-    if (!procs) procs = omp_get_num_procs();
-    return procs;
-#else
-    return 1;
-#endif
-}
+static long planned_threads(void) { return team_procs(); }
 
 /* The rows of one attention unit (attend): as many as leave the threads' shares of the
  * Hkv * ceil(N / rows) units most even, counting a unit as its rows plus one for its own
@@ -1078,8 +1056,7 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
                   const struct rows_at *at, const struct scratch *t, long span, long unit) {
     long C = m->C, F = m->F, H = m->H, Hkv = m->Hkv, D = m->D, N = rows;
     long width = (H + 2 * Hkv) * D, blocks = (N + unit - 1) / unit;
-#pragma omp for schedule(static)
-    for (long n = 0; n < N; n++) {
+    TEAM_FOR(n, N) {
         for (long j = 0; j < C; j++)
             x[n * C + j] = w->resid_lambda * x[n * C + j] + w->x0_lambda * t->x0[n * C + j];
         t->s[n] = 1.0f / sqrtf(dot(x + n * C, x + n * C, C) / C + m->eps);
@@ -1091,8 +1068,7 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
      * read. Else one thread takes a unit from its keys written to its scores' last use. */
     for (int part = at->chained ? ATTEND_INPUTS : ATTEND_ALL;
          part <= (at->chained ? ATTEND_SCORES : ATTEND_ALL); part++) {
-#pragma omp for schedule(static)
-        for (long u = 0; u < Hkv * blocks; u++) {
+        TEAM_FOR(u, Hkv * blocks) {
             long r0 = u % blocks * unit;
             attend(m, w, x, N, r0, N - r0 < unit ? N - r0 : unit, u / blocks, ids, cos_, sin_, pk,
                    pv, sk, sv, c, at, span, t, (enum attend_part)part);
@@ -1108,6 +1084,25 @@ static void layer(const struct rows_model *m, const struct rows_layer *w, float 
     matrix(m, t->u, N, F, w->fc_proj, C, x, NULL, ADD);
     PHASE(6);
 }
+
+/* A step's arguments, as each of its team's threads reads them (step_team). */
+struct step_call {
+    const struct rows_model *m;
+    float *x;
+    long rows;
+    const long *ids;
+    const float *cos_, *sin_;
+    const struct rows_cache *c;
+    const struct rows_at *at;
+    long span;
+    const long *out;
+    long n_out;
+    float *logits;
+    const struct scratch *t;
+    long unit;
+};
+
+static void step_team(void *arg);
 
 /* The step of rows_step and rows_step_slots: `at` says where each row is (struct rows_at),
  * span is the most positions a row attends, its own included (the widest score row). */
@@ -1142,25 +1137,37 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
     t.att_scale = t.inv_total + rows * H;
     for (long i = 0; i < rows * H; i++) t.att_scale[i] = m->att_scale;
     memcpy(t.x0, x, sizeof(float) * rows * C);
-#pragma omp parallel num_threads(threads)
+    struct step_call call = {m, x, rows, ids, cos_, sin_, c, at, span, out, n_out, logits, &t, unit};
+    team_run(threads, step_team, &call);
+    free(t.x0);
+    return 0;
+}
+
+/* The step's work on each of the team's threads (team_run). */
+static void step_team(void *arg) {
+    const struct step_call *a = arg;
+    const struct rows_model *m = a->m;
+    const struct rows_cache *c = a->c;
+    const long *out = a->out, n_out = a->n_out, rows = a->rows;
+    const struct scratch t = *a->t;
+    float *x = a->x, *logits = a->logits;
+    long C = m->C, Hkv = m->Hkv, D = m->D;
     {
         PHASE(-1);
         for (long i = 0; i < m->n_layers; i++) {
-            layer(m, m->layers + i, x, rows, ids, cos_, sin_,
+            layer(m, m->layers + i, x, rows, a->ids, a->cos_, a->sin_,
                   c->pk ? c->pk + i * Hkv * whole_blocks(c->prefix) * D : NULL,
                   c->pv ? c->pv + i * Hkv * whole_blocks(D) * c->prefix : NULL,
-                  c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, at, &t, span, unit);
+                  c->sk + i * c->s_layer, c->sv + i * c->s_layer, c, a->at, &t, a->span, a->unit);
             if (i == m->backout_layer) {
-#pragma omp for schedule(static)
-                for (long j = 0; j < rows * C; j++) t.saved[j] = x[j];
+                TEAM_FOR(j, rows * C) t.saved[j] = x[j];
             }
         }
         /* The rows whose logits are asked for (all, or those `out` names, gathered into
          * xo: a prompt's tokens but its last need none, and d20's vocabulary is ~40% of a
          * row's products). */
         float *xo = out ? t.xo : x;
-#pragma omp for schedule(static)
-        for (long i = 0; i < n_out; i++) {
+        TEAM_FOR(i, n_out) {
             long n = out ? out[i] : i;
             float *xi = xo + i * C;
             if (out) memcpy(xi, x + n * C, sizeof(float) * C);
@@ -1174,8 +1181,7 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
             matrix(m, xo, n_out, C, m->lm_head, m->V, logits, t.s, STORE_SCALED);
             /* the softcap on both cores, in chunks: a row of a 65536 vocabulary is ~65 us */
             long total = n_out * m->V, chunks = (total + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK;
-#pragma omp for schedule(static)
-            for (long i = 0; i < chunks; i++) {
+            TEAM_FOR(i, chunks) {
                 long from = i * SOFTCAP_CHUNK;
                 rows_softcap(logits + from,
                              total - from < SOFTCAP_CHUNK ? total - from : SOFTCAP_CHUNK,
@@ -1184,8 +1190,6 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
         }
         PHASE(8);
     }
-    free(t.x0);
-    return 0;
 }
 
 /* Every layer of one decode step of `rows` rows, then the vocabulary's products.
@@ -1193,7 +1197,7 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
  * residual stream, in place. ids (rows,): the tokens (for the value embeddings).
  * cos_, sin_: (D,) this position's rotary tables. logits (rows, V): the model's logits,
  * softcap * tanh(the last norm's x @ lm_head / softcap).
- * threads: the OpenMP team's size. Returns 0, or -1 (nothing written) for shapes it does
+ * threads: the team's size (team.h). Returns 0, or -1 (nothing written) for shapes it does
  * not take or without memory. */
 int rows_step(const struct rows_model *m, float *x, long rows, const long *ids,
               const float *cos_, const float *sin_, const struct rows_cache *c, float *logits,

@@ -1,8 +1,8 @@
 """The f16_matvec kernel: one fp32 row times an fp16 matrix, a big model's batch-1 product.
 
 Owns: the wrapper of f16_matvec.c (quantize.Fp16Weight reads a copy through it), its check
-against torch, and `f16_matvec()`, the checked kernel or None. AVX-512 only: the CPU it was
-written for.
+against torch, and `f16_matvec()`, the checked kernel or None. On x86 AVX-512 only (the CPU
+it was written for; fbgemm's kernel serves the others); on arm64 NEON's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class F16Matvec:
     def __init__(self, library: ctypes.CDLL) -> None:
         self._fn = library.f16_matvec
         self._fn.restype = None
-        self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2
+        self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_int]
         self.rows = int(library.f16_matvec_rows())
         self.step = int(library.f16_matvec_step())
 
@@ -41,11 +41,11 @@ class F16Matvec:
         if x.shape != (k,):
             raise ValueError(f"f16_matvec: input of shape {tuple(x.shape)}, matrix {n}x{k}")
         y = torch.empty(n, dtype=torch.float32)
-        self._fn(x.data_ptr(), weight.data_ptr(), y.data_ptr(), n, k)
+        self._fn(x.data_ptr(), weight.data_ptr(), y.data_ptr(), n, k, torch.get_num_threads())
         return y
 
 
-def _check(kernel: F16Matvec) -> None:
+def check_f16_matvec(kernel: F16Matvec) -> None:
     """The kernel against torch on a small random matrix: a library that answers wrongly is
     not used (RuntimeError)."""
     g = torch.Generator().manual_seed(0)
@@ -60,4 +60,4 @@ def _check(kernel: F16Matvec) -> None:
 @functools.cache
 def f16_matvec() -> F16Matvec | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
-    return checked("f16_matvec", SOURCE, F16Matvec, _check, needs_avx512=True)
+    return checked("f16_matvec", SOURCE, F16Matvec, check_f16_matvec, needs_avx512=True)

@@ -2,7 +2,7 @@
 
 Owns: the wrapper of f16_rows.c (quantize.Fp16Weight reads a few rows of a copy through
 it), its check against torch, and `f16_rows()`, the checked kernel or None. x86 with AVX2,
-F16C and FMA, or AVX-512.
+F16C and FMA, or AVX-512; arm64 with NEON.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class F16Rows:
         self._fn = library.f16_rows
         self._fn.restype = None
         self._fn.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 2
-        self._fn.argtypes += [ctypes.c_long] * 2
+        self._fn.argtypes += [ctypes.c_long] * 2 + [ctypes.c_int]
         self.panel = int(library.f16_rows_panel())
         self.max_rows = int(library.f16_rows_max())
 
@@ -50,11 +50,12 @@ class F16Rows:
             raise ValueError(f"f16_rows: panels of {panels.numel()} halves for {out}x{k}")
         x = x.to(torch.float32).contiguous()
         y = torch.empty(rows, out, dtype=torch.float32)
-        self._fn(x.data_ptr(), rows, panels.data_ptr(), y.data_ptr(), out, k)
+        threads = torch.get_num_threads()
+        self._fn(x.data_ptr(), rows, panels.data_ptr(), y.data_ptr(), out, k, threads)
         return y
 
 
-def _check_f16_rows(kernel: F16Rows) -> None:
+def check_f16_rows(kernel: F16Rows) -> None:
     """The kernel against torch for every row count it takes (RuntimeError if it differs)."""
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(kernel.panel * 6, 40, generator=g).half()
@@ -69,5 +70,5 @@ def _check_f16_rows(kernel: F16Rows) -> None:
 @functools.cache
 def f16_rows() -> F16Rows | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason):
-    x86 with AVX2, F16C and FMA, or AVX-512."""
-    return checked("f16_rows", F16_ROWS_SOURCE, F16Rows, _check_f16_rows, needs_avx512=False)
+    x86 with AVX2, F16C and FMA, or AVX-512; arm64."""
+    return checked("f16_rows", F16_ROWS_SOURCE, F16Rows, check_f16_rows, needs_avx512=False)

@@ -7,7 +7,8 @@ matrices, or a big one's fp16 or int8 copies read from their panels), the model 
 as its structs hold them (RowsModel, RowsLayer), its helpers (the rows' embedding, a shared
 prompt's packing, an int8 product, the softcap). rows_step.py gives the compiled library,
 checked against rows_step_reference.py's torch arithmetic. Any CPU with a
-C compiler and OpenMP; fp16 where it has F16C, int8 where it has AVX2.
+C compiler; fp16 and int8 where it widens them (lanes.h: x86 with F16C, AVX2 for int8;
+every ARM64).
 
 Past 500 lines on purpose: one kernel's wrapper, whose structs mirror decode_ops.c's field by
 field; split apart, the halves would have to be read side by side with the C anyway.
@@ -287,7 +288,7 @@ class RowsStep:
         gates = [la.ve_gate for la in layers if la.ve_gate is not None]
         if narrow is not None:
             if not panel:
-                raise ValueError(f"rows_step reads no {name} here (the CPU lacks F16C or AVX2)")
+                raise ValueError(f"rows_step reads no {name} here (an x86 without F16C or AVX2)")
             if not all(isinstance(t, narrow) for t in matrices):
                 raise ValueError(f"rows_step reads every matrix {name} or every one fp32")
             if any(t.panel != panel or t.n_out % t.panel for t in matrices):

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-def _check_rows_step(kernel: RowsStep) -> None:
+def check_rows_step(kernel: RowsStep) -> None:
     """The kernel against torch on a random model, with fp16 and int8 matrices too where it
     reads them: a library that answers wrongly any way is not used (RuntimeError)."""
     if max(rows_step_errors(kernel)) > 1e-4:
@@ -51,4 +51,4 @@ def _check_rows_step(kernel: RowsStep) -> None:
 @functools.cache
 def rows_step() -> RowsStep | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
-    return checked("rows_step", DECODE_OPS_SOURCE, RowsStep, _check_rows_step, needs_avx512=False)
+    return checked("rows_step", DECODE_OPS_SOURCE, RowsStep, check_rows_step, needs_avx512=False)

@@ -2,7 +2,7 @@
 
 Owns: the wrapper of decode_ops.c's sample_rows (temperature, top-k, top-p and a uniform
 draw a row: sampling.sample_next_token's choice), its float64 reference and check, and
-`sample_rows()`, the checked kernel or None. Any CPU with a C compiler and OpenMP.
+`sample_rows()`, the checked kernel or None. Any CPU with a C compiler.
 """
 
 from __future__ import annotations
@@ -64,6 +64,21 @@ class SampleRows:
         return out if status == 0 else None
 
 
+def _reference_cdf(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The candidates' running sums (B, candidates) in float64, in sample_rows' order (top-k's
+    strongest first, else the vocabulary's), and their tokens (None: the vocabulary's)."""
+    x = logits.double()
+    idx = None
+    if top_k is not None and 0 < top_k < x.size(-1):
+        x, idx = torch.topk(x, top_k, dim=-1)
+    probs = torch.softmax(x / temperature, dim=-1)
+    if top_p is not None and 0.0 < top_p < 1.0:
+        probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)
+    return probs.cumsum(-1), idx
+
+
 def reference_sample(
     logits: torch.Tensor,
     temperature: float,
@@ -74,30 +89,52 @@ def reference_sample(
     """sample_rows' choice in float64 torch ops: the candidates in the same order (top-k's
     strongest first, else the vocabulary's), the first whose running sum exceeds u times
     their total (the load check's answer)."""
-    x = logits.double()
-    idx = None
-    if top_k is not None and 0 < top_k < x.size(-1):
-        x, idx = torch.topk(x, top_k, dim=-1)
-    probs = torch.softmax(x / temperature, dim=-1)
-    if top_p is not None and 0.0 < top_p < 1.0:
-        probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)
-    cdf = probs.cumsum(-1)
+    cdf, idx = _reference_cdf(logits, temperature, top_k, top_p)
     choice = torch.searchsorted(cdf, u.double() * cdf[:, -1:], right=True)
-    choice = choice.clamp_(max=probs.size(-1) - 1)
+    choice = choice.clamp_(max=cdf.size(-1) - 1)
     return idx.gather(1, choice) if idx is not None else choice
 
 
-def _check_sample_rows(kernel: SampleRows) -> None:
+# How near a boundary between two tokens a draw may fall on either: the kernel sums fp32
+# probabilities in its vectors' order (4, 8 or 16 lanes), the reference in float64, and a
+# draw within rounding of a boundary may land on its other side (4 lanes: 3e-7 of the total).
+BOUNDARY_SLACK = 1e-5
+
+
+def agrees(
+    got: torch.Tensor,
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    u: torch.Tensor,
+) -> bool:
+    """Whether the kernel's tokens `got` (B, 1) are the reference's, or differ only where
+    the draw is within BOUNDARY_SLACK of the total from every boundary between the two."""
+    want = reference_sample(logits, temperature, top_k, top_p, u)
+    cdf, idx = _reference_cdf(logits, temperature, top_k, top_p)
+    for r in (got != want).nonzero()[:, 0].tolist():
+        order = idx[r] if idx is not None else torch.arange(cdf.size(-1))
+        at = [int((order == t).nonzero()[0, 0]) for t in (got[r, 0], want[r, 0]) if t in order]
+        if len(at) < 2:
+            return False
+        target = float(u[r, 0]) * float(cdf[r, -1])
+        between = cdf[r, min(at) : max(at)]
+        if (between - target).abs().max() > BOUNDARY_SLACK * float(cdf[r, -1]):
+            return False
+    return True
+
+
+def check_sample_rows(kernel: SampleRows) -> None:
     """The kernel against reference_sample on random rows, for each kind of restriction: a
-    library that chooses otherwise is not used (RuntimeError)."""
+    library that chooses otherwise (beyond rounding at a boundary: agrees) is not used
+    (RuntimeError)."""
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(32, 1000, generator=g) * 3
     u = torch.rand(32, 1, generator=g)
     for temperature, top_k, top_p in [(1.0, None, None), (0.6, 50, None), (0.8, 40, 0.9)]:
         got = kernel(logits, temperature, top_k, top_p, u)
-        if got is None or not torch.equal(
-            got, reference_sample(logits, temperature, top_k, top_p, u)
-        ):
+        if got is None or not agrees(got, logits, temperature, top_k, top_p, u):
             raise RuntimeError(
                 f"sample_rows disagrees with torch at temperature {temperature}, top-k {top_k}, "
                 f"top-p {top_p}"
@@ -108,5 +145,5 @@ def _check_sample_rows(kernel: SampleRows) -> None:
 def sample_rows() -> SampleRows | None:
     """The compiled, checked kernel, or None where it cannot run here (unavailable_reason)."""
     return checked(
-        "sample_rows", DECODE_OPS_SOURCE, SampleRows, _check_sample_rows, needs_avx512=False
+        "sample_rows", DECODE_OPS_SOURCE, SampleRows, check_sample_rows, needs_avx512=False
     )

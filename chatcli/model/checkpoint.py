@@ -38,6 +38,7 @@ from chatcli.model.hub_layout import is_hub_id
 from chatcli.model.model_build import (
     ModelInfo,
     build_model,
+    device_note,
     narrow_dtype,
     pick_device,
     pick_precision,
@@ -180,7 +181,7 @@ def load_model(
     meta, config = read_meta(ref.meta_file)
     tokenizer = read_tokenizer_for(ref, config)
     sd = read_state_dict(ref.model_file)
-    dev = pick_device(device)
+    dev = pick_device(device, saved_matrix_params(sd))
     precision = pick_precision(dev, dtype, saved_matrix_params(sd), quantize)
     model = build_model(sd, config, ref.model_file, dev, precision, softcap)
     model.info = ModelInfo(
@@ -195,5 +196,6 @@ def load_model(
         sequence_len=config.sequence_len,
         load_s=time.perf_counter() - t0,
         embedded=path is None,
+        device_note=device_note(device, saved_matrix_params(sd)),
     )
     return model, tokenizer, meta

@@ -28,6 +28,7 @@ from chatcli.model.hf_weights import from_hf_names, read_weights, weight_files
 from chatcli.model.model_build import (
     ModelInfo,
     build_model,
+    device_note,
     narrow_dtype,
     pick_device,
     pick_precision,
@@ -143,7 +144,7 @@ def load_hf_model(
     folder = folder.expanduser().absolute()
     check_one_checkpoint(folder, source, step)
     found = read_hf_folder(folder, softcap)
-    dev = pick_device(device)
+    dev = pick_device(device, saved_matrix_params(found.state_dict))
     precision = pick_precision(dev, dtype, saved_matrix_params(found.state_dict), quantize)
     model = build_model(
         found.state_dict, found.config, found.weights_path, dev, precision, found.arch.softcap
@@ -160,6 +161,7 @@ def load_hf_model(
         sequence_len=found.config.sequence_len,
         load_s=time.perf_counter() - t0,
         embedded=False,
+        device_note=device_note(device, saved_matrix_params(found.state_dict)),
     )
     meta = {
         "model_config": asdict(found.config),

@@ -18,6 +18,7 @@ import torch
 from chatcli.errors import CheckpointError
 from chatcli.model.checkpoint_checks import check_config_against_weights, check_finite
 from chatcli.model.data_files import shown
+from chatcli.model.device_choice import apple_device, on_apple_silicon
 from chatcli.model.gpt import GPT, GPTConfig, infer_architecture
 from chatcli.model.linear import is_embedding_table
 from chatcli.model.quantize import default_half_kind
@@ -38,14 +39,20 @@ class ModelInfo:
     sequence_len: int
     load_s: float
     embedded: bool
+    device_note: str | None = None  # why --device auto chose this device, where it weighed
 
 
-def pick_device(device: str = "auto") -> torch.device:
+def pick_device(device: str = "auto", matrix_params: int | None = None) -> torch.device:
+    """The device asked for, checked. auto: a CUDA GPU where there is one; on Apple Silicon
+    our CPU kernels or MPS by the model's size (device_choice.py) where matrix_params is
+    known, MPS where it is not; else the CPU."""
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         mps = getattr(torch.backends, "mps", None)
         if mps is not None and mps.is_available():
+            if matrix_params is not None and on_apple_silicon():
+                return torch.device(apple_device(matrix_params).device)
             return torch.device("mps")
         return torch.device("cpu")
     if device not in ("cpu", "mps") and not re.fullmatch(r"cuda(:(0|[1-9]\d*))?", device):
@@ -71,6 +78,17 @@ def pick_device(device: str = "auto") -> torch.device:
                 "can use. Use --device auto or cpu."
             )
     return torch.device(device)
+
+
+def device_note(asked: str, matrix_params: int) -> str | None:
+    """Why `--device auto` chose what it did, where it weighed the CPU against MPS (Apple
+    Silicon with an Apple GPU), for the banner; None elsewhere."""
+    mps = getattr(torch.backends, "mps", None)
+    if asked != "auto" or torch.cuda.is_available() or not on_apple_silicon():
+        return None
+    if mps is None or not mps.is_available():
+        return None
+    return apple_device(matrix_params).why
 
 
 # Above this many matrix weights (the embedding tables, looked up a row at a time, not

@@ -344,10 +344,14 @@ def default_half_kind() -> str:
     """The 16-bit copy a big model keeps by default on this CPU for its decode (and, through
     fbgemm's fp16 GEMM, for its products of up to FBGEMM_FP16_MAX_ROWS rows): fp16 on x86
     where fbgemm runs, else bf16: fp16 measured about twice as fast on the x86 CPUs tried
-    (`python scripts/bench_decode_paths.py kernels`), and was not measured on other CPUs
-    (ARM), where its product would be a plain torch.mv."""
+    (`python scripts/bench_decode_paths.py kernels`). Elsewhere (ARM64) fp16 where our
+    whole-step kernel reads it (NEON widens fp16; it reads no bf16), so a big model's step is
+    one C call; bf16 where it does not (no compiler), speed there unmeasured either way."""
     x86 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    return "float16" if x86 and fbgemm_fp16_available() else "bfloat16"
+    if x86:
+        return "float16" if fbgemm_fp16_available() else "bfloat16"
+    kernel = rows_step()
+    return "float16" if kernel is not None and kernel.half_panel else "bfloat16"
 
 
 def supports(weight: torch.Tensor, kind: str) -> bool:

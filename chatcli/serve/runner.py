@@ -43,11 +43,16 @@ def worker_devices(device: str = "auto", workers: int | None = None) -> list[str
     (or MPS) worker unless `workers` asks for more replicas."""
     import torch
 
+    from chatcli.model.device_choice import on_apple_silicon
     from chatcli.model.model_build import pick_device
 
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be at least 1 (got {workers}).")
     resolved = pick_device(device)
+    if device == "auto" and resolved.type == "mps" and on_apple_silicon():
+        # Each worker's load weighs our CPU kernels against MPS by the model's size, as
+        # `chatcli chat` does (model/device_choice.py): the size is not known here yet.
+        return ["auto"] * (workers or 1)
     if resolved.type == "cuda" and resolved.index is None:
         count = torch.cuda.device_count()
         return [f"cuda:{i % count}" for i in range(workers or count)]

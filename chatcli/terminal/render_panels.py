@@ -37,7 +37,8 @@ def _format_count(n: float) -> str:
 
 def render_banner(console: Console, info: Mapping[str, object]) -> None:
     """The start-up banner. Keys, each optional: path, tag, source, step, era, params,
-    device, dtype, context_len, load_s."""
+    device, device_note (why --device auto chose it), dtype, context_len, load_s, kernels
+    (why our C kernels do not run: a notice line)."""
 
     def present(key: str) -> bool:
         return info.get(key) not in (None, "")
@@ -56,6 +57,8 @@ def render_banner(console: Console, info: Mapping[str, object]) -> None:
         print_line(console, Text(str(info["path"]), style="status"))
 
     setup = [str(info[k]) for k in ("device", "dtype") if present(k)]
+    if present("device") and present("device_note"):
+        setup[0] = f"{info['device']} ({info['device_note']})"
     context_len, load_s = stat_number(info, "context_len"), stat_number(info, "load_s")
     if context_len is not None:
         setup.append(f"context {context_len:.0f}")
@@ -63,6 +66,8 @@ def render_banner(console: Console, info: Mapping[str, object]) -> None:
         setup.append(f"loaded in {load_s:.1f}s")
     if setup:
         print_line(console, Text(" · ".join(setup), style="status"))
+    if present("kernels"):
+        print_line(console, Text(visible(str(info["kernels"])), style="notice"))
     print_line(console, Text(HELP_LINE, style="status"))
 
 
