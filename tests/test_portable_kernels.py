@@ -1,7 +1,7 @@
 """The kernels beyond this machine's compiler and CPU: aarch64 (cross-built, run under
 qemu-user), clang without OpenMP (team.h's own threads), and the build's choices per
 compiler and CPU. CI installs gcc-aarch64-linux-gnu, qemu-user and clang (.ci/run) and sets
-CHATCLI_REQUIRE_TOOLCHAINS=1, so there a missing tool fails these tests rather than skipping
+CI_REQUIRE_TOOLCHAINS=1, so there a missing tool fails these tests rather than skipping
 them; elsewhere they skip saying what to install."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from chatcli.kernels.rows_step_reference import rows_step_errors, slots_errors
 from chatcli.kernels.sample_rows import agrees, check_sample_rows, sample_rows
 
 CROSS, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
-REQUIRED = os.environ.get("CHATCLI_REQUIRE_TOOLCHAINS") == "1"
+REQUIRED = os.environ.get("CI_REQUIRE_TOOLCHAINS") == "1"
 
 
 def require(*tools: str, install: str) -> None:
@@ -39,7 +39,7 @@ def require(*tools: str, install: str) -> None:
     if missing:
         message = f"needs apt install {install} (missing: {', '.join(missing)})"
         if REQUIRED:
-            pytest.fail(f"{message}; CHATCLI_REQUIRE_TOOLCHAINS=1 says CI installed them")
+            pytest.fail(f"{message}; CI_REQUIRE_TOOLCHAINS=1 says CI installed them")
         pytest.skip(message)
 
 

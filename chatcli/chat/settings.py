@@ -48,6 +48,7 @@ OTHER_ENV_VARS = (
     "CHATCLI_URL",
     "CHATCLI_API_KEY",
     "CHATCLI_NATIVE_KERNELS",
+    "CHATCLI_KERNEL_OPENMP",
     "CHATCLI_REFERENCE_FIXTURES",
 )
 # Settings whose value is a number: in the TOML file a quoted one ("512") is a mistake, as
