@@ -15,11 +15,11 @@ import torch
 from builders import random_gpt
 from fakes import DONE, SPECIAL_IDS, ByteTokenizer, SlotScriptedModel, tool_call, uniform_bytes
 from serving import REFERENCE_E, byte_tokenizer, wait_until
+from step_paths import NoStopsTokenizer, engine_on_path
 
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.scheduler import PREFILL_CHUNK, RowRequest, Scheduler, default_rows
 from chatcli.engine.static_slots import SlotGraphs, buckets_for
-from chatcli.engine.static_step import ModuleStep, StaticDecodeStep
 from chatcli.errors import ContextOverflowError
 from chatcli.kernels.build import unavailable_reason
 from chatcli.kernels.rows_step import rows_step
@@ -27,28 +27,12 @@ from chatcli.kernels.rows_step_reference import slots_errors
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import ERAS
 from chatcli.model.slot_cache import SlotRows
-from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START, SPECIAL_TOKENS
+from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START
 from chatcli.serve.app import Limits, Worker, create_app
 from chatcli.serve.replies import GenerationParams
 from chatcli.serve.runner import BackgroundServer
 
 BYTES = ByteTokenizer()
-
-
-class _NoStops:
-    """Special ids outside the random models' 200-token vocabulary: no row stops early."""
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i % 256 for i in ids).decode(errors="replace")
-
-    def encode_special(self, name: str) -> int:
-        return 1000 + SPECIAL_TOKENS.index(name)
-
-    def get_bos_token_id(self) -> int:
-        return 999
 
 
 def _alone(engine: Engine, request: RowRequest) -> tuple[list[int], list[int], str]:
@@ -108,25 +92,6 @@ def _prompts(lengths: list[int], seed: int = 5) -> list[list[int]]:
     return [torch.randint(0, 190, (n,), generator=g).tolist() for n in lengths]
 
 
-def _engine(model, path: str) -> Engine:
-    """An engine whose decode step takes `path`: our kernel, torch's ops, the model's own
-    forward (a row at a time), or the static step a GPU graphs (run eagerly here)."""
-    engine = Engine(model, _NoStops())
-    if path == "kernel":
-        if rows_step() is None:
-            pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
-        assert engine.decode_step.kernel is not None
-    elif path == "torch":
-        engine.decode_step.use_kernel(False)
-    elif path == "forward":
-        engine.decode_step = None
-    elif path == "module":
-        engine.decode_step = ModuleStep(model)
-    elif path == "static":
-        engine.decode_step = StaticDecodeStep(model)
-    return engine
-
-
 # ---- every row is its request alone -----------------------------------------------------------
 
 
@@ -137,8 +102,8 @@ def test_each_row_of_a_batch_is_what_its_request_gives_alone(era, path):
     # decodes; rows join at different steps, so no two are at one position.
     model = random_gpt(era)
     requests = _requests(_prompts([5, 40, 150, 17, 90]), max_tokens=40)
-    want = [_alone(Engine(model, _NoStops()), r)[:2] for r in requests]
-    batch = Scheduler(_engine(model, path), rows=5, prefill_chunk=32)
+    want = [_alone(Engine(model, NoStopsTokenizer()), r)[:2] for r in requests]
+    batch = Scheduler(engine_on_path(model, path), rows=5, prefill_chunk=32)
     got, rows = _run(batch, requests, join_at=[0, 0, 3, 7, 8])
     assert got == [tuple(w) for w in want]
     assert [r.finish_reason for r in rows] == ["length"] * 5
@@ -149,8 +114,10 @@ def test_each_row_of_a_batch_is_what_its_request_gives_alone(era, path):
 def test_the_other_decode_paths_give_each_row_its_own_tokens(era, path):
     model = random_gpt(era)
     requests = _requests(_prompts([12, 140, 30]), max_tokens=24)
-    want = [_alone(Engine(model, _NoStops()), r)[:2] for r in requests]
-    got, _ = _run(Scheduler(_engine(model, path), rows=3, prefill_chunk=50), requests, [0, 2, 5])
+    want = [_alone(Engine(model, NoStopsTokenizer()), r)[:2] for r in requests]
+    got, _ = _run(
+        Scheduler(engine_on_path(model, path), rows=3, prefill_chunk=50), requests, [0, 2, 5]
+    )
     assert got == [tuple(w) for w in want]
 
 
@@ -219,7 +186,7 @@ def test_slot_graphs_pad_to_a_bucket_and_give_the_models_logits():
     assert buckets_for(6) == [1, 2, 4, 6]
     assert buckets_for(16) == [1, 2, 4, 8, 16]
     model = random_gpt("E")
-    engine = _engine(model, "static")
+    engine = engine_on_path(model, "static")
     cache = engine.new_slot_cache(6)
     graphs = SlotGraphs(engine.decode_step, cache, capture=False)
     prompts = _prompts([7, 30, 19])
@@ -245,7 +212,7 @@ def test_slot_graphs_pad_to_a_bucket_and_give_the_models_logits():
 
 def test_a_finished_row_frees_its_slot_at_once_for_the_next_request():
     model = random_gpt("E")
-    engine = _engine(model, "kernel" if rows_step() else "torch")
+    engine = engine_on_path(model, "kernel" if rows_step() else "torch")
     batch = Scheduler(engine, rows=2, prefill_chunk=64)
     short, long_, late = _requests(_prompts([10, 20, 15]), max_tokens=30)
     short = RowRequest(short.tokens, max_tokens=3)
@@ -265,13 +232,13 @@ def test_a_finished_row_frees_its_slot_at_once_for_the_next_request():
     while batch.running:
         batch.step()
     for row, request in [(first, short), (second, long_), (third, late)]:
-        assert row.tokens == _alone(Engine(model, _NoStops()), request)[0]
+        assert row.tokens == _alone(Engine(model, NoStopsTokenizer()), request)[0]
 
 
 def test_a_row_that_leaves_mid_decode_stops_there_and_the_others_go_on():
     # A client that disconnects: its row leaves between steps, its slot holds what it wrote.
     model = random_gpt("D")
-    engine = _engine(model, "kernel" if rows_step() else "torch")
+    engine = engine_on_path(model, "kernel" if rows_step() else "torch")
     requests = _requests(_prompts([25, 8, 60]), max_tokens=20)
     batch = Scheduler(engine, rows=3)
     rows = [batch.join(r) for r in requests]
@@ -286,14 +253,14 @@ def test_a_row_that_leaves_mid_decode_stops_there_and_the_others_go_on():
     while batch.running:
         batch.step()
     for i in (0, 2):
-        assert rows[i].tokens == _alone(Engine(model, _NoStops()), requests[i])[0]
-    alone = _alone(Engine(model, _NoStops()), requests[1])[0]
+        assert rows[i].tokens == _alone(Engine(model, NoStopsTokenizer()), requests[i])[0]
+    alone = _alone(Engine(model, NoStopsTokenizer()), requests[1])[0]
     assert len(gone.tokens) == 6 and gone.tokens == alone[:6]  # its first came at step one
 
 
 def test_a_long_prompt_prefills_in_chunks_while_the_running_rows_keep_decoding():
     model = random_gpt("E", sequence_len=512)
-    engine = _engine(model, "kernel" if rows_step() else "torch")
+    engine = engine_on_path(model, "kernel" if rows_step() else "torch")
     running, long_ = _requests(_prompts([12, 300]), max_tokens=60)
     long_ = RowRequest(long_.tokens, max_tokens=10, temperature=0.0)
     batch = Scheduler(engine, rows=2, prefill_chunk=32)
@@ -311,13 +278,13 @@ def test_a_long_prompt_prefills_in_chunks_while_the_running_rows_keep_decoding()
     assert joined.stats.prefill_tokens == 300
     while batch.running:
         batch.step()
-    assert first.tokens == _alone(Engine(model, _NoStops()), running)[0]
-    assert joined.tokens == _alone(Engine(model, _NoStops()), long_)[0]
+    assert first.tokens == _alone(Engine(model, NoStopsTokenizer()), running)[0]
+    assert joined.tokens == _alone(Engine(model, NoStopsTokenizer()), long_)[0]
 
 
 def test_a_slot_keeps_its_conversation_warm_for_the_next_turn():
     model = random_gpt("E")
-    engine = _engine(model, "kernel" if rows_step() else "torch")
+    engine = engine_on_path(model, "kernel" if rows_step() else "torch")
     batch = Scheduler(engine, rows=2, slots=3)
     one, other = _prompts([40, 30])
     first, _ = _run(batch, [RowRequest(one, max_tokens=8, temperature=0.0)])
@@ -328,7 +295,7 @@ def test_a_slot_keeps_its_conversation_warm_for_the_next_turn():
     got, rows = _run(batch, [request])
     # Every token the first turn ran is reused: its prompt and all but its reply's last.
     assert rows[0].stats.prefill_tokens == len(turn_two) - (len(one) + 7)
-    assert got[0][0] == _alone(Engine(model, _NoStops()), request)[0]
+    assert got[0][0] == _alone(Engine(model, NoStopsTokenizer()), request)[0]
 
 
 def test_a_calculator_call_forces_its_result_in_that_row_only():
@@ -363,7 +330,7 @@ def test_a_result_queued_at_the_budget_is_written_whole_as_alone():
 
 def test_max_tokens_zero_prefills_and_yields_nothing_and_a_full_context_is_refused():
     model = random_gpt("E")
-    batch = Scheduler(_engine(model, "torch"), rows=2)
+    batch = Scheduler(engine_on_path(model, "torch"), rows=2)
     got, rows = _run(batch, [RowRequest(_prompts([9])[0], max_tokens=0)])
     assert got == [([], [])] and rows[0].finish_reason == "length"
     assert rows[0].warm.tokens == rows[0].request.tokens  # the prompt is in its slot
@@ -385,12 +352,12 @@ def test_a_long_first_prompt_alone_gives_what_it_gives_alone(path):
     # Each prompt the only row, in a fresh batch at the default chunk: no row decodes while
     # its first chunks run, so those chunks want no logits.
     model = random_gpt("E")
-    engine = _engine(model, path)
+    engine = engine_on_path(model, path)
     for request in _requests(_prompts(FIRST_PROMPTS), max_tokens=10):
         batch = Scheduler(engine, rows=4)
         assert batch.prefill_chunk == PREFILL_CHUNK
         got, rows = _run(batch, [request])
-        want = _alone(Engine(model, _NoStops()), request)
+        want = _alone(Engine(model, NoStopsTokenizer()), request)
         assert (*got[0], rows[0].finish_reason) == want
         assert rows[0].stats.prefill_tokens == len(request.tokens)
 
@@ -401,8 +368,8 @@ def test_long_first_prompts_under_load_give_what_they_give_alone(path):
     # share a step); each row's tokens are its request's alone.
     model = random_gpt("E")
     requests = _requests(_prompts([5, 9, *FIRST_PROMPTS]), max_tokens=10)
-    want = [_alone(Engine(model, _NoStops()), r)[:2] for r in requests]
-    batch = Scheduler(_engine(model, path), rows=len(requests))
+    want = [_alone(Engine(model, NoStopsTokenizer()), r)[:2] for r in requests]
+    batch = Scheduler(engine_on_path(model, path), rows=len(requests))
     got, _ = _run(batch, requests, join_at=[0, 0, 2, 2, 3, 4, 4, 6])
     assert got == [tuple(w) for w in want]
 
@@ -411,7 +378,7 @@ def test_a_conversation_whose_slot_another_took_prefills_again_from_its_start():
     # One slot: the second client's long prompt evicts the first conversation, whose next
     # turn then prefills all of its 200 tokens again, in chunks, with no row decoding.
     model = random_gpt("E")
-    engine = _engine(model, "kernel" if rows_step() else "torch")
+    engine = engine_on_path(model, "kernel" if rows_step() else "torch")
     batch = Scheduler(engine, rows=1, slots=1)
     first, other = _requests(_prompts([70, 130]), max_tokens=8)
     [(reply, _)], _ = _run(batch, [first])
@@ -419,7 +386,7 @@ def test_a_conversation_whose_slot_another_took_prefills_again_from_its_start():
     follow_up = RowRequest(first.tokens + reply + _prompts([122], seed=9)[0], max_tokens=8)
     got, rows = _run(batch, [follow_up])
     assert rows[0].stats.prefill_tokens == len(follow_up.tokens) == 200
-    assert got[0] == _alone(Engine(model, _NoStops()), follow_up)[:2]
+    assert got[0] == _alone(Engine(model, NoStopsTokenizer()), follow_up)[:2]
 
 
 # ---- the embedded model ---------------------------------------------------------------------

@@ -13,59 +13,15 @@ import torch
 from builders import random_gpt
 from fakes import CHAT_PROMPT, DONE, ByteTokenizer, ScriptedModel, tool_call
 from reference import REFERENCE, needs_reference
+from step_paths import STEP_PATHS, NoStopsTokenizer, engine_on_path, random_prompt
 
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.logprobs import LogprobRecord, TokenLogprob
 from chatcli.engine.scheduler import RowRequest, Scheduler
-from chatcli.engine.static_step import ModuleStep, StaticDecodeStep
-from chatcli.kernels.build import unavailable_reason
-from chatcli.kernels.rows_step import rows_step
 from chatcli.model.gpt import ERAS
-from chatcli.model.special_tokens import SPECIAL_TOKENS
 
-STEP_PATHS = ["kernel", "torch", "forward", "module", "static"]
 # fp32 logits through different kernels agree to ~1e-5; log_softmax adds no more than that.
 TOLERANCE = 2e-4
-
-
-class _NoStops:
-    """Special ids outside the random models' 200-token vocabulary: no row stops early."""
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i % 256 for i in ids).decode(errors="replace")
-
-    def encode_special(self, name: str) -> int:
-        return 1000 + SPECIAL_TOKENS.index(name)
-
-    def get_bos_token_id(self) -> int:
-        return 999
-
-
-def _engine(model, path: str, tokenizer=None) -> Engine:
-    """An engine whose decode step takes `path` (as tests/test_batching.py names them)."""
-    engine = Engine(model, tokenizer or _NoStops())
-    if path == "kernel":
-        if rows_step() is None:
-            pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
-        assert engine.decode_step is not None and engine.decode_step.kernel is not None
-    elif path == "torch":
-        assert engine.decode_step is not None
-        engine.decode_step.use_kernel(False)
-    elif path == "forward":
-        engine.decode_step = None
-    elif path == "module":
-        engine.decode_step = ModuleStep(model)
-    elif path == "static":
-        engine.decode_step = StaticDecodeStep(model)
-    return engine
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 190, (n,), generator=g).tolist()
 
 
 @torch.inference_mode()
@@ -96,8 +52,8 @@ def _ties(values: torch.Tensor) -> bool:
 @pytest.mark.parametrize("era", list(ERAS))
 def test_each_tokens_logprob_is_the_full_forwards_log_softmax_alone(era, path):
     model = random_gpt(era)
-    engine = _engine(model, path)
-    prompt = _prompt(37, seed=3)
+    engine = engine_on_path(model, path)
+    prompt = random_prompt(37, seed=3)
     record = LogprobRecord(top=5)
     tokens = []
     # The chat's defaults (temperature 0.6, top-k 50) reshape the draw, not the reported
@@ -117,8 +73,8 @@ def test_each_tokens_logprob_is_the_full_forwards_log_softmax_alone(era, path):
 @pytest.mark.parametrize("era", ["A", "E"])
 def test_sample_rows_each_get_their_own_tokens_logprobs(era, path):
     model = random_gpt(era)
-    engine = _engine(model, path)
-    prompt = _prompt(21, seed=4)
+    engine = engine_on_path(model, path)
+    prompt = random_prompt(21, seed=4)
     record = LogprobRecord(top=3)
     columns = list(engine.generate(prompt, 3, max_tokens=12, temperature=1.0, logprobs=record))
     assert len(record.columns) == len(columns) == 12
@@ -132,12 +88,12 @@ def test_sample_rows_each_get_their_own_tokens_logprobs(era, path):
 @pytest.mark.parametrize("era", list(ERAS))
 def test_a_batchs_rows_joining_at_different_steps_get_the_full_forwards_logprobs(era, path):
     model = random_gpt(era)
-    batch = Scheduler(_engine(model, path), rows=3, prefill_chunk=16)
+    batch = Scheduler(engine_on_path(model, path), rows=3, prefill_chunk=16)
     # A prompt longer than the chunk prefills over several steps beside the others' decode.
     requests = [
-        RowRequest(_prompt(9, 5), max_tokens=15, temperature=0.0, logprobs=2),
-        RowRequest(_prompt(40, 6), max_tokens=15, temperature=0.9, seed=3, logprobs=20),
-        RowRequest(_prompt(14, 7), max_tokens=15, temperature=0.7, top_p=0.8, seed=4),
+        RowRequest(random_prompt(9, 5), max_tokens=15, temperature=0.0, logprobs=2),
+        RowRequest(random_prompt(40, 6), max_tokens=15, temperature=0.9, seed=3, logprobs=20),
+        RowRequest(random_prompt(14, 7), max_tokens=15, temperature=0.7, top_p=0.8, seed=4),
     ]
     join_at = [0, 1, 3]
     entries: dict[int, list[TokenLogprob]] = {0: [], 1: []}
@@ -180,13 +136,13 @@ def test_calculator_forced_tokens_are_marked_forced_with_no_probability():
 
 def test_a_generation_that_does_not_ask_records_nothing_and_out_of_range_is_refused():
     model = random_gpt("E")
-    engine = Engine(model, _NoStops())
+    engine = Engine(model, NoStopsTokenizer())
     stats = GenerationStats()
-    assert len(list(engine.generate(_prompt(5, 1), max_tokens=3, stats=stats))) == 3
+    assert len(list(engine.generate(random_prompt(5, 1), max_tokens=3, stats=stats))) == 3
     with pytest.raises(ValueError, match="between 0 and 20"):
-        engine.generate(_prompt(5, 1), max_tokens=3, logprobs=LogprobRecord(top=21))
+        engine.generate(random_prompt(5, 1), max_tokens=3, logprobs=LogprobRecord(top=21))
     with pytest.raises(ValueError, match="between 0 and 20"):
-        Scheduler(engine).join(RowRequest(_prompt(5, 1), max_tokens=3, logprobs=-1))
+        Scheduler(engine).join(RowRequest(random_prompt(5, 1), max_tokens=3, logprobs=-1))
 
 
 @needs_reference

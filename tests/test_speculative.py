@@ -11,59 +11,27 @@ import pytest
 import torch
 from builders import random_gpt
 from fakes import SPECIAL_IDS, VOCAB_SIZE, ByteTokenizer, FakeConfig, tool_call
+from step_paths import STEP_PATHS, engine_on_path
 from torch import nn
 
 from chatcli.engine.engine import Engine, GenerationStats
 from chatcli.engine.logprobs import LogprobRecord
 from chatcli.engine.scheduler import RowRequest, Scheduler
 from chatcli.engine.speculation import Drafter
-from chatcli.engine.static_step import ModuleStep, StaticDecodeStep
 from chatcli.engine.warm_cache import WarmCache
-from chatcli.kernels.build import unavailable_reason
-from chatcli.kernels.rows_step import rows_step
 from chatcli.model.checkpoint import load_model
 from chatcli.model.gpt import ERAS
-from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START, SPECIAL_TOKENS
+from chatcli.model.special_tokens import OUTPUT_END, OUTPUT_START
 
 BYTES = ByteTokenizer()
-STEP_PATHS = ["kernel", "torch", "forward", "module", "static"]
 # A prompt that repeats itself: a random model's greedy reply falls into a loop the drafts
 # then copy, so verifications take drafts.
 LOOPING = [5, 6, 7, 8, 9, 10, 11, 12] * 6
 
 
-class _NoStops:
-    """Special ids outside the random models' 200-token vocabulary: no row stops early."""
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i % 256 for i in ids).decode(errors="replace")
-
-    def encode_special(self, name: str) -> int:
-        return 1000 + SPECIAL_TOKENS.index(name)
-
-    def get_bos_token_id(self) -> int:
-        return 999
-
-
 def _engine(model, path: str, speculate: bool, tokenizer=None) -> Engine:
-    """An engine whose decode step takes `path` (as test_batching's), drafting or not."""
-    engine = Engine(model, tokenizer or _NoStops(), speculate=speculate)
-    if path == "kernel":
-        if rows_step() is None:
-            pytest.skip(f"no native kernel: {unavailable_reason('rows_step')}")
-        assert engine.decode_step.kernel is not None
-    elif path == "torch":
-        engine.decode_step.use_kernel(False)
-    elif path == "forward":
-        engine.decode_step = None
-    elif path == "module":
-        engine.decode_step = ModuleStep(model)
-    elif path == "static":
-        engine.decode_step = StaticDecodeStep(model)
-    return engine
+    """An engine on `path` (step_paths.STEP_PATHS), drafting or not."""
+    return engine_on_path(model, path, tokenizer, speculate=speculate)
 
 
 def _reply(engine: Engine, prompt: list[int], **kwargs):

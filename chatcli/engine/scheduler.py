@@ -11,6 +11,11 @@ the calculator's forced tokens, when and why a row ends) and every timing are wr
 once, so a chat turn, /samples, a server request and the benchmark get the same answer.
 
 Knows nothing about text, threads or HTTP; runs the model through a RowRunner (the Engine).
+
+One concept past 600 lines, on purpose: the per-row policy must exist once, so the step's
+order (logprobs from the model's logits, then a grammar's mask, the draw, the calculator,
+the end checks) reads in one place; what each of those does lives in its own module
+(logprobs.py, grammar_rows.py, tool_use.py, speculation.py) and is called from here.
 """
 
 from __future__ import annotations
