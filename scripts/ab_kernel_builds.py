@@ -28,7 +28,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=12, help="at least 2 (for quartiles)")
     parser.add_argument("--synthetic", default=None, help="d4, d12 or d20 (fp16 copies)")
-    parser.add_argument("--quantize", default=None, help="int8: a synthetic model's int8 copies")
+    parser.add_argument(
+        "--quantize", default=None, help="int8 or int4: a synthetic model's copies of that kind"
+    )
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--threads", action="store_true", help="OpenMP against pthreads")
     which.add_argument("-D", dest="define", help="NAME=VALUE: as is against with the define")

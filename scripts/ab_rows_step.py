@@ -124,7 +124,9 @@ def report_pair(
 def main() -> None:
     parser = comparison_parser(__doc__)
     parser.add_argument("--synthetic", default=None, help="d4, d12 or d20 (fp16 copies)")
-    parser.add_argument("--quantize", default=None, help="int8: a synthetic model's int8 copies")
+    parser.add_argument(
+        "--quantize", default=None, help="int8 or int4: a synthetic model's copies of that kind"
+    )
     args = parser.parse_args()
     n_rounds = rounds(parser, args)
     then = source_at(args.against, str(DECODE_OPS_SOURCE.relative_to(ROOT)))

@@ -81,7 +81,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--synthetic", default=None, help="d4, d12 or d20 (fp16 copies)")
     parser.add_argument("--calls", type=int, default=None, help="calls timed per row count")
-    parser.add_argument("--quantize", default=None, help="int8: a synthetic model's int8 copies")
+    parser.add_argument(
+        "--quantize", default=None, help="int8 or int4: a synthetic model's copies of that kind"
+    )
     parser.add_argument("--threads", type=int, default=2, help="the step's threads")
     args = parser.parse_args()
     captured = captured_calls(args.synthetic, args.quantize)

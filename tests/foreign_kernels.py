@@ -19,7 +19,7 @@ import torch
 from chatcli.kernels.build import KERNELS_DIR
 from chatcli.kernels.f16_matvec import F16Matvec
 from chatcli.kernels.f16_rows import F16Rows
-from chatcli.kernels.panels import HalfPanels, Int8Panels, Matrix, pack_panels
+from chatcli.kernels.panels import HalfPanels, Int4Panels, Int8Panels, Matrix, pack_panels
 from chatcli.kernels.rows_step import RowsModel, RowsStep
 from chatcli.kernels.sample_rows import SampleRows
 
@@ -80,7 +80,8 @@ class Harness:
         self.program = program
         layout = [_integer(r) for r in self.call("layout")]
         self.block, self.half_panel, self.int8_panel = layout[:3]
-        self.rows_panel, self.rows_max, self.matvec_rows, self.matvec_step = layout[3:]
+        self.rows_panel, self.rows_max, self.matvec_rows, self.matvec_step = layout[3:7]
+        self.int8_interleave, self.int4_panel = layout[7:9]
 
     def call(self, name: str, *args: Arg) -> list[bytes]:
         """The harness's answer records to the call `name` with `args`."""
@@ -141,6 +142,7 @@ class ForeignRowsStep(RowsStep):
             harness.half_panel,
             harness.int8_panel,
         )
+        self.int8_interleave, self.int4_panel = harness.int8_interleave, harness.int4_panel
 
     @property
     def has_slots(self) -> bool:
@@ -152,7 +154,7 @@ class ForeignRowsStep(RowsStep):
     def _matrix(self, t: Matrix) -> torch.Tensor:
         if isinstance(t, HalfPanels):
             return t.panels
-        if isinstance(t, Int8Panels):
+        if isinstance(t, Int8Panels | Int4Panels):
             return t.buffer
         return pack_panels(t, self.block)
 

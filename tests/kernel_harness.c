@@ -114,7 +114,8 @@ int main(void) {
     memcpy(call, name.p, name.n < sizeof call - 1 ? name.n : sizeof call - 1);
     if (!strcmp(call, "layout")) {
         long layout[] = {rows_block(), rows_half_panel(), rows_int8_panel(), f16_rows_panel(),
-                         f16_rows_max(), f16_matvec_rows(), f16_matvec_step()};
+                         f16_rows_max(), f16_matvec_rows(), f16_matvec_step(),
+                         rows_int8_interleave(), rows_int4_panel()};
         for (size_t i = 0; i < sizeof layout / sizeof *layout; i++) put_integer(layout[i]);
     } else if (!strcmp(call, "f16_matvec")) {
         float *x = array();

@@ -256,29 +256,38 @@ def test_steps_read_the_compact_copies_as_the_module_forward_does(kind):
         torch.testing.assert_close(got, want, atol=0.02, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["float16", "int8"])
+@pytest.mark.parametrize("kind", ["float16", "int8", "int4"])
 @pytest.mark.parametrize("era", ["A", "D", "E"])
 def test_narrow_copies_run_through_the_kernel_from_their_own_panels(era, kind):
-    # rows_step reads each fp16 copy's f16_rows panels, or each int8 copy's codes and
-    # scales, where they are (no memory added), and sums in fp32 as the copies' own
-    # products do, in another order: torch's ops over the same copies within rounding, one
-    # row and sample rows over a shared prompt.
+    # rows_step reads each fp16 copy's f16_rows panels, or each int8 or int4 copy's codes
+    # and scales, where they are (no memory added), and sums as the copies' own products
+    # do, in another order: torch's ops over the same copies within rounding, one row and
+    # sample rows over a shared prompt.
     kernel = rows_step()
-    panel = 0 if kernel is None else kernel.half_panel if kind == "float16" else kernel.int8_panel
+    attribute = {"float16": "half_panel", "int8": "int8_panel", "int4": "int4_panel"}[kind]
+    panel = 0 if kernel is None else getattr(kernel, attribute)
     if not panel:
-        pytest.skip(f"no {kind} kernel here: {unavailable_reason('rows_step') or 'no F16C/AVX2'}")
+        why = unavailable_reason("rows_step") or "no F16C/AVX2, or for int4 no VNNI/sdot"
+        pytest.skip(f"no {kind} kernel here: {why}")
     # Widths of whole panels, and a vocabulary of an odd count of them, which ends in a block
-    # of one panel: 200 with AVX2's 8 columns, 208 with AVX-512's 16.
-    model = random_gpt(era, vocab_size=(-(-190 // panel) | 1) * panel)
+    # of one panel: 200 with AVX2's 8 columns, 208 with AVX-512's 16. int4: widths of whole
+    # groups of 128 inputs.
+    n_embd = 128 if kind == "int4" else 64
+    model = random_gpt(era, n_embd=n_embd, vocab_size=(-(-190 // panel) | 1) * panel)
     model.add_decode_weights(kind)
     step = DecodeStep(model)
-    assert step.kernel == ("rows_step fp16" if kind == "float16" else "rows_step int8")
+    assert step.kernel == f"rows_step {'fp16' if kind == 'float16' else kind}"
     if kind == "float16":
         copies = {c.half_panels.panels.data_ptr() for c in model.decode_weights()}
-    else:
+    elif kind == "int8":
         copies = {c.int8_panels.buffer.data_ptr() for c in model.decode_weights()}
+    else:
+        copies = {c.int4_panels.buffer.data_ptr() for c in model.decode_weights()}
     assert {p.data_ptr() for p in step.kernel_model.packed} == copies
     reference = DecodeStep(model, kernel=False)
+    # int4's products round each row's activations to 15 bits of its largest: the step and
+    # torch's ops round ones that differ in their last bits to neighbouring integers.
+    tol = 5e-4 if kind == "int4" else 1e-4
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 190, (1, 170), generator=g)
     ours, theirs = _cache(model), _cache(model)
@@ -286,13 +295,13 @@ def test_narrow_copies_run_through_the_kernel_from_their_own_panels(era, kind):
     model(ids[:, :20], kv_cache=theirs)
     for t in range(20, 170):  # past the short windows
         got = step(ids[:, t : t + 1], ours)
-        torch.testing.assert_close(got, reference(ids[:, t : t + 1], theirs), atol=1e-4, rtol=0)
-    torch.testing.assert_close(ours.k_cache, theirs.k_cache, atol=1e-4, rtol=0)
+        torch.testing.assert_close(got, reference(ids[:, t : t + 1], theirs), atol=tol, rtol=0)
+    torch.testing.assert_close(ours.k_cache, theirs.k_cache, atol=tol, rtol=0)
     rows = SharedPrefixCache(ours, 8, 10), SharedPrefixCache(theirs, 8, 10)
     for _ in range(10):
         column = torch.randint(0, 190, (8, 1), generator=g)
         torch.testing.assert_close(step(column, rows[0]), reference(column, rows[1]),
-                                   atol=1e-4, rtol=0)  # fmt: skip
+                                   atol=tol, rtol=0)  # fmt: skip
 
 
 def test_int8_copies_of_a_vocabulary_not_in_whole_panels_keep_torchs_ops():

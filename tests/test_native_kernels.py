@@ -578,7 +578,7 @@ def test_the_int8_product_is_each_row_times_the_codes_then_the_scales(rows, thre
     # Any row count (a chat turn's few tokens): passes of 8, each weight widened once a pass.
     g = torch.Generator().manual_seed(rows)
     weight = torch.randn(6 * _ROWS.int8_panel, 40, generator=g)
-    panels = Int8Panels.of(*int8_rows(weight), _ROWS.int8_panel)
+    panels = Int8Panels.of(*int8_rows(weight), _ROWS.int8_panel, _ROWS.int8_interleave)
     x = torch.randn(rows, 40, generator=g)
     got = _ROWS.int8_product(panels, x, threads)
     torch.testing.assert_close(got, x @ panels.matrix(), atol=1e-5, rtol=1e-5)
@@ -605,7 +605,7 @@ def test_rows_step_refuses_int8_it_does_not_read():
     shapes = [(32, 4 * p), (2 * p, 32), (32, 4 * p), (4 * p, 32)]
 
     def int8(matrix: torch.Tensor, panel: int = p) -> Int8Panels:
-        return Int8Panels.of(*int8_rows(matrix.t()), panel)
+        return Int8Panels.of(*int8_rows(matrix.t()), panel, _ROWS.int8_interleave)
 
     def layer(kind: str = "int8", panel: int = p) -> RowsLayer:
         ws = [torch.randn(*s, generator=g) for s in shapes]

@@ -84,6 +84,8 @@ def test_the_aarch64_build_reads_neon_panels_of_four_lanes(aarch64):
     # 4 fp32 lanes (one NEON register), fp16 and int8 widened in hardware: both compact
     # copies run in the whole-step kernel there, which an x86 without F16C cannot.
     assert (aarch64.block, aarch64.half_panel, aarch64.int8_panel) == (8, 4, 4)
+    assert aarch64.int8_interleave == 1  # ARMv8.0 has no sdot: int8 is widened
+    assert aarch64.int4_panel == 0  # and int4 keeps torch's kernel
     assert (aarch64.rows_panel, aarch64.rows_max) == (4, 8)
     assert (aarch64.matvec_rows, aarch64.matvec_step) == (4, 8)
 
@@ -115,6 +117,21 @@ def test_the_aarch64_step_gives_the_same_logits_on_one_thread_and_three(aarch64)
     one = rows_step_errors(kernel, rows=5, threads=1)
     three = rows_step_errors(kernel, rows=5, threads=3)
     assert one == three
+
+
+@needs_cross
+def test_an_aarch64_with_dot_products_reads_interleaved_int8_and_int4(tmp_path):
+    # ARMv8.2's sdot (Graviton 2 and later, Apple's cores): four inputs of a column a lane,
+    # int8's and int4's products in integers.
+    program = build_harness(CROSS, ("-march=armv8.2-a+dotprod",), tmp_path / "dot")
+    dot = Harness([QEMU, str(program)])
+    assert (dot.int8_panel, dot.int8_interleave, dot.int4_panel) == (4, 4, 4)
+    kernel = ForeignRowsStep(dot)
+    check_rows_step(kernel)  # int4 too
+    assert max(rows_step_errors(kernel, rows=1, int8=True)) < 1e-5
+    assert max(rows_step_errors(kernel, rows=5, int8=True, threads=2)) < 1e-5
+    int4 = dict(widths=(128, 256, 100), heads=(8, 4), int4=True)
+    assert max(rows_step_errors(kernel, rows=5, threads=2, **int4)) < 1e-3
 
 
 @needs_cross

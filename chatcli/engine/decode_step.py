@@ -2,7 +2,7 @@
 
 Owns: DecodeStep, the step every fp32 model runs on the CPU: through our C kernel where it
 compiles (kernels.rows_step: a small fp32 model's whole step, one row or many, or a big
-one's fp16 or int8 copies read from their panels, in one call), else the same arithmetic
+one's fp16, int8 or int4 copies read from their panels, in one call), else the same arithmetic
 in torch ops, about half as many as the module forward's:
 
 - q, k and v come from one product over the three matrices stacked (step_matrices.py);
@@ -177,16 +177,24 @@ class DecodeStep:
     def _kernel_model(self, kernel: RowsStep) -> RowsModel | None:
         """The step's model as the rows_step kernel reads it, or None where it does not apply:
         matrices neither all fp32 and small (weight_t) nor all fp16 copies in half panels nor
-        all int8 copies in int8 panels (int4, bf16 copies; fp16 where the CPU lacks F16C, int8
-        where it lacks AVX2), tables other than fp32 or bf16."""
+        all int8 or all int4 copies in their panels (bf16 copies; fp16 where the CPU lacks
+        F16C, int8 where it lacks AVX2, int4 where it has no integer dot products or a width
+        is not whole groups), tables other than fp32 or bf16."""
         source: dict[int, Matrix] = {}
         for m in self.matrices:
             if m.weight_t is not None:
                 source[id(m)] = m.weight_t
                 continue
-            copies = m.copies  # one fp16 or int8 copy (a stacked one for q, k, v) keeps panels
+            copies = m.copies  # one compact copy (a stacked one for q, k, v) keeps panels
             one = copies[0] if len(copies) == 1 else None
-            panels = getattr(one, "half_panels", None) or getattr(one, "int8_panels", None)
+            panels = next(
+                (
+                    p
+                    for a in ("half_panels", "int8_panels", "int4_panels")
+                    if (p := getattr(one, a, None))
+                ),
+                None,
+            )
             if panels is None:
                 return None
             source[id(m)] = panels
@@ -250,7 +258,7 @@ class DecodeStep:
         """Our kernel that runs the whole step where it applies (reported by the bench)."""
         if self._rows_model is None:
             return None
-        narrow = {"float16": " fp16", "int8": " int8"}
+        narrow = {"float16": " fp16", "int8": " int8", "int4": " int4"}
         return "rows_step" + narrow.get(self._rows_model.weights, "")
 
     def threads_by_rows(self) -> dict[int, int]:

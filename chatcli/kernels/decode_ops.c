@@ -127,7 +127,7 @@ struct rows_model {
     float ve_scale, eps, norm_scale, norm_eps, att_scale, softcap;
     long backout_layer; /* x -= backout_lambda * (x after this layer) at the end; -1: none */
     float backout_lambda;
-    long half;       /* 0: fp32 panels; every matrix narrow (product_narrow): 1 fp16, 2 int8 */
+    long half;       /* 0: fp32 panels; every matrix narrow: 1 fp16, 2 int8, 3 int4 */
     long bf16_table; /* 1: the value embeddings bf16 (a checkpoint's, kept so); 0: fp32 */
 };
 
@@ -505,12 +505,336 @@ static inline __attribute__((always_inline)) void sum_narrow(struct view x, long
     }
 }
 
+#if DOT_INT8
+/* int8 products as integer dot products (lanes.h's dot_int8), where the CPU has them.
+ *
+ * Why: per VW weights the widening loop spends a sign extension, a conversion and an FMA,
+ * and d20's one-row int8 step reached ~0.6-0.7 of its roofline (docs/performance-notes.md,
+ * "int8 at the roofline"): its instructions, not the memory, set the pace. Here each row's
+ * activations become integers exactly enough to stand in for fp32: v = x / unit rounded,
+ * |v| <= DIGIT_LIMIT (23 bits, fp32's mantissa, against the row's largest |x|), written in
+ * three signed base-256 digits v = d0 + 256 d1 + 65536 d2. Each digit plane's products
+ * with the codes are exact in 32-bit sums (flushed to doubles every DOT_CHUNK inputs, before
+ * they could overflow), so a column's sum is exact up to the rounding of x to 23 bits:
+ * sum_k v_k code_kj = A0 + 256 A1 + 65536 A2 - DOT_OFFSET sum_k v_k, then times unit and
+ * the column's scale. Three instructions cover 4 VW weights where twelve did. */
+#define DIGIT_LIMIT 8323072.0f /* 127 * 65536: the top digit never leaves [-128, 127] */
+#define DOT_CHUNK 32768        /* inputs: 4 * 255 * 128 * DOT_CHUNK / 4 < 2^31 */
+#if LANE_REGISTERS == 32
+#define DOT_ROWS 4 /* rows a pass: 4 rows * 3 digits * 2 panels = 24 sums, 2 weights */
+#else
+#define DOT_ROWS 2
+#endif
+
+/* A thread's digits of the rows it multiplies: (rows, 3, in4 * 4) bytes, grown as asked. */
+static __thread signed char *digit_buffer;
+static __thread long digit_bytes;
+
+/* Row x's digits (3 planes of in4 * 4 bytes, the inputs past `in` 0), the sum of its v
+ * and the unit it counts in. */
+static void to_digits(const float *x, long in, long in4, signed char *d, double *total,
+                      float *unit) {
+    float largest = 0;
+    for (long k = 0; k < in; k++) largest = fmaxf(largest, fabsf(x[k]));
+    float u = largest > 0 ? largest / DIGIT_LIMIT : 1.0f, inv = 1.0f / u;
+    long n = 4 * in4, sum = 0;
+    for (long k = 0; k < n; k++) {
+        long v = 0;
+        if (k < in) {
+            float f = x[k] * inv;
+            f = f > DIGIT_LIMIT ? DIGIT_LIMIT : f < -DIGIT_LIMIT ? -DIGIT_LIMIT : f;
+            v = lrintf(f);
+        }
+        sum += v;
+        long d0 = ((v + 128) & 255) - 128, v1 = (v - d0) / 256;
+        long d1 = ((v1 + 128) & 255) - 128, d2 = (v1 - d1) / 256;
+        d[k] = (signed char)d0, d[n + k] = (signed char)d1, d[2 * n + k] = (signed char)d2;
+    }
+    *total = (double)sum, *unit = u;
+}
+
+/* The sums of `rows` rows' digits (row stride 3 n bytes, n = 4 in4) @ a block's panels
+ * p0, p1 over groups g0..g1, into the double sums lo, hi (the digits' planes combined). */
+static inline __attribute__((always_inline)) void sum_dot(const signed char *d, long rows,
+                                                          long n, long g0, long g1,
+                                                          const unsigned char *p0,
+                                                          const unsigned char *p1, dvec *lo,
+                                                          dvec *hi) {
+    ivec a[DOT_ROWS][3][2];
+    for (int r = 0; r < DOT_ROWS; r++)
+        for (int b = 0; b < 3; b++) a[r][b][0] = a[r][b][1] = (ivec){0};
+    const long group = 4 * VW;
+    for (long g = g0; g < g1; g++) {
+        __builtin_prefetch(p0 + g * group + INT8_PREFETCH_BYTES);
+        __builtin_prefetch(p1 + g * group + INT8_PREFETCH_BYTES);
+        if (group > 64) {
+            __builtin_prefetch(p0 + g * group + INT8_PREFETCH_BYTES + 64);
+            __builtin_prefetch(p1 + g * group + INT8_PREFETCH_BYTES + 64);
+        }
+        codes_t c0 = load_codes(p0 + g * group), c1 = load_codes(p1 + g * group);
+        for (int r = 0; r < rows; r++)
+            for (int b = 0; b < 3; b++) {
+                int digits;
+                memcpy(&digits, d + r * 3 * n + b * n + 4 * g, sizeof digits);
+                a[r][b][0] = dot_int8(a[r][b][0], c0, digits);
+                a[r][b][1] = dot_int8(a[r][b][1], c1, digits);
+            }
+    }
+    for (int r = 0; r < rows; r++) {
+        for (int h = 0; h < 2; h++) {
+            dvec s = __builtin_convertvector(a[r][0][h], dvec);
+            s += 256.0 * __builtin_convertvector(a[r][1][h], dvec);
+            s += 65536.0 * __builtin_convertvector(a[r][2][h], dvec);
+            if (h == 0) lo[r] += s;
+            else hi[r] += s;
+        }
+    }
+}
+
+/* sum_dot for each count of rows its own loop, the sums in registers. */
+static void sum_dot_rows(const signed char *d, long rows, long n, long g0, long g1,
+                         const unsigned char *p0, const unsigned char *p1, dvec *lo, dvec *hi) {
+    switch (rows) {
+    case 1: sum_dot(d, 1, n, g0, g1, p0, p1, lo, hi); break;
+    case 2: sum_dot(d, 2, n, g0, g1, p0, p1, lo, hi); break;
+#if DOT_ROWS == 4
+    case 3: sum_dot(d, 3, n, g0, g1, p0, p1, lo, hi); break;
+    case 4: sum_dot(d, 4, n, g0, g1, p0, p1, lo, hi); break;
+#endif
+    }
+}
+
+/* product_narrow's int8 products over the interleaved panels (Int8Panels, interleave 4):
+ * the buffer's `out` column scales, then panels of (in4, VW, 4) codes + 128. Each thread
+ * writes its own digits of every row, then takes its blocks (an orphaned `omp for`). */
+static void product_int8_dot(const float *x, long rows, long in, const void *w, long out,
+                             float *y, const float *scale, enum epilogue how) {
+    long in4 = (in + 3) / 4, n = 4 * in4, blocks = out / BLOCK, last = blocks + (out % BLOCK != 0);
+    const float *column_scale = w;
+    const unsigned char *panels = (const unsigned char *)(column_scale + out);
+    long panel_bytes = n * VW, need = rows * 3 * n;
+    if (need > digit_bytes) {
+        free(digit_buffer);
+        digit_buffer = malloc(need), digit_bytes = need;
+    }
+    double total[DOT_ROWS];
+    float unit[DOT_ROWS];
+    double *totals = rows > DOT_ROWS ? malloc(rows * sizeof *totals) : total;
+    float *units = rows > DOT_ROWS ? malloc(rows * sizeof *units) : unit;
+    for (long r = 0; r < rows; r++)
+        to_digits(x + r * in, in, in4, digit_buffer + r * 3 * n, totals + r, units + r);
+    TEAM_FOR(b, last) {
+        const unsigned char *p0 = panels + 2 * b * panel_bytes;
+        const unsigned char *p1 = b < blocks ? p0 + panel_bytes : p0;
+        vec c0 = *(const vec_u *)(column_scale + b * BLOCK);
+        vec c1 = b < blocks ? *(const vec_u *)(column_scale + b * BLOCK + VW) : c0;
+        for (long r = 0; r < rows; r += DOT_ROWS) {
+            long m = rows - r < DOT_ROWS ? rows - r : DOT_ROWS;
+            dvec lo_d[DOT_ROWS], hi_d[DOT_ROWS];
+            for (int i = 0; i < DOT_ROWS; i++) lo_d[i] = hi_d[i] = (dvec){0};
+            for (long g = 0; g < in4; g += DOT_CHUNK / 4) {
+                long g1 = g + DOT_CHUNK / 4 < in4 ? g + DOT_CHUNK / 4 : in4;
+                sum_dot_rows(digit_buffer + r * 3 * n, m, n, g, g1, p0, p1, lo_d, hi_d);
+            }
+            vec lo[DOT_ROWS], hi[DOT_ROWS];
+            for (long i = 0; i < m; i++) {
+                double off = DOT_OFFSET * totals[r + i], u = units[r + i];
+                lo[i] = __builtin_convertvector((lo_d[i] - off) * u, vec) * c0;
+                hi[i] = __builtin_convertvector((hi_d[i] - off) * u, vec) * c1;
+            }
+            store_block(m, lo, hi, y + r * out + b * BLOCK, out, scale ? scale + r : NULL, how,
+                        b < blocks);
+        }
+    }
+    if (totals != total) free(totals), free(units);
+}
+#endif
+
+#if DOT_INT8
+/* int4 products (panels.Int4Panels), on the integer dot products int8's use.
+ *
+ * Why: torch's int4 kernel (bf16 activations, one op a matrix) read d20's int4 copies at a
+ * third of their roofline, and a step of torch's ops is not one call. The copy: groups of
+ * INT4_GROUP inputs, each column's codes q (0-15) with an fp16 scale s and low end l per
+ * group, weight = l + q s. sum_k x_k w_kj = unit (sum_g s_gj G_gj + l_gj S_g), where G_gj =
+ * sum_{k in g} v_k q_kj over the row's activations as integers v (two signed base-256
+ * digits: 15 bits against the row's largest |x|, a rounding far below the codes' own,
+ * 1/15 of a group's range) and S_g = sum_{k in g} v_k. G is exact in 32 bits; each group
+ * adds its fp32 terms. A panel's group: VW fp16 scales, VW fp16 lows, then 16 quads' pairs
+ * of VW * 4 bytes, quad t's codes in the low nibbles and quad t + 16's in the high. */
+#define INT4_WEIGHTS 1
+#define INT4_GROUP 128
+#define INT4_DIGIT_LIMIT 32512.0f /* 127 * 256: the top digit stays in [-128, 127] */
+#define INT4_GROUP_BYTES (4 * VW + 64 * VW) /* scales, lows, 32 quads of VW * 4 nibbles */
+
+/* A thread's 2-digit rows and their group sums, grown as asked. */
+static __thread signed char *nibble_digits;
+static __thread long nibble_digit_bytes;
+static __thread float *group_sums;
+static __thread long group_sum_count;
+
+/* Row x's two digit planes (in bytes each), its group sums S_g and its unit. */
+static void to_digits2(const float *x, long in, signed char *d, float *sums, float *unit) {
+    float largest = 0;
+    for (long k = 0; k < in; k++) largest = fmaxf(largest, fabsf(x[k]));
+    float u = largest > 0 ? largest / INT4_DIGIT_LIMIT : 1.0f, inv = 1.0f / u;
+    for (long g = 0; g < in / INT4_GROUP; g++) {
+        long sum = 0;
+        for (long k = g * INT4_GROUP; k < (g + 1) * INT4_GROUP; k++) {
+            float f = x[k] * inv;
+            f = f > INT4_DIGIT_LIMIT ? INT4_DIGIT_LIMIT : f < -INT4_DIGIT_LIMIT ? -INT4_DIGIT_LIMIT : f;
+            long v = lrintf(f), d0 = ((v + 128) & 255) - 128;
+            d[k] = (signed char)d0, d[in + k] = (signed char)((v - d0) / 256);
+            sum += v;
+        }
+        sums[g] = (float)sum;
+    }
+    *unit = u;
+}
+
+/* The sums of `rows` rows (digits row stride 2 in, group sums row stride in / INT4_GROUP)
+ * @ a block's int4 panels p0, p1, every group, into lo, hi (fp32, before the unit). */
+static inline __attribute__((always_inline)) void sum_int4(const signed char *d,
+                                                           const float *sums, long rows,
+                                                           long in, const unsigned char *p0,
+                                                           const unsigned char *p1, vec *lo,
+                                                           vec *hi) {
+    const long groups = in / INT4_GROUP, quad = 4 * VW;
+    for (long g = 0; g < groups; g++) {
+        const unsigned char *q0 = p0 + g * INT4_GROUP_BYTES, *q1 = p1 + g * INT4_GROUP_BYTES;
+        /* The high nibbles' sums apart for one or two rows: each sum then waits on one
+           dot product a quad, not two (the instruction's latency, not its throughput). */
+        ivec a[DOT_ROWS][2][2], ah[2][2][2];
+        for (int r = 0; r < DOT_ROWS; r++)
+            for (int b = 0; b < 2; b++) a[r][b][0] = a[r][b][1] = (ivec){0};
+        for (int r = 0; r < 2; r++)
+            for (int b = 0; b < 2; b++) ah[r][b][0] = ah[r][b][1] = (ivec){0};
+        const unsigned char *c0 = q0 + 4 * VW, *c1 = q1 + 4 * VW;
+        for (long t = 0; t < 16; t++) {
+            __builtin_prefetch(c0 + t * quad + INT8_PREFETCH_BYTES);
+            __builtin_prefetch(c1 + t * quad + INT8_PREFETCH_BYTES);
+            codes_t l0, h0, l1, h1;
+            load_nibbles(c0 + t * quad, &l0, &h0);
+            load_nibbles(c1 + t * quad, &l1, &h1);
+            for (int r = 0; r < rows; r++)
+                for (int b = 0; b < 2; b++) {
+                    const signed char *at = d + r * 2 * in + b * in + g * INT4_GROUP + 4 * t;
+                    int low, high;
+                    memcpy(&low, at, sizeof low);
+                    memcpy(&high, at + 64, sizeof high);
+                    if (rows <= 2) {
+                        a[r][b][0] = dot_int8(a[r][b][0], l0, low);
+                        ah[r][b][0] = dot_int8(ah[r][b][0], h0, high);
+                        a[r][b][1] = dot_int8(a[r][b][1], l1, low);
+                        ah[r][b][1] = dot_int8(ah[r][b][1], h1, high);
+                    } else {
+                        a[r][b][0] = dot_int8(dot_int8(a[r][b][0], l0, low), h0, high);
+                        a[r][b][1] = dot_int8(dot_int8(a[r][b][1], l1, low), h1, high);
+                    }
+                }
+        }
+        if (rows <= 2)
+            for (int r = 0; r < rows; r++)
+                for (int b = 0; b < 2; b++) a[r][b][0] += ah[r][b][0], a[r][b][1] += ah[r][b][1];
+        vec s0 = widen_half((const unsigned short *)q0);
+        vec m0 = widen_half((const unsigned short *)q0 + VW);
+        vec s1 = widen_half((const unsigned short *)q1);
+        vec m1 = widen_half((const unsigned short *)q1 + VW);
+        for (int r = 0; r < rows; r++) {
+            float sg = sums[r * groups + g];
+            vec G0 = __builtin_convertvector(a[r][0][0] + a[r][1][0] * 256, vec);
+            vec G1 = __builtin_convertvector(a[r][0][1] + a[r][1][1] * 256, vec);
+            lo[r] += s0 * G0 + m0 * sg;
+            hi[r] += s1 * G1 + m1 * sg;
+        }
+    }
+}
+
+/* sum_int4 for each count of rows its own loop. */
+static void sum_int4_rows(const signed char *d, const float *sums, long rows, long in,
+                          const unsigned char *p0, const unsigned char *p1, vec *lo, vec *hi) {
+    switch (rows) {
+    case 1: sum_int4(d, sums, 1, in, p0, p1, lo, hi); break;
+    case 2: sum_int4(d, sums, 2, in, p0, p1, lo, hi); break;
+#if DOT_ROWS == 4
+    case 3: sum_int4(d, sums, 3, in, p0, p1, lo, hi); break;
+    case 4: sum_int4(d, sums, 4, in, p0, p1, lo, hi); break;
+#endif
+    }
+}
+
+/* y (rows, out) from x (rows, in) @ an int4 matrix (Int4Panels), in a multiple of
+ * INT4_GROUP (the caller checks); as product_narrow, an orphaned `omp for` over the
+ * blocks, each thread writing its own digits of every row first. */
+static void product_int4(const float *x, long rows, long in, const void *w, long out, float *y,
+                         const float *scale, enum epilogue how) {
+    long groups = in / INT4_GROUP, blocks = out / BLOCK, last = blocks + (out % BLOCK != 0);
+    long panel_bytes = groups * INT4_GROUP_BYTES, need = rows * 2 * in;
+    if (need > nibble_digit_bytes) {
+        free(nibble_digits);
+        nibble_digits = malloc(need), nibble_digit_bytes = need;
+    }
+    if (rows * (groups + 1) > group_sum_count) {
+        free(group_sums);
+        group_sum_count = rows * (groups + 1);
+        group_sums = malloc(group_sum_count * sizeof *group_sums);
+    }
+    float *units = group_sums + rows * groups;
+    for (long r = 0; r < rows; r++)
+        to_digits2(x + r * in, in, nibble_digits + r * 2 * in, group_sums + r * groups, units + r);
+    TEAM_FOR(b, last) {
+        const unsigned char *p0 = (const unsigned char *)w + 2 * b * panel_bytes;
+        const unsigned char *p1 = b < blocks ? p0 + panel_bytes : p0;
+        for (long r = 0; r < rows; r += DOT_ROWS) {
+            long m = rows - r < DOT_ROWS ? rows - r : DOT_ROWS;
+            vec lo[DOT_ROWS], hi[DOT_ROWS];
+            for (int i = 0; i < DOT_ROWS; i++) lo[i] = hi[i] = (vec){0};
+            sum_int4_rows(nibble_digits + r * 2 * in, group_sums + r * groups, m, in, p0, p1,
+                          lo, hi);
+            for (long i = 0; i < m; i++) lo[i] *= units[r + i], hi[i] *= units[r + i];
+            store_block(m, lo, hi, y + r * out + b * BLOCK, out, scale ? scale + r : NULL, how,
+                        b < blocks);
+        }
+    }
+}
+
+struct int4_call {
+    const float *x;
+    long rows, in;
+    const void *w;
+    long out;
+    float *y;
+};
+
+static void int4_product_team(void *arg) {
+    const struct int4_call *c = arg;
+    product_int4(c->x, c->rows, c->in, c->w, c->out, c->y, NULL, STORE);
+}
+
+/* y (rows, out) = x (rows, in) @ an int4 matrix (Int4Panels) on `threads` cores: an int4
+ * copy's own products outside a whole step. Returns 0, or -1 (nothing written) where this
+ * CPU reads no int4 or the shape is not whole panels and groups. */
+int rows_int4_product(const float *x, long rows, long in, const void *w, long out, float *y,
+                      int threads) {
+    if (out % VW || in % INT4_GROUP || rows < 1) return -1;
+    struct int4_call call = {x, rows, in, w, out, y};
+    team_run(threads, int4_product_team, &call);
+    return 0;
+}
+#endif
+
 /* y (rows, out) from x (rows, in) @ a narrow matrix (fp16 half panels, or int8's scales
  * then panels), out a multiple of VW (the caller checks): a last panel without a pair
  * (out % BLOCK == VW, a vocabulary of 200 with 8 lanes) is summed twice and stored once.
  * An orphaned `omp for` over the blocks, as product(). */
 static void product_narrow(const float *x, long rows, long in, const void *w, enum narrow kind,
                            long out, float *y, const float *scale, enum epilogue how) {
+#if DOT_INT8
+    if (kind == INT8) {
+        product_int8_dot(x, rows, in, w, out, y, scale, how);
+        return;
+    }
+#endif
     long blocks = out / BLOCK, last = blocks + (out % BLOCK != 0);
     const float *column_scale = kind == INT8 ? w : NULL;
     const char *panels = kind == INT8 ? (const char *)(column_scale + out) : w;
@@ -571,13 +895,34 @@ int rows_int8_product(const float *x, long rows, long in, const void *w, long ou
 }
 #endif
 
+#ifndef INT4_WEIGHTS
+#define INT4_WEIGHTS 0
+#define INT4_GROUP 128
+int rows_int4_product(const float *x, long rows, long in, const void *w, long out, float *y,
+                      int threads) {
+    (void)x, (void)rows, (void)in, (void)w, (void)out, (void)y, (void)threads;
+    return -1;
+}
+#endif
+
 int rows_half_panel(void) { return HALF_WEIGHTS ? VW : 0; }
+/* int4 matrices' panel width (Int4Panels), 0 where the CPU has no integer dot products. */
+int rows_int4_panel(void) { return INT4_WEIGHTS ? VW : 0; }
 int rows_int8_panel(void) { return INT8_WEIGHTS ? VW : 0; }
+/* How many inputs an int8 panel's codes interleave (Int8Panels.interleave): 4 where the
+ * products are integer dot products (DOT_INT8), else 1 (a row of VW codes an input). */
+int rows_int8_interleave(void) { return INT8_WEIGHTS && DOT_INT8 ? 4 : 1; }
 
 /* A model's matrix times x: its fp32 panels (product) or its fp16 ones (product_half). */
 static void matrix(const struct rows_model *m, const float *x, long rows, long in,
                    const void *w, long out, float *y, const float *scale, enum epilogue how) {
 #if HALF_WEIGHTS
+#if INT4_WEIGHTS
+    if (m->half == 3) {
+        product_int4(x, rows, in, w, out, y, scale, how);
+        return;
+    }
+#endif
     if (m->half) {
         product_narrow(x, rows, in, w, m->half, out, y, scale, how);
         return;
@@ -1115,7 +1460,9 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
     long unit = unit_rows(rows, Hkv, planned_threads());
     /* fp16 widths in whole panels (VW a power of two: one test for all four) */
     if (m->half && (!HALF_WEIGHTS || (width | C | F | m->V) % VW)) return -1;
-    if (m->half != 0 && m->half != 1 && (m->half != 2 || !INT8_WEIGHTS)) return -1;
+    if (m->half == 3 && (!INT4_WEIGHTS || (C | F | H * D) % INT4_GROUP)) return -1;
+    if (m->half != 0 && m->half != 1 && (m->half != 2 || !INT8_WEIGHTS) && m->half != 3)
+        return -1;
     if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 ||
         (c->prefix > 0 && (!c->pk || !c->pv)))
         return -1;

@@ -3,7 +3,8 @@
  * Owns: VW (fp32 lanes a vector: 16 with AVX-512F, 8 with AVX, 4 with aarch64's NEON or
  * x86-64's SSE, 4 of plain C elsewhere), the GCC vector types over them (vec, vec_u, mask),
  * how a compact weight widens to fp32 lanes (widen_half, widen_int8; WIDENS_HALF and
- * WIDENS_INT8 say whether this CPU can) and IN_REGISTER. Knows nothing about what a kernel
+ * WIDENS_INT8 say whether this CPU can), int8's integer dot products where the CPU has
+ * them (load_codes, dot_int8; DOT_INT8) and IN_REGISTER. Knows nothing about what a kernel
  * computes. The arithmetic itself is GCC's vector extension (GCC and clang both take it),
  * so one loop is AVX-512, AVX2, NEON or scalar code by what the compiler was told the CPU is
  * (-march / -mcpu). Intrinsics appear only where a widening has no portable spelling.
@@ -93,6 +94,65 @@ static inline vec widen_int8(const signed char *p) {
 #else
 #define WIDENS_HALF 0
 #define WIDENS_INT8 0
+#endif
+
+/* Integer dot products of int8 weights (DOT_INT8): each 32-bit lane sums four products of
+ * a weight byte and an activation byte, 4 VW products an instruction where widening takes
+ * three instructions for VW (AVX-512 VNNI's vpdpbusd, AVX-VNNI's on 8 lanes, aarch64's
+ * sdot). The layout they read (panels.Int8Panels, interleave 4): a panel's VW columns'
+ * four codes of one group of four inputs side by side, each code stored + 128 (x86's
+ * instruction takes unsigned weights times signed activations; NEON flips the bit back and
+ * multiplies signed by signed). load_codes reads a group's VW * 4 bytes; dot_int8 adds the
+ * products with four activation bytes (one int, every lane the same) into acc;
+ * load_nibbles reads VW * 4 bytes of int4 codes (0-15) as two such groups, the low
+ * nibbles and the high ones, each code a byte. DOT_OFFSET:
+ * what each weight carries beyond its code in those products (the caller takes 128 times
+ * the activations' sum back off). */
+typedef int ivec __attribute__((vector_size(VW * sizeof(int))));
+typedef double dvec __attribute__((vector_size(VW * sizeof(double))));
+#if defined(__AVX512VNNI__) && VW == 16
+#define DOT_INT8 1
+#define DOT_OFFSET 128
+typedef __m512i codes_t;
+static inline codes_t load_codes(const unsigned char *p) { return _mm512_loadu_si512(p); }
+static inline ivec dot_int8(ivec acc, codes_t w, int a) {
+    return (ivec)_mm512_dpbusd_epi32((__m512i)acc, w, _mm512_set1_epi32(a));
+}
+static inline void load_nibbles(const unsigned char *p, codes_t *low, codes_t *high) {
+    __m512i v = _mm512_loadu_si512(p), m = _mm512_set1_epi8(15);
+    *low = _mm512_and_si512(v, m), *high = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
+}
+#elif defined(__AVXVNNI__) && VW == 8
+#define DOT_INT8 1
+#define DOT_OFFSET 128
+typedef __m256i codes_t;
+static inline codes_t load_codes(const unsigned char *p) {
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+static inline ivec dot_int8(ivec acc, codes_t w, int a) {
+    return (ivec)_mm256_dpbusd_avx_epi32((__m256i)acc, w, _mm256_set1_epi32(a));
+}
+static inline void load_nibbles(const unsigned char *p, codes_t *low, codes_t *high) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(15);
+    *low = _mm256_and_si256(v, m), *high = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+}
+#elif defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#define DOT_INT8 1
+#define DOT_OFFSET 0
+typedef int8x16_t codes_t;
+static inline codes_t load_codes(const unsigned char *p) {
+    return veorq_s8(vreinterpretq_s8_u8(vld1q_u8(p)), vdupq_n_s8(-128));
+}
+static inline ivec dot_int8(ivec acc, codes_t w, int a) {
+    return (ivec)vdotq_s32((int32x4_t)acc, w, vreinterpretq_s8_s32(vdupq_n_s32(a)));
+}
+static inline void load_nibbles(const unsigned char *p, codes_t *low, codes_t *high) {
+    uint8x16_t v = vld1q_u8(p);
+    *low = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(15)));
+    *high = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+}
+#else
+#define DOT_INT8 0
 #endif
 
 #endif

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from chatcli.kernels.build import KERNELS_DIR
-from chatcli.kernels.panels import HalfPanels, Int8Panels, Matrix, pack_panels
+from chatcli.kernels.panels import HalfPanels, Int4Panels, Int8Panels, Matrix, pack_panels
 
 DECODE_OPS_SOURCE = KERNELS_DIR / "decode_ops.c"
 
@@ -99,12 +99,12 @@ class RowsModel:
         self.struct, self.layers, self.lm_head = struct, layers, lm_head
         self.packed = packed  # the matrices as the kernel reads them (pack_panels)
         self.n_kv_head, self.head_dim = struct.Hkv, struct.D
-        self.half = bool(struct.half)  # narrow matrices: fp16 or int8
+        self.half = bool(struct.half)  # narrow matrices: fp16, int8 or int4
         self.weights = WEIGHT_KINDS[struct.half]
 
 
 # What rows_model.half says the matrices are (decode_ops.c's enum narrow).
-WEIGHT_KINDS = ("float32", "float16", "int8")
+WEIGHT_KINDS = ("float32", "float16", "int8", "int4")
 
 
 class RowsStep:
@@ -132,6 +132,19 @@ class RowsStep:
         self.half_panel = int(library.rows_half_panel())
         int8_panel = getattr(library, "rows_int8_panel", None)
         self.int8_panel = int(int8_panel()) if int8_panel is not None else 0
+        # The inputs an int8 panel interleaves (Int8Panels.interleave): 4 where the kernel
+        # multiplies in integer dot products (AVX-512 VNNI, AVX-VNNI, aarch64's sdot).
+        interleave = getattr(library, "rows_int8_interleave", None)
+        self.int8_interleave = int(interleave()) if interleave is not None else 1
+        # int4's (Int4Panels) where the CPU has integer dot products; 0 elsewhere.
+        int4_panel = getattr(library, "rows_int4_panel", None)
+        self.int4_panel = int(int4_panel()) if int4_panel is not None else 0
+        self._int4_product = getattr(library, "rows_int4_product", None)
+        if self._int4_product is not None:
+            self._int4_product.restype = ctypes.c_int
+            self._int4_product.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+            self._int4_product.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+            self._int4_product.argtypes += [ctypes.c_int]
         self._int8_product = getattr(library, "rows_int8_product", None)
         if self._int8_product is not None:
             self._int8_product.restype = ctypes.c_int
@@ -240,6 +253,11 @@ class RowsStep:
         `threads` cores: an int8 copy's own products outside a whole step."""
         if not self.int8_panel or self._int8_product is None or w.panel != self.int8_panel:
             raise ValueError(f"rows_step reads no int8 panels of {w.panel} columns here")
+        if w.interleave != self.int8_interleave:
+            raise ValueError(
+                f"rows_step reads int8 panels interleaving {self.int8_interleave} inputs here,"
+                f" not {w.interleave}"
+            )
         if x.dim() != 2 or x.size(1) != w.n_in:
             raise ValueError(f"an int8 product takes (rows, {w.n_in}), not {tuple(x.shape)}")
         x = x.float().contiguous()
@@ -249,6 +267,22 @@ class RowsStep:
         )
         if failed:
             raise ValueError(f"rows_int8_product does not take {tuple(x.shape)} @ {w.shape}")
+        return y
+
+    def int4_product(self, w: Int4Panels, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
+        """x (rows, in) fp32 @ an int4 matrix (in, out) on `threads` cores: an int4 copy's
+        own products outside a whole step."""
+        if not self.int4_panel or self._int4_product is None or w.panel != self.int4_panel:
+            raise ValueError(f"rows_step reads no int4 panels of {w.panel} columns here")
+        if x.dim() != 2 or x.size(1) != w.n_in:
+            raise ValueError(f"an int4 product takes (rows, {w.n_in}), not {tuple(x.shape)}")
+        x = x.float().contiguous()
+        y = torch.empty(x.size(0), w.n_out, dtype=torch.float32)
+        failed = self._int4_product(
+            x.data_ptr(), x.size(0), w.n_in, w.buffer.data_ptr(), w.n_out, y.data_ptr(), threads
+        )
+        if failed:
+            raise ValueError(f"rows_int4_product does not take {tuple(x.shape)} @ {w.shape}")
         return y
 
     def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
@@ -279,20 +313,29 @@ class RowsStep:
         lm_head: (C, V). norm_scale, norm_eps: the qk-norm multiplies each head by
         1 / sqrt(norm_eps + norm_scale * sum(head^2)), which folds in the era's qk scale.
         The matrices: fp32 tensors, packed here; or all HalfPanels of `half_panel` columns,
-        or all Int8Panels of `int8_panel` (their widths whole panels), read where they are."""
+        or all Int8Panels of `int8_panel`, or all Int4Panels of `int4_panel` (their widths
+        whole panels), read where they are."""
         matrices = [lm_head] + [t for la in layers for t in la.matrices]
-        kind = 2 if isinstance(lm_head, Int8Panels) else int(isinstance(lm_head, HalfPanels))
-        name, narrow = ("fp32", "fp16", "int8")[kind], (None, HalfPanels, Int8Panels)[kind]
-        panel = (0, self.half_panel, self.int8_panel)[kind]
+        narrows = (None, HalfPanels, Int8Panels, Int4Panels)
+        kind = next((i for i, n in enumerate(narrows) if n and isinstance(lm_head, n)), 0)
+        name, narrow = ("fp32", "fp16", "int8", "int4")[kind], narrows[kind]
+        panel = (0, self.half_panel, self.int8_panel, self.int4_panel)[kind]
         tables = [la.ve_table for la in layers if la.ve_table is not None]
         gates = [la.ve_gate for la in layers if la.ve_gate is not None]
         if narrow is not None:
             if not panel:
-                raise ValueError(f"rows_step reads no {name} here (an x86 without F16C or AVX2)")
+                raise ValueError(
+                    f"rows_step reads no {name} here (an x86 without F16C or AVX2; int4: a CPU"
+                    " without integer dot products)"
+                )
             if not all(isinstance(t, narrow) for t in matrices):
                 raise ValueError(f"rows_step reads every matrix {name} or every one fp32")
             if any(t.panel != panel or t.n_out % t.panel for t in matrices):
                 raise ValueError(f"rows_step reads {name} in whole panels of {panel} columns")
+            if narrow is Int8Panels and any(t.interleave != self.int8_interleave for t in matrices):
+                raise ValueError(
+                    f"rows_step reads int8 panels interleaving {self.int8_interleave} inputs"
+                )
         elif any(
             not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or not t.is_contiguous()
             for t in matrices
@@ -316,7 +359,7 @@ class RowsStep:
             raise ValueError(f"rows_step: lm_head {tuple(lm_head.shape)}, head width {D}")
         if narrow is HalfPanels:  # the copies' own panels
             packed = {id(t): t.panels for t in matrices}
-        elif narrow is Int8Panels:
+        elif narrow in (Int8Panels, Int4Panels):
             packed = {id(t): t.buffer for t in matrices}
         else:
             packed = {id(t): pack_panels(t, self.block) for t in matrices}

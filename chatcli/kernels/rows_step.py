@@ -33,8 +33,8 @@ __all__ = [
 
 
 def check_rows_step(kernel: RowsStep) -> None:
-    """The kernel against torch on a random model, with fp16 and int8 matrices too where it
-    reads them: a library that answers wrongly any way is not used (RuntimeError)."""
+    """The kernel against torch on a random model, with fp16, int8 and int4 matrices too
+    where it reads them: a library that answers wrongly any way is not used (RuntimeError)."""
     if max(rows_step_errors(kernel)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model")
     has_embed = kernel.embeds(torch.empty(1, 1))  # an earlier revision's build may not
@@ -44,6 +44,11 @@ def check_rows_step(kernel: RowsStep) -> None:
         raise RuntimeError("rows_step disagrees with torch on a test model of fp16 matrices")
     if kernel.int8_panel and max(rows_step_errors(kernel, rows=1, int8=True)) > 1e-4:
         raise RuntimeError("rows_step disagrees with torch on a test model of int8 matrices")
+    # int4's products round the activations to 15 bits (decode_ops.c, product_int4): ~3e-5
+    # of a row's largest, which two layers and the vocabulary carry to ~2e-4 here.
+    int4 = dict(rows=3, int4=True, widths=(128, 256, 100), heads=(8, 4))
+    if getattr(kernel, "int4_panel", 0) and max(rows_step_errors(kernel, **int4)) > 1e-3:
+        raise RuntimeError("rows_step disagrees with torch on a test model of int4 matrices")
     if kernel.has_slots and max(slots_errors(kernel)) > 1e-4:
         raise RuntimeError("rows_step_slots disagrees with rows_step on rows of their own")
 

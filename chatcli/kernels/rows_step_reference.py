@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from chatcli.kernels.panels import HalfPanels, Int8Panels, Matrix, int8_rows
+from chatcli.kernels.panels import HalfPanels, Int4Panels, Int8Panels, Matrix, int8_rows
 from chatcli.kernels.rows_library import RowsLayer, RowsModel, RowsStep
 
 
@@ -44,7 +44,7 @@ def _reference_rows_step(
         return torch.rsqrt(t.square().mean(-1, keepdim=True) + m.eps)
 
     def dense(t: Matrix) -> torch.Tensor:
-        return t.matrix() if isinstance(t, HalfPanels | Int8Panels) else t
+        return t.matrix() if isinstance(t, HalfPanels | Int8Panels | Int4Panels) else t
 
     x0, saved = x.clone(), None
     for i, la in enumerate(model.layers):
@@ -94,6 +94,7 @@ def rows_step_errors(
     seed: int = 0,
     half: bool = False,
     int8: bool = False,
+    int4: bool = False,
     bf16_table: bool = False,
 ) -> list[float]:
     """The largest differences between the kernel and _reference_rows_step on a random
@@ -106,10 +107,12 @@ def rows_step_errors(
     fp16 in half panels, the vocabulary rounded up to whole panels (104 with 8 lanes: 6
     blocks and a panel without a pair); int8: the matrices int8 (Int8Panels), the
     vocabulary rounded up so too, the reference reading the matrices they stand for;
-    bf16_table: the value embeddings bf16."""
+    int4: the same with int4 matrices (Int4Panels: every width but the vocabulary's whole
+    groups of 128, so pass widths and heads that make them); bf16_table: the value
+    embeddings bf16."""
     g = torch.Generator().manual_seed(seed)
     Hkv, D, C, N = heads[1], head_dim, widths[0], rows
-    model = _random_model(kernel, g, heads, head_dim, widths, windows, half, int8, bf16_table)
+    model = _random_model(kernel, g, heads, head_dim, widths, windows, half, int8, int4, bf16_table)
     V = model.struct.V
     P, L = prompt or 0, len(windows)
     x, ids = torch.randn(N, C, generator=g), torch.randint(0, V, (N,), generator=g)
@@ -141,7 +144,7 @@ def slots_errors(
     (every slot, the untouched ones included). The load check, and the tests'."""
     g = torch.Generator().manual_seed(seed)
     heads, D, widths = (4, 2), 16, (64, 128, 100)
-    model = _random_model(kernel, g, heads, D, widths, windows, False, False, False)
+    model = _random_model(kernel, g, heads, D, widths, windows, False, False, False, False)
     N, L, Hkv, T = len(slots), len(windows), heads[1], max(positions) + 3
     x = torch.randn(N, widths[0], generator=g)
     ids = torch.randint(0, model.struct.V, (N,), generator=g)
@@ -178,12 +181,13 @@ def _random_model(
     windows: tuple[int, ...],
     half: bool,
     int8: bool,
+    int4: bool,
     bf16_table: bool,
 ) -> RowsModel:
     """A random model as the kernel reads it (rows_step_errors says what each option does)."""
     (H, Hkv), D, (C, F, V) = heads, head_dim, widths
-    panel = kernel.int8_panel if int8 else kernel.half_panel
-    if half or int8:
+    panel = kernel.int8_panel if int8 else kernel.int4_panel if int4 else kernel.half_panel
+    if half or int8 or int4:
         V = -(-V // panel) * panel
 
     def rand(*shape: int) -> torch.Tensor:
@@ -192,7 +196,9 @@ def _random_model(
     def weights(*shape: int) -> Matrix:
         w = rand(*shape)
         if int8:
-            return Int8Panels.of(*int8_rows(w.t()), panel)
+            return Int8Panels.of(*int8_rows(w.t()), panel, kernel.int8_interleave)
+        if int4:
+            return Int4Panels.of(w.t(), panel)
         return HalfPanels.of(w, panel) if half else w
 
     table_dtype = torch.bfloat16 if bf16_table else torch.float32

@@ -23,8 +23,10 @@ that `chatcli bench --quantize ...` reports as greedy agreement with fp32.
   in integers, faster than torch's weight-only kernel or bf16's torch.mv. Where fbgemm is
   missing (ARM) it is weight-only:
   torch._weight_int8pack_mm, activations in bf16.
-- int4: an eighth; asymmetric, a scale and offset per group of GROUP_SIZE inputs
-  (torch._weight_int4pack_mm_for_cpu, activations in bf16).
+- int4: an eighth; asymmetric, a scale and low end per group of GROUP_SIZE inputs. Where
+  our kernels have integer dot products (AVX-512 VNNI, AVX-VNNI, aarch64's sdot) in them,
+  the whole decode step included, fp32 activations rounded to 15 bits a product; else
+  torch._weight_int4pack_mm_for_cpu, activations in bf16.
 
 Activations stay in the model's dtype outside the product. Knows nothing about the model.
 """
@@ -39,7 +41,7 @@ import torch
 from chatcli.kernels.build import unavailable_reason
 from chatcli.kernels.f16_matvec import f16_matvec
 from chatcli.kernels.f16_rows import f16_rows
-from chatcli.kernels.panels import HalfPanels, Int8Panels, int8_rows
+from chatcli.kernels.panels import INT4_GROUP, HalfPanels, Int4Panels, Int8Panels, int8_rows
 from chatcli.kernels.rows_step import rows_step
 
 # From the most bits to the fewest.
@@ -54,6 +56,8 @@ FBGEMM_FP16_MAX_ROWS = 1024
 # measured, up to this: a chat turn and a prompt read the same int8 weights as decode, as
 # fp16 copies do through fbgemm.
 NATIVE_INT8_MAX_ROWS = 1024
+# Our int4 product (15-bit activations, integer dot products) for up to this many rows.
+NATIVE_INT4_MAX_ROWS = 1024
 # torch's int4 kernel wins clearly over fp32 only for a few rows, more with AVX-512 than
 # with AVX2; past that the rows keep fp32's exact products.
 INT4_MAX_ROWS = {"AVX512": 64}
@@ -242,7 +246,8 @@ class Int8Weight:
             raise RuntimeError(f"no native int8 kernel for {N} rows here: {why}")
         self._kernel, self.int8_panels = None, None
         if panel and N % panel == 0:
-            self._kernel, self.int8_panels = kernel, Int8Panels.of(codes, scales, panel)
+            self._kernel = kernel
+            self.int8_panels = Int8Panels.of(codes, scales, panel, kernel.int8_interleave)
             self.use_fbgemm, self.float_activations = False, True
             self.max_rows = NATIVE_INT8_MAX_ROWS
             self.nbytes = N * K + N * 4  # + an fp32 scale a row
@@ -288,12 +293,20 @@ class Int8Weight:
 
 
 class Int4Weight:
-    float_activations = True  # bf16
-    one_row_kernel = rows_kernel = "torch int4 weight-only"  # (reported by `chatcli bench`)
+    """int4, asymmetric, a scale and low end per group of INT4_GROUP_SIZE inputs
+    (int4_groups). Where our step kernel reads int4 (integer dot products: AVX-512 VNNI,
+    AVX-VNNI, aarch64's sdot) and the shape is whole panels and groups: in our own kernels
+    (Int4Panels, fp16 scales and lows beside the codes), which the whole decode step and
+    this copy's own products (up to NATIVE_INT4_MAX_ROWS rows) read, fp32 activations
+    rounded to 15 bits a product. Else torch's weight-only kernel, bf16 activations.
+    use_native: None, ours where it runs; False, never; True, ours or a RuntimeError."""
 
-    def __init__(self, weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> None:
-        capability = torch.backends.cpu.get_cpu_capability()
-        self.max_rows = INT4_MAX_ROWS.get(capability, INT4_MAX_ROWS_ELSEWHERE)
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        group_size: int = INT4_GROUP_SIZE,
+        use_native: bool | None = None,
+    ) -> None:
         w = weight.detach().float()
         N, K = w.shape
         if K % group_size or N % _INT4_OUTPUT_TILE:
@@ -301,13 +314,35 @@ class Int4Weight:
                 f"int4 needs in_features divisible by {group_size} and out_features by "
                 f"{_INT4_OUTPUT_TILE}, not {K} and {N}"
             )
+        self.group_size = group_size
+        kernel = rows_step() if use_native is not False else None
+        panel = kernel.int4_panel if kernel is not None else 0
+        self._kernel, self.int4_panels = None, None
+        if panel and N % panel == 0 and group_size == INT4_GROUP:
+            try:
+                self.int4_panels = Int4Panels.of(w, panel)
+                self._kernel = kernel
+            except ValueError:  # scales past fp16's range: torch's kernel keeps them in bf16
+                pass
+        if self._kernel is not None:
+            self.float_activations = True
+            self.max_rows = NATIVE_INT4_MAX_ROWS
+            self.one_row_kernel = self.rows_kernel = "rows_int4_product (native)"
+            self.nbytes = self.int4_panels.buffer.numel()
+            return
+        if use_native:
+            why = unavailable_reason("rows_step") or "no integer dot products, or odd widths"
+            raise RuntimeError(f"no native int4 kernel for {N} x {K} here: {why}")
+        capability = torch.backends.cpu.get_cpu_capability()
+        self.max_rows = INT4_MAX_ROWS.get(capability, INT4_MAX_ROWS_ELSEWHERE)
+        self.float_activations = True  # bf16
+        self.one_row_kernel = self.rows_kernel = "torch int4 weight-only"
         groups = w.view(N, K // group_size, group_size)
         lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
         scales = ((hi - lo) / 15.0).clamp(min=1e-12)
         q = torch.round((groups - lo[..., None]) / scales[..., None]).clamp(0, 15)
         # The kernel computes (q - 8) * scale + zero, so the zero is the value of q = 8.
         zeros = lo + 8.0 * scales
-        self.group_size = group_size
         self.packed = torch._convert_weight_to_int4pack_for_cpu(
             q.view(N, K).to(torch.int32), _INT4_INNER_K_TILES
         )
@@ -321,6 +356,9 @@ class Int4Weight:
         return self.matmul(x.view(1, -1)).view(-1)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self._kernel is not None:
+            y = self._kernel.int4_product(self.int4_panels, x, torch.get_num_threads())
+            return y.to(x.dtype)
         y = torch._weight_int4pack_mm_for_cpu(
             x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros
         )
