@@ -124,7 +124,11 @@ def test_the_embedded_models_copies_stay_close_to_fp32_as_chat_loads_them(qualit
         check_embedded_int8(rows, (0.035, 2e-3, 0.7))
     (int4,) = by_kind(rows, "int4")
     assert int4.quantized == pytest.approx(EMBEDDED_INT4_SHARE, abs=1e-4)
-    assert int4.step == "ops, torch int4 weight-only"  # no kernel reads int4 in the whole step
+    # Only a third of its matrices are int4, so no whole step reads them: torch's ops over
+    # each copy's own product (ours where the CPU has integer dot products).
+    kernel = rows_step()
+    native = kernel is not None and kernel.int4_panel
+    assert int4.step == ("ops, rows_int4_product" if native else "ops, torch int4 weight-only")
     # Measured: top-1 0.99, mean |d|/sd 0.043, KL 9.7e-4, max |d| 0.73, greedy 1.0.
     assert int4.top1 >= 0.97, int4
     assert int4.mean_rel < 0.07, int4

@@ -152,9 +152,11 @@ def _front(app: str, spec: ReplicaSpec, limits: Limits, **kwargs):
 
 @pytest.fixture(scope="module")
 def embedded(cluster):
-    # Each replica's Worker decodes 4 requests together: the replies must still be the
-    # engine's, one request at a time (`reference`).
-    server, backend = _front("embedded", ReplicaSpec(device="cpu", batch=4), Limits())
+    # Each replica's Worker decodes 4 requests together, drafting from the conversation
+    # (`chatcli serve --ray`'s default --speculate auto): the replies must still be the
+    # engine's, one request at a time without drafts (`reference`).
+    spec = ReplicaSpec(device="cpu", batch=4, speculate=True)
+    server, backend = _front("embedded", spec, Limits())
     yield server, backend
     server.stop()
     serve.delete("embedded")
@@ -218,6 +220,21 @@ def test_the_openai_client_gets_the_engines_greedy_reply_whole_and_streamed(embe
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == expected
     assert streamed[-1].choices[0].finish_reason == whole.choices[0].finish_reason
     assert streamed[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_a_replica_drafts_a_reply_that_copies_the_prompt_and_gives_the_plain_reply(
+    embedded, reference
+):
+    server, _ = embedded
+    before = httpx.get(f"{server.url}/stats", timeout=10).json()["drafts_accepted"]
+    messages = [{"role": "user", "content": "Repeat after me: 4821, 7730, 1299, 3356, 4821, 7730."}]
+    reply = _client(server).chat.completions.create(
+        model="chatcli-default", messages=messages, max_tokens=40, temperature=0
+    )
+    assert reply.choices[0].message.content == reference(messages, 40)
+    assert "4821" in reply.choices[0].message.content
+    after = httpx.get(f"{server.url}/stats", timeout=10).json()["drafts_accepted"]
+    assert after > before
 
 
 def test_32_concurrent_streaming_clients_each_get_their_own_right_reply(embedded, reference):

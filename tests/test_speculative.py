@@ -320,6 +320,46 @@ def test_a_servers_rows_draft_while_one_decodes_alone_and_give_the_plain_tokens(
         assert gen.warm.cache.get_pos() == len(gen.warm.tokens)
 
 
+@pytest.mark.parametrize("path", STEP_PATHS)
+def test_a_few_server_rows_draft_together_and_give_the_plain_tokens(path, monkeypatch):
+    from chatcli.engine import scheduler
+
+    # Three rows decode at once from the start, one joining while the others' prompts are
+    # still in: each copy-able row drafts in the shared forward, its tokens the plain ones.
+    monkeypatch.setattr(scheduler, "SPECULATE_MAX_ROWS", 3)
+    model = random_gpt("E")
+    prompts = [LOOPING, [*LOOPING[3:], 40, 41], [9, 10, 11, 12] * 5]
+    requests = [
+        RowRequest(prompts[0], max_tokens=40, temperature=0.0),
+        RowRequest(prompts[1], max_tokens=30, temperature=0.9, seed=3),
+        RowRequest(prompts[2], max_tokens=40, temperature=0.0),
+    ]
+    join_at = [0, 0, 1]
+    plain, _ = _slot_run(_engine(model, path, False), requests, join_at)
+    drafted, gens = _slot_run(_engine(model, path, True), requests, join_at)
+    assert drafted == plain
+    if _engine(model, path, True).takes_prompt_rows:  # drafts ride the batch's forward
+        assert gens[0].stats.speculation.accepted > 0 and gens[2].stats.speculation.accepted > 0
+    for gen, tokens in zip(gens, drafted, strict=True):
+        assert gen.warm.tokens == gen.request.tokens + tokens[:-1]
+        assert gen.warm.cache.get_pos() == len(gen.warm.tokens)
+
+
+def test_more_rows_than_speculate_max_rows_decode_plainly(monkeypatch):
+    from chatcli.engine import scheduler
+
+    # Three prompts of 5 tokens, all in at the first step (chunks of 16): then three rows
+    # decode together to the end, past the limit of 2; at 3 they draft.
+    model = random_gpt("E")
+    requests = [RowRequest([9, 10, 11, 12, 9], max_tokens=30, temperature=0.0)] * 3
+    plain, _ = _slot_run(_engine(model, STEP_PATHS[0], False), requests, [0, 0, 0])
+    for limit, drafts in ((2, False), (3, True)):
+        monkeypatch.setattr(scheduler, "SPECULATE_MAX_ROWS", limit)
+        drafted, gens = _slot_run(_engine(model, STEP_PATHS[0], True), requests, [0, 0, 0])
+        assert drafted == plain
+        assert all((g.stats.speculation.verifications > 0) == drafts for g in gens)
+
+
 # ---- the setting ------------------------------------------------------------------------------------
 
 
@@ -349,6 +389,29 @@ def test_once_replies_the_same_with_speculate_auto_off_and_from_the_environment(
     assert "CHATCLI_SPECULATE: speculate must be one of auto, off, got 'sometimes'" in bad.output
     home.setenv("CHATCLI_SPECULATE", "off")
     assert runner.invoke(app, args).output == off.output
+
+
+def test_once_json_says_how_many_drafts_the_reply_took(home):
+    import json
+
+    from typer.testing import CliRunner
+
+    from chatcli.cli.app import app
+
+    runner = CliRunner()
+    args = ["once", "Repeat after me: 4821, 7730, 1299, 3356, 4821, 7730.", "-t", "0", "-n", "40"]
+    auto = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    off = json.loads(runner.invoke(app, [*args, "--json", "--speculate", "off"]).output)
+    assert auto["text"] == off["text"]
+    drafts = auto["speculation"]
+    assert drafts["verifications"] > 0 and 0 < drafts["accepted"] <= drafts["drafted"]
+    assert drafts["acceptance"] == round(drafts["accepted"] / drafts["drafted"], 4)
+    assert off["speculation"] == {
+        "verifications": 0,
+        "drafted": 0,
+        "accepted": 0,
+        "acceptance": 0.0,
+    }
 
 
 def test_a_chat_session_drafts_by_default_and_not_when_off(home):

@@ -96,7 +96,7 @@ def _paired(engine: Engine, prompt: list[int]) -> dict[str, Any]:
     }
 
 
-def _chat_prompt(tokenizer: Any, text: str) -> list[int]:
+def chat_prompt(tokenizer: Any, text: str) -> list[int]:
     """The text as a user's message to complete; a synthetic model's tokenizer (no chat
     template) takes it as <|bos|> and its bytes."""
     render = getattr(tokenizer, "render_for_completion", None)
@@ -118,7 +118,7 @@ def run_speculation_bench(engine: Engine, tokenizer: Any, random_weights: bool) 
     rows = []
     try:
         for name, text in (("copy", COPY_PROMPT), ("open-ended", OPEN_PROMPT)):
-            prompt = _chat_prompt(tokenizer, text)
+            prompt = chat_prompt(tokenizer, text)
             engine.drafter = Drafter
             rows.append({"workload": name, **_paired(engine, prompt)})
             if not random_weights or name != "copy":

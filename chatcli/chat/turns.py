@@ -77,6 +77,11 @@ class TurnStats:
     context_len: int = 0
     finish_reason: str = "stop"
     seed: int = 0
+    # Drafting (--speculate auto; engine/speculation.py): verify forwards, drafts they
+    # checked and drafts taken; zeros where the reply did not draft.
+    verifications: int = 0
+    drafted: int = 0
+    accepted: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -117,6 +122,9 @@ def turn_stats(
         context_len=context_len,
         finish_reason=finish,
         seed=seed,
+        verifications=gen.speculation.verifications,
+        drafted=gen.speculation.drafted,
+        accepted=gen.speculation.accepted,
     )
 
 

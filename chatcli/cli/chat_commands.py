@@ -364,6 +364,13 @@ def _once_json(session: Any, info: dict, text: str) -> None:
             "prefill_tps": round(s.prefill_tps, 1),
             "decode_tps": round(s.decode_tps, 1),
         },
+        # Drafts from the conversation (--speculate auto): zeros where none were made.
+        "speculation": {
+            "verifications": s.verifications,
+            "drafted": s.drafted,
+            "accepted": s.accepted,
+            "acceptance": round(s.accepted / s.drafted, 4) if s.drafted else 0.0,
+        },
         "seed": s.seed,
         "model": info["path"],
     }

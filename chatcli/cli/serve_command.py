@@ -182,6 +182,7 @@ def serve(
             s.model,
             workers=ReplicaCount(*count) if count else None,
             replica_cpus=replica_cpus,
+            speculate=s.speculate == "auto",
             **options,
         )
     except ChatcliError as e:

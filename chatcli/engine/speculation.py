@@ -193,12 +193,7 @@ class Speculation:
         p = self.pending
         if p is not None:
             return p.logits[p.used : p.used + 1]
-        room = min(room, DRAFT_TOKENS, cache.max_seq_len - cache.get_pos() - 1)
-        drafts = queued[:room] if queued else []
-        if not drafts and self._pause_left > 0:
-            self._pause_left -= 1
-        elif not drafts and room > 0:
-            drafts = self.drafter.draft(room)
+        drafts = self.plan(cache, room, queued)
         if not drafts:
             # A plain step's time is sampled, not taken every step: on a small model a
             # step is a few hundred microseconds, and each clock read costs.
@@ -209,15 +204,37 @@ class Speculation:
             logits = runner.forward_last(ids, cache)
             self._step_s = _average(self._step_s, time.perf_counter() - t0)
             return logits
-        first = self.drafter.history[-1]
         base = cache.get_pos()
-        line = torch.tensor([[first, *drafts]], dtype=torch.long, device=ids.device)
+        line = self.line(drafts, ids.device)
         t0 = time.perf_counter()
         logits = runner.forward_verify(line, cache)
         if self.timed:
             self._verify_s = _average(self._verify_s, time.perf_counter() - t0)
-        self.pending = Verified(logits, line, drafts, base)
+        self.record(logits, line, drafts, base)
         return logits[0:1]
+
+    def plan(self, cache: KVCache, room: int, queued: list[int]) -> list[int]:
+        """The drafts to verify at this step (up to `room`, the cache's room and
+        DRAFT_TOKENS; `queued` first), or [] for a plain step: none found, or a pause."""
+        room = min(room, DRAFT_TOKENS, cache.max_seq_len - cache.get_pos() - 1)
+        drafts = queued[:room] if queued else []
+        if not drafts and self._pause_left > 0:
+            self._pause_left -= 1
+        elif not drafts and room > 0:
+            drafts = self.drafter.draft(room)
+        return drafts
+
+    def line(self, drafts: list[int], device: torch.device) -> torch.Tensor:
+        """(1, 1 + len(drafts)): the row's last token, not yet in the cache, then the drafts:
+        the positions one verification runs."""
+        return torch.tensor([[self.drafter.history[-1], *drafts]], dtype=torch.long, device=device)
+
+    def record(
+        self, logits: torch.Tensor, line: torch.Tensor, drafts: list[int], base: int
+    ) -> None:
+        """A verification ran `line` from cache position `base`: logits (len(line), V), one
+        row a position. The next tokens are drawn from them while the drafts are taken."""
+        self.pending = Verified(logits, line, drafts, base)
 
     def verified(self) -> torch.Tensor | None:
         """The next verified row of logits (1, V), while the drafts so far were taken."""

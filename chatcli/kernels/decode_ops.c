@@ -410,7 +410,7 @@ static inline __attribute__((always_inline)) vec narrow_at(const void *p, long i
  * (fp32's 128 rows took 1.08x the time of a d20 row). int8 asks for four times the bytes,
  * 192 of its rows: its loop consumes a row's bytes in fewer cycles, so the same distance
  * in bytes is less time ahead (d20's one-row int8 step 0.79x the time at one thread, 1536
- * bytes 0.90x; docs/performance-notes.md, "int8 at the roofline"). -D to try another
+ * bytes 0.90x; docs/performance-notes.md, "int8 and int4 at the roofline"). -D to try another
  * (scripts/ab_kernel_builds.py). */
 #define HALF_PREFETCH_BYTES (24 * VW * 2)
 #ifndef INT8_PREFETCH_BYTES
@@ -509,8 +509,9 @@ static inline __attribute__((always_inline)) void sum_narrow(struct view x, long
 /* int8 products as integer dot products (lanes.h's dot_int8), where the CPU has them.
  *
  * Why: per VW weights the widening loop spends a sign extension, a conversion and an FMA,
- * and d20's one-row int8 step reached ~0.6-0.7 of its roofline (docs/performance-notes.md,
- * "int8 at the roofline"): its instructions, not the memory, set the pace. Here each row's
+ * where the memory left little room: d20's one-row int8 step read its weights at 0.83 of
+ * the roofline, 0.865 this way (docs/performance-notes.md, "int8 and int4 at the
+ * roofline"). Here each row's
  * activations become integers exactly enough to stand in for fp32: v = x / unit rounded,
  * |v| <= DIGIT_LIMIT (23 bits, fp32's mantissa, against the row's largest |x|), written in
  * three signed base-256 digits v = d0 + 256 d1 + 65536 d2. Each digit plane's products

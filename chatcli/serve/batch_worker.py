@@ -203,6 +203,7 @@ class BatchWorker:
                 job.reply.generated,
                 cached,
                 stats.decode_s,
+                stats.speculation.accepted,
             )
             self._hand_over([job])  # the text held back, before the result
         job.done.set()

@@ -82,6 +82,7 @@ class RayBackend:
         self.totals = {
             "requests_served": 0,
             "tokens_served": 0,
+            "drafts_accepted": 0,  # of those tokens, drafted (--speculate auto)
             "requests_interrupted": 0,  # the client left, or the server closed
             "requests_lost": 0,  # their replica died mid-reply
         }
@@ -156,6 +157,7 @@ class RayBackend:
         if finished is not None and finished.finish_reason != "interrupted":
             self.totals["requests_served"] += 1
             self.totals["tokens_served"] += finished.completion_tokens
+            self.totals["drafts_accepted"] += finished.drafts_accepted
         elif not lost:
             self.totals["requests_interrupted"] += 1
 

@@ -252,6 +252,7 @@ def serve_on_ray(
     dtype: str = "auto",
     quantize: str = "none",
     softcap: float | None = None,
+    speculate: bool = False,
     model_name: str | None = None,
     log_level: str = "info",
     api_keys: Sequence[str] = (),
@@ -260,7 +261,8 @@ def serve_on_ray(
 ) -> None:
     """`chatcli serve --ray ADDRESS`: serve.runner.serve's counterpart, its replicas on Ray.
     api_keys and on_listening as serve.runner.serve's: the same app checks the same keys;
-    batch as serve's, each replica's Worker decoding that many requests together.
+    batch as serve's, each replica's Worker decoding that many requests together; speculate
+    as serve's, each replica's requests drafting from their conversations.
 
     on_ready gets {"url", "model", "devices", "cpu_threads", "ray"}, "ray" holding the
     address, the replica count, where the front runs ("here", or "head" for a ray://
@@ -297,7 +299,9 @@ def serve_on_ray(
         dev = replica_device(device, gpus)
         count = (workers or ReplicaCount(gpus, gpus)) if dev == "cuda" else wanted
         rows = batch if batch is not None else default_rows(dev)
-        spec = ReplicaSpec(model, source, step, dtype, quantize, softcap, cache_slots, dev, rows)
+        spec = ReplicaSpec(
+            model, source, step, dtype, quantize, softcap, cache_slots, dev, rows, speculate
+        )
         handle = deploy(spec, count, dev == "cuda", replica_cpus)
         about = {
             "address": address,

@@ -50,6 +50,7 @@ class ReplicaSpec:
     cache_slots: int = 1
     device: str = "cpu"  # "cuda" for a replica Ray gave a GPU (it sees that one only)
     batch: int = 1  # requests its Worker decodes together (`chatcli serve --batch`)
+    speculate: bool = False  # drafts from the conversation (`--speculate auto`)
 
     def load(self) -> tuple[Any, Any]:
         """(model, tokenizer), as the replica's Worker takes them."""
@@ -122,6 +123,7 @@ class ChatReplica:
         self.worker = Worker(
             model, tokenizer, name=self.name, cache_slots=spec.cache_slots, batch=spec.batch
         )
+        self.worker.engine.speculate = spec.speculate
         self.pool = WorkerPool([self.worker])
         self.threads = plan.threads if plan else None
         self.node = ray.get_runtime_context().get_node_id()

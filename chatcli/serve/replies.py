@@ -44,6 +44,7 @@ class Finished:
     # The decode steps after the first token (GenerationStats.decode_s): a client cannot time
     # them where the reply starts with a calculator call, which reaches it only once over.
     decode_s: float = 0.0
+    drafts_accepted: int = 0  # drafts from the conversation the reply took (speculation.py)
 
 
 # A reply's events: the text's, and each token's TokenLogprob where the request asked (after

@@ -77,6 +77,7 @@ class Worker:
         self.rows_in_use = 0  # of those, lent out by the pool now
         self.requests_served = 0
         self.tokens_served = 0
+        self.drafts_accepted = 0  # of the served replies' tokens, those drafted (--speculate)
         self.requests_interrupted = 0  # stopped early: the client left, or the server closed
         self._batch: Any = None
         if batch > 1:
@@ -142,7 +143,8 @@ class Worker:
 
         def finished(reason: str) -> Finished:
             cached = len(prompt) - stats.prefill_tokens
-            return Finished(reason, len(prompt), reply.generated, cached, stats.decode_s)
+            accepted = stats.speculation.accepted
+            return Finished(reason, len(prompt), reply.generated, cached, stats.decode_s, accepted)
 
         if stop.is_set():
             return finished("interrupted")
@@ -160,6 +162,7 @@ class Worker:
             "rows_in_use": self.rows_in_use,
             "requests_served": self.requests_served,
             "tokens_served": self.tokens_served,
+            "drafts_accepted": self.drafts_accepted,
             "requests_interrupted": self.requests_interrupted,
             "cache_slots": len(self.slots),
         }
@@ -270,6 +273,7 @@ class WorkerPool:
             elif isinstance(result, Finished):
                 worker.requests_served += 1
                 worker.tokens_served += result.completion_tokens
+                worker.drafts_accepted += result.drafts_accepted
             self.release(worker)
             items.put_nowait(result)
 
@@ -320,5 +324,6 @@ class WorkerPool:
             "queue_length": self.waiting,
             "requests_served": sum(w.requests_served for w in self.workers),
             "tokens_served": sum(w.tokens_served for w in self.workers),
+            "drafts_accepted": sum(w.drafts_accepted for w in self.workers),
             "requests_interrupted": sum(w.requests_interrupted for w in self.workers),
         }
