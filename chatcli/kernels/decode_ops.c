@@ -505,6 +505,16 @@ static inline __attribute__((always_inline)) void sum_narrow(struct view x, long
     }
 }
 
+/* A compact copy's own product outside a whole step (rows_int8_product, rows_int4_product):
+ * its arguments, handed to each thread of the team. */
+struct product_call {
+    const float *x;
+    long rows, in;
+    const void *w;
+    long out;
+    float *y;
+};
+
 #if DOT_INT8
 /* int8 products as integer dot products (lanes.h's dot_int8), where the CPU has them.
  *
@@ -799,16 +809,8 @@ static void product_int4(const float *x, long rows, long in, const void *w, long
     }
 }
 
-struct int4_call {
-    const float *x;
-    long rows, in;
-    const void *w;
-    long out;
-    float *y;
-};
-
 static void int4_product_team(void *arg) {
-    const struct int4_call *c = arg;
+    const struct product_call *c = arg;
     product_int4(c->x, c->rows, c->in, c->w, c->out, c->y, NULL, STORE);
 }
 
@@ -818,7 +820,7 @@ static void int4_product_team(void *arg) {
 int rows_int4_product(const float *x, long rows, long in, const void *w, long out, float *y,
                       int threads) {
     if (out % VW || in % INT4_GROUP || rows < 1) return -1;
-    struct int4_call call = {x, rows, in, w, out, y};
+    struct product_call call = {x, rows, in, w, out, y};
     team_run(threads, int4_product_team, &call);
     return 0;
 }
@@ -862,16 +864,8 @@ static void product_narrow(const float *x, long rows, long in, const void *w, en
     }
 }
 
-struct int8_call {
-    const float *x;
-    long rows, in;
-    const void *w;
-    long out;
-    float *y;
-};
-
 static void int8_product_team(void *arg) {
-    const struct int8_call *c = arg;
+    const struct product_call *c = arg;
     product_narrow(c->x, c->rows, c->in, c->w, INT8, c->out, c->y, NULL, STORE);
 }
 
@@ -882,7 +876,7 @@ static void int8_product_team(void *arg) {
 int rows_int8_product(const float *x, long rows, long in, const void *w, long out, float *y,
                       int threads) {
     if (!INT8_WEIGHTS || out % VW || rows < 1) return -1;
-struct int8_call call = {x, rows, in, w, out, y};
+    struct product_call call = {x, rows, in, w, out, y};
     team_run(threads, int8_product_team, &call);
     return 0;
 }

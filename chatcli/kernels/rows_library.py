@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -258,31 +259,29 @@ class RowsStep:
                 f"rows_step reads int8 panels interleaving {self.int8_interleave} inputs here,"
                 f" not {w.interleave}"
             )
-        if x.dim() != 2 or x.size(1) != w.n_in:
-            raise ValueError(f"an int8 product takes (rows, {w.n_in}), not {tuple(x.shape)}")
-        x = x.float().contiguous()
-        y = torch.empty(x.size(0), w.n_out, dtype=torch.float32)
-        failed = self._int8_product(
-            x.data_ptr(), x.size(0), w.n_in, w.buffer.data_ptr(), w.n_out, y.data_ptr(), threads
-        )
-        if failed:
-            raise ValueError(f"rows_int8_product does not take {tuple(x.shape)} @ {w.shape}")
-        return y
+        return self._compact_product("int8", self._int8_product, w, x, threads)
 
     def int4_product(self, w: Int4Panels, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
         """x (rows, in) fp32 @ an int4 matrix (in, out) on `threads` cores: an int4 copy's
         own products outside a whole step."""
         if not self.int4_panel or self._int4_product is None or w.panel != self.int4_panel:
             raise ValueError(f"rows_step reads no int4 panels of {w.panel} columns here")
+        return self._compact_product("int4", self._int4_product, w, x, threads)
+
+    @staticmethod
+    def _compact_product(
+        kind: str, call: Any, w: Int8Panels | Int4Panels, x: torch.Tensor, threads: int
+    ) -> torch.Tensor:
+        """x @ w through the library's rows_{kind}_product (its layout already checked)."""
         if x.dim() != 2 or x.size(1) != w.n_in:
-            raise ValueError(f"an int4 product takes (rows, {w.n_in}), not {tuple(x.shape)}")
+            raise ValueError(f"an {kind} product takes (rows, {w.n_in}), not {tuple(x.shape)}")
         x = x.float().contiguous()
         y = torch.empty(x.size(0), w.n_out, dtype=torch.float32)
-        failed = self._int4_product(
+        failed = call(
             x.data_ptr(), x.size(0), w.n_in, w.buffer.data_ptr(), w.n_out, y.data_ptr(), threads
         )
         if failed:
-            raise ValueError(f"rows_int4_product does not take {tuple(x.shape)} @ {w.shape}")
+            raise ValueError(f"rows_{kind}_product does not take {tuple(x.shape)} @ {w.shape}")
         return y
 
     def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
