@@ -529,6 +529,18 @@ struct product_call {
  * they could overflow), so a column's sum is exact up to the rounding of x to 23 bits:
  * sum_k v_k code_kj = A0 + 256 A1 + 65536 A2 - DOT_OFFSET sum_k v_k, then times unit and
  * the column's scale. Three instructions cover 4 VW weights where twelve did. */
+/* Where a panel's stream asks for bytes ahead (offset `at` in it): past its end, the same
+ * offset into its counterpart of the next block. A thread takes consecutive blocks (p0, p1,
+ * p0', p1', ...), so read straight on, p0's look-ahead would land in the p1 being read and
+ * p1's in p0', leaving p1' unasked for at every block's start: int4's blocks of d20's fc
+ * are 22 KB, under a microsecond of streaming, so each start's wait weighed. */
+#ifndef NEXT_BLOCK_PREFETCH
+#define NEXT_BLOCK_PREFETCH 1
+#endif
+static inline long ahead_in_block(long at, long panel_bytes) {
+    return NEXT_BLOCK_PREFETCH && at >= panel_bytes ? at + panel_bytes : at;
+}
+
 #define DIGIT_LIMIT 8323072.0f /* 127 * 65536: the top digit never leaves [-128, 127] */
 #define DOT_CHUNK 32768        /* inputs: 4 * 255 * 128 * DOT_CHUNK / 4 < 2^31 */
 #if LANE_REGISTERS == 32
@@ -574,13 +586,14 @@ static inline __attribute__((always_inline)) void sum_dot(const signed char *d, 
     ivec a[DOT_ROWS][3][2];
     for (int r = 0; r < DOT_ROWS; r++)
         for (int b = 0; b < 3; b++) a[r][b][0] = a[r][b][1] = (ivec){0};
-    const long group = 4 * VW;
+    const long group = 4 * VW, panel_bytes = n * VW;
     for (long g = g0; g < g1; g++) {
-        __builtin_prefetch(p0 + g * group + INT8_PREFETCH_BYTES);
-        __builtin_prefetch(p1 + g * group + INT8_PREFETCH_BYTES);
+        const long ahead = ahead_in_block(g * group + INT8_PREFETCH_BYTES, panel_bytes);
+        __builtin_prefetch(p0 + ahead);
+        __builtin_prefetch(p1 + ahead);
         if (group > 64) {
-            __builtin_prefetch(p0 + g * group + INT8_PREFETCH_BYTES + 64);
-            __builtin_prefetch(p1 + g * group + INT8_PREFETCH_BYTES + 64);
+            __builtin_prefetch(p0 + ahead + 64);
+            __builtin_prefetch(p1 + ahead + 64);
         }
         codes_t c0 = load_codes(p0 + g * group), c1 = load_codes(p1 + g * group);
         for (int r = 0; r < rows; r++)
@@ -710,7 +723,7 @@ static inline __attribute__((always_inline)) void sum_int4(const signed char *d,
                                                            long in, const unsigned char *p0,
                                                            const unsigned char *p1, vec *lo,
                                                            vec *hi) {
-    const long groups = in / INT4_GROUP, quad = 4 * VW;
+    const long groups = in / INT4_GROUP, quad = 4 * VW, panel_bytes = groups * INT4_GROUP_BYTES;
     for (long g = 0; g < groups; g++) {
         const unsigned char *q0 = p0 + g * INT4_GROUP_BYTES, *q1 = p1 + g * INT4_GROUP_BYTES;
         /* The high nibbles' sums apart for one or two rows: each sum then waits on one
@@ -722,8 +735,10 @@ static inline __attribute__((always_inline)) void sum_int4(const signed char *d,
             for (int b = 0; b < 2; b++) ah[r][b][0] = ah[r][b][1] = (ivec){0};
         const unsigned char *c0 = q0 + 4 * VW, *c1 = q1 + 4 * VW;
         for (long t = 0; t < 16; t++) {
-            __builtin_prefetch(c0 + t * quad + INT8_PREFETCH_BYTES);
-            __builtin_prefetch(c1 + t * quad + INT8_PREFETCH_BYTES);
+            const long at = g * INT4_GROUP_BYTES + 4 * VW + t * quad + INT8_PREFETCH_BYTES;
+            const long ahead = ahead_in_block(at, panel_bytes);
+            __builtin_prefetch(p0 + ahead);
+            __builtin_prefetch(p1 + ahead);
             codes_t l0, h0, l1, h1;
             load_nibbles(c0 + t * quad, &l0, &h0);
             load_nibbles(c1 + t * quad, &l1, &h1);
