@@ -4,6 +4,8 @@ choose them."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -125,3 +127,35 @@ def test_without_integer_dot_products_int4_keeps_torchs_kernel():
     assert copy.int4_panels is None and copy.one_row_kernel == "torch int4 weight-only"
     with pytest.raises(RuntimeError, match="no native int4 kernel"):
         Int4Weight(torch.randn(64, 256), use_native=True)
+
+
+@pytest.mark.skipif(
+    _ROWS is None or not _ROWS.int4_panel or shutil.which("cc") is None,
+    reason="needs cc and a CPU whose kernel reads int4",
+)
+def test_a_build_counting_int4_activations_in_23_bits_is_that_exact(tmp_path):
+    # -DINT4_DIGITS=3 (the A/B of the digits' count): three digits a row, as int8's products.
+    import ctypes
+    import subprocess
+
+    from chatcli.kernels import build as kernel_build
+    from chatcli.kernels.rows_step import DECODE_OPS_SOURCE, RowsStep
+
+    lib = tmp_path / "decode_ops.so"
+    tools = kernel_build.toolchain()
+    command = [tools.path, *tools.flags, "-DINT4_DIGITS=3", str(DECODE_OPS_SOURCE), "-o", str(lib)]
+    subprocess.run(command, check=True)
+    kernel = RowsStep(ctypes.CDLL(str(lib)))
+    g = torch.Generator().manual_seed(4)
+    panels = Int4Panels.of(torch.randn(3 * kernel.int4_panel, 384, generator=g), kernel.int4_panel)
+    x = torch.randn(5, 384, generator=g)
+    x[-1, 7] = 1e4  # 2^-23 of it is still below the others' size
+    exact = x.double() @ panels.matrix().double()
+    got = kernel.int4_product(panels, x, 2).double()
+    unit = x.double().abs().amax(dim=1, keepdim=True) / (127 * 65536)
+    w = panels.matrix().double().abs()
+    allowed = 0.5 * unit * w.sum(dim=0) + 1e-6 * (x.double().abs() @ w)
+    assert ((got - exact).abs() / allowed).max().item() <= 1.0
+    # The default's 15 bits could not hold the outlier row to that bound.
+    default = _ROWS.int4_product(panels, x, 2).double()
+    assert ((default - exact).abs() / allowed).max().item() > 1.0

@@ -688,7 +688,17 @@ static void product_int8_dot(const float *x, long rows, long in, const void *w, 
  * of VW * 4 bytes, quad t's codes in the low nibbles and quad t + 16's in the high. */
 #define INT4_WEIGHTS 1
 #define INT4_GROUP 128
+/* Two digits (15 bits) by default; -DINT4_DIGITS=3 counts int4's activations in 23 bits as
+ * int8's: d20's int4 figures of scripts/quantized_quality.py were the same to every digit
+ * shown, and its step 2-5% slower for one row, 15% for 8 (scripts/ab_kernel_builds.py). */
+#ifndef INT4_DIGITS
+#define INT4_DIGITS 2
+#endif
+#if INT4_DIGITS == 2
 #define INT4_DIGIT_LIMIT 32512.0f /* 127 * 256: the top digit stays in [-128, 127] */
+#else
+#define INT4_DIGIT_LIMIT DIGIT_LIMIT
+#endif
 #define INT4_GROUP_BYTES (4 * VW + 64 * VW) /* scales, lows, 32 quads of VW * 4 nibbles */
 
 /* A thread's 2-digit rows and their group sums, grown as asked. */
@@ -698,7 +708,7 @@ static __thread float *group_sums;
 static __thread long group_sum_count;
 
 /* Row x's two digit planes (in bytes each), its group sums S_g and its unit. */
-static void to_digits2(const float *x, long in, signed char *d, float *sums, float *unit) {
+static void to_int4_digits(const float *x, long in, signed char *d, float *sums, float *unit) {
     float largest = 0;
     for (long k = 0; k < in; k++) largest = fmaxf(largest, fabsf(x[k]));
     float u = largest > 0 ? largest / INT4_DIGIT_LIMIT : 1.0f, inv = 1.0f / u;
@@ -707,16 +717,29 @@ static void to_digits2(const float *x, long in, signed char *d, float *sums, flo
         for (long k = g * INT4_GROUP; k < (g + 1) * INT4_GROUP; k++) {
             float f = x[k] * inv;
             f = f > INT4_DIGIT_LIMIT ? INT4_DIGIT_LIMIT : f < -INT4_DIGIT_LIMIT ? -INT4_DIGIT_LIMIT : f;
-            long v = lrintf(f), d0 = ((v + 128) & 255) - 128;
-            d[k] = (signed char)d0, d[in + k] = (signed char)((v - d0) / 256);
+            long v = lrintf(f), rest = v;
             sum += v;
+            for (int b = 0; b < INT4_DIGITS; b++) {
+                long digit = b + 1 < INT4_DIGITS ? ((rest + 128) & 255) - 128 : rest;
+                d[b * in + k] = (signed char)digit, rest = (rest - digit) / 256;
+            }
         }
         sums[g] = (float)sum;
     }
     *unit = u;
 }
 
-/* The sums of `rows` rows (digits row stride 2 in, group sums row stride in / INT4_GROUP)
+/* A group's sums of the digit planes' products (lane h: the block's panel), combined: exact
+ * in 32 bits for two digits (|G| < 2^26); for three each plane's is exact in fp32 and the
+ * combination rounds once more. */
+static inline __attribute__((always_inline)) vec group_sum(const ivec *d0, const ivec *d1,
+                                                           const ivec *d2, int h) {
+    if (INT4_DIGITS == 2) return __builtin_convertvector(d0[h] + d1[h] * 256, vec);
+    return __builtin_convertvector(d0[h], vec) + 256.0f * __builtin_convertvector(d1[h], vec) +
+           65536.0f * __builtin_convertvector(d2[h], vec);
+}
+
+/* The sums of `rows` rows (digits row stride INT4_DIGITS in, group sums row stride in / INT4_GROUP)
  * @ a block's int4 panels p0, p1, every group, into lo, hi (fp32, before the unit). */
 static inline __attribute__((always_inline)) void sum_int4(const signed char *d,
                                                            const float *sums, long rows,
@@ -728,11 +751,11 @@ static inline __attribute__((always_inline)) void sum_int4(const signed char *d,
         const unsigned char *q0 = p0 + g * INT4_GROUP_BYTES, *q1 = p1 + g * INT4_GROUP_BYTES;
         /* The high nibbles' sums apart for one or two rows: each sum then waits on one
            dot product a quad, not two (the instruction's latency, not its throughput). */
-        ivec a[DOT_ROWS][2][2], ah[2][2][2];
+        ivec a[DOT_ROWS][INT4_DIGITS][2], ah[2][INT4_DIGITS][2];
         for (int r = 0; r < DOT_ROWS; r++)
-            for (int b = 0; b < 2; b++) a[r][b][0] = a[r][b][1] = (ivec){0};
+            for (int b = 0; b < INT4_DIGITS; b++) a[r][b][0] = a[r][b][1] = (ivec){0};
         for (int r = 0; r < 2; r++)
-            for (int b = 0; b < 2; b++) ah[r][b][0] = ah[r][b][1] = (ivec){0};
+            for (int b = 0; b < INT4_DIGITS; b++) ah[r][b][0] = ah[r][b][1] = (ivec){0};
         const unsigned char *c0 = q0 + 4 * VW, *c1 = q1 + 4 * VW;
         for (long t = 0; t < 16; t++) {
             const long at = g * INT4_GROUP_BYTES + 4 * VW + t * quad + INT8_PREFETCH_BYTES;
@@ -743,8 +766,9 @@ static inline __attribute__((always_inline)) void sum_int4(const signed char *d,
             load_nibbles(c0 + t * quad, &l0, &h0);
             load_nibbles(c1 + t * quad, &l1, &h1);
             for (int r = 0; r < rows; r++)
-                for (int b = 0; b < 2; b++) {
-                    const signed char *at = d + r * 2 * in + b * in + g * INT4_GROUP + 4 * t;
+                for (int b = 0; b < INT4_DIGITS; b++) {
+                    const signed char *at =
+                        d + (r * INT4_DIGITS + b) * in + g * INT4_GROUP + 4 * t;
                     int low, high;
                     memcpy(&low, at, sizeof low);
                     memcpy(&high, at + 64, sizeof high);
@@ -761,15 +785,16 @@ static inline __attribute__((always_inline)) void sum_int4(const signed char *d,
         }
         if (rows <= 2)
             for (int r = 0; r < rows; r++)
-                for (int b = 0; b < 2; b++) a[r][b][0] += ah[r][b][0], a[r][b][1] += ah[r][b][1];
+                for (int b = 0; b < INT4_DIGITS; b++)
+                    a[r][b][0] += ah[r][b][0], a[r][b][1] += ah[r][b][1];
         vec s0 = widen_half((const unsigned short *)q0);
         vec m0 = widen_half((const unsigned short *)q0 + VW);
         vec s1 = widen_half((const unsigned short *)q1);
         vec m1 = widen_half((const unsigned short *)q1 + VW);
         for (int r = 0; r < rows; r++) {
             float sg = sums[r * groups + g];
-            vec G0 = __builtin_convertvector(a[r][0][0] + a[r][1][0] * 256, vec);
-            vec G1 = __builtin_convertvector(a[r][0][1] + a[r][1][1] * 256, vec);
+            vec G0 = group_sum(a[r][0], a[r][1], a[r][2 % INT4_DIGITS], 0);
+            vec G1 = group_sum(a[r][0], a[r][1], a[r][2 % INT4_DIGITS], 1);
             lo[r] += s0 * G0 + m0 * sg;
             hi[r] += s1 * G1 + m1 * sg;
         }
@@ -795,7 +820,7 @@ static void sum_int4_rows(const signed char *d, const float *sums, long rows, lo
 static void product_int4(const float *x, long rows, long in, const void *w, long out, float *y,
                          const float *scale, enum epilogue how) {
     long groups = in / INT4_GROUP, blocks = out / BLOCK, last = blocks + (out % BLOCK != 0);
-    long panel_bytes = groups * INT4_GROUP_BYTES, need = rows * 2 * in;
+    long panel_bytes = groups * INT4_GROUP_BYTES, need = rows * INT4_DIGITS * in;
     if (need > nibble_digit_bytes) {
         free(nibble_digits);
         nibble_digits = malloc(need), nibble_digit_bytes = need;
@@ -807,7 +832,8 @@ static void product_int4(const float *x, long rows, long in, const void *w, long
     }
     float *units = group_sums + rows * groups;
     for (long r = 0; r < rows; r++)
-        to_digits2(x + r * in, in, nibble_digits + r * 2 * in, group_sums + r * groups, units + r);
+        to_int4_digits(x + r * in, in, nibble_digits + r * INT4_DIGITS * in, group_sums + r * groups,
+                       units + r);
     TEAM_FOR(b, last) {
         const unsigned char *p0 = (const unsigned char *)w + 2 * b * panel_bytes;
         const unsigned char *p1 = b < blocks ? p0 + panel_bytes : p0;
@@ -815,7 +841,7 @@ static void product_int4(const float *x, long rows, long in, const void *w, long
             long m = rows - r < DOT_ROWS ? rows - r : DOT_ROWS;
             vec lo[DOT_ROWS], hi[DOT_ROWS];
             for (int i = 0; i < DOT_ROWS; i++) lo[i] = hi[i] = (vec){0};
-            sum_int4_rows(nibble_digits + r * 2 * in, group_sums + r * groups, m, in, p0, p1,
+            sum_int4_rows(nibble_digits + r * INT4_DIGITS * in, group_sums + r * groups, m, in, p0, p1,
                           lo, hi);
             for (long i = 0; i < m; i++) lo[i] *= units[r + i], hi[i] *= units[r + i];
             store_block(m, lo, hi, y + r * out + b * BLOCK, out, scale ? scale + r : NULL, how,
