@@ -187,13 +187,10 @@ class DecodeStep:
                 continue
             copies = m.copies  # one compact copy (a stacked one for q, k, v) keeps panels
             one = copies[0] if len(copies) == 1 else None
-            panels = next(
-                (
-                    p
-                    for a in ("half_panels", "int8_panels", "int4_panels")
-                    if (p := getattr(one, a, None))
-                ),
-                None,
+            panels = (
+                getattr(one, "half_panels", None)
+                or getattr(one, "int8_panels", None)
+                or getattr(one, "int4_panels", None)
             )
             if panels is None:
                 return None

@@ -457,10 +457,6 @@ class Scheduler:
             verifier = SlotVerifier(self.runner, self.cache, gen.slot)  # type: ignore[arg-type]
             ran.append((gen, self._drafted(gen, verifier, self._ids([[gen.tokens[-1]]]))))
             return
-        # A few rows (or one beside a prompt's chunk) draft too, where the step takes several
-        # positions of a slot: each drafting row's positions join the one forward, every one
-        # of them answered (the weights read once for all, as a prompt's chunk reads them).
-        drafting = self.runner.takes_prompt_rows and len(decoding) <= SPECULATE_MAX_ROWS
         if not self.runner.takes_prompt_rows:
             if decoding:
                 slots = SlotRows(self.cache, [g.slot for g in decoding])  # type: ignore[misc]
@@ -470,6 +466,10 @@ class Scheduler:
             for gen, tokens in chunks:
                 self._prefilled(gen, tokens, gen.warm.extend(tokens), ran, out)
             return
+        # A few rows (or one beside a prompt's chunk) draft too: each drafting row's
+        # positions join the one forward, every one of them answered (the weights read once
+        # for all, as a prompt's chunk reads them).
+        drafting = len(decoding) <= SPECULATE_MAX_ROWS
         slots: list[int] = []
         ids: list[int] = []
         lines: list[tuple[Generation, list[int], int]] = []  # (row, its drafts, cache position)

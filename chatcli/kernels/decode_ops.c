@@ -392,11 +392,11 @@ static void product(const float *x, long rows, long in, const float *panels, lon
  * CPU cannot widen them (x86 without F16C; without AVX2 for int8: lanes.h) a model of such
  * matrices is refused
  * (rows_half_panel(), rows_int8_panel() 0) and chatcli keeps torch's ops. */
+enum narrow { FP16 = 1, INT8 = 2, INT4 = 3 }; /* rows_model.half */
 #if WIDENS_HALF
 #define HALF_WEIGHTS 1
 #define INT8_WEIGHTS WIDENS_INT8
 #define HALF_ROWS 8 /* the rows of a pass: 8 where 16 registers take them a panel at a time */
-enum narrow { FP16 = 1, INT8 = 2 }; /* rows_model.half */
 
 /* Weight vector i (VW weights, i VW elements in) of a narrow panel, widened to fp32. */
 static inline __attribute__((always_inline)) vec narrow_at(const void *p, long i,
@@ -513,6 +513,7 @@ struct product_call {
     const void *w;
     long out;
     float *y;
+    enum narrow kind;
 };
 
 #if DOT_INT8
@@ -549,31 +550,56 @@ static inline long ahead_in_block(long at, long panel_bytes) {
 #define DOT_ROWS 2
 #endif
 
-/* A thread's digits of the rows it multiplies: (rows, 3, in4 * 4) bytes, grown as asked. */
-static __thread signed char *digit_buffer;
-static __thread long digit_bytes;
+/* A thread's scratch for the rows it multiplies (int8's and int4's products alike): their
+ * digits, and their sums and units, grown as asked and kept for its next product. */
+static __thread signed char *digit_scratch;
+static __thread long digit_scratch_bytes;
+static __thread double *sum_scratch;
+static __thread long sum_scratch_count;
 
-/* Row x's digits (3 planes of in4 * 4 bytes, the inputs past `in` 0), the sum of its v
- * and the unit it counts in. */
-static void to_digits(const float *x, long in, long in4, signed char *d, double *total,
-                      float *unit) {
+static signed char *digits_for(long bytes) {
+    if (bytes > digit_scratch_bytes) {
+        free(digit_scratch);
+        digit_scratch = malloc(bytes), digit_scratch_bytes = bytes;
+    }
+    return digit_scratch;
+}
+
+static double *sums_for(long count) {
+    if (count > sum_scratch_count) {
+        free(sum_scratch);
+        sum_scratch = malloc(count * sizeof *sum_scratch), sum_scratch_count = count;
+    }
+    return sum_scratch;
+}
+
+/* Row x of `in` inputs as integers v = x / unit rounded, |v| <= limit, in `planes` signed
+ * base-256 digits (plane b at d + b n; inputs in..n-1 are 0); sums[g]: the sum of v over
+ * inputs g group..(g + 1) group - 1 (n whole groups). Returns the unit. */
+static double row_digits(const float *x, long in, long n, int planes, float limit,
+                         signed char *d, long group, double *sums) {
     float largest = 0;
     for (long k = 0; k < in; k++) largest = fmaxf(largest, fabsf(x[k]));
-    float u = largest > 0 ? largest / DIGIT_LIMIT : 1.0f, inv = 1.0f / u;
-    long n = 4 * in4, sum = 0;
-    for (long k = 0; k < n; k++) {
-        long v = 0;
-        if (k < in) {
-            float f = x[k] * inv;
-            f = f > DIGIT_LIMIT ? DIGIT_LIMIT : f < -DIGIT_LIMIT ? -DIGIT_LIMIT : f;
-            v = lrintf(f);
+    float u = largest > 0 ? largest / limit : 1.0f, inv = 1.0f / u;
+    for (long g = 0; g < n / group; g++) {
+        long sum = 0;
+        for (long k = g * group; k < (g + 1) * group; k++) {
+            long v = 0;
+            if (k < in) {
+                float f = x[k] * inv;
+                v = lrintf(f > limit ? limit : f < -limit ? -limit : f);
+            }
+            sum += v;
+            long rest = v;
+            for (int b = 0; b < planes; b++) {
+                long digit = b + 1 < planes ? ((rest + 128) & 255) - 128 : rest;
+                d[b * n + k] = (signed char)digit;
+                rest = (rest - digit) / 256;
+            }
         }
-        sum += v;
-        long d0 = ((v + 128) & 255) - 128, v1 = (v - d0) / 256;
-        long d1 = ((v1 + 128) & 255) - 128, d2 = (v1 - d1) / 256;
-        d[k] = (signed char)d0, d[n + k] = (signed char)d1, d[2 * n + k] = (signed char)d2;
+        sums[g] = (double)sum;
     }
-    *total = (double)sum, *unit = u;
+    return u;
 }
 
 /* The sums of `rows` rows' digits (row stride 3 n bytes, n = 4 in4) @ a block's panels
@@ -636,17 +662,11 @@ static void product_int8_dot(const float *x, long rows, long in, const void *w, 
     long in4 = (in + 3) / 4, n = 4 * in4, blocks = out / BLOCK, last = blocks + (out % BLOCK != 0);
     const float *column_scale = w;
     const unsigned char *panels = (const unsigned char *)(column_scale + out);
-    long panel_bytes = n * VW, need = rows * 3 * n;
-    if (need > digit_bytes) {
-        free(digit_buffer);
-        digit_buffer = malloc(need), digit_bytes = need;
-    }
-    double total[DOT_ROWS];
-    float unit[DOT_ROWS];
-    double *totals = rows > DOT_ROWS ? malloc(rows * sizeof *totals) : total;
-    float *units = rows > DOT_ROWS ? malloc(rows * sizeof *units) : unit;
+    long panel_bytes = n * VW;
+    signed char *digits = digits_for(rows * 3 * n);
+    double *totals = sums_for(2 * rows), *units = totals + rows; /* a row's sum of v, unit */
     for (long r = 0; r < rows; r++)
-        to_digits(x + r * in, in, in4, digit_buffer + r * 3 * n, totals + r, units + r);
+        units[r] = row_digits(x + r * in, in, n, 3, DIGIT_LIMIT, digits + r * 3 * n, n, totals + r);
     TEAM_FOR(b, last) {
         const unsigned char *p0 = panels + 2 * b * panel_bytes;
         const unsigned char *p1 = b < blocks ? p0 + panel_bytes : p0;
@@ -658,7 +678,7 @@ static void product_int8_dot(const float *x, long rows, long in, const void *w, 
             for (int i = 0; i < DOT_ROWS; i++) lo_d[i] = hi_d[i] = (dvec){0};
             for (long g = 0; g < in4; g += DOT_CHUNK / 4) {
                 long g1 = g + DOT_CHUNK / 4 < in4 ? g + DOT_CHUNK / 4 : in4;
-                sum_dot_rows(digit_buffer + r * 3 * n, m, n, g, g1, p0, p1, lo_d, hi_d);
+                sum_dot_rows(digits + r * 3 * n, m, n, g, g1, p0, p1, lo_d, hi_d);
             }
             vec lo[DOT_ROWS], hi[DOT_ROWS];
             for (long i = 0; i < m; i++) {
@@ -670,7 +690,6 @@ static void product_int8_dot(const float *x, long rows, long in, const void *w, 
                         b < blocks);
         }
     }
-    if (totals != total) free(totals), free(units);
 }
 #endif
 
@@ -701,34 +720,6 @@ static void product_int8_dot(const float *x, long rows, long in, const void *w, 
 #endif
 #define INT4_GROUP_BYTES (4 * VW + 64 * VW) /* scales, lows, 32 quads of VW * 4 nibbles */
 
-/* A thread's 2-digit rows and their group sums, grown as asked. */
-static __thread signed char *nibble_digits;
-static __thread long nibble_digit_bytes;
-static __thread float *group_sums;
-static __thread long group_sum_count;
-
-/* Row x's two digit planes (in bytes each), its group sums S_g and its unit. */
-static void to_int4_digits(const float *x, long in, signed char *d, float *sums, float *unit) {
-    float largest = 0;
-    for (long k = 0; k < in; k++) largest = fmaxf(largest, fabsf(x[k]));
-    float u = largest > 0 ? largest / INT4_DIGIT_LIMIT : 1.0f, inv = 1.0f / u;
-    for (long g = 0; g < in / INT4_GROUP; g++) {
-        long sum = 0;
-        for (long k = g * INT4_GROUP; k < (g + 1) * INT4_GROUP; k++) {
-            float f = x[k] * inv;
-            f = f > INT4_DIGIT_LIMIT ? INT4_DIGIT_LIMIT : f < -INT4_DIGIT_LIMIT ? -INT4_DIGIT_LIMIT : f;
-            long v = lrintf(f), rest = v;
-            sum += v;
-            for (int b = 0; b < INT4_DIGITS; b++) {
-                long digit = b + 1 < INT4_DIGITS ? ((rest + 128) & 255) - 128 : rest;
-                d[b * in + k] = (signed char)digit, rest = (rest - digit) / 256;
-            }
-        }
-        sums[g] = (float)sum;
-    }
-    *unit = u;
-}
-
 /* A group's sums of the digit planes' products (lane h: the block's panel), combined: exact
  * in 32 bits for two digits (|G| < 2^26); for three each plane's is exact in fp32 and the
  * combination rounds once more. */
@@ -742,7 +733,7 @@ static inline __attribute__((always_inline)) vec group_sum(const ivec *d0, const
 /* The sums of `rows` rows (digits row stride INT4_DIGITS in, group sums row stride in / INT4_GROUP)
  * @ a block's int4 panels p0, p1, every group, into lo, hi (fp32, before the unit). */
 static inline __attribute__((always_inline)) void sum_int4(const signed char *d,
-                                                           const float *sums, long rows,
+                                                           const double *sums, long rows,
                                                            long in, const unsigned char *p0,
                                                            const unsigned char *p1, vec *lo,
                                                            vec *hi) {
@@ -792,7 +783,7 @@ static inline __attribute__((always_inline)) void sum_int4(const signed char *d,
         vec s1 = widen_half((const unsigned short *)q1);
         vec m1 = widen_half((const unsigned short *)q1 + VW);
         for (int r = 0; r < rows; r++) {
-            float sg = sums[r * groups + g];
+            float sg = (float)sums[r * groups + g];
             vec G0 = group_sum(a[r][0], a[r][1], a[r][2 % INT4_DIGITS], 0);
             vec G1 = group_sum(a[r][0], a[r][1], a[r][2 % INT4_DIGITS], 1);
             lo[r] += s0 * G0 + m0 * sg;
@@ -802,7 +793,7 @@ static inline __attribute__((always_inline)) void sum_int4(const signed char *d,
 }
 
 /* sum_int4 for each count of rows its own loop. */
-static void sum_int4_rows(const signed char *d, const float *sums, long rows, long in,
+static void sum_int4_rows(const signed char *d, const double *sums, long rows, long in,
                           const unsigned char *p0, const unsigned char *p1, vec *lo, vec *hi) {
     switch (rows) {
     case 1: sum_int4(d, sums, 1, in, p0, p1, lo, hi); break;
@@ -820,20 +811,12 @@ static void sum_int4_rows(const signed char *d, const float *sums, long rows, lo
 static void product_int4(const float *x, long rows, long in, const void *w, long out, float *y,
                          const float *scale, enum epilogue how) {
     long groups = in / INT4_GROUP, blocks = out / BLOCK, last = blocks + (out % BLOCK != 0);
-    long panel_bytes = groups * INT4_GROUP_BYTES, need = rows * INT4_DIGITS * in;
-    if (need > nibble_digit_bytes) {
-        free(nibble_digits);
-        nibble_digits = malloc(need), nibble_digit_bytes = need;
-    }
-    if (rows * (groups + 1) > group_sum_count) {
-        free(group_sums);
-        group_sum_count = rows * (groups + 1);
-        group_sums = malloc(group_sum_count * sizeof *group_sums);
-    }
-    float *units = group_sums + rows * groups;
+    long panel_bytes = groups * INT4_GROUP_BYTES, planes = INT4_DIGITS;
+    signed char *digits = digits_for(rows * planes * in);
+    double *sums = sums_for(rows * (groups + 1)), *units = sums + rows * groups;
     for (long r = 0; r < rows; r++)
-        to_int4_digits(x + r * in, in, nibble_digits + r * INT4_DIGITS * in, group_sums + r * groups,
-                       units + r);
+        units[r] = row_digits(x + r * in, in, in, planes, INT4_DIGIT_LIMIT, digits + r * planes * in,
+                              INT4_GROUP, sums + r * groups);
     TEAM_FOR(b, last) {
         const unsigned char *p0 = (const unsigned char *)w + 2 * b * panel_bytes;
         const unsigned char *p1 = b < blocks ? p0 + panel_bytes : p0;
@@ -841,34 +824,22 @@ static void product_int4(const float *x, long rows, long in, const void *w, long
             long m = rows - r < DOT_ROWS ? rows - r : DOT_ROWS;
             vec lo[DOT_ROWS], hi[DOT_ROWS];
             for (int i = 0; i < DOT_ROWS; i++) lo[i] = hi[i] = (vec){0};
-            sum_int4_rows(nibble_digits + r * INT4_DIGITS * in, group_sums + r * groups, m, in, p0, p1,
-                          lo, hi);
-            for (long i = 0; i < m; i++) lo[i] *= units[r + i], hi[i] *= units[r + i];
+            sum_int4_rows(digits + r * planes * in, sums + r * groups, m, in, p0, p1, lo, hi);
+            for (long i = 0; i < m; i++) lo[i] *= (float)units[r + i], hi[i] *= (float)units[r + i];
             store_block(m, lo, hi, y + r * out + b * BLOCK, out, scale ? scale + r : NULL, how,
                         b < blocks);
         }
     }
 }
 
-static void int4_product_team(void *arg) {
-    const struct product_call *c = arg;
-    product_int4(c->x, c->rows, c->in, c->w, c->out, c->y, NULL, STORE);
-}
-
-/* y (rows, out) = x (rows, in) @ an int4 matrix (Int4Panels) on `threads` cores: an int4
- * copy's own products outside a whole step. Returns 0, or -1 (nothing written) where this
- * CPU reads no int4 or the shape is not whole panels and groups. */
-int rows_int4_product(const float *x, long rows, long in, const void *w, long out, float *y,
-                      int threads) {
-    if (out % VW || in % INT4_GROUP || rows < 1) return -1;
-    struct product_call call = {x, rows, in, w, out, y};
-    team_run(threads, int4_product_team, &call);
-    return 0;
-}
+#endif
+#ifndef INT4_WEIGHTS
+#define INT4_WEIGHTS 0 /* no integer dot products: torch's int4 kernel */
+#define INT4_GROUP 128
 #endif
 
-/* y (rows, out) from x (rows, in) @ a narrow matrix (fp16 half panels, or int8's scales
- * then panels), out a multiple of VW (the caller checks): a last panel without a pair
+/* y (rows, out) from x (rows, in) @ a narrow matrix (fp16 half panels, int8's scales
+ * then panels, int4's Int4Panels), out a multiple of VW (the caller checks): a last panel without a pair
  * (out % BLOCK == VW, a vocabulary of 200 with 8 lanes) is summed twice and stored once.
  * An orphaned `omp for` over the blocks, as product(). */
 static void product_narrow(const float *x, long rows, long in, const void *w, enum narrow kind,
@@ -876,6 +847,12 @@ static void product_narrow(const float *x, long rows, long in, const void *w, en
 #if DOT_INT8
     if (kind == INT8) {
         product_int8_dot(x, rows, in, w, out, y, scale, how);
+        return;
+    }
+#endif
+#if INT4_WEIGHTS
+    if (kind == INT4) {
+        product_int4(x, rows, in, w, out, y, scale, how);
         return;
     }
 #endif
@@ -905,9 +882,16 @@ static void product_narrow(const float *x, long rows, long in, const void *w, en
     }
 }
 
-static void int8_product_team(void *arg) {
+static void compact_product_team(void *arg) {
     const struct product_call *c = arg;
-    product_narrow(c->x, c->rows, c->in, c->w, INT8, c->out, c->y, NULL, STORE);
+    product_narrow(c->x, c->rows, c->in, c->w, c->kind, c->out, c->y, NULL, STORE);
+}
+
+static int compact_product(enum narrow kind, const float *x, long rows, long in, const void *w,
+                           long out, float *y, int threads) {
+    struct product_call call = {x, rows, in, w, out, y, kind};
+    team_run(threads, compact_product_team, &call);
+    return 0;
 }
 
 /* y (rows, out) = x (rows, in) @ an int8 matrix (its scales then panels, as rows_step
@@ -917,27 +901,30 @@ static void int8_product_team(void *arg) {
 int rows_int8_product(const float *x, long rows, long in, const void *w, long out, float *y,
                       int threads) {
     if (!INT8_WEIGHTS || out % VW || rows < 1) return -1;
-    struct product_call call = {x, rows, in, w, out, y};
-    team_run(threads, int8_product_team, &call);
-    return 0;
+    return compact_product(INT8, x, rows, in, w, out, y, threads);
+}
+
+/* The same for an int4 matrix (Int4Panels): -1 where this CPU reads no int4 or the shape is
+ * not whole panels and groups. */
+int rows_int4_product(const float *x, long rows, long in, const void *w, long out, float *y,
+                      int threads) {
+    if (!INT4_WEIGHTS || out % VW || in % INT4_GROUP || rows < 1) return -1;
+    return compact_product(INT4, x, rows, in, w, out, y, threads);
 }
 #else
 #define HALF_WEIGHTS 0
 #define INT8_WEIGHTS 0
+#define INT4_WEIGHTS 0
+#define INT4_GROUP 128
 int rows_int8_product(const float *x, long rows, long in, const void *w, long out, float *y,
                       int threads) {
     (void)x, (void)rows, (void)in, (void)w, (void)out, (void)y, (void)threads;
     return -1;
 }
-#endif
 
-#ifndef INT4_WEIGHTS
-#define INT4_WEIGHTS 0
-#define INT4_GROUP 128
 int rows_int4_product(const float *x, long rows, long in, const void *w, long out, float *y,
                       int threads) {
-    (void)x, (void)rows, (void)in, (void)w, (void)out, (void)y, (void)threads;
-    return -1;
+    return rows_int8_product(x, rows, in, w, out, y, threads); /* -1: no compact products */
 }
 #endif
 
@@ -949,16 +936,10 @@ int rows_int8_panel(void) { return INT8_WEIGHTS ? VW : 0; }
  * products are integer dot products (DOT_INT8), else 1 (a row of VW codes an input). */
 int rows_int8_interleave(void) { return INT8_WEIGHTS && DOT_INT8 ? 4 : 1; }
 
-/* A model's matrix times x: its fp32 panels (product) or its fp16 ones (product_half). */
+/* A model's matrix times x: its fp32 panels (product) or its compact ones (product_narrow). */
 static void matrix(const struct rows_model *m, const float *x, long rows, long in,
                    const void *w, long out, float *y, const float *scale, enum epilogue how) {
 #if HALF_WEIGHTS
-#if INT4_WEIGHTS
-    if (m->half == 3) {
-        product_int4(x, rows, in, w, out, y, scale, how);
-        return;
-    }
-#endif
     if (m->half) {
         product_narrow(x, rows, in, w, m->half, out, y, scale, how);
         return;
@@ -1496,9 +1477,8 @@ static int step(const struct rows_model *m, float *x, long rows, const long *ids
     long unit = unit_rows(rows, Hkv, planned_threads());
     /* fp16 widths in whole panels (VW a power of two: one test for all four) */
     if (m->half && (!HALF_WEIGHTS || (width | C | F | m->V) % VW)) return -1;
-    if (m->half == 3 && (!INT4_WEIGHTS || (C | F | H * D) % INT4_GROUP)) return -1;
-    if (m->half != 0 && m->half != 1 && (m->half != 2 || !INT8_WEIGHTS) && m->half != 3)
-        return -1;
+    if (m->half == INT4 && (!INT4_WEIGHTS || (C | F | H * D) % INT4_GROUP)) return -1;
+    if (m->half < 0 || m->half > INT4 || (m->half == INT8 && !INT8_WEIGHTS)) return -1;
     if (rows < 1 || D % 2 || Hkv < 1 || H % Hkv || c->prefix < 0 ||
         (c->prefix > 0 && (!c->pk || !c->pv)))
         return -1;

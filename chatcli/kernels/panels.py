@@ -129,12 +129,14 @@ class Int8Panels:
 INT4_GROUP = 128  # inputs a scale and low end of an int4 copy cover (decode_ops.c's INT4_GROUP)
 
 
-def int4_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Asymmetric int4 of an (out, in) weight, in a multiple of INT4_GROUP: codes (out, in)
-    uint8 0-15, scales and lows (out, in / INT4_GROUP) fp32; weight ~ low + code * scale."""
+def int4_groups(
+    weight: torch.Tensor, group: int = INT4_GROUP
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 of an (out, in) weight, in a multiple of `group`: codes (out, in)
+    uint8 0-15, scales and lows (out, in / group) fp32; weight ~ low + code * scale."""
     w = weight.detach().float()
     n_out, n_in = w.shape
-    groups = w.view(n_out, n_in // INT4_GROUP, INT4_GROUP)
+    groups = w.view(n_out, n_in // group, group)
     low, high = groups.amin(dim=-1), groups.amax(dim=-1)
     scales = ((high - low) / 15.0).clamp(min=1e-12)
     codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15)

@@ -104,6 +104,17 @@ class RowsModel:
         self.weights = WEIGHT_KINDS[struct.half]
 
 
+def _compact_product_call(library: ctypes.CDLL, name: str) -> Any:
+    """rows_int8_product or rows_int4_product, typed: (x, rows, in, w, out, y, threads) ->
+    0 or -1; None where an earlier revision's library has none."""
+    call = getattr(library, name, None)
+    if call is not None:
+        call.restype = ctypes.c_int
+        call.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
+        call.argtypes += [ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
+    return call
+
+
 # What rows_model.half says the matrices are (decode_ops.c's enum narrow).
 WEIGHT_KINDS = ("float32", "float16", "int8", "int4")
 
@@ -140,18 +151,8 @@ class RowsStep:
         # int4's (Int4Panels) where the CPU has integer dot products; 0 elsewhere.
         int4_panel = getattr(library, "rows_int4_panel", None)
         self.int4_panel = int(int4_panel()) if int4_panel is not None else 0
-        self._int4_product = getattr(library, "rows_int4_product", None)
-        if self._int4_product is not None:
-            self._int4_product.restype = ctypes.c_int
-            self._int4_product.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
-            self._int4_product.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
-            self._int4_product.argtypes += [ctypes.c_int]
-        self._int8_product = getattr(library, "rows_int8_product", None)
-        if self._int8_product is not None:
-            self._int8_product.restype = ctypes.c_int
-            self._int8_product.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
-            self._int8_product.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
-            self._int8_product.argtypes += [ctypes.c_int]
+        self._int4_product = _compact_product_call(library, "rows_int4_product")
+        self._int8_product = _compact_product_call(library, "rows_int8_product")
         # The prefix's packing and the softcap alone: an earlier revision's library
         # (scripts/ab_rows_step.py builds them to time `run` on calls packed by this one)
         # may have neither.

@@ -41,7 +41,14 @@ import torch
 from chatcli.kernels.build import unavailable_reason
 from chatcli.kernels.f16_matvec import f16_matvec
 from chatcli.kernels.f16_rows import f16_rows
-from chatcli.kernels.panels import INT4_GROUP, HalfPanels, Int4Panels, Int8Panels, int8_rows
+from chatcli.kernels.panels import (
+    INT4_GROUP,
+    HalfPanels,
+    Int4Panels,
+    Int8Panels,
+    int4_groups,
+    int8_rows,
+)
 from chatcli.kernels.rows_step import rows_step
 
 # From the most bits to the fewest.
@@ -337,14 +344,11 @@ class Int4Weight:
         self.max_rows = INT4_MAX_ROWS.get(capability, INT4_MAX_ROWS_ELSEWHERE)
         self.float_activations = True  # bf16
         self.one_row_kernel = self.rows_kernel = "torch int4 weight-only"
-        groups = w.view(N, K // group_size, group_size)
-        lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
-        scales = ((hi - lo) / 15.0).clamp(min=1e-12)
-        q = torch.round((groups - lo[..., None]) / scales[..., None]).clamp(0, 15)
+        q, scales, lo = int4_groups(w, group_size)
         # The kernel computes (q - 8) * scale + zero, so the zero is the value of q = 8.
         zeros = lo + 8.0 * scales
         self.packed = torch._convert_weight_to_int4pack_for_cpu(
-            q.view(N, K).to(torch.int32), _INT4_INNER_K_TILES
+            q.to(torch.int32), _INT4_INNER_K_TILES
         )
         # (K / group, N, 2): per group and output row, (scale, zero), in the activations' dtype.
         self.scales_and_zeros = (
